@@ -1,0 +1,1 @@
+"""Checkpoints: DCP tensors + a JSON sidecar, committed atomically, with retention and resume resolution."""

@@ -1,0 +1,1 @@
+"""Collectives: process groups, transport environment presets, bandwidth bench, overlap measurement."""

@@ -1,0 +1,15 @@
+"""Schema of the ``checkpoint`` config group (``conf/checkpoint/*.yaml``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CheckpointConfig:
+    name: str = "default"
+    enabled: bool = True
+    every_steps: int = 100  # 0: only the final checkpoint
+    keep_last: int = 2
+    keep_every: int = 0  # also keep every N-th step forever (0: none)
+    async_mode: str = "none"  # none | thread | process
+    save_final: bool = True

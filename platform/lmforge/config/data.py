@@ -1,0 +1,27 @@
+"""Schema of the ``data`` config group (``conf/data/*.yaml``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class DataSourceConfig:
+    # Prefix of a Megatron indexed dataset (PREFIX.bin / PREFIX.idx), or ``embedded:<name>`` for the
+    # corpora that ship with lmforge (books, code, reference).
+    path: str = ""
+    weight: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "default"
+    sources: Dict[str, DataSourceConfig] = field(default_factory=dict)
+    # ``embedded`` (the BPE trained on the embedded corpus), a path to a tokenizer.json, or ``tiktoken:NAME``.
+    tokenizer: str = "embedded"
+    # Where prepared shards and index caches live; None means <run.root>/../.cache/lmforge-data.
+    cache_dir: Optional[str] = None
+    # Fraction of each source's documents held out for validation.
+    valid_fraction: float = 0.02
+    # Loader threads/processes; 0 means the main process builds batches.
+    num_workers: int = 0

@@ -1,0 +1,33 @@
+"""Schema of the ``parallelism`` config group (``conf/parallelism/*.yaml``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ParallelismConfig:
+    name: str = "single"
+    engine: str = "native"  # native | deepspeed
+    # Mesh dims. world size = dp_replicate * dp_shard * tp * pp.
+    dp_replicate: int = 1  # DDP-style replication (HSDP outer dim when dp_shard > 1)
+    dp_shard: int = 1  # FSDP2 sharding degree
+    reshard_after_forward: bool = True  # True: ZeRO-3-like, False: ZeRO-2-like
+    tp: int = 1
+    sequence_parallel: bool = False
+    pp: int = 1
+    pp_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
+    pp_virtual_stages: int = 1  # model chunks per pipeline rank (>1 for interleaved schedules)
+    pp_microbatches: int = 0  # 0 means: as many as the gradient-accumulation steps
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False
+    # FSDP mixed precision: parameter dtype for compute and reduce dtype for gradients (fp32 | bf16).
+    param_dtype: str = "fp32"
+    reduce_dtype: str = "fp32"
+    # Overlap gradient reduction with backward (DDP bucketing / FSDP prefetch).
+    overlap_grad_reduce: bool = True
+    ddp_bucket_cap_mb: int = 25
+    # DeepSpeed engine only.
+    zero_stage: int = 0
+    offload_optimizer: str = "none"  # none | cpu
+    offload_params: str = "none"  # none | cpu
+    deepspeed_config: str = ""  # optional user JSON merged over the generated config (conflicts are errors)

@@ -1,0 +1,43 @@
+"""The root config schema, registered in Hydra's ConfigStore as ``lmforge_schema``.
+
+Each config group has its dataclass in its own module of this package (``config/model.py`` for
+``conf/model/``, ...); this module only assembles them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from lmforge.config.checkpoint import CheckpointConfig
+from lmforge.config.cluster import ClusterConfig
+from lmforge.config.comm import CommConfig
+from lmforge.config.data import DataConfig
+from lmforge.config.logging import LoggingConfig, MetricsConfig
+from lmforge.config.model import ModelConfig
+from lmforge.config.optim import OptimConfig
+from lmforge.config.parallelism import ParallelismConfig
+from lmforge.config.run import RunConfig
+from lmforge.config.train import TrainConfig
+
+
+@dataclass
+class RootConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="lmforge_schema", node=RootConfig)
+
+
+register_schema()

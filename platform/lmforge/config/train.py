@@ -1,0 +1,31 @@
+"""Schema of the ``train`` config group (``conf/train/*.yaml``): the loop, batch and precision."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TrainConfig:
+    name: str = "default"
+    max_steps: int = 300
+    # Sequences per micro batch on one data-parallel rank.
+    micro_batch_size: int = 8
+    # Sequences per optimizer step across all data-parallel ranks.
+    global_batch_size: int = 8
+    # None: derived as global / (micro * dp). If set it must agree (checked).
+    grad_accum: Optional[int] = None
+    # fp32 | bf16-mixed (bf16 autocast, fp32 master weights) | bf16 (pure bf16 params) | auto
+    # auto = bf16-mixed on CUDA, fp32 on CPU.
+    precision: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 1234
+    # Intra-op threads per process; 0 = physical cores / local ranks, so any launch computes identically.
+    threads: int = 0
+    deterministic: bool = False
+    eval_every: int = 100
+    eval_batches: int = 8
+    # auto: newest complete checkpoint in the run directory, else start fresh | none | <checkpoint path>
+    resume: str = "auto"
+    # Tokens planned for the whole run; 0 = max_steps * global batch * seq_len. Fixes the data index size.
+    planned_tokens: int = 0

@@ -1,0 +1,207 @@
+"""Turn a composed Hydra config into a checked ``RootConfig``, or fail naming key, reason and fix.
+
+Hydra's structured configs already reject typos in YAML files and on the command line, but a key added
+with ``+`` bypasses the schema. Re-merging the composed config *as a plain container* into the schema
+catches it (``../shared/notes/hydra.md``). Cross-field checks (batch arithmetic, head divisibility, ...)
+live here too, so ``lmforge train`` and ``lmforge plan`` run exactly the same checks.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import fields, is_dataclass
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from lmforge.config.batch import BatchPlan, batch_plan
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+
+CHOICES = {
+    "model.mlp": ("swiglu", "gelu"),
+    "model.norm": ("rmsnorm", "layernorm"),
+    "parallelism.engine": ("native", "deepspeed"),
+    "parallelism.pp_schedule": ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"),
+    "parallelism.activation_checkpointing": ("none", "full", "selective"),
+    "parallelism.param_dtype": ("fp32", "bf16"),
+    "parallelism.reduce_dtype": ("fp32", "bf16"),
+    "parallelism.offload_optimizer": ("none", "cpu"),
+    "parallelism.offload_params": ("none", "cpu"),
+    "comm.backend": ("auto", "nccl", "gloo"),
+    "optim.name": ("adamw",),
+    "optim.schedule": ("cosine", "wsd", "constant"),
+    "train.precision": ("auto", "fp32", "bf16-mixed", "bf16"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "checkpoint.async_mode": ("none", "thread", "process"),
+    "logging.console": ("auto", "rich", "plain", "none"),
+    "logging.wandb.mode": ("online", "offline", "disabled"),
+}
+
+POSITIVE = (
+    "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
+    "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.tp", "parallelism.pp",
+    "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size", "train.global_batch_size",
+    "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node", "logging.every_steps", "checkpoint.keep_last",
+)
+NON_NEGATIVE = (
+    "optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "optim.eps", "train.threads",
+    "train.eval_every", "train.planned_tokens", "checkpoint.every_steps", "checkpoint.keep_every",
+    "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches",
+)
+
+
+def _valid_keys(schema_cls: Any) -> List[str]:
+    return [f.name for f in fields(schema_cls)] if is_dataclass(schema_cls) else []
+
+
+def _schema_at(path: List[str]) -> Any:
+    node: Any = RootConfig
+    for part in path:
+        if not is_dataclass(node):
+            return None
+        hit = [f for f in fields(node) if f.name == part]
+        if not hit:
+            return None
+        node = hit[0].type if not isinstance(hit[0].type, str) else _resolve_type(node, part)
+    return node
+
+
+def _resolve_type(owner: Any, name: str) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(owner)
+    return hints.get(name)
+
+
+def _closest(name: str, candidates: List[str]) -> Optional[str]:
+    hit = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+    return hit[0] if hit else None
+
+
+def check_structure(cfg: DictConfig) -> None:
+    """Raise ConfigError for unknown keys (also ``+``-added ones) and values of the wrong type."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    if isinstance(container, dict):
+        container.pop("hydra", None)
+    try:
+        OmegaConf.merge(OmegaConf.structured(RootConfig), container)
+    except (ConfigKeyError, ConfigAttributeError) as e:
+        full_key = str(getattr(e, "full_key", "") or "")
+        key = str(getattr(e, "key", "") or full_key.rsplit(".", 1)[-1])
+        parent = full_key.rsplit(".", 1)[0].split(".") if "." in full_key else []
+        owner = _schema_at(parent) if parent else RootConfig
+        near = _closest(key, _valid_keys(owner))
+        shown = full_key or key
+        fix = f"did you mean '{'.'.join(parent + [near])}'?" if near else f"valid keys here: {', '.join(_valid_keys(owner))}"
+        raise ConfigError(shown, "is not a known key", fix) from None
+    except ValidationError as e:
+        full_key = str(getattr(e, "full_key", "") or "?")
+        raise ConfigError(full_key, str(e).splitlines()[0], "give a value of the schema's type") from None
+
+
+def check_values(cfg: RootConfig) -> None:
+    def get(path: str) -> Any:
+        node: Any = cfg
+        for part in path.split("."):
+            node = getattr(node, part)
+        return node
+
+    for key, allowed in CHOICES.items():
+        value = get(key)
+        if value not in allowed:
+            near = _closest(str(value), list(allowed))
+            hint = f"did you mean '{near}'? " if near else ""
+            raise ConfigError(key, f"'{value}' is not one of {', '.join(allowed)}", f"{hint}choose one of {', '.join(allowed)}")
+    for key in POSITIVE:
+        if get(key) < 1:
+            raise ConfigError(key, f"must be >= 1, got {get(key)}", "set a positive value")
+    for key in NON_NEGATIVE:
+        if get(key) < 0:
+            raise ConfigError(key, f"must be >= 0, got {get(key)}", "set a value >= 0")
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {cfg.optim.min_lr_ratio}", "e.g. 0.1")
+    if not 0.0 < cfg.data.valid_fraction < 1.0:
+        raise ConfigError("data.valid_fraction", f"must be in (0, 1), got {cfg.data.valid_fraction}", "e.g. 0.02")
+
+
+def check_model(cfg: RootConfig) -> None:
+    m = cfg.model
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"d_model ({m.d_model}) is not divisible by n_heads ({m.n_heads})",
+                          "choose n_heads dividing d_model")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError("model.n_heads", f"head dim d_model/n_heads = {m.d_model // m.n_heads} is odd; RoPE needs it even",
+                          "choose n_heads so the head dim is even")
+    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+    if kv < 1 or m.n_heads % kv:
+        raise ConfigError("model.n_kv_heads", f"n_heads ({m.n_heads}) is not divisible by n_kv_heads ({kv})",
+                          "use a divisor of n_heads (1 = multi-query, n_heads = multi-head)")
+    if m.d_ff is not None and m.d_ff < 1:
+        raise ConfigError("model.d_ff", f"must be >= 1 or null, got {m.d_ff}", "set null for the default width")
+
+
+def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> None:
+    p, m = cfg.parallelism, cfg.model
+    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+    layout = p.dp_replicate * p.dp_shard * p.tp * p.pp
+    if world_size is not None and layout != world_size:
+        raise ConfigError(
+            "parallelism",
+            f"dp_replicate*dp_shard*tp*pp = {p.dp_replicate}*{p.dp_shard}*{p.tp}*{p.pp} = {layout} but the job has "
+            f"world size {world_size}",
+            f"make the product equal {world_size} (e.g. parallelism.dp_shard={max(1, world_size // (p.dp_replicate * p.tp * p.pp))})",
+        )
+    if m.n_heads % p.tp or kv % p.tp:
+        raise ConfigError("parallelism.tp", f"n_heads ({m.n_heads}) and n_kv_heads ({kv}) must both be divisible by tp ({p.tp})",
+                          "choose tp dividing both head counts")
+    if p.sequence_parallel and p.tp == 1:
+        raise ConfigError("parallelism.sequence_parallel", "needs tp > 1", "set parallelism.tp >= 2 or sequence_parallel=false")
+    if p.sequence_parallel and m.seq_len % p.tp:
+        raise ConfigError("parallelism.sequence_parallel", f"seq_len ({m.seq_len}) is not divisible by tp ({p.tp})",
+                          "choose a seq_len divisible by tp")
+    stages = p.pp * p.pp_virtual_stages
+    if m.n_layers % stages:
+        raise ConfigError("parallelism.pp", f"n_layers ({m.n_layers}) is not divisible by pp*pp_virtual_stages ({stages})",
+                          "choose pp and pp_virtual_stages whose product divides n_layers")
+    if p.pp_virtual_stages > 1 and p.pp_schedule in ("GPipe", "1F1B"):
+        raise ConfigError("parallelism.pp_virtual_stages", f"{p.pp_schedule} runs one stage per rank",
+                          "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages")
+    if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
+        raise ConfigError("parallelism.engine", "the deepspeed engine shards with ZeRO over dp_replicate only",
+                          "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size")
+
+
+def dp_size(cfg: RootConfig) -> int:
+    return cfg.parallelism.dp_replicate * cfg.parallelism.dp_shard
+
+
+def check_batch(cfg: RootConfig) -> BatchPlan:
+    t = cfg.train
+    plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
+    p = cfg.parallelism
+    if p.pp > 1:
+        n_micro = p.pp_microbatches or plan.grad_accum
+        if n_micro < p.pp:
+            raise ConfigError("parallelism.pp_microbatches", f"{n_micro} microbatches cannot fill {p.pp} pipeline stages",
+                              f"use at least {p.pp} microbatches (raise train.global_batch_size or pp_microbatches)")
+    return plan
+
+
+def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> RootConfig:
+    """Every check, in order; returns the typed config. ``world_size`` defaults to $WORLD_SIZE when set."""
+    if isinstance(cfg, DictConfig):
+        check_structure(cfg)
+        container = OmegaConf.to_container(cfg, resolve=True)
+        container.pop("hydra", None)
+        typed: RootConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), container))
+    else:
+        typed = cfg
+    if world_size is None and "WORLD_SIZE" in os.environ:
+        world_size = int(os.environ["WORLD_SIZE"])
+    check_values(typed)
+    check_model(typed)
+    check_parallel_layout(typed, world_size)
+    check_batch(typed)
+    return typed

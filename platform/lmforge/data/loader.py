@@ -1,0 +1,85 @@
+"""The resumable, data-parallel-sharded batch stream.
+
+Optimizer step s consumes global samples [c, c + G) where c = consumed samples before the step and G
+the global batch. Micro batch j on data-parallel rank r takes samples c + j*(m*dp) + r*m + [0, m) for
+micro batch size m: every step sees the same set of samples for any data-parallel size, and resuming at
+``consumed_samples`` continues the exact stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+
+from lmforge.config.batch import BatchPlan
+from lmforge.data.mixture import Mixture
+
+
+@dataclass
+class MicroBatch:
+    tokens: torch.Tensor  # [m, T] int64
+    targets: torch.Tensor  # [m, T] int64
+    source_ids: List[int]
+
+
+@dataclass
+class DataState:
+    consumed_samples: int = 0
+    tokens_per_source: Dict[str, int] = field(default_factory=dict)
+
+
+class BatchStream:
+    def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device):
+        self.mixture = mixture
+        self.plan = plan
+        self.dp_rank = dp_rank
+        self.device = device
+        self.state = DataState(tokens_per_source={s: 0 for s in mixture.sources})
+
+    def sample_indices(self, consumed: int, micro: int) -> range:
+        p = self.plan
+        start = consumed + micro * p.micro_batch_size * p.dp_size + self.dp_rank * p.micro_batch_size
+        return range(start, start + p.micro_batch_size)
+
+    def _collate(self, indices: range) -> MicroBatch:
+        samples = [self.mixture.train_sample(i) for i in indices]
+        tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long()
+        targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long()
+        ids = [int(s.get("dataset_id", 0)) for s in samples]
+        if self.device.type == "cuda":
+            tokens = tokens.pin_memory().to(self.device, non_blocking=True)
+            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        return MicroBatch(tokens, targets, ids)
+
+    def step_batches(self) -> List[MicroBatch]:
+        """The micro batches of the next optimizer step on this rank (advances the state)."""
+        c = self.state.consumed_samples
+        batches = [self._collate(self.sample_indices(c, j)) for j in range(self.plan.grad_accum)]
+        self.state.consumed_samples = c + self.plan.global_batch_size
+        return batches
+
+    def count_tokens(self, per_source_global: Dict[str, int]) -> None:
+        for k, v in per_source_global.items():
+            self.state.tokens_per_source[k] = self.state.tokens_per_source.get(k, 0) + int(v)
+
+    def valid_batches(self, source: str, n_batches: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Fixed held-out batches of one source, sharded over data-parallel ranks."""
+        ds = self.mixture.valid[source]
+        m, dp = self.plan.micro_batch_size, self.plan.dp_size
+        for b in range(n_batches):
+            start = b * m * dp + self.dp_rank * m
+            idx = [i % len(ds) for i in range(start, start + m)]
+            samples = [ds[i] for i in idx]
+            tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long().to(self.device)
+            targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long().to(self.device)
+            yield tokens, targets
+
+    def state_dict(self) -> dict:
+        return {"consumed_samples": self.state.consumed_samples,
+                "tokens_per_source": dict(self.state.tokens_per_source),
+                "num_train_samples": self.mixture.num_train_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.consumed_samples = int(state["consumed_samples"])
+        self.state.tokens_per_source = {k: int(v) for k, v in state.get("tokens_per_source", {}).items()}

@@ -1,0 +1,1 @@
+"""Fault handling: preemption signals, watchdog/heartbeat, stragglers, loss guard, retry budget."""

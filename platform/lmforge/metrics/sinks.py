@@ -1,0 +1,115 @@
+"""Where metrics go. Each sink gets the same record dicts; only rank 0 creates sinks (see ``MetricsLogger``)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from lmforge.runtime.secrets import redact
+
+
+class Sink(Protocol):
+    def log(self, record: dict) -> None: ...
+    def event(self, record: dict) -> None: ...
+    def close(self) -> None: ...
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if hasattr(v, "item"):
+        return _jsonable(v.item())
+    return v
+
+
+class JsonlSink:
+    """One JSON object per line in ``metrics.jsonl``; ``kind`` tells train / eval / event / summary records."""
+
+    def __init__(self, path: Path):
+        self.fh = open(path, "a", buffering=1, encoding="utf-8")
+
+    def _write(self, record: dict) -> None:
+        self.fh.write(json.dumps(redact({k: _jsonable(v) for k, v in record.items()}), sort_keys=True) + "\n")
+
+    def log(self, record: dict) -> None:
+        self._write(record)
+
+    def event(self, record: dict) -> None:
+        self._write(record)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _fmt(record: dict) -> str:
+    parts = [f"step {record.get('step', '?')}"]
+    for key, label, spec in (("loss", "loss", ".4f"), ("lr", "lr", ".2e"), ("grad_norm", "gnorm", ".3f"),
+                             ("tokens_per_s", "tok/s", ",.0f"), ("mfu", "mfu", ".1%"),
+                             ("step_time_s", "step", ".3fs")):
+        if key in record:
+            value = record[key]
+            parts.append(f"{label} {format(value, spec[:-1]) + 's' if spec.endswith('s') else format(value, spec)}")
+    return " | ".join(parts)
+
+
+class PlainConsoleSink:
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+
+    def log(self, record: dict) -> None:
+        if record.get("kind") == "eval":
+            vals = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("val/"))
+            print(f"eval step {record['step']}: {vals}", file=self.stream, flush=True)
+        else:
+            print(_fmt(record), file=self.stream, flush=True)
+
+    def event(self, record: dict) -> None:
+        print(f"[event] {record.get('event')} step={record.get('step')} rank={record.get('rank')} "
+              f"{record.get('cause', '')}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichConsoleSink:
+    """A rich progress bar with loss, tokens/s and MFU (interactive terminals)."""
+
+    def __init__(self, total_steps: int, start_step: int = 0):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[info]}"), refresh_per_second=4)
+        self.task = self.progress.add_task("train", total=total_steps, completed=start_step, info="")
+        self.progress.start()
+
+    def log(self, record: dict) -> None:
+        if record.get("kind") == "eval":
+            vals = " ".join(f"{k}={v:.3f}" for k, v in record.items() if k.startswith("val/"))
+            self.progress.console.print(f"eval step {record['step']}: {vals}")
+            return
+        info = f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | " \
+               f"MFU {record.get('mfu', 0):.1%}"
+        self.progress.update(self.task, completed=record.get("step", 0), info=info)
+
+    def event(self, record: dict) -> None:
+        self.progress.console.print(f"[yellow]event[/] {record.get('event')} step={record.get('step')} "
+                                    f"{record.get('cause', '')}")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def make_console_sink(mode: str, total_steps: int, start_step: int) -> Optional[Sink]:
+    if mode == "none":
+        return None
+    interactive = sys.stdout.isatty()
+    if mode == "rich" or (mode == "auto" and interactive):
+        return RichConsoleSink(total_steps, start_step)
+    return PlainConsoleSink()
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,4 @@
+"""Single-device model code: the GPT, its initialisation and its FLOPs formula. No distributed imports."""
+from lmforge.model.gpt import GPT, cross_entropy_loss, num_parameters, param_count_from_config
+
+__all__ = ["GPT", "cross_entropy_loss", "num_parameters", "param_count_from_config"]

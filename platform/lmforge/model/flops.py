@@ -1,0 +1,41 @@
+"""The one FLOPs formula. Everything that shows FLOPs (MFU, planner, sweeps) calls ``flops_per_token``.
+
+Training FLOPs per token (forward + backward, no activation recompute counted: this is *model* FLOPs,
+the MFU convention of PaLM, nanoGPT, torchtitan):
+
+    6 * N_matmul  +  12 * n_layers * n_heads * head_dim * seq_len
+
+- ``N_matmul`` = parameters that take part in a matrix multiply: every Linear of the blocks and the
+  output projection (counted even when tied to the embedding, since the tied weight still multiplies);
+  the embedding lookup and norm weights do no matmul and are excluded.
+- Attention scores: QK^T and AV each cost 2*T*d per token forward (d = n_heads*head_dim), times 3 for
+  forward + backward. The **full square is counted** (no causal halving), as torch's FlopCounterMode
+  does for SDPA's math kernel; Megatron's newer formula halves it, which lowers its MFU by
+  ~ 6*L*d*T / (6N + 12*L*d*T).
+"""
+from __future__ import annotations
+
+from lmforge.config.model import ModelConfig
+from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    d, hd = cfg.d_model, cfg.d_model // cfg.n_heads
+    attn = d * cfg.n_heads * hd * 2 + d * kv_heads(cfg) * hd * 2
+    mlp = d * ffn_hidden_dim(cfg) * (3 if cfg.mlp == "swiglu" else 2)
+    return cfg.n_layers * (attn + mlp) + cfg.vocab_size * d
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    """Forward + backward attention-score FLOPs per token (full T x T square)."""
+    t = seq_len if seq_len is not None else cfg.seq_len
+    return 12 * cfg.n_layers * cfg.d_model * t
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    """Training (forward + backward) FLOPs per token."""
+    return 6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len)
+
+
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    return flops_per_token(cfg, seq_len) // 3

@@ -1,0 +1,55 @@
+"""Deterministic initialisation keyed by parameter name and seed.
+
+Every parameter gets its own CPU generator seeded from (seed, fully qualified name), so the starting
+weights are identical however the model is later split (pipeline stages keep global names), sharded
+(FSDP/TP shards copy their slice of the full tensor) or constructed (eager or on the meta device).
+
+Scheme (GPT-2 / nanoGPT style): every weight matrix ~ N(0, init_std); the output projection of each
+residual branch (``attention.wo``, ``feed_forward.w2``) ~ N(0, init_std / sqrt(2 * n_layers)); norm
+weights 1, norm biases 0.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import nn
+
+from lmforge.config.model import ModelConfig
+
+RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight")
+
+
+def param_seed(seed: int, name: str) -> int:
+    return (zlib.crc32(name.encode()) * 1_000_003 + seed) % (2**63 - 1)
+
+
+def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) -> torch.Tensor:
+    """The full (unsharded) fp32 initial value of parameter ``name``, on CPU."""
+    if "norm" in name:
+        return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+    std = cfg.init_std
+    if name.endswith(RESIDUAL_OUTPUTS):
+        std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    gen = torch.Generator().manual_seed(param_seed(seed, name))
+    return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
+    for name, param in model.named_parameters():
+        local = param
+        full_shape = param.shape
+        is_dtensor = hasattr(param, "device_mesh") and hasattr(param, "to_local")
+        if is_dtensor:
+            full_shape = param.shape  # DTensor reports the global shape
+        value = full_init_tensor(name, full_shape, cfg, seed)
+        if is_dtensor:
+            from torch.distributed.tensor import distribute_tensor
+
+            # Every rank computes the same full tensor, so each takes its own slice: no communication.
+            sharded = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+            local.to_local().copy_(sharded.to_local())
+        else:
+            local.copy_(value.to(device=param.device, dtype=param.dtype))

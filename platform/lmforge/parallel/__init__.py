@@ -1,0 +1,1 @@
+"""Parallelism applied from outside the model: mesh, parallelize() in a fixed order, the engines, the planner."""

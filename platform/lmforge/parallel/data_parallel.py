@@ -1,0 +1,52 @@
+"""Data parallelism: FSDP2 (``fully_shard``) for dp_shard > 1, DDP for pure replication.
+
+Gradient reduction overlaps backward by default (DDP buckets of ``ddp_bucket_cap_mb``; FSDP2 prefetches
+and reduce-scatters per block). With ``overlap_grad_reduce=false`` DDP is replaced by one all-reduce of
+every gradient after backward, the no-overlap baseline the overlap benchmark compares against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from lmforge.config.parallelism import ParallelismConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dp_mesh = mesh["dp_shard"] if cfg.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
+    # The root holds embeddings, final norm and output; keep them gathered after forward (used at once by backward).
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
+
+
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.Module:
+    if not cfg.overlap_grad_reduce:
+        return model  # gradients are all-reduced after backward by allreduce_gradients()
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
+    return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), bucket_cap_mb=cfg.ddp_bucket_cap_mb,
+                                   device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True)
+
+
+@torch.no_grad()
+def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """Average gradients over ``group`` after backward (no overlap): one flat all-reduce."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat.div_(dist.get_world_size(group))
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()

@@ -1,0 +1,121 @@
+"""The native engine: owns the (parallelized) model and optimizer and runs one optimizer step.
+
+The trainer only talks to an engine (this one, or the DeepSpeed engine), so wrapping and the optimizer
+step are the only things that differ between engines.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from lmforge.config.schema import RootConfig
+from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.parallel.data_parallel import allreduce_gradients
+from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
+from lmforge.parallel.parallelize import materialize, parallelize, wrap_data_parallel
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
+    grad_norm: torch.Tensor  # scalar, global pre-clip norm
+    stepped: bool  # False when the guard skipped the update
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "bf16-mixed":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    return precision
+
+
+class NativeEngine:
+    def __init__(self, cfg: RootConfig, device: torch.device, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]):
+        self.cfg = cfg
+        self.device = device
+        self.dims = ParallelDims.from_config(cfg.parallelism)
+        self.mesh: DeviceMesh = build_mesh(self.dims, device)
+        self.precision = resolve_precision(cfg.train.precision, device)
+        with torch.device("meta"):
+            model = GPT(cfg.model)
+        model = parallelize(model, self.mesh, cfg.parallelism)
+        materialize(model, device, cfg.train.seed, torch.bfloat16 if self.precision == "bf16" else torch.float32)
+        self.inner = model
+        self.model = wrap_data_parallel(model, self.mesh, cfg.parallelism)
+        self.optimizer = build_optimizer(self.inner)
+        self.manual_grad_sync = cfg.parallelism.dp_replicate > 1 and cfg.parallelism.dp_shard == 1 \
+            and not cfg.parallelism.overlap_grad_reduce
+        self.dp_group = self.mesh["dp"].get_group()
+
+    @property
+    def dp_rank(self) -> int:
+        return dp_rank(self.mesh)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    def _no_sync(self, last: bool):
+        if not last and hasattr(self.model, "no_sync"):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.precision, self.device):
+            logits = self.model(tokens)
+        return cross_entropy_loss(logits, targets)
+
+    def train_step(self, micro_batches: Sequence, lr: float,
+                   guard: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> StepResult:
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for j, mb in enumerate(micro_batches):
+            with self._no_sync(last=j == n - 1):
+                loss = self.forward_loss(mb.tokens, mb.targets) / n
+                loss.backward()
+            total += loss.detach()
+        if self.manual_grad_sync:
+            allreduce_gradients(self.inner, self.dp_group)
+        if self.dims.dp > 1:
+            dist.all_reduce(total, group=self.dp_group)
+            total /= self.dims.dp
+        clip = self.cfg.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.inner.parameters(), clip if clip > 0 else float("inf"),
+                                                   foreach=True)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        stepped = guard(total, grad_norm) if guard is not None else True
+        if stepped:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(total, grad_norm, stepped)
+
+    @torch.no_grad()
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = self.forward_loss(tokens, targets)
+        if self.dims.dp > 1:
+            loss = loss.clone()
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= self.dims.dp
+        return loss
+
+    def train(self) -> None:
+        self.model.train()
+
+    def eval(self) -> None:
+        self.model.eval()
+
+

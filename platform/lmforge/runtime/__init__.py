@@ -1,0 +1,1 @@
+"""Process-level facts below every other layer: run directory, provenance, secrets, hardware, threads."""

@@ -1,0 +1,131 @@
+"""The run contract: one run directory per run, the same on every rank, across restarts and requeues.
+
+Resolution order (first that applies wins):
+
+1. ``run.name`` (explicit)                      -> <root>/<name>
+2. ``run.sweep_point`` (set by sweeps)           -> <root>/<sweep_point>
+3. Slurm job (array task included)              -> <root>/slurm-<jobid>[_<task>]
+4. torchrun elastic run id (``--rdzv-id``)       -> <root>/torchrun-<run id>
+5. ``$LMFORGE_RUN_ID`` (inherited from a parent) -> <root>/<id>
+6. a fresh id ``<UTC time>-<random hex>``, created exclusively (never shared), then exported as
+   ``$LMFORGE_RUN_ID`` so child processes and later evaluations in this process agree.
+
+Slurm keeps the job id across requeues and torchrun keeps the run id across elastic restarts, so a
+restarted job lands in the same directory and ``train.resume=auto`` finds its checkpoints. Every path
+inside a run directory is named here (``RunPaths``), nowhere else.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+_FRESH_ID: Optional[str] = None
+
+
+def run_id_from_env(env: Mapping[str, str]) -> Optional[str]:
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm-{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}"
+    rid = env.get("TORCHELASTIC_RUN_ID")
+    if rid and rid != "none":
+        return f"torchrun-{rid}"
+    if env.get("LMFORGE_RUN_ID"):
+        return env["LMFORGE_RUN_ID"]
+    return None
+
+
+def _fresh_id(root: Path) -> str:
+    global _FRESH_ID
+    if _FRESH_ID is None:
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            candidate = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+            try:
+                (root / candidate).mkdir()  # exclusive: two runs in the same second get two directories
+                break
+            except FileExistsError:
+                continue
+        _FRESH_ID = candidate
+        os.environ["LMFORGE_RUN_ID"] = candidate
+    return _FRESH_ID
+
+
+def resolve_run_dir(root: str | os.PathLike, name: Optional[str] = None, sweep_point: Optional[str] = None,
+                    env: Optional[Mapping[str, str]] = None) -> Path:
+    env = os.environ if env is None else env
+    root_path = Path(root).expanduser().absolute()
+    for candidate in (name, sweep_point):
+        if candidate not in (None, "", "null", "None"):
+            return root_path / str(candidate)
+    rid = run_id_from_env(env)
+    if rid is not None:
+        return root_path / rid
+    return root_path / _fresh_id(root_path)
+
+
+def register_resolvers() -> None:
+    """``${lmforge_run_dir:root,name,sweep_point}`` for ``hydra.run.dir`` in conf/config.yaml."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("lmforge_run_dir"):
+        OmegaConf.register_new_resolver(
+            "lmforge_run_dir", lambda root, name=None, point=None: str(resolve_run_dir(root, name, point)),
+            use_cache=True,
+        )
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file and folder a run directory holds."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / "provenance.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def traces(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def dumps(self) -> Path:
+        return self.root / "dumps"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeats"
+
+    @property
+    def done_marker(self) -> Path:
+        return self.root / "DONE"
+
+    def make(self) -> "RunPaths":
+        for p in (self.root, self.checkpoints, self.logs):
+            p.mkdir(parents=True, exist_ok=True)
+        return self

@@ -1,0 +1,56 @@
+"""Thin Hydra entry point: compose -> validate -> Trainer.fit().
+
+    python -m lmforge.train +exp=smoke optim.lr=1e-3
+    lmforge train +exp=gpt_1b cluster.nodes=4
+    torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig
+
+import lmforge.config.schema  # noqa: F401  (registers the schema before Hydra composes)
+from lmforge.config.compose import conf_dir
+from lmforge.config.errors import ConfigError
+from lmforge.runtime.rundir import register_resolvers
+
+
+def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
+    from lmforge.config.validate import validate
+
+    typed = validate(cfg)
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from lmforge.trainer.trainer import Trainer
+
+    trainer = Trainer(typed, run_dir)
+    trainer.fit()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import hydra
+
+    register_resolvers()
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+
+    @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
+    def _app(cfg: DictConfig) -> None:
+        try:
+            run(cfg)
+        except ConfigError as e:
+            print(f"lmforge: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    _app()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

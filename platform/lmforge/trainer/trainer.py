@@ -1,0 +1,242 @@
+"""The Trainer: builds data, engine, checkpointing and metrics from a validated config and runs the loop.
+
+Each part lives in its own module; this file only wires them and owns the loop:
+
+    for step in range(start, max_steps):
+        batches = data.step_batches()                 # data/loader.py
+        result  = engine.train_step(batches, lr)       # parallel/engine.py
+        metrics.log(...)                              # metrics/
+        maybe evaluate, maybe checkpoint              # checkpoint/
+        stop cleanly on preemption                    # fault/
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.comm.process_group import WorldInfo, init_process_group
+from lmforge.config.batch import BatchPlan
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+from lmforge.config.validate import check_batch
+from lmforge.data.loader import BatchStream
+from lmforge.data.mixture import build_mixture, default_cache_dir
+from lmforge.data.tokenizer import load_tokenizer
+from lmforge.fault.signals import REQUEUE_EXIT_CODE, PreemptionFlag
+from lmforge.metrics.logger import MetricsLogger
+from lmforge.metrics.meter import StepTiming, ThroughputMeter
+from lmforge.metrics.sinks import JsonlSink, make_console_sink
+from lmforge.model.flops import flops_per_token
+from lmforge.parallel.engine import NativeEngine
+from lmforge.runtime import provenance
+from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
+from lmforge.runtime.rundir import RunPaths
+from lmforge.runtime.secrets import redact
+from lmforge.trainer.optim import build_optimizer, lr_multiplier
+
+
+class Preempted(SystemExit):
+    def __init__(self) -> None:
+        super().__init__(REQUEUE_EXIT_CODE)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def config_dict(cfg: RootConfig) -> dict:
+    return redact(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+
+
+class Trainer:
+    def __init__(self, cfg: RootConfig, run_dir: Path):
+        self.cfg = cfg
+        self.paths = RunPaths(Path(run_dir))
+        self.threads = pin_threads(cfg.train.threads)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.device = select_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+        self.world: WorldInfo = init_process_group(cfg.comm, self.device)
+        self.rank = self.world.rank
+        seed_everything(cfg.train.seed)
+        self.plan: BatchPlan = check_batch(cfg)
+        if self.rank == 0:
+            self.paths.make()
+        self._barrier()
+
+        # Data
+        cache = default_cache_dir(cfg.data, cfg.run.root)
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
+        if self.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                              f"({self.tokenizer.vocab_size}, {cfg.data.tokenizer})",
+                              f"set model.vocab_size >= {self.tokenizer.vocab_size}")
+        planned_tokens = cfg.train.planned_tokens or cfg.train.max_steps * self.plan.tokens_per_step
+        self.num_train_samples = math.ceil(planned_tokens / cfg.model.seq_len)
+        self.mixture = build_mixture(cfg.data, self.tokenizer, cfg.model.seq_len, cfg.train.seed,
+                                     self.num_train_samples, cfg.train.eval_batches * self.plan.micro_batch_size
+                                     * self.plan.dp_size, cache)
+
+        # Model, parallelism, optimizer
+        self.engine = NativeEngine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
+        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device)
+        self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
+        self.flops_per_token = flops_per_token(cfg.model)
+        dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
+        self.meter = ThroughputMeter(self.flops_per_token, peak_tflops(self.device, dtype), self.world.world_size)
+        self.step = 0
+        self.wandb_run_id: Optional[str] = None
+        self.preemption = PreemptionFlag().install()
+        self.history: List[dict] = []
+        self._pending_source_tokens = [0] * len(self.mixture.sources)
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def _barrier(self) -> None:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    def _any_rank(self, flag: bool) -> bool:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+    def _write_run_files(self) -> None:
+        if self.rank != 0:
+            return
+        self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
+        layout = {"world_size": self.world.world_size, "backend": self.world.backend,
+                  "mesh": {k: v for k, v in zip(("pp", "dp_replicate", "dp_shard", "tp"), self.engine.dims.shape)},
+                  "batch": asdict(self.plan), "threads": self.threads, "device": str(self.device),
+                  "precision": self.engine.precision}
+        provenance.write(self.paths.provenance, provenance.collect(layout=layout))
+
+    def _make_logger(self) -> MetricsLogger:
+        if self.rank != 0:
+            return MetricsLogger([], rank=self.rank)
+        sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step)]
+        if self.cfg.logging.jsonl:
+            sinks.append(JsonlSink(self.paths.metrics))
+        return MetricsLogger(sinks, rank=0)
+
+    def sidecar(self) -> dict:
+        return {"data": self.data.state_dict(), "world_size": self.world.world_size,
+                "wandb_run_id": self.wandb_run_id, "config": config_dict(self.cfg),
+                "tokenizer": self.tokenizer.identity}
+
+    def save_checkpoint(self) -> Path:
+        self._flush_source_counts()
+        return self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
+
+    def maybe_resume(self) -> Optional[int]:
+        path = self.checkpoints.resolve(self.cfg.train.resume)
+        if path is None:
+            return None
+        state = self.checkpoints.load(path, self.engine.inner, self.engine.optimizer)
+        self.step = int(state["step"])
+        self.data.load_state_dict(state["data"])
+        self.wandb_run_id = state.get("wandb_run_id")
+        return self.step
+
+    # ---- evaluation ----------------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        self.engine.eval()
+        out = {}
+        for source in self.mixture.sources:
+            losses = [float(self.engine.eval_loss(x, y)) for x, y in self.data.valid_batches(source, self.cfg.train.eval_batches)]
+            loss = sum(losses) / len(losses)
+            out[f"val/{source}/loss"] = loss
+            out[f"val/{source}/ppl"] = math.exp(min(loss, 50.0))
+        self.engine.train()
+        return out
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def fit(self) -> List[dict]:
+        resumed = self.maybe_resume()
+        self._write_run_files()
+        log = self._make_logger()
+        if resumed is not None:
+            log.event("resume", step=resumed, cause=f"resumed from step {resumed}")
+            if self.rank == 0:
+                print(f"resumed from step {resumed}", flush=True)
+        cfg = self.cfg
+        self.engine.train()
+        try:
+            while self.step < cfg.train.max_steps:
+                t0 = time.perf_counter()
+                batches = self.data.step_batches()
+                t_data = time.perf_counter() - t0
+                lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
+                result = self.engine.train_step(batches, lr)
+                self.step += 1
+                self._accumulate_sources(batches)
+                log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
+                if log_now:
+                    self._flush_source_counts()
+                    loss = float(result.loss)  # the only host sync of the step, on logging steps
+                    step_time = time.perf_counter() - t0
+                    record = {"kind": "train", "step": self.step, "loss": loss, "lr": lr,
+                              "grad_norm": float(result.grad_norm),
+                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len,
+                              "flops_seen": self.data.state.consumed_samples * cfg.model.seq_len * self.flops_per_token,
+                              "consumed_samples": self.data.state.consumed_samples,
+                              **self.meter.measure(StepTiming(step_time, t_data, self.plan.tokens_per_step)),
+                              **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
+                              **self._memory()}
+                    self.history.append(record)
+                    log.log(record)
+                if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
+                    log.log({"kind": "eval", "step": self.step,
+                             "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **self.evaluate()})
+                if self._any_rank(self.preemption.requested):
+                    self.save_checkpoint()
+                    log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
+                    raise Preempted()
+                if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
+                        and self.step < cfg.train.max_steps:
+                    self.save_checkpoint()
+            if cfg.checkpoint.enabled and cfg.checkpoint.save_final:
+                self.save_checkpoint()
+            if self.rank == 0:
+                self.paths.done_marker.write_text(json.dumps({"step": self.step}))
+        finally:
+            log.close()
+        return self.history
+
+    def _accumulate_sources(self, batches) -> None:
+        """Count this rank's consumed tokens per source locally; summed over ranks by _flush_source_counts."""
+        for mb in batches:
+            for sid in mb.source_ids:
+                self._pending_source_tokens[sid] += self.cfg.model.seq_len
+
+    def _flush_source_counts(self) -> None:
+        counts = torch.tensor(self._pending_source_tokens, dtype=torch.int64, device=self.device)
+        if dist.is_initialized() and self.engine.dp_size > 1:
+            dist.all_reduce(counts, group=self.engine.dp_group)
+        self.data.count_tokens({s: int(c) for s, c in zip(self.mixture.sources, counts.tolist())})
+        self._pending_source_tokens = [0] * len(self.mixture.sources)
+
+    def _memory(self) -> dict:
+        if self.device.type == "cuda":
+            return {"peak_memory_gib": torch.cuda.max_memory_allocated(self.device) / 2**30}
+        try:
+            import resource
+
+            return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        except ImportError:  # pragma: no cover
+            return {}
