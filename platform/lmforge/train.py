@@ -36,9 +36,16 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import hydra
 
+    from lmforge.config.validate import check_override_keys
+
     register_resolvers()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    try:
+        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
+    except ConfigError as e:
+        print(f"lmforge: {e}", file=sys.stderr, flush=True)
+        return 2
 
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def _app(cfg: DictConfig) -> None:

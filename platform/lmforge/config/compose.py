@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence
 from omegaconf import DictConfig
 
 import lmforge.config.schema  # noqa: F401  (registers lmforge_schema in the ConfigStore)
+from lmforge.config.validate import check_override_keys
 from lmforge.runtime.rundir import register_resolvers
 
 
@@ -36,5 +37,6 @@ def compose(overrides: Optional[Sequence[str]] = None, config_name: str = "confi
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     overrides_list: List[str] = list(overrides or [])
+    check_override_keys(overrides_list)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=overrides_list, return_hydra_config=False)

@@ -205,3 +205,34 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_parallel_layout(typed, world_size)
     check_batch(typed)
     return typed
+
+
+def check_override_keys(overrides) -> None:
+    """Catch typo'd keys in command-line overrides before Hydra composes (Hydra's own error for
+    ``model.n_layr=3`` suggests adding the key with ``+``, which would silently be ignored)."""
+    import typing
+
+    for item in overrides:
+        if "=" not in item or item.startswith(("+", "~", "hydra.", "hydra/")):
+            continue
+        key = item.split("=", 1)[0].strip()
+        if "@" in key or "/" in key:
+            continue
+        parts = key.split(".")
+        node: Any = RootConfig
+        for i, part in enumerate(parts):
+            if not is_dataclass(node):
+                break  # a Dict/List field (data.sources.NAME, comm.env.VAR): free-form below here
+            names = _valid_keys(node)
+            if part not in names:
+                if i == 0 and len(parts) == 1:
+                    break  # a group selection such as model=tiny: Hydra checks the option name
+                near = _closest(part, names)
+                full = ".".join(parts[: i + 1])
+                fix = f"did you mean '{'.'.join(parts[:i] + [near])}'?" if near else f"valid keys here: {', '.join(names)}"
+                raise ConfigError(full, "is not a known key", fix)
+            node = typing.get_type_hints(node).get(part)
+            origin = typing.get_origin(node)
+            if origin is typing.Union:
+                args = [a for a in typing.get_args(node) if a is not type(None)]
+                node = args[0] if args else None

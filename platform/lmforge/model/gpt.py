@@ -153,14 +153,14 @@ class GPT(nn.Module):
         return F.linear(h, weight)
 
     @torch.no_grad()
-    def init_weights(self, seed: int, device: Optional[torch.device] = None) -> None:
+    def init_weights(self, seed: int, device: Optional[torch.device] = None, place=None) -> None:
         """Deterministic init keyed by parameter name (see lmforge.model.init)."""
         from lmforge.model.init import init_parameters
 
         cos, sin = rope_tables(self.cfg.d_model // self.cfg.n_heads, self.cfg.seq_len, self.cfg.rope_theta,
                                device=device or self.rope_cos.device)
         self.rope_cos, self.rope_sin = cos, sin
-        init_parameters(self, self.cfg, seed)
+        init_parameters(self, self.cfg, seed, place)
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import zlib
 
+from typing import Callable, Optional
+
 import torch
 from torch import nn
 
@@ -37,19 +39,16 @@ def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) 
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
-    for name, param in model.named_parameters():
-        local = param
-        full_shape = param.shape
-        is_dtensor = hasattr(param, "device_mesh") and hasattr(param, "to_local")
-        if is_dtensor:
-            full_shape = param.shape  # DTensor reports the global shape
-        value = full_init_tensor(name, full_shape, cfg, seed)
-        if is_dtensor:
-            from torch.distributed.tensor import distribute_tensor
+def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int,
+                    place: Optional[Callable[[nn.Parameter, torch.Tensor], None]] = None) -> None:
+    """Fill every parameter with its name-keyed initial value.
 
-            # Every rank computes the same full tensor, so each takes its own slice: no communication.
-            sharded = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
-            local.to_local().copy_(sharded.to_local())
+    ``place(param, full_value)`` copies the full value into a parameter that holds only a shard (the
+    parallel layer passes one for DTensor parameters); plain parameters are copied directly.
+    """
+    for name, param in model.named_parameters():
+        value = full_init_tensor(name, param.shape, cfg, seed)  # a DTensor reports its global shape
+        if place is not None:
+            place(param, value)
         else:
-            local.copy_(value.to(device=param.device, dtype=param.dtype))
+            param.copy_(value.to(device=param.device, dtype=param.dtype))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from lmforge.config.parallelism import ParallelismConfig
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
@@ -30,11 +31,21 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> n
     return model
 
 
+def place_full_value(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy a full initial value into a parameter; a DTensor keeps only its own slice (no communication:
+    every rank computes the same full value)."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        param.copy_(value.to(device=param.device, dtype=param.dtype))
+
+
+@torch.no_grad()
 def materialize(model: nn.Module, device: torch.device, seed: int, dtype: torch.dtype = torch.float32) -> None:
     """Allocate meta tensors on ``device`` and fill them with the name-keyed deterministic init."""
     model.to_empty(device=device)
-    base = model
-    base.init_weights(seed, device=device)
+    model.init_weights(seed, device=device, place=place_full_value)
     if dtype != torch.float32:
         model.to(dtype)
 

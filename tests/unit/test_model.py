@@ -1,0 +1,99 @@
+"""Model shapes, the causal mask, batch isolation, and initialisation that does not depend on construction."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmforge.config.model import ModelConfig
+from lmforge.model.gpt import GPT, num_parameters, param_count_from_config
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def build(cfg: ModelConfig, seed: int = 0) -> GPT:
+    model = GPT(cfg)
+    model.init_weights(seed)
+    return model
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 1}, {"n_kv_heads": None}, {"mlp": "gelu", "norm": "layernorm"},
+                                {"tie_embeddings": False}])
+def test_shapes_and_param_count(kw):
+    cfg = tiny(**kw)
+    model = build(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len))
+    assert model(tokens).shape == (3, cfg.seq_len, cfg.vocab_size)
+    assert num_parameters(model) == param_count_from_config(cfg)
+
+
+def test_kv_projection_shapes_follow_kv_heads():
+    model = build(tiny(n_kv_heads=1))
+    attn = model.layers["0"].attention
+    assert attn.wq.weight.shape == (32, 32) and attn.wk.weight.shape == (8, 32) and attn.wv.weight.shape == (8, 32)
+
+
+@torch.no_grad()
+def test_no_future_leakage():
+    cfg = tiny()
+    model = build(cfg).eval()
+    torch.manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    base = model(tokens)
+    for t in range(cfg.seq_len - 1):
+        changed = tokens.clone()
+        changed[:, t + 1:] = (changed[:, t + 1:] + 1 + t) % cfg.vocab_size
+        out = model(changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-6)
+        assert not torch.allclose(out[:, t + 1], base[:, t + 1])
+
+
+@torch.no_grad()
+def test_batch_rows_are_independent():
+    cfg = tiny()
+    model = build(cfg).eval()
+    torch.manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    base = model(tokens)
+    for b in range(4):
+        changed = tokens.clone()
+        changed[b] = torch.randint(0, cfg.vocab_size, (cfg.seq_len,))
+        out = model(changed)
+        others = [i for i in range(4) if i != b]
+        torch.testing.assert_close(out[others], base[others], rtol=0, atol=1e-6)
+
+
+def test_meta_init_equals_eager_init():
+    cfg = tiny()
+    eager = build(cfg, seed=7)
+    with torch.device("meta"):
+        lazy = GPT(cfg)
+    lazy.to_empty(device="cpu")
+    lazy.init_weights(7)
+    for (n1, p1), (n2, p2) in zip(eager.named_parameters(), lazy.named_parameters()):
+        assert n1 == n2
+        assert torch.equal(p1, p2), n1
+    torch.testing.assert_close(lazy.rope_cos, eager.rope_cos, rtol=0, atol=0)
+
+
+def test_init_is_keyed_by_name_not_order():
+    cfg = tiny()
+    a = build(cfg, seed=3)
+    b = build(cfg, seed=3)
+    c = build(cfg, seed=4)
+    assert torch.equal(a.layers["1"].attention.wq.weight, b.layers["1"].attention.wq.weight)
+    assert not torch.equal(a.layers["1"].attention.wq.weight, c.layers["1"].attention.wq.weight)
+    # different layers get different values
+    assert not torch.equal(a.layers["0"].attention.wq.weight, a.layers["1"].attention.wq.weight)
+    # residual output projections are scaled down
+    assert a.layers["0"].attention.wo.weight.std() < 0.8 * a.layers["0"].attention.wq.weight.std()
+
+
+def test_tied_embeddings_share_storage():
+    model = build(tiny(tie_embeddings=True))
+    assert model.output is None
+    h = torch.randn(1, 3, 32)
+    torch.testing.assert_close(model.project_to_vocab(h), h @ model.tok_embeddings.weight.T)
