@@ -1,0 +1,106 @@
+"""Training-step throughput: the lmforge engine step vs a bare eager loop, fp32 vs bf16 autocast,
+activation checkpointing on vs off, fused/foreach vs for-loop AdamW, compile on vs off (opt-in).
+
+    python -m benchmarks.step [--model smoke|gpt_125m] [--repeats 7] [--compile]
+
+MFU uses the one FLOPs formula and the CPU GEMM peak measured on this machine at this thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from benchmarks.harness import Case, run_suite
+from lmforge.config.compose import compose
+from lmforge.config.validate import validate
+from lmforge.model.flops import flops_per_token
+from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.runtime.hardware import peak_tflops, pin_threads
+
+
+def bare_loop(cfg, batch: int, fused_optim: bool):
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    model.init_weights(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=fused_optim)
+    x = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.seq_len))
+
+    def step():
+        loss = cross_entropy_loss(model(x), x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def engine_step(overrides, batch: int):
+    from lmforge.comm.process_group import init_process_group
+    from lmforge.parallel.engine import NativeEngine
+    from lmforge.trainer.optim import build_optimizer
+
+    cfg = validate(compose(overrides), world_size=1)
+    device = torch.device("cpu")
+    init_process_group(cfg.comm, device)
+    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    x = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.seq_len))
+
+    class MB:
+        tokens = x
+        targets = x
+
+    return lambda: engine.train_step([MB], 1e-4)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smoke")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--compile", action="store_true", help="add compile on/off cases (first compile takes ~30 s)")
+    args = ap.parse_args()
+    threads = pin_threads(int(os.environ.get("LMFORGE_BENCH_THREADS", "0")))
+    base = [f"model={args.model}", f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}"]
+    if args.seq_len:
+        base.append(f"model.seq_len={args.seq_len}")
+    cfg = validate(compose(base), world_size=1)
+    tokens = args.batch * cfg.model.seq_len
+    fpt = flops_per_token(cfg.model)
+    peak32 = peak_tflops(torch.device("cpu"), torch.float32)
+    peak16 = peak_tflops(torch.device("cpu"), torch.bfloat16)
+
+    def mfu_extra(peak):
+        return {"peak_tflops": peak}
+
+    cases = [
+        Case("bare eager loop fp32", bare_loop(cfg, args.batch, True), tokens, "tokens", extra=mfu_extra(peak32)),
+        Case("lmforge engine fp32", engine_step(base, args.batch), tokens, "tokens", extra=mfu_extra(peak32)),
+        Case("lmforge engine bf16-mixed", engine_step(base + ["train.precision=bf16-mixed"], args.batch), tokens,
+             "tokens", extra=mfu_extra(peak16)),
+        Case("lmforge engine fp32 AC full", engine_step(base + ["parallelism.activation_checkpointing=full"], args.batch),
+             tokens, "tokens", extra=mfu_extra(peak32)),
+        Case("lmforge engine fp32 AC selective",
+             engine_step(base + ["parallelism.activation_checkpointing=selective"], args.batch), tokens, "tokens",
+             extra=mfu_extra(peak32)),
+        Case("bare eager loop fp32 for-loop AdamW", bare_loop(cfg, args.batch, False), tokens, "tokens",
+             extra=mfu_extra(peak32)),
+    ]
+    if args.compile:
+        cases.append(Case("lmforge engine fp32 compiled", engine_step(base + ["parallelism.compile=true"], args.batch),
+                          tokens, "tokens", extra=mfu_extra(peak32)))
+    results = run_suite(f"step-{args.model}", cases, repeats=args.repeats, baseline="bare eager loop fp32")
+    print(f"\nthreads={threads} flops/token={fpt:,} fp32 GEMM peak={peak32:.3f} TFLOP/s bf16 peak={peak16:.3f} TFLOP/s")
+    for r in results:
+        peak = r.extra["peak_tflops"]
+        print(f"  {r.name:<36} MFU {r.rate * fpt / 1e12 / peak:6.1%}  ({r.rate * fpt / 1e12:.3f} TFLOP/s)")
+    bare = next(r for r in results if r.name == "bare eager loop fp32")
+    eng = next(r for r in results if r.name == "lmforge engine fp32")
+    print(f"\nplatform overhead (engine vs bare, fp32): {(bare.rate / eng.rate - 1):+.1%}")
+
+
+if __name__ == "__main__":
+    main()
