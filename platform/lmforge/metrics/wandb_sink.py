@@ -3,7 +3,7 @@
 - ``logging.wandb.mode``: ``online`` | ``offline`` | ``disabled``. ``online`` needs an API key and a reachable
   server; without either we fall back to ``offline`` with ONE warning instead of hanging (online init with no
   network blocks ~100 s): the key is looked up in ``WANDB_API_KEY`` / ``~/.netrc`` and the server
-  (``WANDB_BASE_URL`` or api.wandb.ai) is probed with a 3 s TCP connect before ``wandb.init``.
+  (``WANDB_BASE_URL`` or api.wandb.ai) is probed with one 3 s HTTP(S) request before ``wandb.init``.
 - project / entity / group / tags / name come from config; the group defaults to ``run.sweep_name`` so the
   points of a sweep are grouped.
 - The config is logged with secrets redacted; no console capture, no code/git/requirements upload and no
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import netrc
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
@@ -41,14 +40,22 @@ def api_key_present(env: Mapping[str, str], host: str) -> bool:
 
 
 def server_reachable(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[bool, str]:
+    """One HTTP(S) request to the server with a short timeout. Any HTTP answer over a verified connection counts
+    as reachable; DNS failure, refusal, silence (timeout) or a TLS certificate that is not the server's (an
+    intercepting proxy) do not. A bare TCP connect is not enough: intercepting proxies accept every connect."""
+    import urllib.error
+    import urllib.request
+
     parsed = urlparse(base_url)
-    host = parsed.hostname or "api.wandb.ai"
-    port = parsed.port or (443 if parsed.scheme != "http" else 80)
+    where = f"{parsed.hostname}:{parsed.port or (80 if parsed.scheme == 'http' else 443)}"
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True, f"{host}:{port}"
-    except OSError as e:
-        return False, f"{host}:{port} ({type(e).__name__}: {e})"
+        with urllib.request.urlopen(urllib.request.Request(base_url, method="GET"), timeout=timeout):
+            return True, where
+    except urllib.error.HTTPError:  # the server answered (401/404/...): it is there
+        return True, where
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return False, f"{where} ({type(reason).__name__}: {str(reason)[:160]})"
 
 
 def resolve_mode(requested: str, env: Optional[Mapping[str, str]] = None,
