@@ -113,7 +113,7 @@ def test_async_thread_save_captures_state_at_call_and_commits_on_wait(tmp_path):
     assert not result.committed and result.stall_s >= 0
     with torch.no_grad():  # training goes on while the write runs
         model.weight.add_(5.0)
-    assert mgr.resolve("auto") is None or mgr.pending is None  # invisible until committed
+    assert mgr.resolve("auto") is None and mgr.pending is not None  # invisible until committed
     assert mgr.wait() == tmp_path / "step-00000003"
     fresh = torch.nn.Linear(8, 8)
     mgr.load(tmp_path / "step-00000003", fresh, None)
