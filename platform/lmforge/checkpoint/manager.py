@@ -87,8 +87,10 @@ class CheckpointManager:
         self.on_commit: Optional[Callable[[int, Path, float], None]] = None
         self.pending: Optional[_Pending] = None
         self._async_group = None
-        if cfg.async_mode == "thread" and _dist():
-            # Collective call: every rank constructs the manager at the same point of Trainer.__init__.
+        if cfg.async_mode in ("thread", "process") and _dist():
+            # Collective call: every rank constructs the manager at the same point of Trainer.__init__. A gloo group
+            # because async_save needs a CPU backend (an NCCL-only default group is refused) and so that the
+            # background thread never interleaves its collectives with the training ones.
             self._async_group = dist.new_group(backend="gloo")
 
     # ---- save -------------------------------------------------------------------------------------
