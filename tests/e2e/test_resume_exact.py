@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,11 @@ def records(run: Path, kind: str):
 def runs(tmp_path_factory, data_cache):
     root = tmp_path_factory.mktemp("resume")
     straight = launch(root, "straight", [])
+    # Start the split run once the straight run trains, so the two never build the data cache at the same time.
+    deadline = time.monotonic() + 240
+    while not (root / "straight" / "metrics.jsonl").exists():
+        assert straight.poll() is None and time.monotonic() < deadline, _tail(root)
+        time.sleep(0.2)
     first = launch(root, "split", ["train.stop_at_step=3", "checkpoint.async_mode=thread",
                                    "logging.wandb.mode=offline", "logging.wandb.project=resume-test"], SECRETS)
     for p in (straight, first):
