@@ -155,7 +155,7 @@ class Trainer:
         result = self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
         if getattr(self, "logger", None) is not None:
             self.logger.event("checkpoint_save", step=self.step, stall_s=result.stall_s,
-                           async_mode=self.cfg.checkpoint.async_mode, path=str(result.path))
+                              async_mode=self.cfg.checkpoint.async_mode, path=str(result.path))
         if blocking:
             self.checkpoints.wait()
         return result.path
