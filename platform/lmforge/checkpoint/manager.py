@@ -1,24 +1,39 @@
 """Save and load training state with torch.distributed.checkpoint (DCP).
 
 Tensors (model, optimizer, per-rank RNG states) go through DCP, which reshards between parallel layouts.
-Everything else (step, data position, scheduler step, config, W&B run id, counters) goes into the JSON
-sidecar ``state.json``. Nothing is unpickled on load: DCP is loaded with ``weights_only`` semantics and
-the sidecar is JSON.
+Everything else (step, data position, scheduler, gradient scaler, config, W&B run id, counters) goes into
+the JSON sidecar ``state.json``. Nothing is unpickled on load: DCP reads tensors and the sidecar is JSON.
+
+A save writes into ``.tmp-step-N/``; only when every rank has finished writing (for an async save: when every
+rank's background write has completed) does rank 0 write the sidecar and ``COMPLETE`` and rename the
+directory to ``step-N/``. ``checkpoint.async_mode``:
+
+- ``none``: ``dcp.save``; the loop is blocked for the whole write.
+- ``thread`` / ``process``: ``dcp.async_save``; the loop is blocked only while the state is copied to CPU
+  (the *stall*, returned by ``save``), then the write runs in a thread (over a dedicated gloo group, so it
+  never interleaves with the training collectives) or a separate process. ``poll()`` (called once per step)
+  commits it as soon as all ranks are done; ``wait()`` blocks until it is committed.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
-from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, tmp_dir)
+from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
+from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, step_of,
+                                       tmp_dir)
+from lmforge.checkpoint.retention import plan_retention
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
 from lmforge.config.checkpoint import CheckpointConfig
 
@@ -27,33 +42,71 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _barrier() -> None:
-    if dist.is_initialized():
+    if _dist() and dist.get_world_size() > 1:
         dist.barrier()
 
 
 def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank() if _dist() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if _dist() else 1
+
+
+@dataclass
+class SaveResult:
+    step: int
+    path: Path  # the final directory (visible once committed)
+    stall_s: float  # how long save() blocked the caller
+    committed: bool  # False while an async write is still running
+
+
+@dataclass
+class _Pending:
+    step: int
+    tmp: Path
+    final: Path
+    future: Any
+    sidecar: dict
+    started: float
 
 
 class CheckpointManager:
     def __init__(self, root: Path, cfg: CheckpointConfig):
-        self.root = root
+        self.root = Path(root)
         self.cfg = cfg
-        # Test hook: called on rank 0 between writing the DCP shards and committing (see tests/e2e).
+        # Called on rank 0 between writing the DCP shards and committing (in-process tests).
         self.before_commit: Optional[Callable[[Path], None]] = None
+        # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
+        self.on_commit: Optional[Callable[[int, Path, float], None]] = None
+        self.pending: Optional[_Pending] = None
+        self._async_group = None
+        if cfg.async_mode in ("thread", "process") and _dist():
+            # Collective call: every rank constructs the manager at the same point of Trainer.__init__. A gloo group
+            # because async_save needs a CPU backend (an NCCL-only default group is refused) and so that the
+            # background thread never interleaves its collectives with the training ones.
+            self._async_group = dist.new_group(backend="gloo")
 
     # ---- save -------------------------------------------------------------------------------------
     def tensor_state(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, Any]:
         if optimizer is not None:
             msd, osd = get_state_dict(model, optimizer)
         else:
-            msd, osd = get_state_dict(model, []), {}
+            msd, osd = get_state_dict(model, [])[0], {}
         state: Dict[str, Any] = {"model": msd, "optim": osd}
         state.update(rng_state_tensors(_rank()))
         return state
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer], sidecar: dict) -> Path:
+    def save(self, step: int, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+             sidecar: dict) -> SaveResult:
+        t0 = time.perf_counter()
+        self.wait()  # at most one save in flight; commits the previous one first
         final = step_dir(self.root, step)
         tmp = tmp_dir(self.root, step)
         if _rank() == 0:
@@ -62,42 +115,102 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         _barrier()
-        dcp.save(self.tensor_state(model, optimizer), checkpoint_id=str(tmp))
-        _barrier()
+        side = json.loads(json.dumps({"step": step, **sidecar}))  # a snapshot, JSON-clean
+        state = self.tensor_state(model, optimizer)
+        pause_after = pause_spec(step)
+        writer = PausingWriter(tmp, pause_after) if pause_after is not None else FileSystemWriter(str(tmp))
+        if self.cfg.async_mode in ("thread", "process"):
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            kind = AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
+            future = dcp.async_save(state, storage_writer=writer, async_checkpointer_type=kind,
+                                    process_group=self._async_group)
+            future = getattr(future, "upload_completion", future)
+            self.pending = _Pending(step, tmp, final, future, side, time.perf_counter())
+            return SaveResult(step, final, time.perf_counter() - t0, committed=False)
+        dcp.save(state, storage_writer=writer)
+        self._commit(_Pending(step, tmp, final, None, side, t0))
+        return SaveResult(step, final, time.perf_counter() - t0, committed=True)
+
+    def poll(self) -> Optional[Path]:
+        """Commit the in-flight async save if every rank's write has finished; never blocks on I/O."""
+        if self.pending is None:
+            return None
+        done = self.pending.future.done()
+        if _world() > 1:
+            flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=_collective_device())
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            done = bool(flag.item())
+        if not done:
+            return None
+        return self.wait()
+
+    def wait(self) -> Optional[Path]:
+        """Block until the in-flight async save (if any) is written by every rank, then commit it."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        try:
+            pending.future.result()
+        except Exception as e:  # noqa: BLE001 - a failed write must not become a checkpoint
+            raise CheckpointError(f"async checkpoint save of step {pending.step} into {pending.tmp} failed on "
+                                  f"rank {_rank()}: {e}. The previous complete checkpoint stays the latest") from e
+        self._commit(pending)
+        return pending.final
+
+    def _commit(self, p: _Pending) -> None:
+        _barrier()  # every rank has finished writing its shards
         if _rank() == 0:
             if self.before_commit is not None:
-                self.before_commit(tmp)
-            side = tmp / SIDECAR
-            side.write_text(json.dumps({"step": step, **sidecar}, indent=1, sort_keys=True))
-            (tmp / COMPLETE).write_text(str(step))
-            _fsync_dir(tmp)
-            if final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+                self.before_commit(p.tmp)
+            (p.tmp / SIDECAR).write_text(json.dumps(p.sidecar, indent=1, sort_keys=True))
+            (p.tmp / COMPLETE).write_text(str(p.step))
+            _fsync_dir(p.tmp)
+            if p.final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
+                shutil.rmtree(p.final)
+            os.replace(p.tmp, p.final)
             _fsync_dir(self.root)
             self.apply_retention()
+            if self.on_commit is not None:
+                self.on_commit(p.step, p.final, time.perf_counter() - p.started)
         _barrier()
-        return final
 
-    def apply_retention(self) -> None:
-        """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned."""
-        done = complete_checkpoints(self.root)
-        keep = set(done[-self.cfg.keep_last:]) if self.cfg.keep_last > 0 else set()
-        for path in done:
-            step = int(path.name.split("-")[1])
-            if self.cfg.keep_every and step % self.cfg.keep_every == 0:
-                keep.add(path)
-            if (path / PINNED).exists():
-                keep.add(path)
-        for path in done:
-            if path not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+    def apply_retention(self) -> List[Path]:
+        """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned. Returns deleted."""
+        done = {step_of(p): p for p in complete_checkpoints(self.root)}
+        pinned = [s for s, p in done.items() if (p / PINNED).exists()]
+        _, delete = plan_retention(done, self.cfg.keep_last, self.cfg.keep_every, pinned)
+        for step in sorted(delete):
+            shutil.rmtree(done[step], ignore_errors=True)
+        in_flight = self.pending.tmp if self.pending is not None else None
         for stale in self.root.glob(".tmp-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+            if stale != in_flight:
+                shutil.rmtree(stale, ignore_errors=True)
+        return [done[s] for s in sorted(delete)]
 
+    # ---- pins (the loss guard and users protect checkpoints from retention) ------------------------
     @staticmethod
     def pin(path: Path, reason: str) -> None:
-        (path / PINNED).write_text(reason)
+        if _rank() == 0:
+            (Path(path) / PINNED).write_text(reason)
+
+    @staticmethod
+    def unpin(path: Path) -> None:
+        if _rank() == 0:
+            (Path(path) / PINNED).unlink(missing_ok=True)
+
+    def pin_latest(self, reason: str, at_or_before: Optional[int] = None) -> Optional[Path]:
+        """Pin the newest complete checkpoint (with step <= ``at_or_before`` if given), e.g. the last good
+        one before a loss spike. Returns it, or None when there is none."""
+        candidates = [p for p in complete_checkpoints(self.root)
+                      if at_or_before is None or step_of(p) <= at_or_before]
+        if not candidates:
+            return None
+        self.pin(candidates[-1], reason)
+        return candidates[-1]
+
+    def pinned(self) -> Dict[int, str]:
+        return {step_of(p): (p / PINNED).read_text() for p in complete_checkpoints(self.root) if (p / PINNED).exists()}
 
     # ---- load -------------------------------------------------------------------------------------
     def resolve(self, resume: str) -> Optional[Path]:
@@ -120,16 +233,17 @@ class CheckpointManager:
              restore_rng: bool = True) -> dict:
         sidecar = json.loads((path / SIDECAR).read_text())
         state = self.tensor_state(model, optimizer)
+        check_model_fits(path, state["model"])
         rng_keys = [k for k in state if k.startswith("rng/")]
-        saved_world = sidecar.get("world_size")
-        same_world = saved_world == (dist.get_world_size() if dist.is_initialized() else 1)
+        same_world = sidecar.get("world_size") == _world()
         if not (restore_rng and same_world):
             for k in rng_keys:
                 state.pop(k)
         try:
-            dcp.load(state, checkpoint_id=str(path))
-        except Exception as e:  # DCP raises RuntimeError/CheckpointException wrapping per-rank failures
-            raise CheckpointError(mismatch_message(path, e)) from None
+            dcp.load(state, storage_reader=FileSystemReader(str(path)))
+        except Exception as e:  # DCP raises CheckpointException wrapping per-rank failures
+            raise CheckpointError(f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
+                                  f"config the checkpoint was saved with, or start fresh (train.resume=none)") from None
         opts = StateDictOptions(strict=True)
         if optimizer is not None:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts)
@@ -140,13 +254,42 @@ class CheckpointManager:
         return sidecar
 
 
-def mismatch_message(path: Path, err: Exception) -> str:
-    text = str(err)
-    lines = [ln.strip() for ln in text.splitlines() if "size mismatch" in ln or "Missing key" in ln
-             or "shape" in ln.lower() or "missing" in ln.lower()]
-    detail = "; ".join(dict.fromkeys(lines)) or text.splitlines()[0] if text else type(err).__name__
-    return (f"checkpoint {path} does not fit this model: {detail[:2000]}. Fix: resume with the model config the "
-            f"checkpoint was saved with (see its state.json 'config'), or start a new run (train.resume=none)")
+def model_mismatches(path: Path, model_state: Dict[str, Any]) -> List[str]:
+    """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes)."""
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
+    problems = []
+    for name, tensor in model_state.items():
+        if not hasattr(tensor, "shape"):
+            continue
+        if name not in saved:
+            problems.append(f"{name}: missing from the checkpoint (model has {list(tensor.shape)})")
+        elif tuple(saved[name]) != tuple(tensor.shape):
+            problems.append(f"{name}: checkpoint {list(saved[name])} vs model {list(tensor.shape)}")
+    for name in sorted(set(saved) - set(model_state)):
+        problems.append(f"{name}: in the checkpoint but not in the model (checkpoint {list(saved[name])})")
+    return problems
+
+
+def check_model_fits(path: Path, model_state: Dict[str, Any]) -> None:
+    problems = model_mismatches(path, model_state)
+    if problems:
+        shown = "\n  ".join(problems[:40]) + (f"\n  ... and {len(problems) - 40} more" if len(problems) > 40 else "")
+        saved_model = ""
+        try:
+            saved_model = f" (saved with model={json.loads((path / SIDECAR).read_text())['config']['model']})"
+        except (OSError, KeyError, ValueError, TypeError):
+            pass
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model: {len(problems)} mismatched tensor(s):\n  {shown}\n"
+            f"Fix: resume with the model config the checkpoint was saved with{saved_model}, "
+            f"or start a new run (train.resume=none or another run.name)")
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _fsync_dir(path: Path) -> None:

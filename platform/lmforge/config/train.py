@@ -29,3 +29,6 @@ class TrainConfig:
     resume: str = "auto"
     # Tokens planned for the whole run; 0 = max_steps * global batch * seq_len. Fixes the data index size.
     planned_tokens: int = 0
+    # Stop (checkpoint, exit 0, no DONE marker) once this step is done, without changing the LR schedule or the
+    # data index, which follow max_steps; a later launch resumes. For time-sliced jobs and resume tests. 0: off.
+    stop_at_step: int = 0

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
+                                            scheduler_state)
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.config.batch import BatchPlan
@@ -38,6 +40,7 @@ from lmforge.fault.signals import REQUEUE_EXIT_CODE, PreemptionFlag
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import StepTiming, ThroughputMeter
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
+from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import flops_per_token
 from lmforge.parallel.engine import NativeEngine
 from lmforge.runtime import provenance
@@ -132,16 +135,30 @@ class Trainer:
         sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step)]
         if self.cfg.logging.jsonl:
             sinks.append(JsonlSink(self.paths.metrics))
+        wandb_sink = make_wandb_sink(self.cfg.logging.wandb, self.paths.wandb, config_dict(self.cfg),
+                                     self.wandb_run_id, group=self.cfg.run.sweep_name)
+        if wandb_sink is not None:
+            self.wandb_run_id = wandb_sink.run_id  # persisted in every checkpoint's sidecar
+            sinks.append(wandb_sink)
         return MetricsLogger(sinks, rank=0)
 
     def sidecar(self) -> dict:
         return {"data": self.data.state_dict(), "world_size": self.world.world_size,
                 "wandb_run_id": self.wandb_run_id, "config": config_dict(self.cfg),
-                "tokenizer": self.tokenizer.identity}
+                "tokenizer": self.tokenizer.identity,
+                "scheduler": scheduler_state(self.cfg.optim, self.cfg.train.max_steps, self.step, self.cfg.optim.lr
+                                             * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps)),
+                "grad_scaler": grad_scaler_state(getattr(self.engine, "grad_scaler", None))}
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, blocking: bool = False) -> Path:
         self._flush_source_counts()
-        return self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
+        result = self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
+        if getattr(self, "logger", None) is not None:
+            self.logger.event("checkpoint_save", step=self.step, stall_s=result.stall_s,
+                              async_mode=self.cfg.checkpoint.async_mode, path=str(result.path))
+        if blocking:
+            self.checkpoints.wait()
+        return result.path
 
     def maybe_resume(self) -> Optional[int]:
         path = self.checkpoints.resolve(self.cfg.train.resume)
@@ -151,6 +168,10 @@ class Trainer:
         self.step = int(state["step"])
         self.data.load_state_dict(state["data"])
         self.wandb_run_id = state.get("wandb_run_id")
+        restore_grad_scaler(getattr(self.engine, "grad_scaler", None), state.get("grad_scaler"))
+        changed = scheduler_changes(state.get("scheduler"), self.cfg.optim, self.cfg.train.max_steps)
+        if changed and self.rank == 0:
+            print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
         return self.step
 
     # ---- evaluation ----------------------------------------------------------------------------------
@@ -169,15 +190,18 @@ class Trainer:
     def fit(self) -> List[dict]:
         resumed = self.maybe_resume()
         self._write_run_files()
-        log = self._make_logger()
+        log = self.logger = self._make_logger()
+        self.checkpoints.on_commit = lambda step, path, write_s: log.event(
+            "checkpoint_commit", step=step, write_s=write_s, path=str(path))
         if resumed is not None:
             log.event("resume", step=resumed, cause=f"resumed from step {resumed}")
             if self.rank == 0:
                 print(f"resumed from step {resumed}", flush=True)
         cfg = self.cfg
+        last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
         try:
-            while self.step < cfg.train.max_steps:
+            while self.step < last_step:
                 t0 = time.perf_counter()
                 batches = self.data.step_batches()
                 t_data = time.perf_counter() - t0
@@ -203,16 +227,18 @@ class Trainer:
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
                     log.log({"kind": "eval", "step": self.step,
                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **self.evaluate()})
+                self.checkpoints.poll()  # commits a finished async save
                 if self._any_rank(self.preemption.requested):
-                    self.save_checkpoint()
+                    self.save_checkpoint(blocking=True)
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
-                        and self.step < cfg.train.max_steps:
+                        and self.step < last_step:
                     self.save_checkpoint()
-            if cfg.checkpoint.enabled and cfg.checkpoint.save_final:
-                self.save_checkpoint()
-            if self.rank == 0:
+            if cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
+                self.save_checkpoint(blocking=True)
+            self.checkpoints.wait()
+            if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
         finally:
             log.close()
@@ -237,6 +263,7 @@ class Trainer:
         try:
             import resource
 
-            return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # CPU: the process's peak RSS
+            return {"peak_memory_gib": rss, "peak_rss_gib": rss}
         except ImportError:  # pragma: no cover
             return {}

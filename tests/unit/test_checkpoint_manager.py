@@ -1,0 +1,135 @@
+"""CheckpointManager in one process: retention and pins, atomic commit, async capture, model mismatch errors."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.checkpoint.layout import COMPLETE, SIDECAR, complete_checkpoints, step_of, tmp_dir
+from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
+from lmforge.checkpoint.retention import plan_retention
+from lmforge.config.checkpoint import CheckpointConfig
+from lmforge.config.model import ModelConfig
+from lmforge.model.gpt import GPT
+
+
+def tiny_gpt(d_model: int = 32, n_layers: int = 2) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(name="t", vocab_size=128, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
+                           seq_len=16))
+
+
+def test_plan_retention_keeps_last_every_and_pinned():
+    keep, delete = plan_retention(range(1, 11), keep_last=2, keep_every=4, pinned=[3])
+    assert keep == {3, 4, 8, 9, 10}
+    assert delete == {1, 2, 5, 6, 7}
+    keep, delete = plan_retention([5, 10, 15], keep_last=0, keep_every=0, pinned=[])
+    assert keep == set() and delete == {5, 10, 15}
+    keep, _ = plan_retention([5, 10, 15], keep_last=1, keep_every=0, pinned=[99])  # a pin of nothing keeps nothing
+    assert keep == {15}
+
+
+def test_retention_on_disk_and_pins_survive(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=2, keep_every=4))
+    for step in range(1, 11):
+        mgr.save(step, model, None, {"world_size": 1})
+        if step == 3:
+            assert mgr.pin_latest("loss spike at step 4: last good checkpoint") == tmp_path / "step-00000003"
+        if step == 6:  # the fault module pins the newest checkpoint at or before a given step
+            assert mgr.pin_latest("before divergence", at_or_before=5) == tmp_path / "step-00000005"
+    assert [step_of(p) for p in complete_checkpoints(tmp_path)] == [3, 4, 5, 8, 9, 10]
+    assert mgr.pinned() == {3: "loss spike at step 4: last good checkpoint", 5: "before divergence"}
+    mgr.unpin(tmp_path / "step-00000005")
+    mgr.save(11, model, None, {"world_size": 1})
+    assert [step_of(p) for p in complete_checkpoints(tmp_path)] == [3, 4, 8, 10, 11]
+    assert not list(tmp_path.glob(".tmp-step-*"))
+
+
+def test_partial_save_is_never_resolved(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=3))
+    mgr.save(2, model, None, {"world_size": 1})
+    partial = tmp_dir(tmp_path, 4)
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half a shard")
+    (tmp_path / "step-00000006").mkdir()  # a final name without COMPLETE is not a checkpoint either
+    assert mgr.resolve("auto") == tmp_path / "step-00000002"
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        mgr.resolve(str(partial))
+
+
+def test_before_commit_failure_leaves_previous_latest(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=3))
+    mgr.save(1, model, None, {"world_size": 1})
+
+    def crash(path):
+        raise KeyboardInterrupt("killed between shards and commit")
+
+    mgr.before_commit = crash
+    with pytest.raises(KeyboardInterrupt):
+        mgr.save(2, model, None, {"world_size": 1})
+    assert (tmp_dir(tmp_path, 2) / ".metadata").exists() and not (tmp_dir(tmp_path, 2) / COMPLETE).exists()
+    assert mgr.resolve("auto") == tmp_path / "step-00000001"
+
+
+def test_roundtrip_restores_model_optimizer_rng_and_sidecar(tmp_path):
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 128, (2, 16))).sum().backward()
+    opt.step()
+    mgr = CheckpointManager(tmp_path, CheckpointConfig())
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    mgr.save(5, model, opt, {"world_size": 1, "wandb_run_id": "abc123", "scheduler": {"step": 5}})
+    expect = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    ref_opt = {k: v.clone() for k, v in opt.state[next(iter(model.parameters()))].items()}
+
+    model2 = tiny_gpt()
+    for p in model2.parameters():
+        p.data.add_(1.0)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    side = mgr.load(tmp_path / "step-00000005", model2, opt2)
+    assert side["step"] == 5 and side["wandb_run_id"] == "abc123" and side["scheduler"] == {"step": 5}
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expect
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, ref[k]), k
+    got_opt = opt2.state[next(iter(model2.parameters()))]
+    for k, v in ref_opt.items():
+        assert torch.equal(got_opt[k], v), k
+    # The sidecar is plain JSON, nothing pickled.
+    assert json.loads((tmp_path / "step-00000005" / SIDECAR).read_text())["wandb_run_id"] == "abc123"
+
+
+def test_async_thread_save_captures_state_at_call_and_commits_on_wait(tmp_path):
+    model = torch.nn.Linear(8, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(async_mode="thread"))
+    result = mgr.save(3, model, None, {"world_size": 1})
+    assert not result.committed and result.stall_s >= 0
+    with torch.no_grad():  # training goes on while the write runs
+        model.weight.add_(5.0)
+    assert mgr.resolve("auto") is None and mgr.pending is not None  # invisible until committed
+    assert mgr.wait() == tmp_path / "step-00000003"
+    fresh = torch.nn.Linear(8, 8)
+    mgr.load(tmp_path / "step-00000003", fresh, None)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_incompatible_model_names_mismatched_tensors(tmp_path):
+    mgr = CheckpointManager(tmp_path, CheckpointConfig())
+    mgr.save(1, tiny_gpt(d_model=32, n_layers=2), None, {"world_size": 1})
+    wider = tiny_gpt(d_model=48, n_layers=3)
+    with pytest.raises(CheckpointError) as err:
+        mgr.load(tmp_path / "step-00000001", wider, None)
+    text = str(err.value)
+    assert "does not fit this model" in text
+    name = next(k for k in wider.state_dict() if "emb" in k)
+    assert f"{name}: checkpoint [128, 32] vs model [128, 48]" in text
+    assert "layers.2." in text and "missing from the checkpoint" in text
+    assert "Fix: resume with the model config the checkpoint was saved with" in text
