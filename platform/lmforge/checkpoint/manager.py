@@ -48,7 +48,7 @@ class CheckpointManager:
         if optimizer is not None:
             msd, osd = get_state_dict(model, optimizer)
         else:
-            msd, osd = get_state_dict(model, []), {}
+            msd, osd = get_state_dict(model, [])[0], {}
         state: Dict[str, Any] = {"model": msd, "optim": osd}
         state.update(rng_state_tensors(_rank()))
         return state
