@@ -56,7 +56,11 @@ class _MetadataUnpickler(pickle.Unpickler):
             if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
             allowed = set()
-        if allowed is None or name in allowed:
+        if allowed is None:  # only classes defined in that module itself, not names it imported
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        elif name in allowed:
             return super().find_class(module, name)
         raise UnsafeCheckpointError(f"DCP metadata references '{module}.{name}', which is not a checkpoint metadata "
                                     "type; refusing to unpickle it")
@@ -132,6 +136,7 @@ def saved_model_tensors(ckpt: Path) -> Dict[str, TensorStorageMetadata]:
 
 def check_names_and_shapes(ckpt: Path, expected: Dict[str, Tuple[int, ...]]) -> None:
     saved = saved_model_tensors(ckpt)
+    saved.pop("tied_output_weight", None)  # a pipeline stage's copy of the tied embedding, not a separate weight
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
     wrong = sorted(f"{n} (checkpoint {tuple(saved[n].size)}, model {tuple(expected[n])})"

@@ -38,10 +38,22 @@ class ExportResult:
     notes: List[str] = field(default_factory=list)
 
 
-def _tokenizer_json(side: dict, override: Optional[Path]) -> Optional[Path]:
-    """The run's tokenizer.json, checked against the fingerprint the checkpoint recorded; None for tiktoken."""
+def _embedded_tokenizer_candidates(cfg: dict, ckpt: Path) -> List[Path]:
+    """Where the run's data cache can be: its config (data.cache_dir, $LMFORGE_DATA_CACHE, run.root/../.cache),
+    then beside the run directory itself (run.root may have been relative to another working directory)."""
     from lmforge.data.mixture import default_cache_dir
-    from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer
+    from lmforge.data.tokenizer import embedded_tokenizer_path
+
+    data = DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir"))
+    roots = [default_cache_dir(data, cfg.get("run", {}).get("root", "runs"))]
+    run_dir = ckpt.absolute().parents[1]  # <root>/<run>/checkpoints/step-N
+    roots.append(run_dir.parent.parent / ".cache" / "lmforge-data")
+    return [embedded_tokenizer_path(r) for r in roots]
+
+
+def _tokenizer_json(side: dict, override: Optional[Path], ckpt: Path) -> Optional[Path]:
+    """The run's tokenizer.json, checked against the fingerprint the checkpoint recorded; None for tiktoken."""
+    from lmforge.data.tokenizer import load_tokenizer
 
     cfg = side.get("config", {})
     spec = str(cfg.get("data", {}).get("tokenizer", "embedded"))
@@ -51,8 +63,8 @@ def _tokenizer_json(side: dict, override: Optional[Path]) -> Optional[Path]:
     if override is not None:
         path = Path(override).expanduser()
     elif spec == "embedded":
-        data = DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir"))
-        path = embedded_tokenizer_path(default_cache_dir(data, cfg.get("run", {}).get("root", "runs")))
+        candidates = _embedded_tokenizer_candidates(cfg, ckpt)
+        path = next((c for c in candidates if c.is_file()), candidates[0])
     else:
         path = Path(spec).expanduser()
     if not path.is_file():
@@ -89,7 +101,7 @@ def export_hf(source: Path, out_dir: Path, dtype: str = "fp32", max_shard_size: 
     cfg = checkpoint_model_config(ckpt)
     fam = family_for(cfg)  # refuse unrepresentable architectures before reading any tensor
     side = read_sidecar(ckpt)
-    tok_path = _tokenizer_json(side, tokenizer) if with_tokenizer else None
+    tok_path = _tokenizer_json(side, tokenizer, ckpt) if with_tokenizer else None
     _, state = load_full_model_state(ckpt, DTYPES[dtype])
     tensors: Dict[str, torch.Tensor] = {to_hf_name(n): t for n, t in state.items()}
     identity = side.get("tokenizer") or {}
