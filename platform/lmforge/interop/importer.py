@@ -50,10 +50,9 @@ class ImportResult:
 def _read_config(hf_dir: Path) -> dict:
     if not hf_dir.is_dir():
         hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", str(hf_dir)) is not None
-        hint = " It looks like a hub id: lmforge never downloads; fetch it yourself and pass the local directory" \
-            if hub_like else ""
-        raise InteropError(f"{hf_dir}: not a local directory.{hint}. Fix: pass a directory holding config.json and "
-                           "safetensors weights")
+        hint = " (it looks like a hub id: lmforge never downloads; fetch it yourself)" if hub_like else ""
+        raise InteropError(f"{hf_dir}: not a local directory{hint}. Fix: pass a local directory holding config.json "
+                           "and safetensors weights")
     path = hf_dir / "config.json"
     if not path.is_file():
         raise InteropError(f"{hf_dir}: no config.json. Fix: point at a Hugging Face model directory")
