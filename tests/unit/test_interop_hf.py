@@ -255,3 +255,23 @@ def test_init_from_a_different_shape_names_the_keys(tmp_path):
     _, state = load_full_model_state(ckpt)
     for name, tensor in same.state_dict().items():
         assert torch.equal(tensor, state[name]), name
+
+
+def test_tokenizer_is_exported_only_if_it_is_the_runs(tmp_path):
+    from lmforge.data.tokenizer import load_tokenizer, train_bpe
+
+    tok_path = train_bpe([TEXT * 20, "Emma Woodhouse, handsome, clever, and rich"], 300, tmp_path / "tok.json")
+    tok = load_tokenizer(str(tok_path))
+    model = random_model(small(vocab_size=300))
+    sidecar = {"config": {"model": asdict(model.cfg), "data": {"tokenizer": str(tok_path)}}, "world_size": 1,
+               "tokenizer": tok.identity}
+    CheckpointManager(tmp_path / "run" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert hf_tok(TEXT)["input_ids"] == tok.encode(TEXT)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == tok.eod
+
+    sidecar["tokenizer"] = {**tok.identity, "fingerprint": "0123456789abcdef"}
+    CheckpointManager(tmp_path / "other" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
+    with pytest.raises(InteropError, match="is not the one the run trained with"):
+        export_hf(tmp_path / "other", tmp_path / "hf2")
