@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -168,7 +169,9 @@ def load_full_model_state(ckpt: Path, dtype: Optional[torch.dtype] = None) -> Tu
     expected = {n: tuple(p.shape) for n, p in meta.state_dict().items()}
     check_names_and_shapes(ckpt, expected)
     state = {n: torch.empty(expected[n], dtype=saved[n].properties.dtype) for n in expected}
-    dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(ckpt)), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(ckpt)), no_dist=True)
     if dtype is not None:
         state = {n: t.to(dtype) for n, t in state.items()}
     return cfg, state

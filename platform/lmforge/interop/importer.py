@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -175,7 +176,9 @@ def import_hf(hf_dir: Path, out_dir: Optional[Path] = None, name: Optional[str] 
     sidecar = {"config": config_dict(root), "tokenizer": identity, "world_size": 1, "data": None,
                "imported_from": {"path": str(hf_dir.resolve()), "model_type": hf.get("model_type"),
                                  "dtype": dtype}}
-    ckpt = manager.save(0, model, None, sidecar)
+    with warnings.catch_warnings():  # DCP's "torch.distributed is disabled ... single process": intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        ckpt = manager.save(0, model, None, sidecar)
     exp_dir = out_dir / "conf" / "exp"
     exp_dir.mkdir(parents=True, exist_ok=True)
     exp_file = exp_dir / f"{name}.yaml"
