@@ -2,6 +2,8 @@
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
     lmforge data    prepare|train-tokenizer ...
+    lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
+    lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
 """
 from __future__ import annotations
 
@@ -21,9 +23,23 @@ def _data(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _export(argv: Sequence[str]) -> int:
+    from lmforge.interop.cli import export_main
+
+    return export_main(argv)
+
+
+def _import(argv: Sequence[str]) -> int:
+    from lmforge.interop.cli import import_main
+
+    return import_main(argv)
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
+    "export": _export,
+    "import": _import,
 }
 
 

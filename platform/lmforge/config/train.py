@@ -27,6 +27,9 @@ class TrainConfig:
     eval_batches: int = 8
     # auto: newest complete checkpoint in the run directory, else start fresh | none | <checkpoint path>
     resume: str = "auto"
+    # Start from the model weights of this checkpoint (run dir or step dir, any layout; e.g. one written by
+    # `lmforge import hf`) with a fresh optimizer and data position. Ignored when resuming a checkpoint.
+    init_from: Optional[str] = None
     # Tokens planned for the whole run; 0 = max_steps * global batch * seq_len. Fixes the data index size.
     planned_tokens: int = 0
     # Stop (checkpoint, exit 0, no DONE marker) once this step is done, without changing the LR schedule or the

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
                                             scheduler_state)
 from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
@@ -163,6 +164,8 @@ class Trainer:
     def maybe_resume(self) -> Optional[int]:
         path = self.checkpoints.resolve(self.cfg.train.resume)
         if path is None:
+            if self.cfg.train.init_from:  # weights only (e.g. from `lmforge import hf`); see checkpoint/weights.py
+                load_model_weights(Path(self.cfg.train.init_from), self.engine.inner, self.cfg.model)
             return None
         state = self.checkpoints.load(path, self.engine.inner, self.engine.optimizer)
         self.step = int(state["step"])

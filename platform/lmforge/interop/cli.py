@@ -1,0 +1,68 @@
+"""``lmforge export hf ...`` and ``lmforge import hf ...`` (argument parsing and error reporting only)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def _fail(verb: str, err: Exception) -> int:
+    print(f"lmforge {verb}: {err}", file=sys.stderr, flush=True)
+    return 2
+
+
+def export_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="lmforge export", description="Export a training checkpoint to another format.")
+    sub = p.add_subparsers(dest="format", required=True)
+    hf = sub.add_parser("hf", help="a Hugging Face checkpoint (LlamaForCausalLM; StableLmForCausalLM for LayerNorm)")
+    hf.add_argument("source", type=Path, help="run directory, its checkpoints/ or a checkpoints/step-NNNNNNNN dir")
+    hf.add_argument("out_dir", type=Path)
+    hf.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    hf.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this size (default 5GB)")
+    hf.add_argument("--tokenizer", type=Path, default=None, help="the run's tokenizer.json, if not found by itself")
+    hf.add_argument("--no-tokenizer", action="store_true", help="write weights and configs only")
+    hf.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    args = p.parse_args(list(argv))
+    from lmforge.checkpoint.weights import WeightsError
+    from lmforge.interop.export import export_hf
+    from lmforge.interop.mapping import InteropError
+
+    try:
+        res = export_hf(args.source, args.out_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                        tokenizer=args.tokenizer, with_tokenizer=not args.no_tokenizer, force=args.force)
+    except (InteropError, WeightsError, FileNotFoundError) as e:
+        return _fail("export", e)
+    print(f"exported {res.checkpoint} as {res.architecture} to {res.out_dir}: {', '.join(res.files)}")
+    for note in res.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def import_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="lmforge import", description="Initialise lmforge weights from another format.")
+    sub = p.add_subparsers(dest="format", required=True)
+    hf = sub.add_parser("hf", help="a local Hugging Face Llama (or StableLM) safetensors checkpoint")
+    hf.add_argument("hf_dir", type=Path)
+    hf.add_argument("--out", type=Path, default=None, help="output directory (default runs/import-<name>)")
+    hf.add_argument("--name", default=None, help="experiment/model name (default hf_<directory name>)")
+    hf.add_argument("--seq-len", type=int, default=None, help="training context (default max_position_embeddings)")
+    hf.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    hf.add_argument("--force", action="store_true", help="replace checkpoints already in --out")
+    args = p.parse_args(list(argv))
+    from lmforge.config.errors import ConfigError
+    from lmforge.interop.importer import import_hf
+    from lmforge.interop.mapping import InteropError
+
+    try:
+        res = import_hf(args.hf_dir, args.out, name=args.name, seq_len=args.seq_len, dtype=args.dtype,
+                        force=args.force)
+    except (InteropError, ConfigError, FileNotFoundError) as e:
+        return _fail("import", e)
+    print(f"imported {args.hf_dir} -> {res.checkpoint}")
+    print(f"experiment config: {res.exp_file}")
+    print(f"train from it:     {res.train_command} [overrides]")
+    print("or, with the default config tree: lmforge train " + " ".join(res.overrides))
+    for note in res.notes:
+        print(f"note: {note}")
+    return 0

@@ -1,0 +1,277 @@
+"""HF interop in one process: every supported architecture against `transformers`, import checks, safe metadata.
+
+Weights here are random but far from the init (norm gains and biases too), so a wrong name, a swapped
+gate/up projection, a wrong kv-head grouping or a rotary permutation shows up as a large logit error.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformers
+
+from lmforge.checkpoint.manager import CheckpointManager  # noqa: E402
+from lmforge.checkpoint.weights import (UnsafeCheckpointError, load_full_model_state, load_model_weights,  # noqa: E402
+                                        read_metadata_safely)
+from lmforge.config.checkpoint import CheckpointConfig  # noqa: E402
+from lmforge.config.errors import ConfigError  # noqa: E402
+from lmforge.config.model import ModelConfig  # noqa: E402
+from lmforge.interop.export import export_hf  # noqa: E402
+from lmforge.interop.importer import import_hf  # noqa: E402
+from lmforge.interop.mapping import InteropError  # noqa: E402
+from lmforge.model.gpt import GPT  # noqa: E402
+
+TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+        "want of a wife. However little known the feelings or views of such a man may be on his first entering")
+
+
+def small(**kw) -> ModelConfig:
+    base = dict(name="t", vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64,
+                mlp="swiglu", norm="rmsnorm", tie_embeddings=False, rope_theta=5000.0, norm_eps=1e-6)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_model(cfg: ModelConfig, seed: int = 0) -> GPT:
+    model = GPT(cfg)
+    model.init_weights(seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                p.copy_(base + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+def save_checkpoint(model: GPT, root: Path) -> Path:
+    sidecar = {"config": {"model": asdict(model.cfg), "data": {"tokenizer": "embedded"}}, "world_size": 1}
+    return CheckpointManager(root / "checkpoints", CheckpointConfig()).save(3, model, None, sidecar)
+
+
+def tokens(vocab: int) -> torch.Tensor:
+    return torch.tensor([[b % vocab for b in TEXT.encode()][:48]])
+
+
+def hf_logits(out_dir: Path, ids: torch.Tensor):
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model, model(ids).logits
+
+
+ARCHS = {
+    "gqa-untied": (small(), "LlamaForCausalLM"),
+    "mha-tied": (small(n_kv_heads=None, tie_embeddings=True), "LlamaForCausalLM"),
+    "mqa-tied": (small(n_kv_heads=1, tie_embeddings=True), "LlamaForCausalLM"),
+    "layernorm-gqa": (small(norm="layernorm", norm_eps=1e-5), "StableLmForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_export_matches_transformers(arch, tmp_path):
+    cfg, hf_class = ARCHS[arch]
+    model = random_model(cfg)
+    ckpt = save_checkpoint(model, tmp_path / "run")
+    res = export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+    assert res.checkpoint == ckpt and res.architecture == hf_class
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf_config["num_key_value_heads"] == (cfg.n_kv_heads or cfg.n_heads)
+    assert hf_config["tie_word_embeddings"] is cfg.tie_embeddings
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), framework="pt") as fh:
+        assert ("lm_head.weight" in fh.keys()) is (not cfg.tie_embeddings)
+    ids = tokens(cfg.vocab_size)
+    hf, theirs = hf_logits(tmp_path / "hf", ids)
+    assert type(hf).__name__ == hf_class
+    if cfg.tie_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        ours = model(ids)
+    assert ours.abs().max() > 1.0  # non-trivial logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_rotary_needs_no_qk_permutation(tmp_path):
+    """Meta's interleaved->half permutation (what HF's Llama converter applies) must NOT be applied here."""
+    cfg = small()
+    model = random_model(cfg, seed=1)
+    save_checkpoint(model, tmp_path / "run")
+    export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    hd = cfg.d_model // cfg.n_heads
+
+    def permute(w):  # as in convert_llama_weights_to_hf: (heads, hd/2, 2, d) -> (heads, 2, hd/2, d)
+        return w.view(-1, hd // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
+
+    for name in list(tensors):
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            tensors[name] = permute(tensors[name]).contiguous()
+    save_file(tensors, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    ids = tokens(cfg.vocab_size)
+    _, theirs = hf_logits(tmp_path / "hf", ids)
+    with torch.no_grad():
+        ours = model(ids)
+    assert (ours - theirs).abs().max().item() > 1e-2  # permuting breaks parity: the identity mapping is the right one
+
+
+def test_gelu_model_is_refused_by_the_cli(tmp_path, capsys):
+    from lmforge.cli import main
+
+    save_checkpoint(random_model(small(mlp="gelu")), tmp_path / "run")
+    assert main(["export", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "model.mlp='gelu'" in err and "no exact Hugging Face equivalent" in err and "Fix:" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def write_hf_llama(path: Path, tie: bool, shard: str = "5GB") -> transformers.PreTrainedModel:
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+                                   rms_norm_eps=1e-6, tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(path), max_shard_size=shard)
+    return model
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_import_from_transformers_then_export_round_trips_exactly(tie, tmp_path):
+    hf_model = write_hf_llama(tmp_path / "src", tie, shard="60KB")
+    assert (tmp_path / "src" / "model.safetensors.index.json").exists()  # a sharded source
+    res = import_hf(tmp_path / "src", tmp_path / "imported", name="small")
+    assert res.model.tie_embeddings is tie and res.model.n_kv_heads == 2 and res.model.d_ff == 160
+    assert res.model.rope_theta == 20000.0 and res.model.norm_eps == 1e-6
+    assert "train:\n  init_from: " + str(res.checkpoint) in res.exp_file.read_text()
+
+    cfg, state = load_full_model_state(res.checkpoint)
+    ours = GPT(cfg)
+    ours.init_weights(0)
+    ours.load_state_dict(state)
+    ids = tokens(512)
+    with torch.no_grad():
+        assert (ours.eval()(ids) - hf_model(ids).logits).abs().max().item() < 1e-4
+
+    export_hf(tmp_path / "imported", tmp_path / "back", with_tokenizer=False, max_shard_size="60KB")
+    index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    from safetensors import safe_open
+
+    back = {}
+    for f in set(index["weight_map"].values()):
+        with safe_open(str(tmp_path / "back" / f), framework="pt") as fh:
+            back.update({k: fh.get_tensor(k) for k in fh.keys()})
+    original = {k: v for k, v in hf_model.state_dict().items() if not (tie and k == "lm_head.weight")}
+    assert set(back) == set(original)
+    for name, tensor in original.items():
+        assert torch.equal(back[name], tensor), name
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    assert reloaded.config.tie_word_embeddings is tie
+
+
+def test_import_names_the_offending_tensors(tmp_path):
+    write_hf_llama(tmp_path / "src", tie=False)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "src" / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    tensors["model.layers.0.mlp.up_proj.weight"] = torch.zeros(100, 64)
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    save_file(tensors, str(tmp_path / "src" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InteropError) as e:
+        import_hf(tmp_path / "src", tmp_path / "out")
+    msg = str(e.value)
+    assert "missing tensor model.layers.1.self_attn.k_proj.weight (32, 64)" in msg
+    assert "tensor model.layers.0.mlp.up_proj.weight has shape (100, 64), config.json implies (160, 64)" in msg
+    assert "unexpected tensor model.layers.0.self_attn.q_proj.bias (64,)" in msg
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("hidden_act", "gelu", "'hidden_act'='gelu'"),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}, "rope_type 'llama3'"),
+    ("attention_bias", True, "'attention_bias'=True"),
+    ("model_type", "gpt2", "'model_type'='gpt2'"),
+])
+def test_import_refuses_unrepresentable_architectures(tmp_path, key, value, expect):
+    write_hf_llama(tmp_path / "src", tie=False)
+    cfg = json.loads((tmp_path / "src" / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "src" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InteropError, match="Fix:") as e:
+        import_hf(tmp_path / "src", tmp_path / "out")
+    assert expect in str(e.value)
+
+
+def test_import_is_local_only_and_never_unpickles(tmp_path):
+    with pytest.raises(InteropError, match="never downloads"):
+        import_hf(Path("meta-llama/Llama-3.2-1B"), tmp_path / "out")
+    src = tmp_path / "bin"
+    src.mkdir()
+    write_hf_llama(tmp_path / "src", tie=False)
+    (src / "config.json").write_text((tmp_path / "src" / "config.json").read_text())
+    (src / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(InteropError, match="pickled weights are not loaded"):
+        import_hf(src, tmp_path / "out")
+
+
+def test_dcp_metadata_is_read_without_arbitrary_unpickling(tmp_path):
+    ckpt = save_checkpoint(random_model(small()), tmp_path / "run")
+    names = set(read_metadata_safely(ckpt).state_dict_metadata)
+    assert "model.layers.1.attention.wk.weight" in names
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("code ran",))
+
+    (ckpt / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+        export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+
+
+def test_init_from_a_different_shape_names_the_keys(tmp_path):
+    ckpt = save_checkpoint(random_model(small()), tmp_path / "run")
+    other = GPT(small(d_model=32, n_kv_heads=4))
+    with pytest.raises(ConfigError) as e:
+        load_model_weights(ckpt, other, other.cfg)
+    msg = str(e.value)
+    assert msg.startswith("config key 'train.init_from'")
+    assert "model.d_model: checkpoint 64, this run 32" in msg and "model.n_kv_heads: checkpoint 2, this run 4" in msg
+    same = GPT(small())
+    load_model_weights(tmp_path / "run", same, same.cfg)  # a run directory resolves to its newest checkpoint
+    _, state = load_full_model_state(ckpt)
+    for name, tensor in same.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_tokenizer_is_exported_only_if_it_is_the_runs(tmp_path):
+    from lmforge.data.tokenizer import load_tokenizer, train_bpe
+
+    tok_path = train_bpe([TEXT * 20, "Emma Woodhouse, handsome, clever, and rich"], 300, tmp_path / "tok.json")
+    tok = load_tokenizer(str(tok_path))
+    model = random_model(small(vocab_size=300))
+    sidecar = {"config": {"model": asdict(model.cfg), "data": {"tokenizer": str(tok_path)}}, "world_size": 1,
+               "tokenizer": tok.identity}
+    CheckpointManager(tmp_path / "run" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert hf_tok(TEXT)["input_ids"] == tok.encode(TEXT)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == tok.eod
+
+    sidecar["tokenizer"] = {**tok.identity, "fingerprint": "0123456789abcdef"}
+    CheckpointManager(tmp_path / "other" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
+    with pytest.raises(InteropError, match="is not the one the run trained with"):
+        export_hf(tmp_path / "other", tmp_path / "hf2")
