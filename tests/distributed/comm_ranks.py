@@ -1,26 +1,48 @@
-"""Rank entry points for tests/distributed/test_comm.py (started by harness.run_ranks on real gloo groups)."""
+"""Rank entry points for tests/distributed/test_comm.py (started by harness.run_ranks on real gloo groups).
+
+Several checks share one launch (a launch costs ~10 s here): after training, the same ranks can run
+``lmforge comm bench`` and rank 0 can log the run's bench and overlap results to an offline W&B run.
+"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 
-def bench(argv: List[str]) -> dict:
-    """``lmforge comm bench ARGV`` on this rank; returns the exit status."""
-    import torch.distributed as dist
+def _wandb_log(run_dir: Path, wandb_dir: str) -> None:
+    """Log the run's preflight table and the overlap of its last profiled step (re-read from the kept traces)."""
+    import wandb
 
-    from lmforge.comm.cli import bench_main
+    from lmforge.comm.bench import load_result
+    from lmforge.comm.overlap import aggregate, analyze_trace
+    from lmforge.comm.profiling import STEP_ANNOTATION
+    from lmforge.comm.wandb_tables import log_bench, log_overlap
 
-    rc = bench_main(argv)
-    return {"rc": rc, "initialized_after": dist.is_initialized()}
+    run = wandb.init(project="lmforge-test", dir=wandb_dir, mode="offline",
+                     settings=wandb.Settings(x_disable_stats=True, console="off"))
+    log_bench(run, load_result(run_dir / "comm_bench.json"))
+    last = sorted((run_dir / "traces").glob("step*-rank0.json"))[-1].name.split("-")[0]
+    per_rank = [analyze_trace(run_dir / "traces" / f"{last}-rank{r}.json", STEP_ANNOTATION, r) for r in (0, 1)]
+    step = int(last[len("step"):])
+    log_overlap(run, aggregate(per_rank, step), [s.to_json() for s in per_rank], step=step)
+    run.finish()
 
 
-def train(overrides: List[str], run_dir: str) -> dict:
-    """One real training run through the Trainer (the comm preflight and overlap probe included)."""
+def train(overrides: List[str], run_dir: str, bench_argv: Optional[List[str]] = None,
+          wandb_dir: Optional[str] = None) -> dict:
+    """A real training run through the Trainer (comm preflight and overlap probe included), then optionally
+    ``lmforge comm bench BENCH_ARGV`` on the same ranks and W&B logging on rank 0."""
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.trainer.trainer import Trainer
 
     trainer = Trainer(validate(compose(overrides)), Path(run_dir))
     trainer.fit()
-    return {"rank": trainer.rank, "overlap": trainer.overlap.last}
+    out = {"rank": trainer.rank, "overlap": trainer.overlap.last}
+    if wandb_dir and trainer.rank == 0:
+        _wandb_log(Path(run_dir), wandb_dir)
+    if bench_argv is not None:
+        from lmforge.comm.cli import bench_main
+
+        out["bench_rc"] = bench_main(bench_argv)
+    return out

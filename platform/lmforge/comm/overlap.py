@@ -152,7 +152,8 @@ def classify(events: Sequence[dict], step_name: Optional[str] = None) -> Timelin
                 launches.append(_span(e))
         compute = subtract(compute, launches)
         mode = "cpu"
-    return Timeline(mode, {k: clip(v, window) for k, v in comm.items()}, clip(compute, window), window)
+    clipped = {k: clip(v, window) for k, v in comm.items()}
+    return Timeline(mode, {k: v for k, v in clipped.items() if v}, clip(compute, window), window)
 
 
 # ---- statistics ------------------------------------------------------------------------------------------
