@@ -40,7 +40,9 @@ def test_presets_produce_the_expected_environment(presets, tmp_path):
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5", "NCCL_NET_GDR_LEVEL": "PXB",
         "NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
+        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
     }
     roce = comm_environment(presets["roce"])
     assert roce["NCCL_IB_GID_INDEX"] == "3" and roce["NCCL_IB_TC"] == "106" and roce["NCCL_IB_DISABLE"] == "0"

@@ -24,12 +24,14 @@ def comm_environment(cfg: CommConfig, dump_dir: Optional[Path] = None) -> Dict[s
     env = {str(k): str(v) for k, v in cfg.env.items()}
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3" if cfg.async_error_handling else "0"
     if cfg.flight_recorder_entries > 0:
-        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(cfg.flight_recorder_entries)
+        # Both spellings: TORCH_FR_* are the newer names, TORCH_NCCL_* the older ones torch still reads.
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = env["TORCH_FR_BUFFER_SIZE"] = str(cfg.flight_recorder_entries)
         if cfg.dump_on_timeout:
             env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
             if dump_dir is not None:
                 # torch appends the rank: <run>/dumps/nccl_trace_rank_<r>
-                env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(dump_dir) / "nccl_trace_rank_")
+                prefix = str(Path(dump_dir) / "nccl_trace_rank_")
+                env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = env["TORCH_FR_DUMP_TEMP_FILE"] = prefix
     return env
 
 

@@ -29,6 +29,7 @@ NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "red
 OWNED = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "comm.async_error_handling",
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "comm.flight_recorder_entries",
+    "TORCH_FR_BUFFER_SIZE": "comm.flight_recorder_entries",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "comm.dump_on_timeout",
 }
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
