@@ -28,19 +28,24 @@ def _wandb_log(run_dir: Path, wandb_dir: str) -> None:
     run.finish()
 
 
-def train(overrides: List[str], run_dir: str, bench_argv: Optional[List[str]] = None,
-          wandb_dir: Optional[str] = None) -> dict:
-    """A real training run through the Trainer (comm preflight and overlap probe included), then optionally
-    ``lmforge comm bench BENCH_ARGV`` on the same ranks and W&B logging on rank 0."""
+def train(runs: List[dict], bench_argv: Optional[List[str]] = None) -> dict:
+    """Real training runs one after another in this process (the process group is made once and reused),
+    each through the Trainer with the comm preflight and overlap probe: every entry of ``runs`` has
+    ``overrides``, ``run_dir`` and optionally ``wandb_dir`` (rank 0 then logs the run to an offline W&B run).
+    Then optionally ``lmforge comm bench BENCH_ARGV`` on the same ranks."""
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.trainer.trainer import Trainer
 
-    trainer = Trainer(validate(compose(overrides)), Path(run_dir))
-    trainer.fit()
-    out = {"rank": trainer.rank, "overlap": trainer.overlap.last}
-    if wandb_dir and trainer.rank == 0:
-        _wandb_log(Path(run_dir), wandb_dir)
+    out: dict = {"overlap": []}
+    for run in runs:
+        trainer = Trainer(validate(compose(run["overrides"])), Path(run["run_dir"]))
+        trainer.fit()
+        out["rank"] = trainer.rank
+        out["overlap"].append(trainer.overlap.last)
+        if run.get("wandb_dir") and trainer.rank == 0:
+            _wandb_log(Path(run["run_dir"]), run["wandb_dir"])
+        del trainer
     if bench_argv is not None:
         from lmforge.comm.cli import bench_main
 

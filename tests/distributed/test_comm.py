@@ -29,34 +29,28 @@ def records(run_dir: Path, kind: str) -> list:
 
 @pytest.fixture(scope="module")
 def ddp_runs(tmp_path_factory, data_cache):
-    """The same 4-step DDP run twice (steps 2 and 4 profiled): bucketed overlap, with the bus-bandwidth
-    preflight and W&B logging on rank 0; then one all-reduce after backward, followed by `lmforge comm bench`
-    on the same two ranks."""
+    """One launch of 2 ranks: the same 4-step DDP run twice (steps 2 and 4 profiled), first with bucketed overlap
+    (plus the bus-bandwidth preflight and W&B logging on rank 0), then with one all-reduce after backward; then
+    `lmforge comm bench` on the same two ranks."""
     root = tmp_path_factory.mktemp("overlap")
-    runs = {"root": root}
-    for overlap in (True, False):
-        run_dir = root / f"overlap_{overlap}"
-        args = {"overrides": TRAIN + [f"parallelism.overlap_grad_reduce={overlap}", f"run.root={root}"],
-                "run_dir": str(run_dir)}
-        if overlap:
-            args["overrides"] += ["comm.preflight=true", "comm.preflight_max_bytes=65536", "comm.preflight_iters=2",
-                                  "comm.preflight_floor_gbps=0.0001"]
-            args["wandb_dir"] = str(root / "wandb")
-        else:
-            args["bench_argv"] = ["--max-bytes", "64K", "--factor", "8", "--iters", "3", "--warmup", "1",
-                                  "--floor-gbps", "1000", "--out", str(root / "bench.json"), "comm=cpu_gloo"]
-        results = run_ranks("distributed.comm_ranks:train", 2, args, timeout=170,
-                            env={"LMFORGE_DATA_CACHE": str(data_cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-        runs[overlap] = run_dir
-        runs[f"results_{overlap}"] = results
-    return runs
+    runs = [{"overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=true", "comm.preflight=true",
+                                   "comm.preflight_max_bytes=65536", "comm.preflight_iters=2",
+                                   "comm.preflight_floor_gbps=0.0001"],
+             "run_dir": str(root / "overlap_True"), "wandb_dir": str(root / "wandb")},
+            {"overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=false"],
+             "run_dir": str(root / "overlap_False")}]
+    bench_argv = ["--max-bytes", "64K", "--factor", "8", "--iters", "3", "--warmup", "1", "--floor-gbps", "1000",
+                  "--out", str(root / "bench.json"), "comm=cpu_gloo"]
+    results = run_ranks("distributed.comm_ranks:train", 2, {"runs": runs, "bench_argv": bench_argv}, timeout=300,
+                        env={"LMFORGE_DATA_CACHE": str(data_cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    return {"root": root, True: root / "overlap_True", False: root / "overlap_False", "results": results}
 
 
 @pytest.mark.timeout(400)
 def test_bench_on_two_ranks_writes_its_table_and_fails_the_floor(ddp_runs):
     root = ddp_runs["root"]
     # 1000 GB/s floor: every rank reports the same failure (exit status 1)
-    assert [r.value["bench_rc"] for r in ddp_runs["results_False"]] == [1, 1]
+    assert [r.value["bench_rc"] for r in ddp_runs["results"]] == [1, 1]
     result = load_result(root / "bench.json")
     assert (result.backend, result.world_size, result.device, result.iters) == ("gloo", 2, "cpu", 3)
     assert result.ops() == list(OPS)
