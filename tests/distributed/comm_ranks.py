@@ -32,15 +32,22 @@ def train(runs: List[dict], bench_argv: Optional[List[str]] = None) -> dict:
     """Real training runs one after another in this process (the process group is made once and reused),
     each through the Trainer with the comm preflight and overlap probe: every entry of ``runs`` has
     ``overrides``, ``run_dir`` and optionally ``wandb_dir`` (rank 0 then logs the run to an offline W&B run).
+    A run stopped by the preflight is reported in ``preflight_failed``.
     Then optionally ``lmforge comm bench BENCH_ARGV`` on the same ranks."""
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.trainer.trainer import Trainer
 
-    out: dict = {"overlap": []}
+    from lmforge.comm.preflight import PreflightFailed
+
+    out: dict = {"overlap": [], "preflight_failed": []}
     for run in runs:
         trainer = Trainer(validate(compose(run["overrides"])), Path(run["run_dir"]))
-        trainer.fit()
+        try:
+            trainer.fit()
+        except PreflightFailed as e:  # expected only by runs that ask for an impossible floor
+            out["preflight_failed"].append(str(e))
+            continue
         out["rank"] = trainer.rank
         out["overlap"].append(trainer.overlap.last)
         if run.get("wandb_dir") and trainer.rank == 0:

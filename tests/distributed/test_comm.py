@@ -38,12 +38,17 @@ def ddp_runs(tmp_path_factory, data_cache):
                                    "comm.preflight_floor_gbps=0.0001"],
              "run_dir": str(root / "overlap_True"), "wandb_dir": str(root / "wandb")},
             {"overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=false"],
-             "run_dir": str(root / "overlap_False")}]
+             "run_dir": str(root / "overlap_False")},
+            {"overrides": TRAIN + [f"run.root={root}", "comm.preflight=true", "comm.preflight_max_bytes=4096",
+                                   "comm.preflight_iters=1", "comm.preflight_floor_gbps=1000",
+                                   "comm.preflight_floor_ops='all_reduce,broadcast'"],
+             "run_dir": str(root / "floor")}]
     bench_argv = ["--max-bytes", "64K", "--factor", "8", "--iters", "3", "--warmup", "1", "--floor-gbps", "1000",
                   "--out", str(root / "bench.json"), "comm=cpu_gloo"]
     results = run_ranks("distributed.comm_ranks:train", 2, {"runs": runs, "bench_argv": bench_argv}, timeout=300,
                         env={"LMFORGE_DATA_CACHE": str(data_cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    return {"root": root, True: root / "overlap_True", False: root / "overlap_False", "results": results}
+    return {"root": root, True: root / "overlap_True", False: root / "overlap_False", "floor": root / "floor",
+            "results": results}
 
 
 @pytest.mark.timeout(400)
@@ -108,6 +113,20 @@ def test_training_preflight_logs_bus_bandwidth(ddp_runs):
     result = load_result(run_dir / "comm_bench.json")
     assert result.peak_busbw("all_reduce") == pytest.approx(bench["comm_bench/all_reduce/busbw_gbps"])
     assert not (ddp_runs[False] / "comm_bench.json").exists()  # preflight off by default
+
+
+@pytest.mark.timeout(400)
+def test_preflight_below_the_floor_stops_the_job_before_training(ddp_runs):
+    messages = [r.value["preflight_failed"] for r in ddp_runs["results"]]
+    assert [len(m) for m in messages] == [1, 1]  # both ranks stop, with the same verdict
+    msg = messages[0][0]
+    assert msg.startswith("comm preflight failed (cpu_gloo preset, gloo, 2 ranks): all_reduce peak bus bandwidth ")
+    assert "< floor 1000 GB/s; broadcast peak bus bandwidth " in msg and "Fix: check the fabric" in msg
+    run_dir = ddp_runs["floor"]
+    assert records(run_dir, "train") == []  # no training step ran
+    (event,) = [r for r in records(run_dir, "event") if r["event"] == "comm_preflight_failed"]
+    assert event["cause"].startswith("all_reduce peak bus bandwidth")
+    assert load_result(run_dir / "comm_bench.json").failures == event["cause"].split("; ")
 
 
 @pytest.mark.timeout(400)

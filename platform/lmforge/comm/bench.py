@@ -119,7 +119,7 @@ class BenchResult:
         for op in ops:
             if op in self.ops() and self.peak_busbw(op) < floor_gbps:
                 self.failures.append(f"{op} peak bus bandwidth {self.peak_busbw(op):.3g} GB/s < floor "
-                                     f"{floor_gbps:.3g} GB/s")
+                                     f"{floor_gbps:g} GB/s")
         return self.failures
 
     def summary(self) -> Dict[str, float]:
