@@ -4,6 +4,7 @@
     lmforge data    prepare|train-tokenizer ...
     lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
     lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
+    lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def _import(argv: Sequence[str]) -> int:
     from lmforge.interop.cli import import_main
 
     return import_main(argv)
+def _comm(argv: Sequence[str]) -> int:
+    from lmforge.comm.cli import main
+
+    return main(list(argv))
 
 
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
@@ -40,6 +45,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "data": _data,
     "export": _export,
     "import": _import,
+    "comm": _comm,
 }
 
 

@@ -2,6 +2,8 @@
 
 Without RANK/WORLD_SIZE (a plain ``python -m lmforge.train``) a world of one is created on a private
 file store, so every code path (megatron-core's dataset builder, DCP) sees an initialised group.
+The ``comm`` preset's variables are exported first (``lmforge.comm.env``) and, given a run directory,
+recorded by rank 0 in ``<run>/comm_env.json``.
 """
 from __future__ import annotations
 
@@ -9,11 +11,18 @@ import datetime
 import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from lmforge.comm.env import comm_env_record, export_comm_env, write_comm_env
 from lmforge.config.comm import CommConfig
+from lmforge.config.errors import ConfigError
+from lmforge.runtime.rundir import RunPaths
+
+__all__ = ["WorldInfo", "choose_backend", "export_comm_env", "init_process_group", "destroy_process_group"]
 
 
 @dataclass(frozen=True)
@@ -26,28 +35,20 @@ class WorldInfo:
 
 
 def choose_backend(cfg: CommConfig, device: torch.device) -> str:
-    if cfg.backend != "auto":
-        return cfg.backend
-    return "nccl" if device.type == "cuda" else "gloo"
+    if cfg.backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if cfg.backend == "nccl" and device.type != "cuda":
+        raise ConfigError("comm.backend", f"nccl needs a CUDA device but this rank runs on '{device}' (gloo only)",
+                          "use comm=cpu_gloo or comm.backend=auto on CPU")
+    return cfg.backend
 
 
-def export_comm_env(cfg: CommConfig) -> None:
-    """Export the preset's transport variables before any process group exists (user env wins)."""
-    for key, value in cfg.env.items():
-        os.environ.setdefault(str(key), str(value))
-    if cfg.async_error_handling:
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    if cfg.flight_recorder_entries > 0:
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(cfg.flight_recorder_entries))
-        if cfg.dump_on_timeout:
-            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-
-
-def init_process_group(cfg: CommConfig, device: torch.device) -> WorldInfo:
-    export_comm_env(cfg)
+def init_process_group(cfg: CommConfig, device: torch.device, run_dir: Optional[Path] = None) -> WorldInfo:
     backend = choose_backend(cfg, device)
+    paths = RunPaths(Path(run_dir)) if run_dir is not None else None
+    applied = export_comm_env(cfg, paths.dumps if paths is not None else None)
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=cfg.init_timeout_s)
+        timeout = datetime.timedelta(seconds=max(cfg.init_timeout_s, cfg.collective_timeout_s))
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             kwargs = {"device_id": device} if backend == "nccl" else {}
             dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
@@ -55,11 +56,14 @@ def init_process_group(cfg: CommConfig, device: torch.device) -> WorldInfo:
             store_path = tempfile.mktemp(prefix="lmforge-pg-")
             dist.init_process_group(backend=backend, init_method=f"file://{store_path}", rank=0, world_size=1,
                                     timeout=timeout)
-    return WorldInfo(
+    world = WorldInfo(
         rank=dist.get_rank(), world_size=dist.get_world_size(),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), backend=backend,
     )
+    if paths is not None and world.rank == 0:
+        write_comm_env(paths.comm_env, comm_env_record(cfg, applied, backend, world.world_size))
+    return world
 
 
 def destroy_process_group() -> None:

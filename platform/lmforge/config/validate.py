@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from lmforge.config.batch import BatchPlan, batch_plan
+from lmforge.config.comm_checks import check_comm
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 
@@ -202,6 +203,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
         world_size = int(os.environ["WORLD_SIZE"])
     check_values(typed)
     check_model(typed)
+    check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)
     check_batch(typed)
     return typed

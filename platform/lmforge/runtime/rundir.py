@@ -110,6 +110,14 @@ class RunPaths:
         return self.root / "traces"
 
     @property
+    def comm_env(self) -> Path:
+        return self.root / "comm_env.json"
+
+    @property
+    def comm_bench(self) -> Path:
+        return self.root / "comm_bench.json"
+
+    @property
     def dumps(self) -> Path:
         return self.root / "dumps"
 

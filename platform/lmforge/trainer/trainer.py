@@ -29,7 +29,9 @@ from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scal
                                             scheduler_state)
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.checkpoint.weights import load_model_weights
+from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
+from lmforge.comm.profiling import OverlapProbe
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
@@ -74,7 +76,7 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.device = select_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
-        self.world: WorldInfo = init_process_group(cfg.comm, self.device)
+        self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)
         self.rank = self.world.rank
         seed_everything(cfg.train.seed)
         self.plan: BatchPlan = check_batch(cfg)
@@ -106,6 +108,7 @@ class Trainer:
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
         self.history: List[dict] = []
+        self.overlap = OverlapProbe(cfg.metrics.profile_every, self.paths.traces, self.device)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
 
     # ---- helpers -----------------------------------------------------------------------------------
@@ -204,12 +207,14 @@ class Trainer:
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
         try:
+            run_preflight(cfg.comm, self.device, self.paths, log, self.step)
             while self.step < last_step:
                 t0 = time.perf_counter()
                 batches = self.data.step_batches()
                 t_data = time.perf_counter() - t0
                 lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
-                result = self.engine.train_step(batches, lr)
+                with self.overlap.step(self.step + 1, log):
+                    result = self.engine.train_step(batches, lr)
                 self.step += 1
                 self._accumulate_sources(batches)
                 log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
