@@ -133,3 +133,39 @@ def test_incompatible_model_names_mismatched_tensors(tmp_path):
     assert f"{name}: checkpoint [128, 32] vs model [128, 48]" in text
     assert "layers.2." in text and "missing from the checkpoint" in text
     assert "Fix: resume with the model config the checkpoint was saved with" in text
+
+
+def test_resume_load_never_unpickles_arbitrary_objects(tmp_path):
+    """A checkpoint whose non-tensor entry holds a pickled callable is refused on load, not executed."""
+    import io
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from lmforge.checkpoint.safe_io import SafeLoadPlanner
+
+    class Boom:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    buf = io.BytesIO()
+    torch.save({"x": Boom()}, buf)
+    buf.seek(0)
+    planner = SafeLoadPlanner()
+    planner.flatten_state_dict = False
+    planner.state_dict = {}
+    item = ReadItem(type=LoadItemType.BYTE_IO, dest_index=MetadataIndex("k"), dest_offsets=torch.Size([0]),
+                    storage_index=MetadataIndex("k"), storage_offsets=torch.Size([0]), lengths=torch.Size([0]))
+    try:
+        planner.load_bytes(item, buf)
+    except pickle.UnpicklingError as e:
+        assert "weights_only" in str(e) or "Unsupported global" in str(e)
+    else:
+        raise AssertionError("a pickled callable was loaded")
+    ok = io.BytesIO()
+    torch.save({"lr": 0.1, "betas": (0.9, 0.95), "params": ["a.weight"]}, ok)
+    ok.seek(0)
+    planner.load_bytes(item, ok)
+    assert planner.state_dict["k"] == {"lr": 0.1, "betas": (0.9, 0.95), "params": ["a.weight"]}

@@ -53,7 +53,7 @@ def random_model(cfg: ModelConfig, seed: int = 0) -> GPT:
 
 def save_checkpoint(model: GPT, root: Path) -> Path:
     sidecar = {"config": {"model": asdict(model.cfg), "data": {"tokenizer": "embedded"}}, "world_size": 1}
-    return CheckpointManager(root / "checkpoints", CheckpointConfig()).save(3, model, None, sidecar)
+    return CheckpointManager(root / "checkpoints", CheckpointConfig()).save(3, model, None, sidecar).path
 
 
 def tokens(vocab: int) -> torch.Tensor:

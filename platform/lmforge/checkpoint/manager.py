@@ -27,13 +27,14 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
 from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
 from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, step_of,
                                        tmp_dir)
 from lmforge.checkpoint.retention import plan_retention
+from lmforge.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
 from lmforge.config.checkpoint import CheckpointConfig
 
@@ -240,7 +241,7 @@ class CheckpointManager:
             for k in rng_keys:
                 state.pop(k)
         try:
-            dcp.load(state, storage_reader=FileSystemReader(str(path)))
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
         except Exception as e:  # DCP raises CheckpointException wrapping per-rank failures
             raise CheckpointError(f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
                                   f"config the checkpoint was saved with, or start fresh (train.resume=none)") from None
@@ -256,7 +257,7 @@ class CheckpointManager:
 
 def model_mismatches(path: Path, model_state: Dict[str, Any]) -> List[str]:
     """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes)."""
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
     saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
     problems = []
     for name, tensor in model_state.items():

@@ -9,16 +9,11 @@ Two uses:
 * ``load_model_weights(path, model)`` fills an already built (possibly parallelized) model from a checkpoint's
   ``model.*`` tensors only: the optimizer, data position and RNG are left fresh. ``train.init_from`` uses it.
 
-DCP keeps its index (``.metadata``) as a pickle. ``SafeFileSystemReader`` reads it with an unpickler that
-only resolves DCP's own metadata classes, ``torch.Size``, dtypes/layouts and paths, so a crafted checkpoint
-cannot run code; tensor payloads are read by DCP with ``torch.load(weights_only=True)``, and only tensors
-are requested (never DCP "bytes" entries, which DCP would unpickle unrestricted).
+Reading goes through ``lmforge.checkpoint.safe_io`` (no arbitrary unpickling); only tensors are requested.
 """
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -26,68 +21,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lmforge.checkpoint.layout import COMPLETE, SIDECAR, latest
+from lmforge.checkpoint.safe_io import (SafeFileSystemReader, UnsafeCheckpointError,  # noqa: F401 (re-export)
+                                        read_metadata_safely)
 from lmforge.config.model import ModelConfig
 
 MODEL_PREFIX = "model."
-
-_ALLOWED_MODULE_CLASSES = {
-    "torch.distributed.checkpoint.metadata": None,  # every name defined there (dataclasses, enums)
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.distributed.checkpoint.planner": {"WriteItemType", "LoadItemType"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class UnsafeCheckpointError(RuntimeError):
-    pass
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _ALLOWED_MODULE_CLASSES.get(module, set())
-        if module == "torch" and name not in ("Size",):
-            obj = getattr(torch, name, None)
-            if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-                return obj
-            allowed = set()
-        if allowed is None:  # only classes defined in that module itself, not names it imported
-            obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__ == module:
-                return obj
-        elif name in allowed:
-            return super().find_class(module, name)
-        raise UnsafeCheckpointError(f"DCP metadata references '{module}.{name}', which is not a checkpoint metadata "
-                                    "type; refusing to unpickle it")
-
-
-def read_metadata_safely(path: Path, name: str = ".metadata") -> Metadata:
-    with open(Path(path) / name, "rb") as fh:
-        metadata = _MetadataUnpickler(io.BytesIO(fh.read())).load()
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"{path}/{name} does not hold DCP Metadata (got {type(metadata).__name__})")
-    return metadata
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``.metadata`` is read with the restricted unpickler above."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        metadata = read_metadata_safely(Path(self.path), ".metadata" if rank is None else f"__{rank}.metadata")
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
 
 class WeightsError(ValueError):
     pass

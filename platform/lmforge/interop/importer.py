@@ -178,7 +178,7 @@ def import_hf(hf_dir: Path, out_dir: Optional[Path] = None, name: Optional[str] 
                                  "dtype": dtype}}
     with warnings.catch_warnings():  # DCP's "torch.distributed is disabled ... single process": intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        ckpt = manager.save(0, model, None, sidecar)
+        ckpt = manager.save(0, model, None, sidecar).path
     exp_dir = out_dir / "conf" / "exp"
     exp_dir.mkdir(parents=True, exist_ok=True)
     exp_file = exp_dir / f"{name}.yaml"
