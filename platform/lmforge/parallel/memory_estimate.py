@@ -205,7 +205,6 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
 @dataclass(frozen=True)
 class ActivationShape:
     tokens: int  # N = micro_batch_size * seq_len
-    batch: int
     tp: int
     sp: bool
     dt: Dtypes
@@ -238,6 +237,23 @@ def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
     norm_keep = 2 if m.norm == "rmsnorm" else 1
     seq_split = s.tp if s.sp else 1
     return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * 4
+
+
+def saved_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True,
+                           last: bool = True) -> int:
+    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward."""
+    kept = layers * layer_activation_bytes(m, s, mode)
+    if last:
+        kept += head_activation_bytes(m, s)
+    if first:
+        kept += s.tokens * 8  # token ids kept by the embedding
+    return kept
+
+
+def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
+    p = cfg.parallelism
+    return ActivationShape(tokens=micro_batch_size * cfg.model.seq_len, tp=p.tp, sp=p.sequence_parallel,
+                           dt=dtypes_for(cfg, precision))
 
 
 def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float:
@@ -279,16 +295,11 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
     dt = dtypes_for(cfg, precision)
     st = state_bytes(cfg, precision, pp_rank=pp_rank)
     n_micro = p.pp_microbatches or plan.grad_accum
-    shape = ActivationShape(tokens=plan.micro_batch_size * m.seq_len, batch=plan.micro_batch_size, tp=p.tp,
-                            sp=p.sequence_parallel, dt=dt)
+    shape = activation_shape(cfg, plan.micro_batch_size, precision)
     in_flight = microbatches_in_flight(cfg, n_micro, pp_rank)
     by_mode = {}
     for mode in AC_MODES:
-        kept = st.layers * layer_activation_bytes(m, shape, mode)
-        if st.last:
-            kept += head_activation_bytes(m, shape)
-        if st.first:
-            kept += shape.tokens * 8  # token ids kept by the embedding
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
     fsdp = 0
