@@ -197,9 +197,9 @@ def test_tied_embedding_copy_on_last_pipeline_stage():
 def test_trainer_start_up_memory_warning():
     cfg = validate(compose(G1), world_size=8)
     lines = []
-    assert warn_if_over_memory(cfg, 10 * GIB, "h100", 8, emit=lines.append)
+    assert warn_if_over_memory(cfg, 10 * GIB, "h100", emit=lines.append)
     assert lines and lines[0].startswith("lmforge: warning: the planner estimates 27.0 GiB per device")
-    assert not warn_if_over_memory(cfg, 80 * GIB, "h100", 8, emit=lines.append)
+    assert not warn_if_over_memory(cfg, 80 * GIB, "h100", emit=lines.append)
 
 
 def test_make_plan_on_cpu_uses_host_memory():

@@ -297,7 +297,7 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, world_size: int,
+def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str,
                         emit: Callable[[str], None] = print) -> bool:
     """Start-up check of the trainer on a real device: warn (not fail) when the estimate exceeds memory."""
     from lmforge.parallel.memory_estimate import resolve_precision as resolve
@@ -310,3 +310,14 @@ def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, world_size
     emit(f"lmforge: warning: the planner estimates {gib(est.total):.1f} GiB per device but {gib(usable):.1f} GiB "
          f"are usable on this {kind}; run `lmforge plan` with these overrides for fixes")
     return True
+
+
+def startup_memory_check(cfg: RootConfig, device, rank: int) -> None:
+    """Called by the trainer on start-up: on a GPU, rank 0 warns when the planner's estimate does not fit."""
+    if getattr(device, "type", "cpu") != "cuda" or rank != 0:
+        return
+    import torch
+
+    from lmforge.runtime.hardware import device_kind as cuda_kind
+
+    warn_if_over_memory(cfg, torch.cuda.get_device_properties(device).total_memory, cuda_kind(device))
