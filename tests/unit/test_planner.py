@@ -118,7 +118,8 @@ def test_cli_prints_plan_and_exit_codes(capsys):
 
     assert VERBS["plan"](G1 + ["cluster.nodes=2"]) == 0
     out = capsys.readouterr().out
-    assert "mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1" in out
+    assert ("mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1  (dp_shard groups within a node; dp_replicate "
+            "groups across 2 nodes)") in out
     assert "1,216,710,656 parameters" in out
     assert "512 sequences = micro 4 x grad_accum 8 x dp 16; 1,048,576 tokens/step" in out
     assert "fits       yes" in out

@@ -261,6 +261,20 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.2f} {unit}"
 
 
+def mesh_placement(cfg: RootConfig) -> str:
+    """Where each mesh dim's groups fall: ranks are laid out row-major over (pp, dp_replicate, dp_shard, tp)."""
+    p, per_node = cfg.parallelism, cfg.cluster.gpus_per_node
+    stride, parts = 1, []
+    for name in ("tp", "dp_shard", "dp_replicate", "pp"):
+        size = getattr(p, name)
+        if size > 1:
+            span = stride * size
+            where = "within a node" if span <= per_node else f"across {-(-span // per_node)} nodes"
+            parts.append(f"{name} groups {where}")
+        stride *= size
+    return "; ".join(parts) if parts else "one device"
+
+
 def format_plan(plan: Plan) -> str:
     cfg, p, m, b = plan.cfg, plan.cfg.parallelism, plan.cfg.model, plan.batch
     mem = plan.memory
@@ -268,7 +282,7 @@ def format_plan(plan: Plan) -> str:
         f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
         f"(world size {plan.world_size}), precision {plan.precision}",
         f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} x tp={p.tp}"
-        f"  (tp innermost: ranks r..r+{p.tp - 1} share a tp group)",
+        f"  ({mesh_placement(cfg)})",
         f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
         f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
         f"reshard_after_forward {p.reshard_after_forward}",
