@@ -19,6 +19,7 @@ def measure(overrides: List[str]) -> dict:
     from lmforge.parallel.engine import NativeEngine
     from lmforge.trainer.optim import build_optimizer
 
+    torch.set_num_threads(1)
     cfg = validate(compose(overrides))
     device = torch.device("cpu")
     world = init_process_group(cfg.comm, device)
@@ -35,6 +36,7 @@ def measure(overrides: List[str]) -> dict:
     optimizer = sum(_local_bytes(v) for p in params for v in state[p].values() if isinstance(v, torch.Tensor))
     return {
         "rank": world.rank,
+        "coords": {dim: engine.mesh[dim].get_local_rank() for dim in ("pp", "tp", "dp_shard")},
         "params": sum(_local_bytes(p) for p in params),
         "grads": grads,
         "optimizer": optimizer,
