@@ -34,7 +34,7 @@ INVALID = {
         "Fix: choose pp and pp_virtual_stages whose product divides n_layers"),
     "microbatches_pp": (
         G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=2", "parallelism.pp=8",
-              "train.global_batch_size=16"],
+              "train.global_batch_size=16", "model.tie_embeddings=false"],
         "config key 'parallelism.pp_microbatches': 2 microbatches cannot fill 8 pipeline stages. "
         "Fix: use at least 8 microbatches (raise train.global_batch_size or pp_microbatches)"),
     "batch_arithmetic": (
@@ -150,7 +150,8 @@ def test_plan_numbers_come_from_the_one_flops_formula_and_batch_plan():
 
 
 def test_bubble_and_recompute_stretch_the_step():
-    base = ["model=gpt_1b", "cluster=h100_node", "train.micro_batch_size=1", "train.global_batch_size=16"]
+    base = ["model=gpt_1b", "model.tie_embeddings=false", "cluster=h100_node", "train.micro_batch_size=1",
+            "train.global_batch_size=16"]
     flat = plan_from_overrides(base + ["parallelism.dp_shard=8"])
     pp = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2"])
     assert pp.n_micro == 8 and pp.bubble == pytest.approx(3 / 8)
@@ -158,7 +159,8 @@ def test_bubble_and_recompute_stretch_the_step():
     inter = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
                                         "parallelism.pp_schedule=Interleaved1F1B"])
     assert inter.bubble == pytest.approx(3 / 16)
-    zb = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_schedule=ZBVZeroBubble"])
+    zb = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_schedule=ZBVZeroBubble",
+                                     "parallelism.pp_virtual_stages=2"])
     assert zb.bubble == pytest.approx(3 / 8 / 3)
     full = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full"])
     assert full.step_time_s == pytest.approx(flat.step_time_s * 4 / 3)
@@ -184,15 +186,17 @@ def test_state_bytes_partition_the_model_exactly():
     assert state_bytes(single, "bf16").params == 2 * st.numel
 
 
-def test_tied_embedding_copy_on_last_pipeline_stage():
-    cfg = validate(compose(["model=smoke", "parallelism.pp=2", "train.micro_batch_size=1",
+def test_zbv_places_embedding_and_head_on_pipeline_rank_0():
+    """ZBVZeroBubble's V: rank 0 holds the first and the last chunk, so the embedding and the head."""
+    cfg = validate(compose(["model=tiny", "parallelism.pp=2", "parallelism.pp_schedule=ZBVZeroBubble",
+                            "parallelism.pp_virtual_stages=2", "train.micro_batch_size=1",
                             "train.global_batch_size=2"]), world_size=2)
-    first, last = state_bytes(cfg, "fp32", pp_rank=0), state_bytes(cfg, "fp32", pp_rank=1)
+    rank0, rank1 = state_bytes(cfg, "fp32", pp_rank=0), state_bytes(cfg, "fp32", pp_rank=1)
     vocab_d = cfg.model.vocab_size * cfg.model.d_model
-    assert first.first and last.last
-    assert first.root_numel_unsharded == vocab_d  # the embedding
-    assert last.root_numel_unsharded == vocab_d + cfg.model.d_model  # the tied output copy + final norm
-    assert last.tensors == first.tensors + 1
+    assert rank0.first and rank0.last and not (rank1.first or rank1.last)
+    assert rank0.root_numel_unsharded == 2 * vocab_d + cfg.model.d_model  # embedding, output, final norm
+    assert rank1.root_numel_unsharded == 0
+    assert rank0.layers == rank1.layers == 2
 
 
 def test_trainer_start_up_memory_warning():

@@ -6,7 +6,7 @@ device (shapes only, no memory) and every parameter is split the way the engine 
 - pipeline: layers are cut into ``pp * pp_virtual_stages`` equal chunks; chunk ``c`` lives on pipeline
   rank ``c % pp`` (looped schedules) or, for the V-shaped ``ZBVZeroBubble``, on ``c`` / ``2*pp-1-c``.
   The first chunk's rank holds the embedding, the last chunk's rank the final norm and the output
-  projection (a copy of the tied embedding when it sits on another rank).
+  projection (tied embeddings with pp > 1 are refused by ``config/validate.py``).
 - tensor parallel (torchtitan's plan): ``wq/wk/wv/w1/w3`` and the embedding/output rows are split on
   dim 0, ``wo/w2`` on dim 1, norms are replicated.
 - FSDP2 splits dim 0 of each (TP-local) tensor over ``dp_shard`` with ``torch.chunk`` semantics: every
@@ -178,8 +178,6 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
             held.append((name, shape))
         elif name.startswith(("norm.", "output.")) and out.last:
             held.append((name, shape))
-    if m.tie_embeddings and out.last and not out.first:
-        held.append(("output.weight", (m.vocab_size, m.d_model)))  # the stage's copy of the tied weight
 
     for name, shape in held:
         shard, tp_numel = local(name, shape)
