@@ -1,6 +1,7 @@
 """``lmforge plan``: the exact refusal for each impossible or out-of-memory layout, and the plan's numbers."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -126,6 +127,12 @@ def test_cli_prints_plan_and_exit_codes(capsys):
     for row in ("parameters", "gradients", "optimizer state (AdamW)", "activations", "total"):
         assert f"\n  {row} " in out
     assert "activations by checkpointing: none" in out and "step time" in out
+
+    assert plan_main(["--json"] + G1 + ["cluster.nodes=2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1} and data["fits"] is True
+    assert data["memory_total_bytes"] == sum(data["memory_bytes"].values())
+    assert set(data["activations_by_mode_bytes"]) == {"none", "selective", "full"}
 
     assert plan_main(INVALID["world_size"][0]) == 2
     err = capsys.readouterr().err
