@@ -5,6 +5,7 @@
     lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
     lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
     lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
+    lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def _import(argv: Sequence[str]) -> int:
     return import_main(argv)
 def _comm(argv: Sequence[str]) -> int:
     from lmforge.comm.cli import main
+def _plan(argv: Sequence[str]) -> int:
+    from lmforge.parallel.plan_cli import main
 
     return main(list(argv))
 
@@ -46,6 +49,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "export": _export,
     "import": _import,
     "comm": _comm,
+    "plan": _plan,
 }
 
 

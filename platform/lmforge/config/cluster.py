@@ -14,6 +14,8 @@ class ClusterConfig:
     device: str = "auto"
     # Memory per device in GiB for the planner (0: from the hardware table).
     device_memory_gib: float = 0.0
+    # Model FLOPs utilisation the planner assumes for a layout without pipeline bubble or recompute.
+    assumed_mfu: float = 0.40
     # Slurm settings used by launchers/ and slurm/ (ignored by local runs).
     partition: str = ""
     account: str = ""

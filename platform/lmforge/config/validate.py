@@ -123,6 +123,8 @@ def check_values(cfg: RootConfig) -> None:
             raise ConfigError(key, f"must be >= 0, got {get(key)}", "set a value >= 0")
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {cfg.optim.min_lr_ratio}", "e.g. 0.1")
+    if not 0.0 < cfg.cluster.assumed_mfu <= 1.0:
+        raise ConfigError("cluster.assumed_mfu", f"must be in (0, 1], got {cfg.cluster.assumed_mfu}", "e.g. 0.4")
     if not 0.0 < cfg.data.valid_fraction < 1.0:
         raise ConfigError("data.valid_fraction", f"must be in (0, 1), got {cfg.data.valid_fraction}", "e.g. 0.02")
 

@@ -46,6 +46,7 @@ from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import flops_per_token
 from lmforge.parallel.engine import NativeEngine
+from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import provenance
 from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
 from lmforge.runtime.rundir import RunPaths
@@ -80,6 +81,7 @@ class Trainer:
         self.rank = self.world.rank
         seed_everything(cfg.train.seed)
         self.plan: BatchPlan = check_batch(cfg)
+        startup_memory_check(cfg, self.device, self.rank)  # the planner's memory estimate (warning only)
         if self.rank == 0:
             self.paths.make()
         self._barrier()

@@ -1,0 +1,338 @@
+"""Memory per device of a training layout, estimated from the config alone (no device, no weights).
+
+Model state (parameters, gradients, AdamW state) is counted *exactly*: the GPT is built on the meta
+device (shapes only, no memory) and every parameter is split the way the engine splits it:
+
+- pipeline: layers are cut into ``pp * pp_virtual_stages`` equal chunks; chunk ``c`` lives on pipeline
+  rank ``c % pp`` (looped schedules) or, for the V-shaped ``ZBVZeroBubble``, on ``c`` / ``2*pp-1-c``.
+  The first chunk's rank holds the embedding, the last chunk's rank the final norm and the output
+  projection (tied embeddings with pp > 1 are refused by ``config/validate.py``).
+- tensor parallel (torchtitan's plan): ``wq/wk/wv/w1/w3`` and the embedding/output rows are split on
+  dim 0, ``wo/w2`` on dim 1, norms are replicated.
+- FSDP2 splits dim 0 of each (TP-local) tensor over ``dp_shard`` with ``torch.chunk`` semantics: every
+  rank but the last holds ``ceil(n / dp_shard)`` rows, which is also the padded size FSDP2 allocates.
+
+Activations are counted per micro batch from the tensors autograd keeps for backward, as measured on
+this model (``tests/unit/test_planner_activations.py`` checks the counts against torch.profiler):
+
+    per layer, no checkpointing  (N = micro_batch * seq_len tokens, d = d_model, F = FFN width)
+      each of the 2 norms:  input and (RMSNorm) x*rstd in the residual dtype, its output in the compute dtype
+      attention:            q, k, v (after GQA repeat), SDPA output           4 * N * d   (/tp)
+      SwiGLU MLP:           w1 out, silu out, w3 out, product                 4 * N * F   (/tp; GELU: 2)
+      small:                rstd per norm, SDPA log-sum-exp (fp32)
+    full checkpointing:     the block input only, plus one block's activations while it is recomputed
+    selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
+    head (last stage):      final norm as above + fp32 log-probabilities N * vocab; the logits in the
+                            compute dtype exist transiently at the end of forward.
+
+With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism the
+norm region (residual stream) is split too, while each linear keeps its all-gathered input.
+Micro batches alive at once on a pipeline rank: 1 without PP; ``pp - rank`` for 1F1B and the zero-bubble
+schedules (ZB-H1 keeps 1F1B's memory); all of them for GPipe; ``pp * (1 + (pp-1)/(pp*v))`` stage-units
+for Interleaved1F1B (Narayanan et al., 2021).
+
+FSDP2 working memory: with ``reshard_after_forward`` two blocks' parameters are gathered at a time
+(current + prefetched) and two blocks' unsharded gradients wait for reduce-scatter; without it every
+block stays gathered from forward to backward. The root module (embedding, final norm, output) stays
+gathered. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Tuple
+
+from lmforge.config.batch import BatchPlan
+from lmforge.config.model import ModelConfig
+from lmforge.config.schema import RootConfig
+from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+
+GIB = 1024**3
+ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
+ADAMW_STEP_BYTES = 4  # one fp32 ``step`` tensor per parameter
+COLWISE = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+           "feed_forward.w1.weight", "feed_forward.w3.weight")
+ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
+VOCAB_SHARDED = ("tok_embeddings.weight", "output.weight")
+AC_MODES = ("none", "selective", "full")
+
+
+def dtype_bytes(name: str) -> int:
+    return 2 if name in ("bf16", "fp16") else 4
+
+
+def resolve_precision(precision: str, device_kind: str) -> str:
+    """``train.precision=auto`` means bf16-mixed on GPUs and fp32 on CPU (as the engine resolves it)."""
+    if precision == "auto":
+        return "fp32" if device_kind == "cpu" else "bf16-mixed"
+    return precision
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    param: int  # bytes per parameter / gradient / AdamW state element
+    compute: int  # activations inside blocks
+    residual: int  # residual stream (norm inputs)
+    fsdp_param: int  # FSDP2 all-gathered parameters
+    fsdp_reduce: int  # FSDP2 unsharded gradients before reduce-scatter
+
+
+def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
+    p = cfg.parallelism
+    param = 2 if precision == "bf16" else 4
+    fsdp_bf16 = p.dp_shard > 1 and p.param_dtype == "bf16"
+    compute = 2 if (precision in ("bf16", "bf16-mixed") or fsdp_bf16) else 4
+    residual = 4 if (precision == "bf16-mixed" and not fsdp_bf16) else compute
+    fsdp_param = dtype_bytes(p.param_dtype) if precision != "bf16" else 2
+    fsdp_reduce = dtype_bytes(p.reduce_dtype) if precision != "bf16" else 2
+    return Dtypes(param, compute, residual, fsdp_param, fsdp_reduce)
+
+
+@functools.lru_cache(maxsize=32)
+def _shapes(model_items: Tuple) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    import torch
+
+    from lmforge.model.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(ModelConfig(**dict(model_items)))
+    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+
+
+def parameter_shapes(model: ModelConfig) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+    """(name, shape) of every parameter of the single-device model, from a meta-device build."""
+    return _shapes(tuple(sorted(asdict(model).items())))
+
+
+def chunk_size(n: int, parts: int, index: int) -> int:
+    """Length of piece ``index`` when ``torch.chunk`` splits ``n`` into ``parts`` (FSDP2/DTensor sharding)."""
+    step = -(-n // parts)
+    return max(0, min(step, n - index * step))
+
+
+def chunk_owner(chunk: int, pp: int, schedule: str) -> int:
+    """Pipeline rank holding model chunk ``chunk`` (of ``pp * virtual`` chunks)."""
+    if schedule == "ZBVZeroBubble":
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def stages_per_rank(cfg: RootConfig) -> int:
+    p = cfg.parallelism
+    return 2 if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 else p.pp_virtual_stages
+
+
+@dataclass
+class StateBytes:
+    """Model state on one rank: bytes of parameters, gradients and AdamW state, and tensor counts."""
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    numel: int = 0
+    tensors: int = 0
+    layers: int = 0
+    max_layer_numel: int = 0  # TP-local, FSDP-unsharded numel of the largest block (FSDP gathers it)
+    stage_numel_unsharded: int = 0  # TP-local, FSDP-unsharded numel of everything on this pipeline rank
+    root_numel_unsharded: int = 0  # embedding/norm/output on this rank (FSDP root stays gathered)
+    matmul_numel_unsharded: int = 0  # matmul weights on this rank (bf16 autocast copies)
+    first: bool = False  # holds the embedding
+    last: bool = False  # holds the final norm and output
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int = 0,
+                dp_shard_rank: int = 0) -> StateBytes:
+    """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
+    m, p = cfg.model, cfg.parallelism
+    dt = dtypes_for(cfg, precision)
+    chunks = p.pp * stages_per_rank(cfg)
+    per_chunk = m.n_layers // chunks if m.n_layers % chunks == 0 else math.ceil(m.n_layers / chunks)
+    first_rank = chunk_owner(0, p.pp, p.pp_schedule)
+    last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
+    out = StateBytes(first=pp_rank == first_rank, last=pp_rank == last_rank)
+    layer_numel: Dict[int, int] = {}
+
+    def local(name: str, shape: Tuple[int, ...]) -> Tuple[Tuple[int, ...], int]:
+        shape = list(shape)
+        if p.tp > 1:
+            if name.endswith(COLWISE) or name.endswith(VOCAB_SHARDED):
+                shape[0] = chunk_size(shape[0], p.tp, tp_rank)
+            elif name.endswith(ROWWISE):
+                shape[1] = chunk_size(shape[1], p.tp, tp_rank)
+        tp_numel = math.prod(shape)
+        if p.dp_shard > 1:
+            shape[0] = chunk_size(shape[0], p.dp_shard, dp_shard_rank)
+        return tuple(shape), tp_numel
+
+    held: List[Tuple[str, Tuple[int, ...]]] = []
+    for name, shape in parameter_shapes(m):
+        if name.startswith("layers."):
+            layer = int(name.split(".")[1])
+            if chunk_owner(layer // per_chunk, p.pp, p.pp_schedule) == pp_rank:
+                held.append((name, shape))
+        elif name.startswith("tok_embeddings.") and out.first:
+            held.append((name, shape))
+        elif name.startswith(("norm.", "output.")) and out.last:
+            held.append((name, shape))
+
+    for name, shape in held:
+        shard, tp_numel = local(name, shape)
+        n = math.prod(shard)
+        out.numel += n
+        out.tensors += 1
+        out.stage_numel_unsharded += tp_numel
+        if len(shape) == 2:
+            out.matmul_numel_unsharded += tp_numel
+        if name.startswith("layers."):
+            layer = int(name.split(".")[1])
+            layer_numel[layer] = layer_numel.get(layer, 0) + tp_numel
+        else:
+            out.root_numel_unsharded += tp_numel
+    out.layers = len(layer_numel)
+    out.max_layer_numel = max(layer_numel.values(), default=0)
+    out.params = out.numel * dt.param
+    out.grads = out.numel * dt.param
+    out.optimizer = out.numel * dt.param * ADAMW_STATES + out.tensors * ADAMW_STEP_BYTES
+    return out
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    tokens: int  # N = micro_batch_size * seq_len
+    tp: int
+    sp: bool
+    dt: Dtypes
+
+
+def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
+    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``."""
+    n, d, f, tp = s.tokens, m.d_model, ffn_hidden_dim(m), s.tp
+    hd = d // m.n_heads
+    dkv = kv_heads(m) * hd
+    e, r = s.dt.compute, s.dt.residual
+    seq_split = tp if s.sp else 1
+    block_input = n * d * r // seq_split
+    if mode == "full":
+        return block_input
+    lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
+    if mode == "selective":
+        mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
+        return block_input + mm_out + n * d * e // tp + lse
+    norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
+    norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
+    attention = 4 * n * d * e // tp + lse
+    mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
+    return norms + attention + mlp
+
+
+def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
+    """Final norm and fp32 log-probabilities kept by the last stage for one micro batch."""
+    n, d = s.tokens, m.d_model
+    norm_keep = 2 if m.norm == "rmsnorm" else 1
+    seq_split = s.tp if s.sp else 1
+    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * 4
+
+
+def saved_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True,
+                           last: bool = True) -> int:
+    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward."""
+    kept = layers * layer_activation_bytes(m, s, mode)
+    if last:
+        kept += head_activation_bytes(m, s)
+    if first:
+        kept += s.tokens * 8  # token ids kept by the embedding
+    return kept
+
+
+def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
+    p = cfg.parallelism
+    return ActivationShape(tokens=micro_batch_size * cfg.model.seq_len, tp=p.tp, sp=p.sequence_parallel,
+                           dt=dtypes_for(cfg, precision))
+
+
+def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float:
+    """Micro batches whose activations one pipeline rank holds at its peak (in units of its layers)."""
+    p = cfg.parallelism
+    if p.pp == 1:
+        return 1.0
+    if p.pp_schedule == "GPipe":
+        return float(n_micro)
+    if p.pp_schedule == "Interleaved1F1B":
+        v = p.pp_virtual_stages
+        return min(float(n_micro), p.pp * (1 + (p.pp - 1) / (p.pp * v)))
+    return float(min(n_micro, p.pp - pp_rank))
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes on the most loaded device; ``activations_by_mode`` shows the checkpointing alternatives."""
+    pp_rank: int
+    state: StateBytes
+    activations: int
+    activations_by_mode: Dict[str, int]
+    fsdp_buffers: int
+    autocast_copies: int
+    transient: int  # logits at the end of forward, DDP flat buffer without overlap
+    dtypes: Dtypes
+    per_stage_total: Dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.state.total + self.activations + self.fsdp_buffers + self.autocast_copies + self.transient
+
+    def total_with(self, mode: str) -> int:
+        return self.total - self.activations + self.activations_by_mode[mode]
+
+
+def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int) -> MemoryEstimate:
+    m, p = cfg.model, cfg.parallelism
+    dt = dtypes_for(cfg, precision)
+    st = state_bytes(cfg, precision, pp_rank=pp_rank)
+    n_micro = p.pp_microbatches or plan.grad_accum
+    shape = activation_shape(cfg, plan.micro_batch_size, precision)
+    in_flight = microbatches_in_flight(cfg, n_micro, pp_rank)
+    by_mode = {}
+    for mode in AC_MODES:
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
+        working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
+        by_mode[mode] = int(math.ceil(in_flight * kept)) + working
+    fsdp = 0
+    if p.dp_shard > 1:
+        gathered = 2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
+        fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param \
+            + (2 * st.max_layer_numel + st.root_numel_unsharded) * dt.fsdp_reduce
+    autocast = st.matmul_numel_unsharded * 2 if precision == "bf16-mixed" and not (p.dp_shard > 1 and p.param_dtype == "bf16") else 0
+    transient = shape.tokens * m.vocab_size * dt.compute // p.tp if st.last else 0
+    if p.dp_replicate > 1 and p.dp_shard == 1 and not p.overlap_grad_reduce:
+        transient += st.grads  # the flat all-reduce buffer
+    return MemoryEstimate(pp_rank, st, by_mode[p.activation_checkpointing], by_mode, fsdp, autocast, transient, dt)
+
+
+def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:
+    """The most loaded pipeline rank's estimate (every rank of the other dims is at most as loaded)."""
+    stages = [_stage_estimate(cfg, plan, precision, r) for r in range(cfg.parallelism.pp)]
+    worst = max(stages, key=lambda s: s.total)
+    worst.per_stage_total = {s.pp_rank: s.total for s in stages}
+    return worst
+
+
+def gib(n: float) -> float:
+    return n / GIB
+
+
+def bytes_table(est: MemoryEstimate) -> List[Tuple[str, int]]:
+    rows = [("parameters", est.state.params), ("gradients", est.state.grads),
+            ("optimizer state (AdamW)", est.state.optimizer)]
+    if est.fsdp_buffers:
+        rows.append(("FSDP gathered params/grads", est.fsdp_buffers))
+    if est.autocast_copies:
+        rows.append(("autocast bf16 weight copies", est.autocast_copies))
+    rows.append(("activations", est.activations))
+    if est.transient:
+        rows.append(("transient (logits, buffers)", est.transient))
+    return rows
+

@@ -1,0 +1,82 @@
+"""``lmforge plan [--json] [hydra overrides]``: check a layout before it queues.
+
+    lmforge plan +exp=gpt_1b cluster.nodes=4
+    lmforge plan +exp=gpt_7b cluster.nodes=2 parallelism.tp=2 parallelism.dp_shard=8
+
+Composes the config exactly as ``lmforge train`` does, runs the trainer's validation with the world size
+``cluster.nodes * cluster.gpus_per_node``, prints the mesh, parameters, FLOPs, memory per device and a
+step-time estimate, and exits 2 with the reason and a fix when the layout is impossible or does not fit.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from lmforge.config.errors import ConfigError
+
+
+def _world_size(cfg) -> Optional[int]:
+    try:
+        return int(OmegaConf.select(cfg, "cluster.nodes")) * int(OmegaConf.select(cfg, "cluster.gpus_per_node"))
+    except (TypeError, ValueError):
+        return None  # validate() names the bad key
+
+
+def plan_from_overrides(overrides: Sequence[str]):
+    """Compose, validate and plan; raises ConfigError for an impossible or out-of-memory layout."""
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.parallel.planner import make_plan
+
+    cfg = compose(list(overrides))
+    world = _world_size(cfg)
+    typed = validate(cfg, world_size=world if world is not None else 0)
+    return make_plan(typed, world)
+
+
+def plan_json(plan) -> dict:
+    from lmforge.parallel.memory_estimate import bytes_table
+
+    return {
+        "world_size": plan.world_size, "device": plan.device_kind, "precision": plan.precision,
+        "mesh": {"pp": plan.cfg.parallelism.pp, "dp_replicate": plan.cfg.parallelism.dp_replicate,
+                 "dp_shard": plan.cfg.parallelism.dp_shard, "tp": plan.cfg.parallelism.tp},
+        "parameters": plan.n_params, "flops_per_token": plan.flops_per_token, "flops_per_step": plan.flops_per_step,
+        "tokens_per_step": plan.batch.tokens_per_step,
+        "memory_bytes": dict(bytes_table(plan.memory)), "memory_total_bytes": plan.memory.total,
+        "activations_by_mode_bytes": plan.memory.activations_by_mode,
+        "usable_memory_bytes": plan.usable_memory, "fits": plan.fits,
+        "step_time_s": plan.step_time_s, "tokens_per_s": plan.tokens_per_s,
+        "model_tflops_per_device": plan.model_tflops_per_device, "assumed_mfu": plan.assumed_mfu,
+        "bubble": plan.bubble, "warnings": plan.warnings,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from lmforge.parallel.planner import check_fits, format_plan
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    as_json = "--json" in args
+    overrides = [a for a in args if a != "--json"]
+    try:
+        plan = plan_from_overrides(overrides)
+    except ConfigError as e:
+        print(f"lmforge plan: refused: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan_json(plan), indent=1) if as_json else format_plan(plan))
+    try:
+        check_fits(plan)
+    except ConfigError as e:
+        print(f"lmforge plan: refused: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,337 @@
+"""The pre-queue planner: is a layout possible, does it fit, and how fast will it be?
+
+``make_plan`` takes a config that already passed ``lmforge.config.validate.validate`` (the same checks the
+trainer runs on every rank: world size = product of mesh dims, head and layer divisibility, micro batches
+per pipeline stage, batch arithmetic) and adds what needs the model and the hardware:
+
+- parameters and FLOPs per step (``lmforge.model.flops.flops_per_token``, the only FLOPs formula),
+- memory per device from ``lmforge.parallel.memory_estimate`` (exact model state per shard, activations
+  with and without checkpointing),
+- a step-time estimate: model FLOPs per step / (devices * peak * assumed MFU), stretched by the pipeline
+  bubble and by activation recompute.
+
+``check_fits`` refuses a layout that does not fit in device memory, naming the cheapest changes that do.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+from lmforge.config.batch import BatchPlan
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+from lmforge.config.validate import check_batch, check_parallel_layout
+from lmforge.model.flops import flops_per_token, matmul_params
+from lmforge.model.gpt import param_count_from_config
+from lmforge.parallel.memory_estimate import (AC_MODES, GIB, MemoryEstimate, bytes_table, estimate_memory, gib,
+                                              resolve_precision)
+from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
+
+# Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
+GPU_RESERVE_GIB = 2.0
+GPU_RESERVE_FRACTION = 0.05
+# Zero-bubble schedules (ZB-H1 / ZBV, Qi et al. 2023) leave about a third of 1F1B's bubble in practice.
+ZERO_BUBBLE_FACTOR = 1.0 / 3.0
+# Full recompute runs every block's forward twice: 8 instead of 6 FLOPs per parameter and token.
+RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.0, "full": 4.0 / 3.0}
+
+
+def device_kind(cfg: RootConfig) -> str:
+    kind = cfg.cluster.device.lower()
+    if kind != "auto":
+        return kind
+    import torch
+
+    if torch.cuda.is_available():
+        from lmforge.runtime.hardware import device_kind as cuda_kind
+
+        return cuda_kind(torch.device("cuda", 0))
+    return "cpu"
+
+
+def device_memory_bytes(cfg: RootConfig, kind: str) -> int:
+    if cfg.cluster.device_memory_gib > 0:
+        return int(cfg.cluster.device_memory_gib * GIB)
+    if kind in DEVICE_MEMORY_GIB:
+        return int(DEVICE_MEMORY_GIB[kind] * GIB)
+    if kind == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total // max(1, cfg.cluster.gpus_per_node)
+    raise ConfigError("cluster.device", f"no memory size known for device '{kind}'",
+                      f"set cluster.device_memory_gib, or one of: {', '.join(sorted(DEVICE_MEMORY_GIB))}, cpu")
+
+
+def usable_bytes(total: int, kind: str) -> int:
+    if kind == "cpu":
+        return total
+    return int(total * (1 - GPU_RESERVE_FRACTION) - GPU_RESERVE_GIB * GIB)
+
+
+def peak_tflops(kind: str, precision: str) -> float:
+    dtype = "bf16" if precision in ("bf16", "bf16-mixed") else "fp32"
+    if kind == "cpu":
+        import torch
+
+        from lmforge.runtime.hardware import cpu_peak_tflops
+
+        return cpu_peak_tflops(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    if kind not in PEAK_TFLOPS:
+        raise ConfigError("cluster.device", f"no peak FLOP/s known for device '{kind}'",
+                          f"use one of: {', '.join(sorted(PEAK_TFLOPS))}, cpu")
+    table = PEAK_TFLOPS[kind]
+    return table.get(dtype, table["bf16"])
+
+
+def bubble_fraction(cfg: RootConfig, n_micro: int) -> float:
+    """Idle time of a pipeline relative to its compute time (0 without PP)."""
+    p = cfg.parallelism
+    if p.pp == 1:
+        return 0.0
+    v = p.pp_virtual_stages if p.pp_schedule in ("Interleaved1F1B", "InterleavedZeroBubble") else 1
+    bubble = (p.pp - 1) / (v * n_micro)
+    if "ZeroBubble" in p.pp_schedule:
+        bubble *= ZERO_BUBBLE_FACTOR
+    return bubble
+
+
+@dataclass
+class Plan:
+    cfg: RootConfig
+    world_size: int
+    device_kind: str
+    precision: str
+    batch: BatchPlan
+    n_params: int
+    flops_per_token: int
+    memory: MemoryEstimate
+    device_memory: int
+    usable_memory: int
+    peak_tflops: float
+    assumed_mfu: float
+    bubble: float
+    recompute: float
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def n_micro(self) -> int:
+        return self.cfg.parallelism.pp_microbatches or self.batch.grad_accum
+
+    @property
+    def flops_per_step(self) -> float:
+        return float(self.flops_per_token) * self.batch.tokens_per_step
+
+    @property
+    def step_time_s(self) -> float:
+        ideal = self.flops_per_step / (self.world_size * self.peak_tflops * 1e12 * self.assumed_mfu)
+        return ideal * self.recompute * (1 + self.bubble)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch.tokens_per_step / self.step_time_s
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        return self.flops_per_step / self.step_time_s / self.world_size / 1e12
+
+    @property
+    def expected_mfu(self) -> float:
+        return self.model_tflops_per_device / self.peak_tflops
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.usable_memory
+
+
+def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
+    """Plan a validated config. ``peak`` overrides the peak table (TFLOP/s per device)."""
+    world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    kind = device_kind(cfg)
+    precision = resolve_precision(cfg.train.precision, kind)
+    batch = check_batch(cfg)
+    memory = estimate_memory(cfg, batch, precision)
+    total_mem = device_memory_bytes(cfg, kind)
+    p = cfg.parallelism
+    warnings = []
+    if p.tp > cfg.cluster.gpus_per_node:
+        warnings.append(f"tp={p.tp} spans nodes ({cfg.cluster.gpus_per_node} devices per node): tensor-parallel "
+                        "collectives then cross the slower inter-node network")
+    plan = Plan(cfg=cfg, world_size=world, device_kind=kind, precision=precision, batch=batch,
+                n_params=param_count_from_config(cfg.model), flops_per_token=flops_per_token(cfg.model),
+                memory=memory, device_memory=total_mem, usable_memory=usable_bytes(total_mem, kind),
+                peak_tflops=peak if peak is not None else peak_tflops(kind, precision),
+                assumed_mfu=cfg.cluster.assumed_mfu, bubble=0.0,
+                recompute=RECOMPUTE_FACTOR[p.activation_checkpointing], warnings=warnings)
+    plan.bubble = bubble_fraction(cfg, plan.n_micro)
+    return plan
+
+
+# ---- refusing layouts that do not fit, with the changes that would fit ------------------------------
+
+def _with(cfg: RootConfig, **changes) -> RootConfig:
+    new = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        group, name = key.split("__")
+        setattr(getattr(new, group), name, value)
+    return new
+
+
+def _candidates(cfg: RootConfig) -> List[Tuple[str, RootConfig]]:
+    """Alternative layouts on the same devices, cheapest change first: (override text, config)."""
+    p, t = cfg.parallelism, cfg.train
+    out: List[Tuple[str, RootConfig]] = []
+    for mode in ("selective", "full"):
+        if AC_MODES.index(mode) > AC_MODES.index(p.activation_checkpointing):
+            out.append((f"parallelism.activation_checkpointing={mode}",
+                        _with(cfg, parallelism__activation_checkpointing=mode)))
+    layouts: List[Tuple[str, dict]] = []
+    if p.dp_replicate > 1:
+        layouts.append((f"parallelism.dp_shard={p.dp_shard * p.dp_replicate} parallelism.dp_replicate=1",
+                        dict(parallelism__dp_shard=p.dp_shard * p.dp_replicate, parallelism__dp_replicate=1)))
+    if p.dp_shard > 1 and p.reshard_after_forward is False:
+        layouts.append(("parallelism.reshard_after_forward=true", dict(parallelism__reshard_after_forward=True)))
+    mb = t.micro_batch_size // 2
+    while mb >= 1:
+        change = dict(train__micro_batch_size=mb)
+        if t.grad_accum is not None:
+            change["train__grad_accum"] = t.grad_accum * t.micro_batch_size // mb
+        layouts.append((f"train.micro_batch_size={mb}", change))
+        mb //= 2
+    for dim in ("tp", "pp"):
+        current = getattr(p, dim)
+        for size in (2, 4, 8, 16):
+            ratio = size // current
+            if size <= current or size % current or (dim == "tp" and size > cfg.cluster.gpus_per_node):
+                continue
+            for dp_dim in ("dp_shard", "dp_replicate"):
+                dp = getattr(p, dp_dim)
+                if dp % ratio == 0:
+                    layouts.append((f"parallelism.{dim}={size} parallelism.{dp_dim}={dp // ratio}",
+                                    {f"parallelism__{dim}": size, f"parallelism__{dp_dim}": dp // ratio}))
+                    break
+    for text, change in layouts:
+        out.append((text, _with(cfg, **change)))
+        if p.activation_checkpointing != "full":
+            out.append((f"{text} parallelism.activation_checkpointing=full",
+                        _with(cfg, parallelism__activation_checkpointing="full", **change)))
+    return out
+
+
+def suggest_fixes(plan: Plan, limit: int = 2) -> List[Tuple[str, float]]:
+    """Up to ``limit`` valid alternative layouts that fit, as (overrides, estimated GiB per device)."""
+    found = []
+    for text, cand in _candidates(plan.cfg):
+        try:
+            check_parallel_layout(cand, plan.world_size)
+            batch = check_batch(cand)
+        except ConfigError:
+            continue
+        est = estimate_memory(cand, batch, plan.precision)
+        if est.total <= plan.usable_memory:
+            found.append((text, gib(est.total)))
+            if len(found) == limit:
+                break
+    return found
+
+
+def check_fits(plan: Plan) -> None:
+    """Raise ConfigError naming the overflow and the cheapest layouts that fit."""
+    if plan.fits:
+        return
+    m = plan.memory
+    where = f" on pipeline rank {m.pp_rank}" if plan.cfg.parallelism.pp > 1 else ""
+    reason = (f"estimated {gib(m.total):.1f} GiB per device{where} exceeds the {gib(plan.usable_memory):.1f} GiB "
+              f"usable of {gib(plan.device_memory):.0f} GiB on {plan.device_kind} (parameters+gradients+optimizer "
+              f"{gib(m.state.total):.1f} GiB, activations {gib(m.activations):.1f} GiB)")
+    fixes = suggest_fixes(plan)
+    if fixes:
+        fix = " or ".join(f"{text} ({est:.1f} GiB)" for text, est in fixes)
+    else:
+        fix = "no change on these devices fits: add nodes (cluster.nodes) and raise parallelism.dp_shard, or use larger devices"
+    raise ConfigError("parallelism", reason, fix)
+
+
+# ---- presentation -------------------------------------------------------------------------------------
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {prefix}{unit}"
+    return f"{x:.2f} {unit}"
+
+
+def mesh_placement(cfg: RootConfig) -> str:
+    """Where each mesh dim's groups fall: ranks are laid out row-major over (pp, dp_replicate, dp_shard, tp)."""
+    p, per_node = cfg.parallelism, cfg.cluster.gpus_per_node
+    stride, parts = 1, []
+    for name in ("tp", "dp_shard", "dp_replicate", "pp"):
+        size = getattr(p, name)
+        if size > 1:
+            span = stride * size
+            where = "within a node" if span <= per_node else f"across {-(-span // per_node)} nodes"
+            parts.append(f"{name} groups {where}")
+        stride *= size
+    return "; ".join(parts) if parts else "one device"
+
+
+def format_plan(plan: Plan) -> str:
+    cfg, p, m, b = plan.cfg, plan.cfg.parallelism, plan.cfg.model, plan.batch
+    mem = plan.memory
+    lines = [
+        f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
+        f"(world size {plan.world_size}), precision {plan.precision}",
+        f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} x tp={p.tp}"
+        f"  ({mesh_placement(cfg)})",
+        f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
+        f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
+        f"reshard_after_forward {p.reshard_after_forward}",
+        f"model      {plan.n_params:,} parameters ({matmul_params(m):,} in matmuls), {m.n_layers} layers, "
+        f"d_model {m.d_model}, heads {m.n_heads}/{m.n_kv_heads or m.n_heads} kv, seq_len {m.seq_len}",
+        f"batch      {b.global_batch_size} sequences = micro {b.micro_batch_size} x grad_accum {b.grad_accum} "
+        f"x dp {b.dp_size}; {b.tokens_per_step:,} tokens/step" + (f"; {plan.n_micro} pipeline micro batches" if p.pp > 1 else ""),
+        f"FLOPs      {_si(plan.flops_per_token, 'FLOP')}/token (6N + attention), {_si(plan.flops_per_step, 'FLOP')}/step",
+        f"memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",
+    ]
+    for name, n in bytes_table(mem):
+        lines.append(f"  {name:<30} {gib(n):9.2f} GiB")
+    lines.append(f"  {'total':<30} {gib(mem.total):9.2f} GiB of {gib(plan.usable_memory):.1f} usable "
+                 f"({gib(plan.device_memory):.0f} GiB {plan.device_kind})")
+    alt = " | ".join(f"{mode} {gib(mem.activations_by_mode[mode]):.2f}" for mode in AC_MODES)
+    lines.append(f"  activations by checkpointing: {alt} GiB; total with full: {gib(mem.total_with('full')):.2f} GiB")
+    if p.pp > 1:
+        lines.append("  per pipeline rank: " + ", ".join(f"{r}: {gib(v):.2f}" for r, v in sorted(mem.per_stage_total.items())) + " GiB")
+    lines.append(
+        f"step time  {plan.step_time_s:.3f} s at assumed MFU {plan.assumed_mfu:.0%} of {plan.peak_tflops:.1f} TFLOP/s "
+        f"(bubble {plan.bubble:.1%}, recompute x{plan.recompute:.2f}) -> {plan.tokens_per_s:,.0f} tokens/s, "
+        f"{plan.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {plan.expected_mfu:.1%})")
+    for w in plan.warnings:
+        lines.append(f"warning    {w}")
+    lines.append("fits       yes" if plan.fits else "fits       NO")
+    return "\n".join(lines)
+
+
+def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str,
+                        emit: Callable[[str], None] = print) -> bool:
+    """Start-up check of the trainer on a real device: warn (not fail) when the estimate exceeds memory."""
+    from lmforge.parallel.memory_estimate import resolve_precision as resolve
+
+    batch = check_batch(cfg)
+    est = estimate_memory(cfg, batch, resolve(cfg.train.precision, kind))
+    usable = usable_bytes(total_bytes, kind)
+    if est.total <= usable:
+        return False
+    emit(f"lmforge: warning: the planner estimates {gib(est.total):.1f} GiB per device but {gib(usable):.1f} GiB "
+         f"are usable on this {kind}; run `lmforge plan` with these overrides for fixes")
+    return True
+
+
+def startup_memory_check(cfg: RootConfig, device, rank: int) -> None:
+    """Called by the trainer on start-up: on a GPU, rank 0 warns when the planner's estimate does not fit."""
+    if getattr(device, "type", "cpu") != "cuda" or rank != 0:
+        return
+    import torch
+
+    from lmforge.runtime.hardware import device_kind as cuda_kind
+
+    warn_if_over_memory(cfg, torch.cuda.get_device_properties(device).total_memory, cuda_kind(device))

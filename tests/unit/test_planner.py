@@ -1,0 +1,221 @@
+"""``lmforge plan``: the exact refusal for each impossible or out-of-memory layout, and the plan's numbers."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lmforge.config.compose import compose
+from lmforge.config.errors import ConfigError
+from lmforge.config.validate import validate
+from lmforge.model.flops import flops_per_token
+from lmforge.model.gpt import param_count_from_config
+from lmforge.parallel.memory_estimate import GIB, parameter_shapes, state_bytes
+from lmforge.parallel.plan_cli import main as plan_main
+from lmforge.parallel.plan_cli import plan_from_overrides
+from lmforge.parallel.planner import check_fits, make_plan, warn_if_over_memory
+
+G1 = ["+exp=gpt_1b"]
+G7 = ["+exp=gpt_7b", "parallelism.tp=1", "parallelism.sequence_parallel=false"]
+
+INVALID = {
+    "world_size": (
+        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1"],
+        "config key 'parallelism': dp_replicate*dp_shard*tp*pp = 1*8*1*1 = 8 but the job has world size 16. "
+        "Fix: make the product equal 16 (e.g. parallelism.dp_shard=16)"),
+    "heads_tp": (
+        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=1", "parallelism.tp=16"],
+        "config key 'parallelism.tp': n_heads (16) and n_kv_heads (8) must both be divisible by tp (16). "
+        "Fix: choose tp dividing both head counts"),
+    "layers_pp": (
+        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=1", "parallelism.pp=4",
+              "parallelism.tp=4", "parallelism.pp_virtual_stages=4", "parallelism.pp_schedule=Interleaved1F1B"],
+        "config key 'parallelism.pp': n_layers (24) is not divisible by pp*pp_virtual_stages (16). "
+        "Fix: choose pp and pp_virtual_stages whose product divides n_layers"),
+    "microbatches_pp": (
+        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=2", "parallelism.pp=8",
+              "train.global_batch_size=16", "model.tie_embeddings=false"],
+        "config key 'parallelism.pp_microbatches': 2 microbatches cannot fill 8 pipeline stages. "
+        "Fix: use at least 8 microbatches (raise train.global_batch_size or pp_microbatches)"),
+    "batch_arithmetic": (
+        G1 + ["cluster.nodes=3"],
+        "config key 'train.global_batch_size': 512 is not divisible by micro_batch_size (4) x data-parallel size "
+        "(24) = 96. Fix: use a multiple of 96, e.g. train.global_batch_size=480 or 576"),
+    "sequence_parallel_without_tp": (
+        G1 + ["parallelism.sequence_parallel=true"],
+        "config key 'parallelism.sequence_parallel': needs tp > 1. Fix: set parallelism.tp >= 2 or "
+        "sequence_parallel=false"),
+    "virtual_stages_1f1b": (
+        G1 + ["parallelism.dp_shard=4", "parallelism.pp=2", "parallelism.pp_virtual_stages=2"],
+        "config key 'parallelism.pp_virtual_stages': 1F1B runs one stage per rank. Fix: use "
+        "pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages"),
+    "unknown_device": (
+        G1 + ["cluster.device=tpu"],
+        "config key 'cluster.device': no memory size known for device 'tpu'. Fix: set cluster.device_memory_gib, "
+        "or one of: a100, a10g, b200, h100, h200, l40s, mi300x, cpu"),
+    "assumed_mfu": (
+        G1 + ["cluster.assumed_mfu=1.5"],
+        "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4"),
+}
+
+OUT_OF_MEMORY = {
+    "activations_fix_checkpointing": (
+        G1 + ["train.micro_batch_size=16"],
+        "config key 'parallelism': estimated 90.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 81.1 GiB). Fix: "
+        "parallelism.activation_checkpointing=selective (56.1 GiB) or parallelism.activation_checkpointing=full "
+        "(24.9 GiB)"),
+    "activations_fix_micro_batch": (
+        G1 + ["train.micro_batch_size=64", "train.global_batch_size=1024", "cluster.nodes=2"],
+        "config key 'parallelism': estimated 342.5 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 324.3 GiB). Fix: train.micro_batch_size=32 "
+        "parallelism.activation_checkpointing=full (43.9 GiB) or train.micro_batch_size=16 "
+        "parallelism.activation_checkpointing=full (24.9 GiB)"),
+    "model_state_fix_dp_shard": (
+        G7 + ["cluster.nodes=4", "parallelism.dp_shard=1", "parallelism.dp_replicate=32",
+              "parallelism.activation_checkpointing=full"],
+        "config key 'parallelism': estimated 116.6 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 100.4 GiB, activations 3.4 GiB). Fix: parallelism.dp_shard=32 "
+        "parallelism.dp_replicate=1 (24.3 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.8 GiB)"),
+    "small_device_fix_tp": (
+        G7 + ["cluster.nodes=1", "cluster.device=a10g", "parallelism.dp_shard=8"],
+        "config key 'parallelism': estimated 55.7 GiB per device exceeds the 20.8 GiB usable of 24 GiB on a10g "
+        "(parameters+gradients+optimizer 12.6 GiB, activations 25.4 GiB). Fix: parallelism.tp=4 "
+        "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (20.1 GiB) or parallelism.tp=8 "
+        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (17.2 GiB)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_layout_exact_message(case):
+    overrides, message = INVALID[case]
+    with pytest.raises(ConfigError) as err:
+        check_fits(plan_from_overrides(overrides))
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_MEMORY))
+def test_out_of_memory_layout_refused_with_fix(case):
+    overrides, message = OUT_OF_MEMORY[case]
+    plan = plan_from_overrides(overrides)
+    assert not plan.fits
+    with pytest.raises(ConfigError) as err:
+        check_fits(plan)
+    assert str(err.value) == message
+
+
+def test_suggested_fixes_really_fit():
+    """Applying a suggested fix gives a layout the planner accepts."""
+    overrides, _ = OUT_OF_MEMORY["small_device_fix_tp"]
+    fixed = plan_from_overrides(overrides + ["parallelism.tp=4", "parallelism.dp_shard=2",
+                                             "parallelism.activation_checkpointing=full"])
+    check_fits(fixed)
+    assert fixed.fits and fixed.memory.total / GIB == pytest.approx(20.1, abs=0.05)
+
+
+def test_cli_prints_plan_and_exit_codes(capsys):
+    from lmforge.cli import VERBS
+
+    assert VERBS["plan"](G1 + ["cluster.nodes=2"]) == 0
+    out = capsys.readouterr().out
+    assert ("mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1  (dp_shard groups within a node; dp_replicate "
+            "groups across 2 nodes)") in out
+    assert "1,216,710,656 parameters" in out
+    assert "512 sequences = micro 4 x grad_accum 8 x dp 16; 1,048,576 tokens/step" in out
+    assert "fits       yes" in out
+    for row in ("parameters", "gradients", "optimizer state (AdamW)", "activations", "total"):
+        assert f"\n  {row} " in out
+    assert "activations by checkpointing: none" in out and "step time" in out
+
+    assert plan_main(["--json"] + G1 + ["cluster.nodes=2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1} and data["fits"] is True
+    assert data["memory_total_bytes"] == sum(data["memory_bytes"].values())
+    assert set(data["activations_by_mode_bytes"]) == {"none", "selective", "full"}
+
+    assert plan_main(INVALID["world_size"][0]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"lmforge plan: refused: {INVALID['world_size'][1]}"
+    assert plan_main(OUT_OF_MEMORY["activations_fix_checkpointing"][0]) == 2
+    captured = capsys.readouterr()
+    assert "fits       NO" in captured.out
+    assert captured.err.strip() == f"lmforge plan: refused: {OUT_OF_MEMORY['activations_fix_checkpointing'][1]}"
+
+
+def test_plan_numbers_come_from_the_one_flops_formula_and_batch_plan():
+    plan = plan_from_overrides(G1 + ["cluster.nodes=4"])
+    cfg = plan.cfg
+    assert plan.world_size == 32
+    assert plan.n_params == param_count_from_config(cfg.model)
+    assert plan.flops_per_token == flops_per_token(cfg.model)
+    assert plan.flops_per_step == flops_per_token(cfg.model) * 512 * 2048
+    # step time = FLOPs / (devices * peak * MFU) without bubble or recompute
+    expected = plan.flops_per_step / (32 * 989.4e12 * 0.40)
+    assert plan.step_time_s == pytest.approx(expected, rel=1e-12)
+    assert plan.expected_mfu == pytest.approx(0.40)
+
+
+def test_bubble_and_recompute_stretch_the_step():
+    base = ["model=gpt_1b", "model.tie_embeddings=false", "cluster=h100_node", "train.micro_batch_size=1",
+            "train.global_batch_size=16"]
+    flat = plan_from_overrides(base + ["parallelism.dp_shard=8"])
+    pp = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2"])
+    assert pp.n_micro == 8 and pp.bubble == pytest.approx(3 / 8)
+    assert pp.step_time_s == pytest.approx(flat.step_time_s * (1 + 3 / 8))
+    inter = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
+                                        "parallelism.pp_schedule=Interleaved1F1B"])
+    assert inter.bubble == pytest.approx(3 / 16)
+    zb = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_schedule=ZBVZeroBubble",
+                                     "parallelism.pp_virtual_stages=2"])
+    assert zb.bubble == pytest.approx(3 / 8 / 3)
+    full = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full"])
+    assert full.step_time_s == pytest.approx(flat.step_time_s * 4 / 3)
+
+
+def test_state_bytes_partition_the_model_exactly():
+    """Summed over every (pp, tp, dp_shard) rank, the shards hold each parameter exactly once (norm weights,
+    replicated over tp, once per tp rank)."""
+    cfg = validate(compose(["model=tiny", "model.vocab_size=1001", "model.d_ff=150", "parallelism.pp=2",
+                            "parallelism.tp=2", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
+                            "parallelism.pp_schedule=Interleaved1F1B", "train.micro_batch_size=1",
+                            "train.global_batch_size=4"]), world_size=8)
+    total = sum(state_bytes(cfg, "fp32", pp_rank=p, tp_rank=t, dp_shard_rank=d).numel
+                for p in range(2) for t in range(2) for d in range(2))
+    shapes = parameter_shapes(cfg.model)
+    norms = sum(math.prod(s) for name, s in shapes if "norm" in name)
+    assert param_count_from_config(cfg.model) == sum(math.prod(s) for _, s in shapes)
+    assert total == param_count_from_config(cfg.model) + (2 - 1) * norms
+    single = validate(compose(["model=tiny"]), world_size=1)
+    st = state_bytes(single, "fp32")
+    assert (st.params, st.grads) == (4 * st.numel, 4 * st.numel)
+    assert st.optimizer == 8 * st.numel + 4 * st.tensors
+    assert state_bytes(single, "bf16").params == 2 * st.numel
+
+
+def test_zbv_places_embedding_and_head_on_pipeline_rank_0():
+    """ZBVZeroBubble's V: rank 0 holds the first and the last chunk, so the embedding and the head."""
+    cfg = validate(compose(["model=tiny", "parallelism.pp=2", "parallelism.pp_schedule=ZBVZeroBubble",
+                            "parallelism.pp_virtual_stages=2", "train.micro_batch_size=1",
+                            "train.global_batch_size=2"]), world_size=2)
+    rank0, rank1 = state_bytes(cfg, "fp32", pp_rank=0), state_bytes(cfg, "fp32", pp_rank=1)
+    vocab_d = cfg.model.vocab_size * cfg.model.d_model
+    assert rank0.first and rank0.last and not (rank1.first or rank1.last)
+    assert rank0.root_numel_unsharded == 2 * vocab_d + cfg.model.d_model  # embedding, output, final norm
+    assert rank1.root_numel_unsharded == 0
+    assert rank0.layers == rank1.layers == 2
+
+
+def test_trainer_start_up_memory_warning():
+    cfg = validate(compose(G1), world_size=8)
+    lines = []
+    assert warn_if_over_memory(cfg, 10 * GIB, "h100", emit=lines.append)
+    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 27.0 GiB per device")
+    assert not warn_if_over_memory(cfg, 80 * GIB, "h100", emit=lines.append)
+
+
+def test_make_plan_on_cpu_uses_host_memory():
+    cfg = validate(compose(["+exp=smoke", "cluster.device=cpu"]), world_size=1)
+    plan = make_plan(cfg, 1, peak=0.3)
+    assert plan.device_kind == "cpu" and plan.precision == "fp32" and plan.fits
+    assert plan.usable_memory == plan.device_memory > 1 * GIB
