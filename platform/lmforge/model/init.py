@@ -25,6 +25,16 @@ def param_seed(seed: int, name: str) -> int:
     return (zlib.crc32(name.encode()) * 1_000_003 + seed) % (2**63 - 1)
 
 
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    """The parameter's name without wrapper modules (activation checkpointing, torch.compile)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
 def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) -> torch.Tensor:
     """The full (unsharded) fp32 initial value of parameter ``name``, on CPU."""
     if "norm" in name:
@@ -44,7 +54,7 @@ def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
         is_dtensor = hasattr(param, "device_mesh") and hasattr(param, "to_local")
         if is_dtensor:
             full_shape = param.shape  # DTensor reports the global shape
-        value = full_init_tensor(name, full_shape, cfg, seed)
+        value = full_init_tensor(canonical_name(name), full_shape, cfg, seed)
         if is_dtensor:
             from torch.distributed.tensor import distribute_tensor
 
