@@ -32,17 +32,20 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter], pp_group: Optional[di
         else:
             plain.append(g)
     device = grads[0].device if grads else torch.device("cpu")
-    total_sq = torch.zeros((), dtype=torch.float32, device=device)
+    # CPU fp32 norm kernels lose ~1e-4 (relative) on large dense tensors, which would make the norm depend on
+    # how tensors are sharded: accumulate in fp64 there (GPU reductions are accurate in fp32).
+    acc = torch.float64 if device.type == "cpu" else torch.float32
+    total_sq = torch.zeros((), dtype=acc, device=device)
     if plain:
-        norms = torch._foreach_norm(plain, 2.0)
-        total_sq += torch.stack([n.float() for n in norms]).pow(2).sum()
+        norms = torch._foreach_norm(plain, 2.0, dtype=acc)
+        total_sq += torch.stack(norms).pow(2).sum()
     for group in by_mesh.values():
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)), 2.0)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0, dtype=acc)), 2.0)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm  # one collective per mesh
-        total_sq += norm.float().pow(2).to(device)
+        total_sq += norm.to(device=device, dtype=acc).pow(2)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         dist.all_reduce(total_sq, group=pp_group)
-    return total_sq.sqrt()
+    return total_sq.sqrt().float()
 
 
 @torch.no_grad()
