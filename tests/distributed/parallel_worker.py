@@ -139,3 +139,10 @@ def resume_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int, c
         out[name] = resume_case(samples=samples, steps=steps, checkpoint=checkpoint, **case)
         dist.barrier()
     return out
+
+
+def train_entry(argv: List[str]) -> int:
+    """``python -m lmforge.train ARGV`` inside this rank (the harness set RANK/WORLD_SIZE/MASTER_*)."""
+    from lmforge.train import main
+
+    return main(argv)
