@@ -78,8 +78,6 @@ class NativeEngine:
         return self.dims.dp
 
     def _no_sync(self, last: bool):
-        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last micro batch only
-            self.model.set_requires_gradient_sync(last)
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
