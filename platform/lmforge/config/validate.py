@@ -171,6 +171,15 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     if p.pp_virtual_stages > 1 and p.pp_schedule in ("GPipe", "1F1B"):
         raise ConfigError("parallelism.pp_virtual_stages", f"{p.pp_schedule} runs one stage per rank",
                           "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages")
+    if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 and p.pp_virtual_stages != 2:
+        raise ConfigError("parallelism.pp_virtual_stages", f"ZBVZeroBubble runs exactly 2 stages per rank, got "
+                          f"{p.pp_virtual_stages}", "set parallelism.pp_virtual_stages=2")
+    if p.pp > 1 and m.tie_embeddings:
+        raise ConfigError("model.tie_embeddings", "tied input/output embeddings would live on the first and the last "
+                          "pipeline stage", "set model.tie_embeddings=false for pp > 1")
+    if p.compile and p.pp > 1 and p.pp_schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
+        raise ConfigError("parallelism.compile", f"{p.pp_schedule} splits backward into input and weight parts, "
+                          "which torch.compile does not support", "set parallelism.compile=false or use 1F1B/Interleaved1F1B")
     if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
         raise ConfigError("parallelism.engine", "the deepspeed engine shards with ZeRO over dp_replicate only",
                           "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size")
@@ -178,6 +187,13 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
 
 def dp_size(cfg: RootConfig) -> int:
     return cfg.parallelism.dp_replicate * cfg.parallelism.dp_shard
+
+
+def pipeline_microbatches(cfg: RootConfig) -> int:
+    """Microbatches one pipeline step runs: parallelism.pp_microbatches, else the gradient-accumulation steps."""
+    t = cfg.train
+    plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
+    return cfg.parallelism.pp_microbatches or plan.grad_accum
 
 
 def check_batch(cfg: RootConfig) -> BatchPlan:
@@ -189,6 +205,11 @@ def check_batch(cfg: RootConfig) -> BatchPlan:
         if n_micro < p.pp:
             raise ConfigError("parallelism.pp_microbatches", f"{n_micro} microbatches cannot fill {p.pp} pipeline stages",
                               f"use at least {p.pp} microbatches (raise train.global_batch_size or pp_microbatches)")
+        rows = plan.grad_accum * plan.micro_batch_size
+        if rows % n_micro:
+            raise ConfigError("parallelism.pp_microbatches", f"{rows} sequences per data-parallel rank and step "
+                              f"(micro_batch_size x grad_accum) do not split into {n_micro} pipeline microbatches",
+                              f"choose pp_microbatches dividing {rows} (0 = grad_accum = {plan.grad_accum})")
     return plan
 
 

@@ -27,6 +27,16 @@ def param_seed(seed: int, name: str) -> int:
     return (zlib.crc32(name.encode()) * 1_000_003 + seed) % (2**63 - 1)
 
 
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    """The parameter's name without wrapper modules (activation checkpointing, torch.compile)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
 def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) -> torch.Tensor:
     """The full (unsharded) fp32 initial value of parameter ``name``, on CPU."""
     if "norm" in name:
@@ -47,7 +57,7 @@ def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int,
     parallel layer passes one for DTensor parameters); plain parameters are copied directly.
     """
     for name, param in model.named_parameters():
-        value = full_init_tensor(name, param.shape, cfg, seed)  # a DTensor reports its global shape
+        value = full_init_tensor(canonical_name(name), param.shape, cfg, seed)  # a DTensor reports its global shape
         if place is not None:
             place(param, value)
         else:

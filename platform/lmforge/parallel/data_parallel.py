@@ -2,7 +2,9 @@
 
 Gradient reduction overlaps backward by default (DDP buckets of ``ddp_bucket_cap_mb``; FSDP2 prefetches
 and reduce-scatters per block). With ``overlap_grad_reduce=false`` DDP is replaced by one all-reduce of
-every gradient after backward, the no-overlap baseline the overlap benchmark compares against.
+every gradient after backward, the no-overlap baseline the overlap benchmark compares against. Pure
+replication combined with TP or PP (DTensor parameters, pipeline stages) also uses that all-reduce (on
+the local shards); for overlap there, use FSDP (``dp_shard``) or HSDP (both dims).
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.
 @torch.no_grad()
 def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     """Average gradients over ``group`` after backward (no overlap): one flat all-reduce."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+             for p in model.parameters() if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

@@ -17,8 +17,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.parallel.data_parallel import allreduce_gradients
+from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
-from lmforge.parallel.parallelize import materialize, parallelize, wrap_data_parallel
+from lmforge.parallel.parallelize import materialize, parallelize_parts, uses_manual_allreduce, wrap_data_parallel
 
 
 @dataclass
@@ -49,14 +50,24 @@ class NativeEngine:
         self.precision = resolve_precision(cfg.train.precision, device)
         with torch.device("meta"):
             model = GPT(cfg.model)
-        model = parallelize(model, self.mesh, cfg.parallelism)
-        materialize(model, device, cfg.train.seed, torch.bfloat16 if self.precision == "bf16" else torch.float32)
-        self.inner = model
-        self.model = wrap_data_parallel(model, self.mesh, cfg.parallelism)
+        par = parallelize_parts(model, self.mesh, cfg.parallelism)
+        param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        materialize(par.model, device, cfg.train.seed, param_dtype, par.parts)
+        self.inner = par.model  # owns this rank's parameters: optimizer, checkpoints, clipping
+        self.parts = par.parts
+        self.model = wrap_data_parallel(par.model, self.mesh, cfg.parallelism)
         self.optimizer = build_optimizer(self.inner)
-        self.manual_grad_sync = cfg.parallelism.dp_replicate > 1 and cfg.parallelism.dp_shard == 1 \
-            and not cfg.parallelism.overlap_grad_reduce
+        self.manual_grad_sync = uses_manual_allreduce(cfg.parallelism)
         self.dp_group = self.mesh["dp"].get_group()
+        self.pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
+        self.pipeline = None
+        if self.dims.pp > 1:
+            from lmforge.config.validate import pipeline_microbatches
+            from lmforge.parallel.pipeline import PipelineRunner
+
+            sp_div = self.dims.tp if cfg.parallelism.sequence_parallel else 1
+            self.pipeline = PipelineRunner(par.parts, par.stage_plan, self.mesh["pp"], device, cfg.parallelism,
+                                           pipeline_microbatches(cfg), param_dtype, sp_div)
 
     @property
     def dp_rank(self) -> int:
@@ -78,23 +89,25 @@ class NativeEngine:
 
     def train_step(self, micro_batches: Sequence, lr: float,
                    guard: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> StepResult:
-        n = len(micro_batches)
-        total = torch.zeros((), device=self.device)
-        for j, mb in enumerate(micro_batches):
-            with self._no_sync(last=j == n - 1):
-                loss = self.forward_loss(mb.tokens, mb.targets) / n
-                loss.backward()
-            total += loss.detach()
+        if self.pipeline is not None:
+            tokens = torch.cat([mb.tokens for mb in micro_batches])
+            targets = torch.cat([mb.targets for mb in micro_batches])
+            with autocast_context(self.precision, self.device):
+                total = self.pipeline.train_step(tokens, targets)
+        else:
+            n = len(micro_batches)
+            total = torch.zeros((), device=self.device)
+            for j, mb in enumerate(micro_batches):
+                with self._no_sync(last=j == n - 1):
+                    loss = self.forward_loss(mb.tokens, mb.targets) / n
+                    loss.backward()
+                total += loss.detach()
         if self.manual_grad_sync:
             allreduce_gradients(self.inner, self.dp_group)
         if self.dims.dp > 1:
             dist.all_reduce(total, group=self.dp_group)
             total /= self.dims.dp
-        clip = self.cfg.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.inner.parameters(), clip if clip > 0 else float("inf"),
-                                                   foreach=True)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm(self.inner.parameters(), self.cfg.optim.grad_clip, self.pp_group)
         stepped = guard(total, grad_norm) if guard is not None else True
         if stepped:
             for group in self.optimizer.param_groups:
@@ -105,17 +118,33 @@ class NativeEngine:
 
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_loss(tokens, targets)
+        if self.pipeline is not None:
+            with autocast_context(self.precision, self.device):
+                loss = self.pipeline.eval_loss(tokens, targets)
+        else:
+            loss = self.forward_loss(tokens, targets)
+        self._reshard()
         if self.dims.dp > 1:
             loss = loss.clone()
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.dims.dp
         return loss
 
+    def _reshard(self) -> None:
+        """FSDP2 keeps parameters gathered after a forward without backward (eval): free them again."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for part in self.parts:
+            for module in part.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+
     def train(self) -> None:
-        self.model.train()
+        for part in {id(m): m for m in [self.model, *self.parts]}.values():
+            part.train()
 
     def eval(self) -> None:
-        self.model.eval()
+        for part in {id(m): m for m in [self.model, *self.parts]}.values():
+            part.eval()
 
 

@@ -1,0 +1,188 @@
+"""Pipeline parallelism: split the GPT into stages by layers and run a ``torch.distributed.pipelining`` schedule.
+
+Stages. ``pp * pp_virtual_stages`` stages of ``n_layers / stages`` consecutive layers each; stage 0 also
+holds ``tok_embeddings``, the last stage ``norm`` and ``output``. Layers keep their *global* names
+(``layers.5...``), so initialisation (keyed by name) and checkpoints are identical to the single-device
+model's, and a checkpoint saved with pp=2 loads with pp=1.
+
+Placement. Looped schedules (1F1B, Interleaved1F1B, InterleavedZeroBubble) put stage ``s`` on pipeline rank
+``s % pp``; ZBVZeroBubble uses the "V" placement (rank 0 holds the first and the last stage).
+
+One pipeline rank keeps a single *local model*: a GPT pruned to the layers (and embeddings/head) of all its
+stages. That module owns the parameters (optimizer, checkpoints, gradient clipping see it). Each stage is a
+*shell*: a GPT object sharing the local model's submodules but listing only the stage's layers, so that
+``PipelineStage`` can call it. Tied embeddings across stages are not supported (validated).
+
+Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage and scales gradients by the
+number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from lmforge.config.parallelism import ParallelismConfig
+from lmforge.model.gpt import GPT, cross_entropy_loss
+
+V_SCHEDULES = ("ZBVZeroBubble",)
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+@dataclass
+class StagePlan:
+    n_stages: int
+    stage_to_rank: Dict[int, int]
+    layers: Dict[int, List[str]]  # stage index -> global layer names
+
+    def local_stages(self, pp_rank: int) -> List[int]:
+        return sorted(s for s, r in self.stage_to_rank.items() if r == pp_rank)
+
+    @property
+    def last_stage_rank(self) -> int:
+        return self.stage_to_rank[self.n_stages - 1]
+
+
+def stage_to_rank(pp: int, n_stages: int, schedule: str) -> Dict[int, int]:
+    if schedule in V_SCHEDULES:
+        mapping = {}
+        for s in range(n_stages):
+            lap, pos = divmod(s, pp)
+            mapping[s] = pos if lap % 2 == 0 else pp - 1 - pos
+        return mapping
+    return {s: s % pp for s in range(n_stages)}
+
+
+def plan_stages(n_layers: int, cfg: ParallelismConfig) -> StagePlan:
+    n_stages = cfg.pp * cfg.pp_virtual_stages
+    per = n_layers // n_stages
+    layers = {s: [str(i) for i in range(s * per, (s + 1) * per)] for s in range(n_stages)}
+    return StagePlan(n_stages, stage_to_rank(cfg.pp, n_stages, cfg.pp_schedule), layers)
+
+
+def prune_to_rank(model: GPT, plan: StagePlan, pp_rank: int) -> None:
+    """Keep only the layers (and embeddings/head) of this rank's stages, in place."""
+    stages = plan.local_stages(pp_rank)
+    keep = {name for s in stages for name in plan.layers[s]}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if 0 not in stages:
+        model.tok_embeddings = None
+    if plan.n_stages - 1 not in stages:
+        model.norm = None
+        model.output = None
+
+
+def make_shells(model: GPT, plan: StagePlan, pp_rank: int) -> List[GPT]:
+    """One GPT object per local stage, sharing ``model``'s submodules (call after TP / AC / compile)."""
+    shells = []
+    for s in plan.local_stages(pp_rank):
+        shell = GPT.__new__(GPT)
+        nn.Module.__init__(shell)
+        shell.cfg = model.cfg
+        shell.tok_embeddings = model.tok_embeddings if s == 0 else None
+        shell.layers = nn.ModuleDict({name: model.layers[name] for name in plan.layers[s]})
+        last = s == plan.n_stages - 1
+        shell.norm = model.norm if last else None
+        shell.output = model.output if last else None
+        shell.register_buffer("rope_cos", model.rope_cos, persistent=False)
+        shell.register_buffer("rope_sin", model.rope_sin, persistent=False)
+        shell.tied_output_weight = None
+        if "project_to_vocab" in model.__dict__:  # a tensor-parallel override travels with the head
+            shell.project_to_vocab = model.__dict__["project_to_vocab"].__func__.__get__(shell)
+        shell.stage_index = s
+        shells.append(shell)
+    return shells
+
+
+def share_buffers(model: GPT, shells: List[GPT]) -> None:
+    """After materialisation the local model holds fresh RoPE tables; point every shell at them."""
+    for shell in shells:
+        shell.rope_cos = model.rope_cos
+        shell.rope_sin = model.rope_sin
+
+
+def build_schedule(shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
+                   cfg: ParallelismConfig, n_microbatches: int):
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    group = pp_mesh.get_group()
+    stages = [PipelineStage(shell, shell.stage_index, plan.n_stages, device, group=group) for shell in shells]
+    cls = get_schedule_class(cfg.pp_schedule)
+    if cfg.pp_schedule in MULTI_STAGE_SCHEDULES:
+        return cls(stages, n_microbatches=n_microbatches, loss_fn=cross_entropy_loss, scale_grads=True)
+    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=cross_entropy_loss, scale_grads=True)
+
+
+class PipelineRunner:
+    """Runs one training step (the schedule) or a forward-only evaluation across the pipeline ranks."""
+
+    def __init__(self, shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
+                 cfg: ParallelismConfig, n_microbatches: int, hidden_dtype: torch.dtype, hidden_seq_divisor: int):
+        self.shells = shells
+        self.plan = plan
+        self.pp_mesh = pp_mesh
+        self.pp_rank = pp_mesh.get_local_rank()
+        self.group = pp_mesh.get_group()
+        self.device = device
+        self.n_microbatches = n_microbatches
+        self.schedule = build_schedule(shells, plan, pp_mesh, device, cfg, n_microbatches)
+        self.hidden_dtype = hidden_dtype
+        self.hidden_seq_divisor = hidden_seq_divisor  # tp under sequence parallelism: stages exchange T/tp
+
+    @property
+    def has_first(self) -> bool:
+        return self.plan.stage_to_rank[0] == self.pp_rank
+
+    @property
+    def has_last(self) -> bool:
+        return self.plan.last_stage_rank == self.pp_rank
+
+    def _global(self, pp_rank: int) -> int:
+        return dist.get_global_rank(self.group, pp_rank)
+
+    def broadcast_from_last(self, value: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(value, src=self._global(self.plan.last_stage_rank), group=self.group)
+        return value
+
+    def train_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward + backward of the whole batch; returns the mean loss (on every pipeline rank)."""
+        losses: List[torch.Tensor] = []
+        kwargs = {"target": targets, "losses": losses} if self.has_last else {}
+        args = (tokens,) if self.has_first else ()
+        self.schedule.step(*args, **kwargs)
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.has_last \
+            else torch.zeros((), device=self.device)
+        return self.broadcast_from_last(loss)
+
+    @torch.no_grad()
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
+        h: Optional[torch.Tensor] = tokens
+        by_index = {shell.stage_index: shell for shell in self.shells}
+        bsz, seqlen = tokens.shape
+        shape = (bsz, seqlen // self.hidden_seq_divisor, self.shells[0].cfg.d_model)
+        loss = torch.zeros((), device=self.device)
+        for s in range(self.plan.n_stages):
+            owner = self.plan.stage_to_rank[s]
+            if owner != self.pp_rank:
+                continue
+            if s > 0:
+                prev = self.plan.stage_to_rank[s - 1]
+                if prev != self.pp_rank:
+                    h = torch.empty(shape, dtype=self.hidden_dtype, device=self.device)
+                    dist.recv(h, src=self._global(prev), group=self.group)
+            h = by_index[s](h)
+            if s == self.plan.n_stages - 1:
+                loss = cross_entropy_loss(h, targets).float()
+            else:
+                nxt = self.plan.stage_to_rank[s + 1]
+                if nxt != self.pp_rank:
+                    dist.send(h.contiguous(), dst=self._global(nxt), group=self.group)
+        return self.broadcast_from_last(loss)

@@ -1,0 +1,97 @@
+"""Tensor parallelism (Megatron-style, on DTensor) and sequence parallelism, applied from outside the model.
+
+Per transformer block, over the ``tp`` mesh dim:
+
+- ``attention.wq/wk/wv`` and ``feed_forward.w1/w3``: column-parallel (output features sharded, ``Shard(0)``
+  of the weight), so each rank computes a slice of the heads / hidden units with no communication;
+- ``attention.wo`` and ``feed_forward.w2``: row-parallel (input features sharded, ``Shard(1)``), whose
+  partial outputs are summed by one all-reduce (or reduce-scatter under sequence parallelism).
+
+The model reads local head counts from the weight shapes (``view(..., -1, head_dim)``), so nothing inside
+``lmforge.model`` knows about TP. Outside the blocks:
+
+- ``tok_embeddings``: vocab-parallel (rows of the table sharded; each rank looks up the ids it owns and
+  one all-reduce / reduce-scatter combines them);
+- ``output``: column-parallel over the vocabulary, logits gathered to a replicated plain tensor so the loss
+  (and a pipeline stage boundary) sees ordinary tensors; every TP rank computes the identical loss. With
+  tied embeddings the model's ``project_to_vocab`` is replaced on the instance by the same computation
+  against the vocab-sharded embedding table.
+
+Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
+sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
+a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add fails, see
+shared/notes/engines.md), all-gathered before attention / the MLP and reduce-scattered after them.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+
+def block_plan(sequence_parallel: bool) -> dict:
+    """The TP plan of one transformer block (keys relative to the block)."""
+    plan = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    if sequence_parallel:
+        plan.update({
+            "attention_norm": SequenceParallel(),
+            "ffn_norm": SequenceParallel(),
+            # (x, cos, sin): gather the sequence shard of x; the RoPE tables are plain full-length tensors.
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })
+    return plan
+
+
+def outer_plan(model: nn.Module, sequence_parallel: bool) -> dict:
+    """Embedding, final norm and output; only for the modules this (pipeline stage) model holds."""
+    plan = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                 output_layouts=Shard(1) if sequence_parallel else Replicate())
+    if getattr(model, "norm", None) is not None and sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    if getattr(model, "output", None) is not None:
+        plan["output"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                         output_layouts=Replicate())
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard ``model`` (a GPT or the part of it one pipeline rank holds) over ``tp_mesh`` in place."""
+    if tp_mesh.size() == 1:
+        return
+    parallelize_module(model, tp_mesh, outer_plan(model, sequence_parallel))
+    if getattr(model, "output", None) is None and getattr(model, "tok_embeddings", None) is not None \
+            and getattr(model, "norm", None) is not None:
+        model.project_to_vocab = types.MethodType(_tied_projection(tp_mesh, sequence_parallel), model)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
+
+
+def _tied_projection(tp_mesh: DeviceMesh, sequence_parallel: bool):
+    """logits = h @ E^T with E the vocab-sharded (``Shard(0)``) embedding table; gathered, plain output."""
+
+    def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
+        if not isinstance(h, DTensor):
+            h = DTensor.from_local(h, tp_mesh, [Shard(1) if sequence_parallel else Replicate()], run_check=False)
+        h = h.redistribute(tp_mesh, [Replicate()])
+        logits = F.linear(h, self.tok_embeddings.weight)  # Shard(-1): this rank's slice of the vocabulary
+        return logits.redistribute(tp_mesh, [Replicate()]).to_local()
+
+    return project_to_vocab

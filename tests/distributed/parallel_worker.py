@@ -1,0 +1,148 @@
+"""Rank-side code of the parallel parity tests (started by tests/harness.py ``run_ranks``).
+
+Each case composes a real config (``lmforge.config.compose`` + ``validate``), builds the NativeEngine for
+its layout on the current world, and runs a few optimizer steps on fixed real-text samples through the real
+``BatchStream`` (data sharded by the data-parallel rank only). It returns per-step losses and gradient
+norms, the sample indices this rank consumed, an eval loss, and every parameter's DTensor placements and
+local/global shapes, for the test process to compare with the single-process run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+BASE = ["model=tiny", "model.seq_len=32", "comm=cpu_gloo", "train.device=cpu", "train.precision=fp32",
+        "train.micro_batch_size=2", "train.global_batch_size=8", "optim.warmup_steps=0", "optim.lr=3e-3",
+        "optim.grad_clip=0.05"]
+LR = 3e-3
+
+
+class FixedSamples:
+    """The part of a data Mixture that BatchStream reads, over a fixed list of tokenized real text."""
+
+    def __init__(self, samples: List[List[int]]):
+        self.samples = samples
+        self.sources = ["books"]
+        self.num_train_samples = len(samples)
+        self.consumed: List[int] = []
+
+    def train_sample(self, i: int) -> dict:
+        self.consumed.append(i)
+        s = self.samples[i % len(self.samples)]
+        return {"tokens": s[:-1], "labels": s[1:], "dataset_id": 0}
+
+
+def init_world() -> None:
+    from lmforge.comm.process_group import init_process_group
+    from lmforge.config.comm import CommConfig
+
+    torch.set_num_threads(1)
+    init_process_group(CommConfig(backend="gloo"), torch.device("cpu"))
+
+
+def build_config(overrides: List[str]):
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+
+    return validate(compose(BASE + list(overrides)), world_size=dist.get_world_size())
+
+
+def build_engine(cfg):
+    from lmforge.parallel.engine import NativeEngine
+    from lmforge.trainer.optim import build_optimizer
+
+    torch.manual_seed(cfg.train.seed)
+    device = torch.device("cpu")
+    return NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+
+
+def describe_params(module: torch.nn.Module) -> Dict[str, dict]:
+    from lmforge.model.init import canonical_name
+
+    out = {}
+    for name, p in module.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        out[canonical_name(name)] = {"placements": [str(x) for x in getattr(p, "placements", [])],
+                                     "mesh": list(getattr(p.device_mesh, "mesh_dim_names", None) or [])
+                                     if hasattr(p, "device_mesh") else [],
+                                     "local": list(local.shape), "global": list(p.shape)}
+    return out
+
+
+def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
+             save_to: Optional[str] = None) -> dict:
+    from lmforge.config.validate import check_batch
+    from lmforge.data.loader import BatchStream
+
+    cfg = build_config(overrides)
+    engine = build_engine(cfg)
+    if not grad_sync:  # negative control: no DDP wrapper and no manual all-reduce
+        assert not cfg.parallelism.overlap_grad_reduce and engine.manual_grad_sync
+        engine.manual_grad_sync = False
+    data = FixedSamples(samples)
+    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
+    losses, norms = [], []
+    engine.train()
+    for _ in range(steps):
+        result = engine.train_step(stream.step_batches(), LR)
+        losses.append(float(result.loss))
+        norms.append(float(result.grad_norm))
+    engine.eval()
+    held_out = torch.tensor(samples[-4:])
+    eval_loss = float(engine.eval_loss(held_out[:, :-1], held_out[:, 1:]))
+    engine.train()
+    out = {"losses": losses, "grad_norms": norms, "consumed": data.consumed, "eval_loss": eval_loss,
+           "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
+           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")}}
+    if save_to:
+        from lmforge.checkpoint.manager import CheckpointManager
+        from lmforge.config.checkpoint import CheckpointConfig
+
+        CheckpointManager(Path(save_to), CheckpointConfig()).save(steps, engine.inner, engine.optimizer,
+                                                                  {"world_size": dist.get_world_size()})
+    dist.barrier()
+    return out
+
+
+def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> Dict[str, dict]:
+    """Several layouts, one after another, in one launch (each builds its own mesh on the same world)."""
+    init_world()
+    return {name: run_case(samples=samples, steps=steps, **case) for name, case in cases.items()}
+
+
+def resume_case(overrides: List[str], samples: List[List[int]], steps: int, checkpoint: str) -> dict:
+    """Load a checkpoint saved under another layout and run one more step; return its loss."""
+    from lmforge.checkpoint.layout import latest
+    from lmforge.checkpoint.manager import CheckpointManager
+    from lmforge.config.checkpoint import CheckpointConfig
+    from lmforge.config.validate import check_batch
+    from lmforge.data.loader import BatchStream
+
+    cfg = build_config(overrides)
+    engine = build_engine(cfg)
+    manager = CheckpointManager(Path(checkpoint), CheckpointConfig())
+    manager.load(latest(Path(checkpoint)), engine.inner, engine.optimizer)
+    data = FixedSamples(samples)
+    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
+    stream.state.consumed_samples = steps * cfg.train.global_batch_size
+    result = engine.train_step(stream.step_batches(), LR)
+    return {"loss": float(result.loss), "grad_norm": float(result.grad_norm), "consumed": data.consumed}
+
+
+def resume_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int, checkpoint: str) -> Dict[str, dict]:
+    init_world()
+    out = {}
+    for name, case in cases.items():
+        out[name] = resume_case(samples=samples, steps=steps, checkpoint=checkpoint, **case)
+        dist.barrier()
+    return out
+
+
+def train_entry(argv: List[str]) -> int:
+    """``python -m lmforge.train ARGV`` inside this rank (the harness set RANK/WORLD_SIZE/MASTER_*)."""
+    from lmforge.train import main
+
+    return main(argv)

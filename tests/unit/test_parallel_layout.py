@@ -1,0 +1,69 @@
+"""Single-process checks of the parallel layout: validation messages and the pipeline stage plan."""
+from __future__ import annotations
+
+import pytest
+
+from lmforge.config.compose import compose
+from lmforge.config.errors import ConfigError
+from lmforge.config.validate import validate
+from lmforge.parallel.pipeline import plan_stages
+
+TINY = ["model=tiny", "model.seq_len=32", "train.micro_batch_size=2", "train.global_batch_size=8"]
+
+
+def check(overrides, world_size):
+    return validate(compose(TINY + overrides), world_size=world_size)
+
+
+@pytest.mark.parametrize("preset,world", [("single", 1), ("ddp", 2), ("fsdp", 2), ("fsdp_zero2", 2), ("tp2", 2),
+                                          ("tp2_sp", 2), ("pp2", 2), ("pp2_interleaved", 2), ("pp2_zb", 2),
+                                          ("tp2_dp2", 4), ("pp2_dp2", 4), ("tp2_pp2", 4), ("hsdp", 4)])
+def test_every_preset_validates_for_its_world_size(preset, world):
+    cfg = check([f"parallelism={preset}"], world)
+    p = cfg.parallelism
+    assert p.dp_replicate * p.dp_shard * p.tp * p.pp == world
+
+
+def test_3d_preset_needs_eight_ranks():
+    cfg = validate(compose(["model=tiny", "train.micro_batch_size=1", "train.global_batch_size=8",
+                            "parallelism=3d"]), world_size=8)
+    assert (cfg.parallelism.pp, cfg.parallelism.dp_shard, cfg.parallelism.tp) == (2, 2, 2)
+    with pytest.raises(ConfigError, match=r"= 8 but the job has world size 4"):
+        validate(compose(["model=tiny", "parallelism=3d"]), world_size=4)
+
+
+@pytest.mark.parametrize("overrides,key,text", [
+    (["parallelism=pp2", "model.tie_embeddings=true"], "model.tie_embeddings",
+     "tied input/output embeddings would live on the first and the last pipeline stage"),
+    (["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble"], "parallelism.pp_virtual_stages",
+     "ZBVZeroBubble runs exactly 2 stages per rank, got 1"),
+    (["parallelism=pp2", "parallelism.pp_microbatches=3"], "parallelism.pp_microbatches",
+     "8 sequences per data-parallel rank and step (micro_batch_size x grad_accum) do not split into 3 pipeline "
+     "microbatches"),
+    (["parallelism=pp2", "parallelism.pp_virtual_stages=2"], "parallelism.pp_virtual_stages",
+     "1F1B runs one stage per rank"),
+    (["parallelism=pp2_zb", "parallelism.compile=true"], "parallelism.compile",
+     "InterleavedZeroBubble splits backward into input and weight parts"),
+    (["parallelism=tp2", "model.n_kv_heads=1"], "parallelism.tp",
+     "n_heads (4) and n_kv_heads (1) must both be divisible by tp (2)"),
+])
+def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
+    with pytest.raises(ConfigError) as err:
+        check(overrides, 2)
+    assert err.value.key == key
+    assert text in str(err.value)
+    assert err.value.fix
+
+
+@pytest.mark.parametrize("schedule,virtual,expected", [
+    ("1F1B", 1, {0: ["0", "1"], 1: ["2", "3"]}),
+    ("Interleaved1F1B", 2, {0: ["0", "2"], 1: ["1", "3"]}),
+    ("ZBVZeroBubble", 2, {0: ["0", "3"], 1: ["1", "2"]}),
+])
+def test_stage_plan_keeps_global_layer_names(schedule, virtual, expected):
+    cfg = check([f"parallelism.pp=2", f"parallelism.pp_schedule={schedule}",
+                 f"parallelism.pp_virtual_stages={virtual}"], 2)
+    plan = plan_stages(4, cfg.parallelism)
+    for rank, layers in expected.items():
+        assert [name for s in plan.local_stages(rank) for name in plan.layers[s]] == layers
+    assert plan.stage_to_rank[0] == 0
