@@ -2,6 +2,8 @@
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
     lmforge data    prepare|train-tokenizer ...
+    lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
+    lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
 """
 from __future__ import annotations
 
@@ -21,9 +23,23 @@ def _data(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _sweep(argv: Sequence[str]) -> int:
+    from lmforge.scaling.cli import sweep_main
+
+    return sweep_main(list(argv))
+
+
+def _scaling(argv: Sequence[str]) -> int:
+    from lmforge.scaling.cli import scaling_main
+
+    return scaling_main(list(argv))
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
+    "sweep": _sweep,
+    "scaling": _scaling,
 }
 
 
