@@ -236,14 +236,27 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
 
 
 def validate_points(sweep: Sweep) -> None:
-    """Compose and validate every point's overrides exactly as ``lmforge train`` would (no compute)."""
+    """Compose and validate every point's config as ``lmforge train`` would (no compute).
+
+    The common overrides are composed by Hydra once; each point's own overrides are plain ``key=value``
+    assignments and are merged onto that, which is what Hydra's command-line override does for them.
+    """
+    from omegaconf import OmegaConf
+
     from lmforge.config.compose import compose
     from lmforge.config.errors import ConfigError
     from lmforge.config.validate import validate
 
+    try:
+        base = compose(sweep.common_overrides)
+    except Exception as e:  # noqa: BLE001  Hydra's own override errors
+        raise ScalingError(f"sweep '{sweep.name}'", f"its common overrides do not compose ({e})",
+                           "fix the preset's overrides or the ones after --") from None
     for p in sweep.points:
+        own = [o for o in p.overrides if o not in sweep.common_overrides]
+        cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(own))
         try:
-            validate(compose(p.overrides), world_size=sweep.rules.get("dp", 1))
+            validate(cfg, world_size=sweep.rules.get("dp", 1))
         except ConfigError as e:
             raise ScalingError(f"point {p.id}", f"its config is invalid ({e})", "fix the family/rules or the extra overrides") from None
 
