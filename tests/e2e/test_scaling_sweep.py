@@ -75,7 +75,7 @@ def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch
         assert abs(float(r["flops_error"])) < 0.05
         assert float(r["final_val_loss"]) == pytest.approx(float(r["val/books/loss"]))
 
-    rc = lmforge(["scaling", "fit", str(sweep_dir), "--targets", "1e11,1e12", "--bootstrap", "8", "--wandb", "offline"])
+    rc = lmforge(["scaling", "fit", str(sweep_dir), "--targets", "1e11,1e12", "--bootstrap", "4", "--wandb", "offline"])
     out = capsys.readouterr().out
     fit = json.loads((sweep_dir / "fit" / "fit.json").read_text())
     assert fit["approach3"] is not None and fit["approach3"]["alpha"] >= 0 and fit["approach3"]["E"] > 0
@@ -90,6 +90,12 @@ def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch
     for name in ("isoflop", "frontier", "residuals"):
         png = sweep_dir / "fit" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    wandb_files = list((sweep_dir / "fit" / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(wandb_files) == 1 and wandb_files[0].stat().st_size > 10_000
+    # W&B (offline): the plots as images and the runs/predictions as tables, in one run of the sweep's group.
+    (wandb_run,) = list((sweep_dir / "fit" / "wandb").glob("offline-run-*"))
+    media = wandb_run / "files" / "media"
+    assert sorted(p.name.split("_")[0] for p in (media / "images" / "scaling").glob("*.png")) == [
+        "frontier", "isoflop", "residuals"]
+    (points,) = list((media / "table" / "scaling").glob("points_*.table.json"))
+    table = json.loads(points.read_text())
+    assert table["columns"] == ["id", "budget", "N", "D", "loss"] and len(table["data"]) == 10
     print(out)

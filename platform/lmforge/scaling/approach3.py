@@ -6,7 +6,7 @@ Huber loss (delta = 1e-3) between the predicted and observed *log* loss,
     min_{a, b, e, alpha, beta}  sum_i Huber_delta( LSE(a - alpha ln N_i, b - beta ln D_i, e) - ln L_i ),
     A = exp(a), B = exp(b), E = exp(e),
 
-with L-BFGS started from a grid of initialisations (alpha, beta in {0, 0.5, ..., 2}, e in {-1, -0.5, ..., 1},
+with L-BFGS (alpha, beta >= 0) started from a grid of initialisations (alpha, beta in {0, 0.5, ..., 2}, e in {-1, -0.5, ..., 1},
 a, b in {0, 5, ..., 25}). The objective is evaluated on the whole grid at once and L-BFGS is run from the
 ``top_k`` best grid points (all of them with ``top_k=None``); the best optimum wins. The LSE form keeps every
 term positive and the gradient is exact, which avoids the precision problems the replication reports.
@@ -30,6 +30,8 @@ GRID = dict(
     a=np.arange(0.0, 25.1, 5.0), b=np.arange(0.0, 25.1, 5.0),
 )
 MIN_POINTS = 6  # five free parameters
+# alpha, beta >= 0: loss does not grow with more parameters or data (a, b, e are free).
+BOUNDS = [(None, None), (None, None), (None, None), (0.0, None), (0.0, None)]
 
 
 @dataclass
@@ -78,6 +80,27 @@ def _objective(theta, ln_n, ln_d, y, delta):
     return val.sum(-1), grad
 
 
+def _objective_one(theta, ln_n, ln_d, y, delta):
+    """The same objective and gradient for one parameter vector (the L-BFGS inner loop), without stacking."""
+    a, b, e, al, be = theta
+    t1 = a - al * ln_n
+    t2 = b - be * ln_d
+    m = np.maximum(np.maximum(t1, t2), e)
+    w1, w2, w3 = np.exp(t1 - m), np.exp(t2 - m), np.exp(e - m)
+    s = w1 + w2 + w3
+    r = m + np.log(s) - y
+    if delta is None:
+        val, dh = 0.5 * r * r, r
+    else:
+        small = np.abs(r) <= delta
+        val = np.where(small, 0.5 * r * r, delta * (np.abs(r) - 0.5 * delta))
+        dh = np.where(small, r, delta * np.sign(r))
+    dh = dh / s
+    g1, g2 = dh * w1, dh * w2
+    grad = np.array([g1.sum(), g2.sum(), (dh * w3).sum(), -(g1 * ln_n).sum(), -(g2 * ln_d).sum()])
+    return float(val.sum()), grad
+
+
 def init_grid() -> np.ndarray:
     rows = itertools.product(GRID["a"], GRID["b"], GRID["e"], GRID["alpha"], GRID["beta"])
     return np.array(list(rows), dtype=float)
@@ -98,12 +121,11 @@ def fit_approach3(obs: Observations, delta: Optional[float] = HUBER_DELTA, top_k
         starts = np.concatenate([np.asarray(extra_inits, dtype=float).reshape(-1, 5), starts])
 
     def fun(theta):
-        v, g = _objective(theta, ln_n, ln_d, y, delta)
-        return float(v), g
+        return _objective_one(theta, ln_n, ln_d, y, delta)
 
     best = None
     for x0 in starts:
-        res = minimize(fun, x0, jac=True, method="L-BFGS-B",
+        res = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=BOUNDS,
                        options={"maxiter": maxiter, "ftol": 1e-15, "gtol": 1e-12})
         if best is None or res.fun < best.fun:
             best = res

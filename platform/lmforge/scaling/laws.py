@@ -44,6 +44,13 @@ class Law:
 
     def optimal(self, c):
         """(N_opt, D_opt, L_opt) for budgets ``c`` under C = 6 N D."""
+        if not (self.alpha > 0 and self.beta > 0 and self.A > 0 and self.B > 0):
+            from lmforge.scaling.errors import ScalingError
+
+            raise ScalingError(
+                "Approach 3", f"the fitted law (alpha={self.alpha:.3g}, beta={self.beta:.3g}) does not decrease in both "
+                "N and D, so it has no compute-optimal allocation",
+                "the runs do not constrain the law: add budgets/sizes, or check the residual plot for bad runs")
         c = np.asarray(c, dtype=float)
         n = self.G * (c / 6.0) ** self.a
         d = (c / 6.0) ** self.b / self.G

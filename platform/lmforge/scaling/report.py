@@ -30,6 +30,7 @@ class FitReport:
     approach2: Optional[Approach2Fit] = None
     approach3: Optional[Approach3Fit] = None
     errors: Dict[str, str] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
     bootstrap: Dict[str, dict] = field(default_factory=dict)
     predictions: List[dict] = field(default_factory=list)
     plots: Dict[str, str] = field(default_factory=dict)
@@ -38,7 +39,7 @@ class FitReport:
         return {"points": self.points, "budgets": self.budgets, "targets": self.targets,
                 "approach2": self.approach2.as_dict() if self.approach2 else None,
                 "approach3": self.approach3.as_dict() if self.approach3 else None,
-                "errors": self.errors, "bootstrap": self.bootstrap, "predictions": self.predictions,
+                "errors": self.errors, "warnings": self.warnings, "bootstrap": self.bootstrap, "predictions": self.predictions,
                 "plots": self.plots}
 
 
@@ -54,8 +55,12 @@ def predictions(report: FitReport) -> List[dict]:
             if ci:
                 row["ci"] = ci
             rows.append(row)
-        if report.approach3 is not None:
-            n, d, loss = report.approach3.law.optimal(c)
+        if report.approach3 is not None and "3" not in report.errors:
+            try:
+                n, d, loss = report.approach3.law.optimal(c)
+            except ScalingError as e:
+                report.errors["3"] = str(e)
+                continue
             row = {"approach": "3", "budget": c, "n_opt": float(n), "d_opt": float(d), "loss_opt": float(loss)}
             ci = report.bootstrap.get("3", {}).get("predictions", {}).get(key)
             if ci:
@@ -72,18 +77,23 @@ def fit_all(obs: Observations, targets: Sequence[float] = (), approaches: Sequen
     if "2" in approaches:
         try:
             report.approach2 = fit_approach2(obs)
-            if replicates:
-                report.bootstrap["2"] = bootstrap(obs, "2", replicates, targets, level, seed).as_dict()
         except ScalingError as e:
             report.errors["2"] = str(e)
     if "3" in approaches:
         try:
             report.approach3 = fit_approach3(obs, delta=delta)
-            if replicates:
-                report.bootstrap["3"] = bootstrap(obs, "3", replicates, targets, level, seed,
-                                                  point_law=report.approach3.law, delta=delta).as_dict()
         except ScalingError as e:
             report.errors["3"] = str(e)
+    if replicates:  # a failed bootstrap leaves the point estimates standing; it is reported as a warning
+        for approach, fit in (("2", report.approach2), ("3", report.approach3)):
+            if fit is None:
+                continue
+            try:
+                law = report.approach3.law if approach == "3" else None
+                report.bootstrap[approach] = bootstrap(obs, approach, replicates, targets, level, seed,
+                                                       point_law=law, delta=delta).as_dict()
+            except ScalingError as e:
+                report.warnings.append(f"no intervals for Approach {approach}: {e}")
     report.predictions = predictions(report)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -109,6 +119,8 @@ def summary_text(report: FitReport) -> str:
                      f"+ {law.B:.4g}/D^{law.beta:.3f}{ci('3', 'beta')};  a = {law.a:.3f}{ci('3', 'a')}")
     for approach, err in report.errors.items():
         lines.append(f"Approach {approach} FAILED: {err}")
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
     for row in report.predictions:
         extra = ""
         if "ci" in row:
