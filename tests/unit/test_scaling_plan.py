@@ -89,7 +89,7 @@ def test_every_point_composes_and_shares_one_validation_set(tmp_path):
     assert (out / "overrides.txt").read_text().count("\n") == len(sweep.points)
 
 
-def test_run_commands_cover_only_unfinished_points(tmp_path):
+def test_run_commands_cover_only_unfinished_points(tmp_path, capsys):
     fam = ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1, max_layers=4,
                       vocab_size=512, seq_len=64, ffn_multiple_of=8)
     sweep = plan("cmd", [1e10], fam, Rules(tpp_min=0.5, tpp_max=100), str(tmp_path))
@@ -111,6 +111,15 @@ def test_run_commands_cover_only_unfinished_points(tmp_path):
     assert "hydra.launcher.partition=gpu" in hyd and "hydra.sweep.subdir=${run.sweep_point}" in hyd
     arr = slurm_array_command(sweep, out, tmp_path / "sweep_array.sh")
     assert arr[1] == "--array=0,2,3,4" and arr[-1] == str(out / "sweep.json")
+    # The same through the registered CLI verbs.
+    from lmforge.cli import main as lmforge
+
+    capsys.readouterr()
+    assert lmforge(["sweep", "run", str(out), "--launcher", "slurm-array", "--dry-run"]) == 0
+    assert "sbatch --array=0,2,3,4 --job-name=sweep-cmd slurm/sweep_array.sh" in capsys.readouterr().out
+    assert lmforge(["sweep", "status", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert "1 done, 1 failed, 0 started, 3 pending" in report and f"FAILED {failed.id}: RuntimeError: boom" in report
 
 
 def test_plan_errors_name_the_budget_and_the_fix(tmp_path):
