@@ -256,7 +256,12 @@ def validate_points(sweep: Sweep) -> None:
         own = [o for o in p.overrides if o not in sweep.common_overrides]
         cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(own))
         try:
-            validate(cfg, world_size=sweep.rules.get("dp", 1))
+            typed = validate(cfg)
+            dp = typed.parallelism.dp_replicate * typed.parallelism.dp_shard
+            if dp != sweep.rules.get("dp", 1):
+                raise ConfigError("parallelism", f"data-parallel size {dp} differs from the plan's rules.dp "
+                                  f"{sweep.rules.get('dp', 1)} (the batch rule and the validation set assume it)",
+                                  "set rules.dp to the data-parallel size, or pass matching parallelism overrides")
         except ConfigError as e:
             raise ScalingError(f"point {p.id}", f"its config is invalid ({e})", "fix the family/rules or the extra overrides") from None
 
