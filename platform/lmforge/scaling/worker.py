@@ -37,7 +37,8 @@ def tag_record(sweep: Sweep, p: Point) -> dict:
 
 def run_point(sweep: Sweep, p: Point) -> bool:
     from lmforge.config.compose import compose
-    from lmforge.train import run
+    from lmforge.config.validate import validate
+    from lmforge.trainer.trainer import Trainer
 
     paths = RunPaths(Path(p.run_dir))
     if paths.done_marker.exists():
@@ -50,7 +51,7 @@ def run_point(sweep: Sweep, p: Point) -> bool:
     print(f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
           flush=True)
     try:
-        run(compose(p.overrides), Path(p.run_dir))
+        Trainer(validate(compose(p.overrides)), Path(p.run_dir)).fit()  # what `lmforge train` does
     except Exception:  # noqa: BLE001  one point's failure must not stop the sweep; SystemExit (preemption) passes
         failure_path(paths).write_text(traceback.format_exc())
         print(f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}", file=sys.stderr,
