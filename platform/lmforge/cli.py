@@ -6,6 +6,8 @@
     lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
     lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
     lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
+    lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
+    lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
 """
 from __future__ import annotations
 
@@ -41,6 +43,16 @@ def _plan(argv: Sequence[str]) -> int:
     from lmforge.parallel.plan_cli import main
 
     return main(list(argv))
+def _sweep(argv: Sequence[str]) -> int:
+    from lmforge.scaling.cli import sweep_main
+
+    return sweep_main(list(argv))
+
+
+def _scaling(argv: Sequence[str]) -> int:
+    from lmforge.scaling.cli import scaling_main
+
+    return scaling_main(list(argv))
 
 
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
@@ -50,6 +62,8 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "import": _import,
     "comm": _comm,
     "plan": _plan,
+    "sweep": _sweep,
+    "scaling": _scaling,
 }
 
 

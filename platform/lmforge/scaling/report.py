@@ -1,0 +1,163 @@
+"""``lmforge scaling fit``: both approaches, bootstrap intervals, predictions for target budgets, plots, W&B.
+
+Each approach is fitted independently: when one fails (e.g. a budget without an interior minimum), its
+error is printed and stored in fit.json, the other's results and every plot that can be drawn are still
+written, and the exit status is 1.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from lmforge.scaling.approach2 import Approach2Fit, fit_approach2
+from lmforge.scaling.approach3 import HUBER_DELTA, Approach3Fit, fit_approach3
+from lmforge.scaling.bootstrap import bootstrap
+from lmforge.scaling.data import Observations
+from lmforge.scaling.errors import ScalingError
+from lmforge.scaling.plots import make_plots
+
+FIT_FILE = "fit.json"
+
+
+@dataclass
+class FitReport:
+    points: int
+    budgets: List[float]
+    targets: List[float]
+    approach2: Optional[Approach2Fit] = None
+    approach3: Optional[Approach3Fit] = None
+    errors: Dict[str, str] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
+    bootstrap: Dict[str, dict] = field(default_factory=dict)
+    predictions: List[dict] = field(default_factory=list)
+    plots: Dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"points": self.points, "budgets": self.budgets, "targets": self.targets,
+                "approach2": self.approach2.as_dict() if self.approach2 else None,
+                "approach3": self.approach3.as_dict() if self.approach3 else None,
+                "errors": self.errors, "warnings": self.warnings, "bootstrap": self.bootstrap, "predictions": self.predictions,
+                "plots": self.plots}
+
+
+def predictions(report: FitReport) -> List[dict]:
+    rows = []
+    for c in report.targets:
+        key = f"{c:.6g}"
+        if report.approach2 is not None:
+            f2 = report.approach2
+            row = {"approach": "2", "budget": c, "n_opt": float(f2.n_law(c)), "d_opt": float(f2.d_law(c)),
+                   "loss_opt": float(f2.loss_law(c)) if f2.loss_law else math.nan}
+            ci = report.bootstrap.get("2", {}).get("predictions", {}).get(key)
+            if ci:
+                row["ci"] = ci
+            rows.append(row)
+        if report.approach3 is not None and "3" not in report.errors:
+            try:
+                n, d, loss = report.approach3.law.optimal(c)
+            except ScalingError as e:
+                report.errors["3"] = str(e)
+                continue
+            row = {"approach": "3", "budget": c, "n_opt": float(n), "d_opt": float(d), "loss_opt": float(loss)}
+            ci = report.bootstrap.get("3", {}).get("predictions", {}).get(key)
+            if ci:
+                row["ci"] = ci
+            rows.append(row)
+    return rows
+
+
+def fit_all(obs: Observations, targets: Sequence[float] = (), approaches: Sequence[str] = ("2", "3"),
+            replicates: int = 0, level: float = 0.95, seed: int = 0, delta: Optional[float] = HUBER_DELTA,
+            out_dir: Optional[Path] = None) -> FitReport:
+    obs.check()
+    report = FitReport(len(obs), obs.budgets(), [float(t) for t in targets])
+    if "2" in approaches:
+        try:
+            report.approach2 = fit_approach2(obs)
+        except ScalingError as e:
+            report.errors["2"] = str(e)
+    if "3" in approaches:
+        try:
+            report.approach3 = fit_approach3(obs, delta=delta)
+        except ScalingError as e:
+            report.errors["3"] = str(e)
+    if replicates:  # a failed bootstrap leaves the point estimates standing; it is reported as a warning
+        for approach, fit in (("2", report.approach2), ("3", report.approach3)):
+            if fit is None:
+                continue
+            try:
+                law = report.approach3.law if approach == "3" else None
+                report.bootstrap[approach] = bootstrap(obs, approach, replicates, targets, level, seed,
+                                                       point_law=law, delta=delta).as_dict()
+            except ScalingError as e:
+                report.warnings.append(f"no intervals for Approach {approach}: {e}")
+    report.predictions = predictions(report)
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        report.plots = {k: str(v) for k, v in make_plots(obs, report.approach2, report.approach3, targets, out_dir).items()}
+        (out_dir / FIT_FILE).write_text(json.dumps(report.as_dict(), indent=1, default=float))
+    return report
+
+
+def summary_text(report: FitReport) -> str:
+    lines = [f"{report.points} runs at {len(report.budgets)} budget(s): {', '.join(f'{b:.3g}' for b in report.budgets)}"]
+
+    def ci(approach: str, name: str) -> str:
+        iv = report.bootstrap.get(approach, {}).get("params", {}).get(name)
+        return f" [{iv['low']:.3g}, {iv['high']:.3g}]" if iv else ""
+
+    if report.approach2:
+        f2 = report.approach2
+        lines.append(f"Approach 2: N* = {f2.n_law.k:.3g} C^{f2.n_law.exponent:.3f}{ci('2', 'a')}, "
+                     f"D* = {f2.d_law.k:.3g} C^{f2.d_law.exponent:.3f}{ci('2', 'b')}")
+    if report.approach3:
+        law = report.approach3.law
+        lines.append(f"Approach 3: L = {law.E:.3f}{ci('3', 'E')} + {law.A:.4g}/N^{law.alpha:.3f}{ci('3', 'alpha')} "
+                     f"+ {law.B:.4g}/D^{law.beta:.3f}{ci('3', 'beta')};  a = {law.a:.3f}{ci('3', 'a')}")
+    for approach, err in report.errors.items():
+        lines.append(f"Approach {approach} FAILED: {err}")
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
+    for row in report.predictions:
+        extra = ""
+        if "ci" in row:
+            extra = f" (N* {row['ci']['n_opt']['low']:.3g}..{row['ci']['n_opt']['high']:.3g})"
+        lines.append(f"  C={row['budget']:.3g} [A{row['approach']}]: N*={row['n_opt']:.4g} D*={row['d_opt']:.4g} "
+                     f"L*={row['loss_opt']:.4f}{extra}")
+    for k, v in report.plots.items():
+        lines.append(f"  plot {k}: {v}")
+    return "\n".join(lines)
+
+
+def log_to_wandb(report: FitReport, obs: Observations, mode: str, project: str, group: Optional[str],
+                 run_dir: Path) -> Optional[str]:
+    """Log plots as images and the runs/predictions as tables to one W&B run of job_type 'scaling-fit'."""
+    if mode == "disabled":
+        return None
+    import wandb
+
+    run = wandb.init(project=project, group=group, job_type="scaling-fit", mode=mode, dir=str(run_dir),
+                     config={"targets": report.targets, "budgets": report.budgets},
+                     settings=wandb.Settings(x_disable_stats=True))
+    try:
+        points = wandb.Table(columns=["id", "budget", "N", "D", "loss"],
+                             data=[[i, float(c), float(n), float(d), float(loss)]
+                                   for i, c, n, d, loss in zip(obs.ids, obs.budget, obs.n, obs.d, obs.loss)])
+        preds = wandb.Table(columns=["approach", "budget", "n_opt", "d_opt", "loss_opt"],
+                            data=[[r["approach"], r["budget"], r["n_opt"], r["d_opt"], r["loss_opt"]]
+                                  for r in report.predictions])
+        payload = {"scaling/points": points, "scaling/predictions": preds}
+        payload.update({f"scaling/{k}": wandb.Image(v) for k, v in report.plots.items()})
+        run.log(payload)
+        if report.approach3:
+            run.summary.update({f"approach3/{k}": v for k, v in report.approach3.as_dict().items()
+                                if isinstance(v, (int, float))})
+        if report.approach2:
+            run.summary.update({f"approach2/{k}": v for k, v in report.approach2.as_dict().items()
+                                if isinstance(v, (int, float))})
+        return run.dir
+    finally:
+        run.finish()

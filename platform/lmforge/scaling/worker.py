@@ -1,0 +1,83 @@
+"""Run sweep points one after another in this process (imports, tokenizer and data cache paid once).
+
+    python -m lmforge.scaling.worker SWEEP_FILE [--points ID,ID,...]     # local launcher
+    python -m lmforge.scaling.worker SWEEP_FILE --index $SLURM_ARRAY_TASK_ID   # one point per array task
+
+For each point: skip it when its run directory holds the DONE marker; otherwise append a ``sweep_point``
+event (budget, N, D, ...) to the run's metrics.jsonl, compose the point's overrides exactly as ``lmforge train``
+would, and train. A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and the next point
+runs; a preemption (exit 42) stops the worker so Slurm can requeue it. Exit status: 0 if every point finished,
+1 if any failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from lmforge.runtime.rundir import RunPaths
+from lmforge.scaling.plan import Point, Sweep, load_sweep
+
+FAILURE_FILE = "sweep-failure.txt"
+
+
+def failure_path(paths: RunPaths) -> Path:
+    return paths.logs / FAILURE_FILE
+
+
+def tag_record(sweep: Sweep, p: Point) -> dict:
+    return {"kind": "event", "event": "sweep_point", "time": time.time(), "sweep": sweep.name, "point": p.id,
+            "budget": p.budget, "n_params": p.n_params, "n_flops": p.n_flops, "tokens": p.tokens,
+            "flops_per_token": p.flops_per_token, "planned_flops": p.planned_flops}
+
+
+def run_point(sweep: Sweep, p: Point) -> bool:
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.trainer.trainer import Trainer
+
+    paths = RunPaths(Path(p.run_dir))
+    if paths.done_marker.exists():
+        print(f"[sweep] {p.id}: already done", flush=True)
+        return True
+    paths.make()
+    failure_path(paths).unlink(missing_ok=True)
+    with open(paths.metrics, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(tag_record(sweep, p), sort_keys=True) + "\n")
+    print(f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
+          flush=True)
+    try:
+        Trainer(validate(compose(p.overrides)), Path(p.run_dir)).fit()  # what `lmforge train` does
+    except Exception:  # noqa: BLE001  one point's failure must not stop the sweep; SystemExit (preemption) passes
+        failure_path(paths).write_text(traceback.format_exc())
+        print(f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}", file=sys.stderr,
+              flush=True)
+        return False
+    return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lmforge.scaling.worker", description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", type=Path)
+    ap.add_argument("--points", default="", help="comma-separated point ids (default: every point)")
+    ap.add_argument("--index", type=int, default=None, help="run only the point at this index (Slurm array task)")
+    args = ap.parse_args(argv)
+    sweep = load_sweep(args.sweep)
+    if args.index is not None:
+        points: List[Point] = [sweep.points[args.index]]
+    elif args.points:
+        points = [sweep.point(pid) for pid in args.points.split(",") if pid]
+    else:
+        points = list(sweep.points)
+    failed = [p.id for p in points if not run_point(sweep, p)]
+    if failed:
+        print(f"[sweep] failed points: {', '.join(failed)}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
