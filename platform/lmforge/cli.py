@@ -2,6 +2,7 @@
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
     lmforge data    prepare|train-tokenizer ...
+    lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
 """
 from __future__ import annotations
 
@@ -21,9 +22,16 @@ def _data(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _launch(argv: Sequence[str]) -> int:
+    from lmforge.launch.cli import main
+
+    return main(list(argv))
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
+    "launch": _launch,
 }
 
 
