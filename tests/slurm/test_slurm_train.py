@@ -1,0 +1,150 @@
+"""slurm/train.sh on a real 3-node Slurm cluster: parity with a local run, in-job restarts, preemption
+requeue, hang watchdog, node failure. Each job is one tiny 2-node x 1-task data-parallel run (model=tiny,
+30 steps); several checks share a job to keep the number of torchrun launches small.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MAX_STEPS, REPO, TRAIN_OVERRIDES, events, train_losses
+
+pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
+
+
+def submit(cluster, tmp: Path, name: str, overrides, env, sbatch=()):
+    root = tmp / name
+    root.mkdir(parents=True, exist_ok=True)
+    args = ["--nodes=2", f"--job-name={name}", "-o", f"{root}/job-%j.out", "-e", f"{root}/job-%j.err", *sbatch,
+            str(REPO / "slurm" / "train.sh"), *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
+    job = cluster.sbatch(args, cwd=root, env=env)
+    return job, root, root / "runs" / f"slurm-{job}"
+
+
+def logs(root: Path, job: str) -> str:
+    out = root / f"job-{job}.out"
+    err = root / f"job-{job}.err"
+    return (out.read_text(errors="replace") if out.exists() else "") + "\n--- stderr ---\n" + \
+        (err.read_text(errors="replace") if err.exists() else "")
+
+
+def wait_completed(cluster, job: str, root: Path, timeout: float, restarts: int = 0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            info = cluster.wait_state(job, {"COMPLETED"}, timeout=max(1.0, deadline - time.monotonic()))
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{logs(root, job)[-6000:]}") from None
+        if int(info.get("Restarts", "0")) >= restarts:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} completed with Restarts={info.get('Restarts')}, expected {restarts}")
+        time.sleep(0.5)
+
+
+def wait_for(path: Path, timeout: float, what: str, root: Path, job: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not appear ({path}) within {timeout}s\n{logs(root, job)[-4000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
+    """Jobs A (kill + hang drills) and B (preemption) run side by side: they overlap their restart waits."""
+    tmp = tmp_path_factory.mktemp("jobs")
+    a = submit(slurm_cluster, tmp, "faults", [
+        "fault.watchdog_timeout_s=8", "fault.drill.kill_step=14", "fault.drill.kill_rank=1",
+        "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_attempt=1", "fault.drill.hang_s=120",
+    ], job_env)
+    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env)
+    return {"faults": a, "preempt": b}
+
+
+@pytest.mark.timeout(420)
+def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cluster, concurrent_jobs, local_reference):
+    job, root, run_dir = concurrent_jobs["faults"]
+    info = wait_completed(slurm_cluster, job, root, timeout=360)
+    text = logs(root, job)
+
+    # Head node address: the first node of the allocation, by its own address, never loopback.
+    first = slurm_cluster.client(["scontrol", "show", "hostnames", info["NodeList"]]).stdout.split()[0]
+    m = re.search(r"MASTER_ADDR=(\S+)", text)
+    assert m and m.group(1) == slurm_cluster.addr[first], text[-3000:]
+    assert not m.group(1).startswith("127.") and m.group(1) != "localhost"
+    hosts = {json.loads(p.read_text())["host"] for p in (run_dir / "heartbeats").glob("rank*.json")}
+    assert len(hosts) == 2 and first in hosts, hosts  # one rank per node, each with its node's own hostname
+
+    # SIGKILL of rank 1 after step 14 -> torchrun restarted the group, resumed from the step-10 checkpoint.
+    assert "resumed from step 10" in text, text[-4000:]
+    # Rank 0 withheld its collective after step 24: rank 1's watchdog dumped its stacks, inside the collective.
+    dumps = sorted((run_dir / "dumps").glob("watchdog-rank1-*.txt"))
+    assert dumps, f"no watchdog dump in {run_dir / 'dumps'}\n{text[-4000:]}"
+    stack = dumps[0].read_text()
+    assert "distributed_c10d.py" in stack and re.search(r"all_reduce|all_gather", stack), stack
+    assert "resumed from step 20" in text, text[-4000:]
+
+    ev = events(run_dir)
+    kinds = [e["event"] for e in ev]
+    watchdog = [e for e in ev if e["event"] == "watchdog"]
+    assert watchdog and watchdog[0]["rank"] == 1 and watchdog[0]["step"] == 24, ev
+    assert kinds.count("restart") >= 2 and "resume" in kinds, kinds
+
+    # The loss curve equals the uninterrupted local 2-process run, bit for bit.
+    assert train_losses(run_dir) == local_reference
+
+
+@pytest.mark.timeout(420)
+def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, local_reference):
+    job, root, run_dir = concurrent_jobs["preempt"]
+    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
+    # What --signal=B:USR1@lead does before the time limit: USR1 to the batch shell.
+    slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
+    info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
+    text = logs(root, job)
+
+    ev = events(run_dir)
+    pre = [e for e in ev if e["event"] == "preemption_checkpoint"]
+    assert len(pre) == 1, ev
+    k = pre[0]["step"]
+    assert 10 <= k < MAX_STEPS
+    assert (run_dir / "checkpoints" / f"step-{k:08d}" / "COMPLETE").exists()
+    requeued = [e for e in ev if e["event"] == "requeued"]
+    assert requeued and requeued[0]["slurm_restart"] == 1, ev  # SLURM_RESTART_COUNT=1 in the requeued run
+    assert f"resumed from step {k}" in text, text[-4000:]
+    assert int(info["Restarts"]) == 1
+    state = json.loads((run_dir / "requeues.json").read_text())
+    assert state["preemptions"] == 1 and state["failures"] == 0, state
+    # Same run directory across the requeue (runs/slurm-<jobid>), same losses as the uninterrupted run.
+    assert train_losses(run_dir) == local_reference
+
+
+@pytest.mark.timeout(420)
+def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, job_env, tmp_path_factory,
+                                                            concurrent_jobs, local_reference):
+    # After the other jobs: this one kills a whole node.
+    for job, root, _ in concurrent_jobs.values():
+        slurm_cluster.wait_state(job, {"COMPLETED"}, timeout=400)
+    tmp = tmp_path_factory.mktemp("nodefail")
+    job, root, run_dir = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
+    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
+    first_nodes = slurm_cluster.client(["scontrol", "show", "hostnames",
+                                        slurm_cluster.job_info(job)["NodeList"]]).stdout.split()
+    victim = first_nodes[1]  # not the batch host
+    killed = slurm_cluster.kill_node(victim)
+    assert killed
+    try:
+        info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
+        nodes = slurm_cluster.client(["scontrol", "show", "hostnames", info["NodeList"]]).stdout.split()
+        assert victim not in nodes and len(nodes) == 2, (victim, nodes)  # the failed node is excluded
+        text = logs(root, job)
+        assert re.search(r"resumed from step [1-9]\d*", text), text[-4000:]
+        assert train_losses(run_dir) == local_reference
+    finally:
+        slurm_cluster.start_slurmd(victim)  # the node returns
+    slurm_cluster.wait_idle(3, timeout=60)
