@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -25,9 +26,20 @@ def submit(cluster, tmp: Path, name: str, overrides, env, sbatch=()):
     return job, root, root / "runs" / f"slurm-{job}"
 
 
+def submit_with_submitit(cluster, tmp: Path, name: str, overrides, env):
+    root = tmp / name
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "lmforge.cli", "launch", "--slurm", "--submitit", "--nodes", "2",
+           "--submitit-folder", str(root / "submitit"), *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
+    job = cluster.client(cmd, cwd=root, env=env, timeout=120).stdout.strip().splitlines()[-1]
+    return job, root, root / "runs" / f"slurm-{job}"
+
+
 def logs(root: Path, job: str) -> str:
     out = root / f"job-{job}.out"
     err = root / f"job-{job}.err"
+    if (root / "submitit").is_dir():
+        out, err = root / "submitit" / f"{job}_0_log.out", root / "submitit" / f"{job}_0_log.err"
     return (out.read_text(errors="replace") if out.exists() else "") + "\n--- stderr ---\n" + \
         (err.read_text(errors="replace") if err.exists() else "")
 
@@ -60,10 +72,20 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     tmp = tmp_path_factory.mktemp("jobs")
     a = submit(slurm_cluster, tmp, "faults", [
         "fault.watchdog_timeout_s=8", "fault.drill.kill_step=14", "fault.drill.kill_rank=1",
-        "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_attempt=1", "fault.drill.hang_s=120",
+        "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_s=120",
     ], job_env)
     b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env)
-    return {"faults": a, "preempt": b}
+    c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env)
+    # Preempt B once its first checkpoint exists: what --signal=B:USR1@lead does before the time limit
+    # (USR1 to the batch shell).
+    job, root, run_dir = b
+    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
+    slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
+    # The submitit job's time-limit signal goes to the job steps (no B:), as submitit configures it.
+    job, root, run_dir = c
+    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
+    slurm_cluster.client(["scancel", "--signal=USR1", job])
+    return {"faults": a, "preempt": b, "submitit": c}
 
 
 @pytest.mark.timeout(420)
@@ -102,9 +124,6 @@ def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cl
 @pytest.mark.timeout(420)
 def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, local_reference):
     job, root, run_dir = concurrent_jobs["preempt"]
-    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
-    # What --signal=B:USR1@lead does before the time limit: USR1 to the batch shell.
-    slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
     info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
     text = logs(root, job)
 
@@ -148,3 +167,16 @@ def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, job_e
     finally:
         slurm_cluster.start_slurmd(victim)  # the node returns
     slurm_cluster.wait_idle(3, timeout=60)
+
+
+@pytest.mark.timeout(420)
+def test_submitit_job_gets_the_same_preemption_requeue_and_resume(slurm_cluster, concurrent_jobs, local_reference):
+    job, root, run_dir = concurrent_jobs["submitit"]
+    info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
+    ev = events(run_dir)
+    pre = [e for e in ev if e["event"] == "preemption_checkpoint"]
+    assert len(pre) == 1 and pre[0]["cause"] == "SIGUSR1", ev
+    assert [e["kind"] for e in ev if e["event"] == "requeue"] == ["preempted"], ev
+    assert int(info["Restarts"]) == 1
+    assert f"resumed from step {pre[0]['step']}" in logs(root, job)
+    assert train_losses(run_dir) == local_reference

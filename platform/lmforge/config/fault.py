@@ -19,12 +19,10 @@ class DrillConfig:
     # SIGKILL rank ``kill_rank`` right after step ``kill_step`` (0: off).
     kill_step: int = 0
     kill_rank: int = 0
-    kill_attempt: int = 0
     # After step ``hang_step`` rank ``hang_rank`` withholds its next collective for ``hang_s`` (0: off);
     # its peers block inside that collective until their watchdog fires.
     hang_step: int = 0
     hang_rank: int = 0
-    hang_attempt: int = 0
     hang_s: float = 600.0
     # Sleep this long after every step (gives an operator or a test time to act mid-run).
     step_sleep_s: float = 0.0

@@ -49,7 +49,7 @@ class FaultHooks:
                                  flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0)
         self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
-        self.drills = Drills(fc.drill, rank, self.events.emit, self.watchdog.pause,
+        self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
                              stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
         self.last_straggler: dict = {}
 
@@ -58,7 +58,8 @@ class FaultHooks:
         self.watchdog.write_heartbeat()
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         requeue = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        if self.rank == 0 and (restart or requeue):
+        # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
+        if restart or (requeue and self.rank == 0):
             self.events.emit("restart", self.watchdog.step, f"torchrun restart {restart}, Slurm requeue {requeue}",
                              torchrun_restart=restart, slurm_restart=requeue)
         return self

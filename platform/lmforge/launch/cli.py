@@ -2,6 +2,7 @@
 
     lmforge launch --nproc 2 +exp=smoke parallelism=ddp       local torchrun, N processes (CPU or GPU)
     lmforge launch --slurm --nodes 2 +exp=gpt_1b              sbatch slurm/train.sh +exp=gpt_1b
+    lmforge launch --slurm --submitit +exp=gpt_1b             the same, through submitit (sweeps, Python callers)
     lmforge launch [--slurm] --dry-run ...                    print what would run / be submitted
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", action="store_true", help="submit slurm/train.sh with sbatch instead of running here")
     p.add_argument("--nodes", type=int, default=None, help="Slurm nodes (default: cluster.nodes)")
     p.add_argument("--time", type=int, default=None, help="Slurm time limit in minutes (default: cluster.time_limit_min)")
+    p.add_argument("--submitit", action="store_true", help="with --slurm: submit through submitit (Python API)")
+    p.add_argument("--submitit-folder", default="runs/submitit", help="submitit's job folder")
     p.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, repeatable")
     p.add_argument("--dry-run", action="store_true", help="print the command (and sbatch script) and exit")
     return p
@@ -39,7 +42,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.dry_run:
             print(slurm.dry_run_text(launch), end="")
             return 0
-        print(slurm.submit(launch))
+        if args.submitit:
+            print(slurm.submit_submitit(launch, Path(args.submitit_folder)))
+        else:
+            print(slurm.submit(launch))
         return 0
     from lmforge.launch import local
     from lmforge.config.compose import compose

@@ -2,6 +2,7 @@
 
     lmforge launch --slurm --nodes 2 +exp=gpt_1b           # sbatch slurm/train.sh +exp=gpt_1b
     lmforge launch --slurm --dry-run +exp=gpt_1b           # print the script and the sbatch command
+    lmforge launch --slurm --submitit +exp=gpt_1b          # the same script, submitted through submitit
 
 Resources come from the ``cluster`` config (nodes, gpus_per_node, time_limit_min, signal_lead_s,
 partition, account) and can be overridden by flags.
@@ -69,3 +70,41 @@ def dry_run_text(launch: SlurmLaunch) -> str:
 def submit(launch: SlurmLaunch) -> str:
     out = subprocess.run(launch.command(), capture_output=True, text=True, check=True)
     return out.stdout.strip()
+
+
+class TrainScriptJob:
+    """The function a submitit job runs: slurm/train.sh inside the allocation (``use_srun=False``).
+
+    train.sh does the rest exactly as for ``sbatch`` (srun torchrun per node, signal forwarding, retry
+    budget, ``scontrol requeue``), so a submitit job has the same fault handling. The time-limit signal is
+    ``USR1`` to the job *steps* (no ``B:``): the torchrun agents ignore it, the workers checkpoint and exit
+    0 without ``DONE``, and train.sh's ``jobctl after`` classifies that as a preemption and requeues.
+    """
+
+    def __init__(self, overrides: Sequence[str]):
+        self.overrides = list(overrides)
+
+    def __call__(self) -> int:
+        import os
+
+        proc = subprocess.run(["bash", str(train_script()), *self.overrides], env=dict(os.environ))
+        if proc.returncode != 0:
+            raise RuntimeError(f"slurm/train.sh exited {proc.returncode}; see the job's log and <run>/requeues.json")
+        return 0
+
+
+def submit_submitit(launch: SlurmLaunch, folder: Path) -> str:
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=str(folder))
+    params = dict(nodes=launch.nodes, ntasks_per_node=1, time=launch.time_min, use_srun=False,
+                  additional_parameters={"requeue": True, "signal": f"USR1@{launch.signal_lead_s}"})
+    if launch.partition:
+        params["partition"] = launch.partition
+    if launch.account:
+        params["account"] = launch.account
+    if launch.gpus_per_node > 0 and launch.partition:
+        params["gpus_per_node"] = launch.gpus_per_node
+    executor.update_parameters(**params)
+    job = executor.submit(TrainScriptJob(launch.overrides))
+    return str(job.job_id)
