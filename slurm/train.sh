@@ -69,6 +69,7 @@ while true; do
 done
 echo "lmforge: training step ended with exit code $rc (preempted=$PREEMPTED)"
 
+trap - USR1 TERM   # from here on a signal is Slurm ending this run (requeue, cancel), not a preemption request
 signalled=()
 [ "$PREEMPTED" = 1 ] && signalled=(--signalled)
 action=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl after --exit-code "$rc" "${signalled[@]}" -- "$@")

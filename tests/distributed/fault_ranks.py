@@ -30,3 +30,23 @@ def withheld_collective(run_dir: str, timeout_s: float, hold_s: float) -> dict:
     t = torch.ones(4)
     dist.all_reduce(t)  # blocks: the peer withholds the call
     return {"rank": rank, "unexpected": "all_reduce returned"}
+
+
+def slow_rank(run_dir: str) -> dict:
+    """Rank 1's steps take 3x as long; every rank gathers the times, rank 0 names rank 1 a straggler."""
+    from lmforge.fault.events import FaultEvents
+    from lmforge.fault.straggler import StragglerDetector
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    detector = StragglerDetector(every=4, threshold=1.5, device=torch.device("cpu"))
+    events = FaultEvents(Path(run_dir) / "metrics.jsonl", rank)
+    found = None
+    for step in range(1, 9):
+        out = detector.observe(step, 0.3 if rank == 1 else 0.1)
+        if out is not None:
+            found = out
+            if rank == 0:
+                for r in out["stragglers"]:
+                    events.emit("straggler", step, f"rank {r} slow", slow_rank=r)
+    return found

@@ -176,7 +176,7 @@ def test_submitit_job_gets_the_same_preemption_requeue_and_resume(slurm_cluster,
     ev = events(run_dir)
     pre = [e for e in ev if e["event"] == "preemption_checkpoint"]
     assert len(pre) == 1 and pre[0]["cause"] == "SIGUSR1", ev
-    assert [e["kind"] for e in ev if e["event"] == "requeue"] == ["preempted"], ev
+    assert [e["decision"] for e in ev if e["event"] == "requeue"] == ["preempted"], ev
     assert int(info["Restarts"]) == 1
     assert f"resumed from step {pre[0]['step']}" in logs(root, job)
     assert train_losses(run_dir) == local_reference

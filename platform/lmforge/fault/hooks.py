@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from lmforge.checkpoint.layout import complete_checkpoints
+from lmforge.checkpoint.layout import PINNED, complete_checkpoints
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.config.schema import RootConfig
 from lmforge.fault.drills import Drills
@@ -52,6 +52,7 @@ class FaultHooks:
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
                              stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
         self.last_straggler: dict = {}
+        self._held = None
 
     def start(self) -> "FaultHooks":
         self.watchdog.start()
@@ -76,11 +77,17 @@ class FaultHooks:
         """Heartbeat, skipped-step accounting, straggler gather and drills. Returns extra metrics."""
         self.watchdog.beat(step)
         extra: dict = {}
-        if not stepped and self.loss_guard is not None:
+        if self.loss_guard is not None:
             g = self.loss_guard
-            self.events.emit("skipped_step", step, g.last_cause, skipped_total=g.skipped_total, consecutive=g.consecutive)
-            if g.diverged:
-                self.stop_diverged(step)
+            if not stepped:
+                if g.consecutive == 1:
+                    self._hold_last_good(step)
+                self.events.emit("skipped_step", step, g.last_cause, skipped_total=g.skipped_total,
+                                 consecutive=g.consecutive)
+                if g.diverged:
+                    self.stop_diverged(step)
+            elif self._held is not None:
+                self._release_held()
         if self.loss_guard is not None:
             extra["skipped_steps"] = self.loss_guard.skipped_total
         found = self.stragglers.observe(step, step_time_s)
@@ -95,6 +102,20 @@ class FaultHooks:
         self.drills.after_step(step)
         self.watchdog.beat(step)
         return extra
+
+    def _hold_last_good(self, step: int) -> None:
+        """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""
+        done = complete_checkpoints(self.paths.checkpoints)
+        if not done or (done[-1] / PINNED).exists():
+            return
+        self._held = done[-1]
+        if self.rank == 0:
+            CheckpointManager.pin(self._held, f"loss guard: newest checkpoint before the skipped step {step}")
+
+    def _release_held(self) -> None:
+        if self.rank == 0 and self._held is not None:
+            (self._held / PINNED).unlink(missing_ok=True)
+        self._held = None
 
     def stop_diverged(self, step: int) -> None:
         g = self.loss_guard

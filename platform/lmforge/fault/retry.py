@@ -93,7 +93,7 @@ def record(run_dir: Path, exit_code: int, signalled: bool, max_failures: int, ma
         event = {"requeue": "requeue", "stop": "retry_stop"}[decision.action]
         step = last_step(run_dir)
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
-            event, step, decision.reason, exit_code=exit_code, kind=decision.kind, excluded=excluded or [],
+            event, step, decision.reason, exit_code=exit_code, decision=decision.kind, excluded=excluded or [],
             failures=state["failures"], preemptions=state["preemptions"])
     return decision
 
