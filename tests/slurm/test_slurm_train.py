@@ -139,7 +139,11 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, l
     assert int(info["Restarts"]) == 1
     state = json.loads((run_dir / "requeues.json").read_text())
     assert state["preemptions"] == 1 and state["failures"] == 0, state
-    # Same run directory across the requeue (runs/slurm-<jobid>), same losses as the uninterrupted run.
+    # Same run directory across the requeue (runs/slurm-<jobid>), hence the same W&B run id (kept in the
+    # checkpoint sidecar), and the same losses as the uninterrupted run.
+    ids = {json.loads((run_dir / "checkpoints" / f"step-{s:08d}" / "state.json").read_text()).get("wandb_run_id")
+           for s in (k, MAX_STEPS)}
+    assert len(ids) == 1, ids
     assert train_losses(run_dir) == local_reference
 
 

@@ -122,3 +122,35 @@ def test_launch_dry_runs_print_the_command_and_sbatch_script():
     last = slurm.stdout.rstrip().splitlines()[-1]
     assert last.startswith("sbatch --nodes=4 ") and "--signal=B:USR1@300" in last
     assert last.endswith("slurm/train.sh model=tiny cluster.signal_lead_s=300")
+
+
+def test_watchdog_fires_after_timeout_dumps_stacks_and_exits_43(tmp_path):
+    from lmforge.fault.events import FaultEvents
+    from lmforge.fault.watchdog import Watchdog
+
+    exits = []
+    dog = Watchdog(3, timeout_s=0.3, dumps_dir=tmp_path / "dumps", poll_s=0.05, orphan_check=False, backstop_s=0,
+                   on_event=FaultEvents(tmp_path / "metrics.jsonl", 3).emit, exit=exits.append).start()
+    dog.beat(5)
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dog.stop()
+    assert exits == [43] and dog.fired == "watchdog"
+    dump = next((tmp_path / "dumps").glob("watchdog-rank3-step5-*.txt")).read_text()
+    assert "test_watchdog_fires_after_timeout" in dump  # the main thread's stack, waiting in this test
+    event = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert event["event"] == "watchdog" and event["rank"] == 3 and event["step"] == 5
+
+
+def test_paused_or_beating_watchdog_does_not_fire(tmp_path):
+    from lmforge.fault.watchdog import Watchdog
+
+    dog = Watchdog(0, timeout_s=0.5, dumps_dir=tmp_path, orphan_check=False, backstop_s=0)
+    dog.beat(1)
+    assert dog.check(now=dog.last_beat + 0.4) is None
+    assert dog.check(now=dog.last_beat + 0.6) == "watchdog"
+    dog.pause()
+    assert dog.check(now=dog.last_beat + 100) is None
+    fresh = Watchdog(0, timeout_s=0.5, dumps_dir=tmp_path, startup_s=10, orphan_check=False, backstop_s=0)
+    assert fresh.check(now=fresh.last_beat + 5) is None  # before the first step the startup allowance applies

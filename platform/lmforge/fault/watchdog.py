@@ -50,6 +50,7 @@ class Watchdog:
         self.first_beat_seen = False
         self.paused = False
         self.fired: Optional[str] = None
+        self._armed_at: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -71,6 +72,7 @@ class Watchdog:
     def pause(self) -> None:
         """Stop judging this rank (e.g. while it deliberately waits); the orphan check stays on."""
         self.paused = True
+        self._armed_at = None
         faulthandler.cancel_dump_traceback_later()
 
     def stop(self) -> None:
@@ -81,8 +83,15 @@ class Watchdog:
 
     # ---- internals ------------------------------------------------------------------------------------
     def _arm_backstop(self, seconds: float) -> None:
-        if self.timeout_s > 0 and not self.paused and self.backstop_s > 0:
-            faulthandler.dump_traceback_later(seconds + self.backstop_s, repeat=False, file=sys.stderr, exit=True)
+        """(Re-)arm the C-level timer. Re-arming restarts a thread, so it is done at most every timeout/4:
+        the hard deadline stays at least ``0.75 * timeout + backstop_s`` after the newest beat."""
+        if self.timeout_s <= 0 or self.paused or self.backstop_s <= 0:
+            return
+        now = time.monotonic()
+        if self._armed_at is not None and now - self._armed_at < min(30.0, self.timeout_s / 4):
+            return
+        self._armed_at = now
+        faulthandler.dump_traceback_later(seconds + self.backstop_s, repeat=False, file=sys.stderr, exit=True)
 
     def allowance(self) -> float:
         return self.timeout_s + (0.0 if self.first_beat_seen else self.startup_s)
