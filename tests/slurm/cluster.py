@@ -1,6 +1,6 @@
 """A real Slurm cluster on one machine: one network namespace (own address, own hostname) per node.
 
-    with SlurmCluster.start(Path(tmp), nodes=3) as c:
+    with SlurmCluster.start(Path(tmp), nodes=4) as c:
         job = c.sbatch(["slurm/train.sh", "+exp=smoke"], cwd=repo)
         c.wait_state(job, {"COMPLETED"})
 
@@ -67,7 +67,7 @@ class SlurmCluster:
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, root: Path, nodes: int = 3) -> "SlurmCluster":
+    def start(cls, root: Path, nodes: int = 4) -> "SlurmCluster":
         c = cls(root, nodes)
         try:
             c._network()
@@ -115,7 +115,7 @@ class SlurmCluster:
         os.chmod(d / "msock", 0o755)
         os.chmod(d / "munge", 0o700)
         head = self.nodes[0]
-        node_lines = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=4 RealMemory=4000"
+        node_lines = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=3 RealMemory=4000"
                                for n in self.nodes)
         self.conf.write_text(f"""\
 ClusterName=lmforge-test
@@ -141,7 +141,7 @@ JobCompLoc={d}/log/jobcomp.txt
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
-# Each node offers 4 CPUs whatever the host has: three 2-node test jobs can run side by side.
+# Each node offers 3 CPUs whatever the host has: three 1-CPU tasks of different jobs share a node.
 SlurmdParameters=config_overrides
 SlurmdTimeout=6
 KillWait=5

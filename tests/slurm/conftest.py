@@ -1,4 +1,4 @@
-"""Fixtures for tests on a real Slurm cluster (3 nodes, one network namespace each; see cluster.py).
+"""Fixtures for tests on a real Slurm cluster (4 nodes, one network namespace each; see cluster.py).
 
 Without root or slurm-wlm the tests skip with the reason (in CI a skip is a failure: .ci/run installs
 slurm-wlm and runs as root).
@@ -35,7 +35,7 @@ def slurm_cluster(tmp_path_factory):
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), nodes=3)
+    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), nodes=4)
     try:
         yield cluster
     finally:

@@ -1,4 +1,4 @@
-"""slurm/train.sh on a real 3-node Slurm cluster: parity with a local run, in-job restarts, preemption
+"""slurm/train.sh on a real 4-node Slurm cluster: parity with a local run, in-job restarts, preemption
 requeue, hang watchdog, node failure. Each job is one tiny 2-node x 1-task data-parallel run (model=tiny,
 30 steps); several checks share a job to keep the number of torchrun launches small.
 """
@@ -26,11 +26,11 @@ def submit(cluster, tmp: Path, name: str, overrides, env, sbatch=()):
     return job, root, root / "runs" / f"slurm-{job}"
 
 
-def submit_with_submitit(cluster, tmp: Path, name: str, overrides, env):
+def submit_with_submitit(cluster, tmp: Path, name: str, overrides, env, sbatch_arg: str):
     root = tmp / name
     root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "lmforge.cli", "launch", "--slurm", "--submitit", "--nodes", "2",
-           "--submitit-folder", str(root / "submitit"), *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
+           "--submitit-folder", str(root / "submitit"), f"--sbatch-arg={sbatch_arg}", *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
     job = cluster.client(cmd, cwd=root, env=env, timeout=120).stdout.strip().splitlines()[-1]
     return job, root, root / "runs" / f"slurm-{job}"
 
@@ -66,26 +66,51 @@ def wait_for(path: Path, timeout: float, what: str, root: Path, job: str) -> Non
         time.sleep(0.2)
 
 
+PAIR = "--nodelist=node1,node2"  # jobs A, B and C share node1+node2 (3 CPUs each); D gets node3+node4
+
+
 @pytest.fixture(scope="module")
 def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
-    """Jobs A (kill + hang drills) and B (preemption) run side by side: they overlap their restart waits."""
+    """All four jobs run side by side, so their restart and requeue waits overlap:
+
+    A  kill + hang drills (in-job restarts)      B  USR1 to the batch shell (preemption, requeue)
+    C  submitit, USR1 to the job steps            D  node failure: its second node is killed
+    """
     tmp = tmp_path_factory.mktemp("jobs")
     a = submit(slurm_cluster, tmp, "faults", [
         "fault.watchdog_timeout_s=8", "fault.drill.kill_step=14", "fault.drill.kill_rank=1",
         "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_s=120",
-    ], job_env)
-    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env)
-    c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env)
-    # Preempt B once its first checkpoint exists: what --signal=B:USR1@lead does before the time limit
-    # (USR1 to the batch shell).
-    job, root, run_dir = b
-    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
-    slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
-    # The submitit job's time-limit signal goes to the job steps (no B:), as submitit configures it.
-    job, root, run_dir = c
-    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
-    slurm_cluster.client(["scancel", "--signal=USR1", job])
-    return {"faults": a, "preempt": b, "submitit": c}
+    ], job_env, sbatch=[PAIR])
+    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env, sbatch=[PAIR])
+    c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env, PAIR)
+    d = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
+    jobs = {"faults": a, "preempt": b, "submitit": c, "nodefail": d}
+
+    def preempt_batch(job):  # what --signal=B:USR1@lead does before the time limit: USR1 to the batch shell
+        slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
+
+    def preempt_steps(job):  # submitit's --signal=USR1@lead (no B:): USR1 to the job steps
+        slurm_cluster.client(["scancel", "--signal=USR1", job])
+
+    def fail_node(job):  # a node failure: slurmd, slurmstepd and tasks of the job's second node are killed
+        nodes = slurm_cluster.client(["scontrol", "show", "hostnames", slurm_cluster.job_info(job)["NodeList"]])
+        victim = nodes.stdout.split()[1]
+        assert slurm_cluster.kill_node(victim), f"nothing ran on {victim}"
+        jobs["victim"] = victim
+
+    # Act on each job as soon as its first checkpoint exists (all while training goes on).
+    todo = {"preempt": preempt_batch, "submitit": preempt_steps, "nodefail": fail_node}
+    deadline = time.monotonic() + 300
+    while todo:
+        for name in list(todo):
+            job, root, run_dir = jobs[name]
+            if (run_dir / "checkpoints" / "step-00000010" / "COMPLETE").exists():
+                todo.pop(name)(job)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no first checkpoint for {sorted(todo)} within 300s\n"
+                                 + "\n".join(logs(jobs[n][1], jobs[n][0])[-3000:] for n in todo))
+        time.sleep(0.2)
+    return jobs
 
 
 @pytest.mark.timeout(420)
@@ -148,29 +173,21 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, l
 
 
 @pytest.mark.timeout(420)
-def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, job_env, tmp_path_factory,
-                                                            concurrent_jobs, local_reference):
-    # After the other jobs: this one kills a whole node.
-    for job, root, _ in concurrent_jobs.values():
-        slurm_cluster.wait_state(job, {"COMPLETED"}, timeout=400)
-    tmp = tmp_path_factory.mktemp("nodefail")
-    job, root, run_dir = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
-    wait_for(run_dir / "checkpoints" / "step-00000010" / "COMPLETE", 240, "the first checkpoint", root, job)
-    first_nodes = slurm_cluster.client(["scontrol", "show", "hostnames",
-                                        slurm_cluster.job_info(job)["NodeList"]]).stdout.split()
-    victim = first_nodes[1]  # not the batch host
-    killed = slurm_cluster.kill_node(victim)
-    assert killed
+def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, concurrent_jobs, local_reference):
+    job, root, run_dir = concurrent_jobs["nodefail"]
+    victim = concurrent_jobs["victim"]
     try:
-        info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
+        info = wait_completed(slurm_cluster, job, root, timeout=360, restarts=1)
         nodes = slurm_cluster.client(["scontrol", "show", "hostnames", info["NodeList"]]).stdout.split()
         assert victim not in nodes and len(nodes) == 2, (victim, nodes)  # the failed node is excluded
         text = logs(root, job)
         assert re.search(r"resumed from step [1-9]\d*", text), text[-4000:]
+        requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
+        assert requeued and victim not in requeued[0]["nodes"], requeued
         assert train_losses(run_dir) == local_reference
     finally:
         slurm_cluster.start_slurmd(victim)  # the node returns
-    slurm_cluster.wait_idle(3, timeout=60)
+    slurm_cluster.wait_idle(4, timeout=90)
 
 
 @pytest.mark.timeout(420)

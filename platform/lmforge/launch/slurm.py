@@ -105,6 +105,9 @@ def submit_submitit(launch: SlurmLaunch, folder: Path) -> str:
         params["account"] = launch.account
     if launch.gpus_per_node > 0 and launch.partition:
         params["gpus_per_node"] = launch.gpus_per_node
+    for arg in launch.extra:  # --sbatch-arg=--key=value -> an extra #SBATCH line
+        key, _, value = arg.lstrip("-").partition("=")
+        params["additional_parameters"][key.replace("-", "_")] = value or True
     executor.update_parameters(**params)
     job = executor.submit(TrainScriptJob(launch.overrides))
     return str(job.job_id)
