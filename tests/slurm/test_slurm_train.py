@@ -113,7 +113,7 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     return jobs
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cluster, concurrent_jobs, local_reference):
     job, root, run_dir = concurrent_jobs["faults"]
     info = wait_completed(slurm_cluster, job, root, timeout=360)
@@ -146,7 +146,7 @@ def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cl
     assert train_losses(run_dir) == local_reference
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, local_reference):
     job, root, run_dir = concurrent_jobs["preempt"]
     info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
@@ -172,7 +172,7 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, l
     assert train_losses(run_dir) == local_reference
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, concurrent_jobs, local_reference):
     job, root, run_dir = concurrent_jobs["nodefail"]
     victim = concurrent_jobs["victim"]
@@ -190,7 +190,7 @@ def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, concu
     slurm_cluster.wait_idle(4, timeout=90)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_submitit_job_gets_the_same_preemption_requeue_and_resume(slurm_cluster, concurrent_jobs, local_reference):
     job, root, run_dir = concurrent_jobs["submitit"]
     info = wait_completed(slurm_cluster, job, root, timeout=300, restarts=1)
