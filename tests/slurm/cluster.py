@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -308,7 +307,3 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except OSError:
         return False
-
-
-def hostname() -> str:
-    return socket.gethostname()

@@ -35,6 +35,22 @@ def submit_with_submitit(cluster, tmp: Path, name: str, overrides, env, sbatch_a
     return job, root, root / "runs" / f"slurm-{job}"
 
 
+SWEEP_POINTS = "# one sweep point per line\noptim.lr=1e-3 run.sweep_point=lr1e-3\n\noptim.lr=2e-3 run.sweep_point=lr2e-3\n"
+
+
+def submit_sweep(cluster, tmp: Path, env):
+    """Job E: a 2-point array through slurm/sweep_array.sh, single-process points on node3."""
+    root = tmp / "sweep"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "points.txt").write_text(SWEEP_POINTS)
+    overrides = [o for o in TRAIN_OVERRIDES if not o.startswith(("parallelism=", "train.max_steps=",
+                                                                  "train.global_batch_size="))]
+    args = ["--array=0-1", "--nodes=1", "--nodelist=node3", "-o", f"{root}/job-%A_%a.out", "-e", f"{root}/job-%A_%a.err",
+            str(REPO / "slurm" / "sweep_array.sh"), str(root / "points.txt"), *overrides, "train.max_steps=3",
+            "train.global_batch_size=4", f"run.root={root}/runs"]
+    return cluster.sbatch(args, cwd=root, env=env), root, root / "runs"
+
+
 def logs(root: Path, job: str) -> str:
     out = root / f"job-{job}.out"
     err = root / f"job-{job}.err"
@@ -84,7 +100,7 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env, sbatch=[PAIR])
     c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env, PAIR)
     d = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
-    jobs = {"faults": a, "preempt": b, "submitit": c, "nodefail": d}
+    jobs = {"faults": a, "preempt": b, "submitit": c, "nodefail": d, "sweep": submit_sweep(slurm_cluster, tmp, job_env)}
 
     def preempt_batch(job):  # what --signal=B:USR1@lead does before the time limit: USR1 to the batch shell
         slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
@@ -201,3 +217,14 @@ def test_submitit_job_gets_the_same_preemption_requeue_and_resume(slurm_cluster,
     assert int(info["Restarts"]) == 1
     assert f"resumed from step {pre[0]['step']}" in logs(root, job)
     assert train_losses(run_dir) == local_reference
+
+
+@pytest.mark.timeout(600)
+def test_sweep_array_runs_each_point_with_its_overrides(slurm_cluster, concurrent_jobs):
+    job, root, runs = concurrent_jobs["sweep"]
+    for task, lr in ((0, 1e-3), (1, 2e-3)):
+        wait_completed(slurm_cluster, f"{job}_{task}", root, timeout=400)
+        run = runs / f"lr{lr:.0e}".replace("e-0", "e-")
+        assert (run / "DONE").exists(), sorted(p.name for p in runs.iterdir())
+        assert f"lr: {lr}" in (run / "config.yaml").read_text()
+        assert sorted(train_losses(run)) == [1, 2, 3]

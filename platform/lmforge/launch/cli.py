@@ -11,7 +11,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shlex
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List
 
 
 def free_port() -> int:
