@@ -114,7 +114,7 @@ class SlurmCluster:
         os.chmod(d / "msock", 0o755)
         os.chmod(d / "munge", 0o700)
         head = self.nodes[0]
-        node_lines = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=3 RealMemory=4000"
+        node_lines = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=4 RealMemory=4000"
                                for n in self.nodes)
         self.conf.write_text(f"""\
 ClusterName=lmforge-test
@@ -140,7 +140,7 @@ JobCompLoc={d}/log/jobcomp.txt
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
-# Each node offers 3 CPUs whatever the host has: three 1-CPU tasks of different jobs share a node.
+# Each node offers 4 CPUs whatever the host has: 1-CPU tasks of four jobs share a node.
 SlurmdParameters=config_overrides
 SlurmdTimeout=6
 KillWait=5

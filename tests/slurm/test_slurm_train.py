@@ -82,7 +82,7 @@ def wait_for(path: Path, timeout: float, what: str, root: Path, job: str) -> Non
         time.sleep(0.2)
 
 
-PAIR = "--nodelist=node1,node2"  # jobs A, B and C share node1+node2 (3 CPUs each); D gets node3+node4
+PAIR = "--nodelist=node1,node2"  # jobs A, B, C and F fill node1+node2 (4 CPUs each); D gets node3+node4
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,7 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
 
     A  kill + hang drills (in-job restarts)      B  USR1 to the batch shell (preemption, requeue)
     C  submitit, USR1 to the job steps            D  node failure: its second node is killed
+    E  a 2-point sweep array (sweep_array.sh)     F  a crash beyond torchrun's restarts: retry budget
     """
     tmp = tmp_path_factory.mktemp("jobs")
     a = submit(slurm_cluster, tmp, "faults", [
@@ -99,8 +100,12 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     ], job_env, sbatch=[PAIR])
     b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env, sbatch=[PAIR])
     c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env, PAIR)
+    # F: a crash that torchrun may not restart (max_restarts=0) -> the job-level retry budget requeues it.
+    f = submit(slurm_cluster, tmp, "crash", ["fault.max_restarts=0", "cluster.max_requeues=1",
+                                             "fault.drill.kill_step=14", "fault.drill.kill_rank=0"], job_env, sbatch=[PAIR])
     d = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
-    jobs = {"faults": a, "preempt": b, "submitit": c, "nodefail": d, "sweep": submit_sweep(slurm_cluster, tmp, job_env)}
+    jobs = {"faults": a, "preempt": b, "submitit": c, "crash": f, "nodefail": d,
+            "sweep": submit_sweep(slurm_cluster, tmp, job_env)}
 
     def preempt_batch(job):  # what --signal=B:USR1@lead does before the time limit: USR1 to the batch shell
         slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
@@ -228,3 +233,19 @@ def test_sweep_array_runs_each_point_with_its_overrides(slurm_cluster, concurren
         assert (run / "DONE").exists(), sorted(p.name for p in runs.iterdir())
         assert f"lr: {lr}" in (run / "config.yaml").read_text()
         assert sorted(train_losses(run)) == [1, 2, 3]
+
+
+@pytest.mark.timeout(600)
+def test_crash_beyond_torchrun_restarts_is_requeued_within_the_retry_budget(slurm_cluster, concurrent_jobs,
+                                                                            local_reference):
+    job, root, run_dir = concurrent_jobs["crash"]
+    info = wait_completed(slurm_cluster, job, root, timeout=400, restarts=1)
+    assert int(info["Restarts"]) == 1
+    state = json.loads((run_dir / "requeues.json").read_text())
+    first = state["history"][0]
+    assert state["failures"] == 1 and state["preemptions"] == 0, state
+    assert first["action"] == "requeue" and first["kind"] == "failure" and first["exit_code"] != 0, first
+    assert first["reason"].endswith("retry 1 of 1"), first
+    assert [e["decision"] for e in events(run_dir) if e["event"] == "requeue"] == ["failure"]
+    assert "resumed from step 10" in logs(root, job)
+    assert train_losses(run_dir) == local_reference
