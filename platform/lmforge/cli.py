@@ -8,6 +8,7 @@
     lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
     lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
     lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
+    lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
 """
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def _scaling(argv: Sequence[str]) -> int:
     from lmforge.scaling.cli import scaling_main
 
     return scaling_main(list(argv))
+def _launch(argv: Sequence[str]) -> int:
+    from lmforge.launch.cli import main
+
+    return main(list(argv))
 
 
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
@@ -64,6 +69,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "plan": _plan,
     "sweep": _sweep,
     "scaling": _scaling,
+    "launch": _launch,
 }
 
 

@@ -13,6 +13,7 @@ from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.cluster import ClusterConfig
 from lmforge.config.comm import CommConfig
 from lmforge.config.data import DataConfig
+from lmforge.config.fault import FaultConfig
 from lmforge.config.logging import LoggingConfig, MetricsConfig
 from lmforge.config.model import ModelConfig
 from lmforge.config.optim import OptimConfig
@@ -33,6 +34,7 @@ class RootConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

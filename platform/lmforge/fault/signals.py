@@ -44,3 +44,16 @@ class PreemptionFlag:
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
         self._previous = {}
+
+
+def preemption_exit_code() -> int:
+    """42 for a plain process (the launch script requeues on it); 0 under torchrun.
+
+    torchrun restarts a worker group on *any* non-zero exit, which would resume training right before the
+    time limit. Under torchrun the worker therefore exits 0 without the DONE marker, and the launch script
+    (slurm/train.sh, lmforge launch) sees "clean exit, run not done" and requeues (lmforge.fault.retry).
+    """
+    import os
+
+    rid = os.environ.get("TORCHELASTIC_RUN_ID")
+    return 0 if rid and rid != "none" else REQUEUE_EXIT_CODE

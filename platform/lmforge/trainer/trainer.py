@@ -39,7 +39,8 @@ from lmforge.config.validate import check_batch
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir
 from lmforge.data.tokenizer import load_tokenizer
-from lmforge.fault.signals import REQUEUE_EXIT_CODE, PreemptionFlag
+from lmforge.fault.hooks import FaultHooks
+from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import StepTiming, ThroughputMeter
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
@@ -56,7 +57,7 @@ from lmforge.trainer.optim import build_optimizer, lr_multiplier
 
 class Preempted(SystemExit):
     def __init__(self) -> None:
-        super().__init__(REQUEUE_EXIT_CODE)
+        super().__init__(preemption_exit_code())
 
 
 def seed_everything(seed: int) -> None:
@@ -208,6 +209,7 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
+        faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start()
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)
             while self.step < last_step:
@@ -216,8 +218,9 @@ class Trainer:
                 t_data = time.perf_counter() - t0
                 lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
                 with self.overlap.step(self.step + 1, log):
-                    result = self.engine.train_step(batches, lr)
+                    result = self.engine.train_step(batches, lr, guard=faults.guard_for(self.step))
                 self.step += 1
+                fault_metrics = faults.after_step(self.step, time.perf_counter() - t0, result.stepped)
                 self._accumulate_sources(batches)
                 log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
                 if log_now:
@@ -231,7 +234,7 @@ class Trainer:
                               "consumed_samples": self.data.state.consumed_samples,
                               **self.meter.measure(StepTiming(step_time, t_data, self.plan.tokens_per_step)),
                               **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
-                              **self._memory()}
+                              **self._memory(), **fault_metrics}
                     self.history.append(record)
                     log.log(record)
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
@@ -251,6 +254,7 @@ class Trainer:
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
         finally:
+            faults.close()
             log.close()
         return self.history
 

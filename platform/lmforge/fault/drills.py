@@ -1,0 +1,63 @@
+"""Fault drills: inject a real fault at a chosen step (``fault.drill.*``) to rehearse recovery.
+
+* kill: ``SIGKILL`` to this very process (nothing runs after it, exactly like the OOM killer);
+* hang: this rank withholds its next collective for ``hang_s`` seconds (its own watchdog is paused, so
+  the *peers*, blocked inside the collective, are the ones whose watchdog fires and dumps stacks);
+* step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going.
+
+Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
+recovers from it (torchrun restart, Slurm requeue; ranks may be renumbered) trains on.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from lmforge.config.fault import DrillConfig
+
+
+class Drills:
+    """Called by the trainer after every step (``FaultHooks.after_step``)."""
+
+    def __init__(self, cfg: DrillConfig, rank: int, ledger: Path, on_event: Callable[..., None],
+                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool] = lambda: False):
+        self.cfg = cfg
+        self.ledger = ledger
+        self.stop_requested = stop_requested
+        self.rank = rank
+        self.on_event = on_event
+        self.pause_watchdog = pause_watchdog
+
+    def after_step(self, step: int) -> None:
+        cfg = self.cfg
+        if cfg.step_sleep_s > 0:
+            time.sleep(cfg.step_sleep_s)
+        if cfg.kill_step and step == cfg.kill_step and self.rank == cfg.kill_rank and self._first_time("kill"):
+            self.on_event("drill", step, f"drill: SIGKILL rank {self.rank} after step {step}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if cfg.hang_step and step == cfg.hang_step and self.rank == cfg.hang_rank and self._first_time("hang"):
+            self.on_event("drill", step, f"drill: rank {self.rank} withholds its next collective for {cfg.hang_s}s")
+            self.pause_watchdog()
+            deadline = time.monotonic() + cfg.hang_s
+            while time.monotonic() < deadline:
+                if self.stop_requested():  # the launcher is tearing the group down (SIGTERM): end the drill
+                    os._exit(128 + signal.SIGTERM)
+                time.sleep(0.05)
+
+    def _first_time(self, name: str) -> bool:
+        """Claim drill ``name`` for this run; False if it already fired (in an earlier attempt)."""
+        self.ledger.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.ledger / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, f"{time.time()} pid {os.getpid()}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+        return True

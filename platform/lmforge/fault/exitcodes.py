@@ -1,0 +1,15 @@
+"""Exit codes a worker uses to tell its launcher *why* it stopped (read by lmforge.fault.retry).
+
+    0   finished, or stopped cleanly after a preemption checkpoint under torchrun (see signals.py)
+    42  preemption checkpoint written: requeue me (plain ``srun python -m lmforge.train``)
+    43  watchdog: no heartbeat within the timeout (stacks in <run>/dumps): restart me
+    44  orphaned: my launcher died: nothing to restart here, the launcher's own failure handling decides
+    45  diverged: too many non-finite / spiking losses in a row: do NOT retry, a human must look
+"""
+from lmforge.fault.signals import REQUEUE_EXIT_CODE
+
+WATCHDOG_EXIT_CODE = 43
+ORPHAN_EXIT_CODE = 44
+DIVERGED_EXIT_CODE = 45
+
+__all__ = ["REQUEUE_EXIT_CODE", "WATCHDOG_EXIT_CODE", "ORPHAN_EXIT_CODE", "DIVERGED_EXIT_CODE"]

@@ -1,0 +1,137 @@
+"""The trainer's fault hooks in one object, so the loop needs only a few calls:
+
+    faults = FaultHooks(cfg, paths, rank, device, logger, preemption).start()
+    result = engine.train_step(batches, lr, guard=faults.guard_for(step))
+    faults.after_step(step, step_time, result.stepped)   # heartbeat, stragglers, loss guard, drills
+    faults.close()
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from lmforge.checkpoint.layout import PINNED, complete_checkpoints
+from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.config.schema import RootConfig
+from lmforge.fault.drills import Drills
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE
+from lmforge.fault.loss_guard import LossGuard
+from lmforge.fault.signals import PreemptionFlag
+from lmforge.fault.straggler import StragglerDetector
+from lmforge.fault.watchdog import Watchdog
+from lmforge.metrics.logger import MetricsLogger
+from lmforge.runtime.rundir import RunPaths
+
+
+class Diverged(SystemExit):
+    """Training stopped: too many skipped steps in a row. Not retried (exit code 45)."""
+
+    def __init__(self, message: str):
+        super().__init__(DIVERGED_EXIT_CODE)
+        self.message = message
+
+
+class FaultHooks:
+    def __init__(self, cfg: RootConfig, paths: RunPaths, rank: int, device: torch.device,
+                 logger: Optional[MetricsLogger], preemption: Optional[PreemptionFlag] = None):
+        self.cfg = cfg
+        self.paths = paths
+        self.rank = rank
+        self.events = FaultEvents(paths.metrics, rank, logger, jsonl=cfg.logging.jsonl)
+        fc = cfg.fault
+        under_launcher = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_STEP_ID" in os.environ
+        self.watchdog = Watchdog(rank, fc.watchdog_timeout_s, paths.dumps, paths.heartbeats,
+                                 startup_s=fc.watchdog_startup_s, poll_s=fc.watchdog_poll_s,
+                                 orphan_check=fc.orphan_check and under_launcher, on_event=self.events.emit,
+                                 flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0)
+        self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
+        self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
+        self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
+                             stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
+        self.last_straggler: dict = {}
+        self._held = None
+
+    def start(self) -> "FaultHooks":
+        self.watchdog.start()
+        self.watchdog.write_heartbeat()
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        requeue = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
+        if restart or (requeue and self.rank == 0):
+            self.events.emit("restart", self.watchdog.step, f"torchrun restart {restart}, Slurm requeue {requeue}",
+                             torchrun_restart=restart, slurm_restart=requeue)
+        return self
+
+    def guard_for(self, step: int):
+        """The engine's guard callable for the step about to run (None: guard off)."""
+        self.watchdog.beat(step)
+        if self.loss_guard is None:
+            return None
+        self.loss_guard.step = step + 1
+        return self.loss_guard
+
+    def after_step(self, step: int, step_time_s: float, stepped: bool) -> dict:
+        """Heartbeat, skipped-step accounting, straggler gather and drills. Returns extra metrics."""
+        self.watchdog.beat(step)
+        extra: dict = {}
+        if self.loss_guard is not None:
+            g = self.loss_guard
+            if not stepped:
+                if g.consecutive == 1:
+                    self._hold_last_good(step)
+                self.events.emit("skipped_step", step, g.last_cause, skipped_total=g.skipped_total,
+                                 consecutive=g.consecutive)
+                if g.diverged:
+                    self.stop_diverged(step)
+            elif self._held is not None:
+                self._release_held()
+        if self.loss_guard is not None:
+            extra["skipped_steps"] = self.loss_guard.skipped_total
+        found = self.stragglers.observe(step, step_time_s)
+        if found is not None:
+            extra["step_time_max_over_median"] = max(found["times"]) / found["median"] if found["median"] else 1.0
+            if self.rank == 0:
+                for r in found["stragglers"]:
+                    self.events.emit("straggler", step, f"rank {r} mean step time {found['times'][r]:.3f}s > "
+                                     f"{self.stragglers.threshold} x median {found['median']:.3f}s",
+                                     slow_rank=r, step_time_s=found["times"][r], median_s=found["median"])
+            self.last_straggler = found
+        self.drills.after_step(step)
+        self.watchdog.beat(step)
+        return extra
+
+    def _hold_last_good(self, step: int) -> None:
+        """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""
+        done = complete_checkpoints(self.paths.checkpoints)
+        if not done or (done[-1] / PINNED).exists():
+            return
+        self._held = done[-1]
+        if self.rank == 0:
+            CheckpointManager.pin(self._held, f"loss guard: newest checkpoint before the skipped step {step}")
+
+    def _release_held(self) -> None:
+        if self.rank == 0 and self._held is not None:
+            (self._held / PINNED).unlink(missing_ok=True)
+        self._held = None
+
+    def stop_diverged(self, step: int) -> None:
+        g = self.loss_guard
+        first_bad = g.first_bad_step or step
+        before = [p for p in complete_checkpoints(self.paths.checkpoints) if int(p.name.split("-")[1]) < first_bad]
+        if before:
+            ref = before[-1]
+            if self.rank == 0:
+                CheckpointManager.pin(ref, f"last checkpoint before divergence at step {first_bad}")
+            where = f"resume from {ref} (pinned) with a lower optim.lr or a fixed data source"
+        else:
+            ref, where = None, "no checkpoint precedes the divergence; restart with a lower optim.lr"
+        msg = (f"training diverged: {g.consecutive} skipped steps in a row since step {first_bad} "
+               f"(last cause: {g.last_cause}); {where}")
+        self.events.emit("diverged", step, msg, checkpoint=str(ref) if ref else None, first_bad_step=first_bad)
+        raise Diverged(msg)
+
+    def close(self) -> None:
+        self.watchdog.stop()

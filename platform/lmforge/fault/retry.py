@@ -1,0 +1,105 @@
+"""Job-level retry budget: after a training process ends, decide finish / requeue / stop.
+
+One decision for every launcher (slurm/train.sh via ``lmforge.launch.jobctl after``, ``lmforge launch``,
+submitit jobs), recorded in ``<run>/requeues.json`` and as an event in the run's metrics JSONL:
+
+* the run directory holds ``DONE``                      -> ``done``
+* exit 45 (diverged)                                    -> ``stop`` (a deterministic failure; never retried)
+* preempted: the job got USR1/TERM, or exit 42, or a clean exit 0 without ``DONE`` (a preemption checkpoint
+  under torchrun)                                       -> ``requeue`` (up to ``max_preemptions``)
+* any other failure                                     -> ``requeue`` while ``failures <= max_failures``,
+                                                           then ``stop`` ("retry budget exhausted")
+
+Preemptions do not use the failure budget: a job may be preempted any number of times (up to the safety
+limit) without losing its retries for real crashes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE, REQUEUE_EXIT_CODE
+from lmforge.runtime.rundir import RunPaths
+
+STATE_FILE = "requeues.json"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # done | requeue | stop
+    kind: str  # done | preempted | failure | diverged | budget
+    reason: str
+
+
+def _state_path(run_dir: Path) -> Path:
+    return Path(run_dir) / STATE_FILE
+
+
+def load_state(run_dir: Path) -> dict:
+    path = _state_path(run_dir)
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    return {"preemptions": 0, "failures": 0, "history": []}
+
+
+def _save_state(run_dir: Path, state: dict) -> None:
+    path = _state_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def classify(run_dir: Path, exit_code: int, signalled: bool, state: dict, max_failures: int,
+             max_preemptions: int) -> Decision:
+    if RunPaths(Path(run_dir)).done_marker.exists():
+        return Decision("done", "done", "the run finished (DONE marker present)")
+    if exit_code == DIVERGED_EXIT_CODE:
+        return Decision("stop", "diverged", "training diverged (exit 45): not retried, see the 'diverged' event")
+    if signalled or exit_code in (0, REQUEUE_EXIT_CODE):
+        if state["preemptions"] >= max_preemptions:
+            return Decision("stop", "budget", f"preempted {state['preemptions']} times, the limit is {max_preemptions}")
+        how = "signal received" if signalled else f"exit {exit_code} without DONE"
+        return Decision("requeue", "preempted", f"preempted ({how}); resuming from the preemption checkpoint")
+    if state["failures"] >= max_failures:
+        return Decision("stop", "budget", f"exit {exit_code}: retry budget exhausted "
+                        f"({state['failures']} of {max_failures} retries used)")
+    return Decision("requeue", "failure", f"exit {exit_code}: retry {state['failures'] + 1} of {max_failures}")
+
+
+def record(run_dir: Path, exit_code: int, signalled: bool, max_failures: int, max_preemptions: int = 100,
+           nodes: Optional[List[str]] = None, excluded: Optional[List[str]] = None) -> Decision:
+    """Classify the end of one job run, update ``requeues.json`` and emit the matching event."""
+    run_dir = Path(run_dir)
+    state = load_state(run_dir)
+    decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions)
+    if decision.action == "requeue":
+        state["preemptions" if decision.kind == "preempted" else "failures"] += 1
+    entry = {"time": time.time(), "job": os.environ.get("SLURM_JOB_ID"),
+             "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "exit_code": exit_code,
+             "signalled": signalled, "action": decision.action, "kind": decision.kind, "reason": decision.reason,
+             "nodes": nodes or [], "excluded": excluded or []}
+    state["history"].append(entry)
+    _save_state(run_dir, state)
+    if decision.action != "done":
+        event = {"requeue": "requeue", "stop": "retry_stop"}[decision.action]
+        step = last_step(run_dir)
+        FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
+            event, step, decision.reason, exit_code=exit_code, decision=decision.kind, excluded=excluded or [],
+            failures=state["failures"], preemptions=state["preemptions"])
+    return decision
+
+
+def last_step(run_dir: Path) -> int:
+    from lmforge.checkpoint.layout import latest, step_of
+
+    ckpt = latest(RunPaths(Path(run_dir)).checkpoints)
+    return step_of(ckpt) if ckpt is not None else 0

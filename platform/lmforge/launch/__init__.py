@@ -1,0 +1,1 @@
+"""Launchers: local torchrun (``lmforge launch``), Slurm submission (slurm/train.sh, submitit), job control."""

@@ -1,0 +1,69 @@
+"""``lmforge launch``: start training locally under torchrun, or submit it to Slurm.
+
+    lmforge launch --nproc 2 +exp=smoke parallelism=ddp       local torchrun, N processes (CPU or GPU)
+    lmforge launch --slurm --nodes 2 +exp=gpt_1b              sbatch slurm/train.sh +exp=gpt_1b
+    lmforge launch --slurm --submitit +exp=gpt_1b             the same, through submitit (sweeps, Python callers)
+    lmforge launch [--slurm] --dry-run ...                    print what would run / be submitted
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmforge launch", description=__doc__.splitlines()[0],
+                                epilog="Everything not an option is a Hydra override passed to lmforge.train.")
+    p.add_argument("--nproc", type=int, default=None, help="local processes (default: cluster.gpus_per_node)")
+    p.add_argument("--max-restarts", type=int, default=None, help="torchrun restarts (default: fault.max_restarts)")
+    p.add_argument("--slurm", action="store_true", help="submit slurm/train.sh with sbatch instead of running here")
+    p.add_argument("--nodes", type=int, default=None, help="Slurm nodes (default: cluster.nodes)")
+    p.add_argument("--time", type=int, default=None, help="Slurm time limit in minutes (default: cluster.time_limit_min)")
+    p.add_argument("--submitit", action="store_true", help="with --slurm: submit through submitit (Python API)")
+    p.add_argument("--submitit-folder", default="runs/submitit", help="submitit's job folder")
+    p.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, repeatable")
+    p.add_argument("--dry-run", action="store_true", help="print the command (and sbatch script) and exit")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, overrides = parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    bad = [o for o in overrides if o.startswith("--")]
+    if bad:
+        print(f"lmforge launch: unknown option {bad[0]}; see lmforge launch --help", file=sys.stderr)
+        return 2
+    if args.slurm:
+        from lmforge.launch import slurm
+
+        launch = slurm.plan(overrides, args.nodes, args.time, args.sbatch_arg)
+        if args.dry_run:
+            print(slurm.dry_run_text(launch), end="")
+            return 0
+        if args.submitit:
+            print(slurm.submit_submitit(launch, Path(args.submitit_folder)))
+        else:
+            print(slurm.submit(launch))
+        return 0
+    from lmforge.launch import local
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.runtime.rundir import resolve_run_dir
+
+    cfg = validate(compose(list(overrides)))
+    nproc = args.nproc or cfg.cluster.gpus_per_node
+    launch = local.LocalLaunch(nproc=nproc, overrides=list(overrides),
+                               max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,
+                               run_id=local.new_run_id(), port=local.free_port())
+    if args.dry_run:
+        print("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " + shlex.join(launch.command()))
+        return 0
+    run_dir = resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point,
+                              env={"TORCHELASTIC_RUN_ID": launch.run_id})
+    return local.run(launch, cfg.cluster.max_requeues, run_dir)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

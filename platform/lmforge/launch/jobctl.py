@@ -1,0 +1,136 @@
+"""Job control for slurm/train.sh: the Python half of the batch script (one Hydra compose per call).
+
+    eval "$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>)"
+        prints ``export`` lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS,
+        LMFORGE_MAX_REQUEUES and the comm preset's environment; records a ``requeued`` event on a
+        requeued run (SLURM_RESTART_COUNT > 0)
+    python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
+        decides done / requeue / stop (lmforge.fault.retry), excludes failed nodes of this allocation
+        from the next one, and requeues the job (``scontrol requeue``); prints the decision
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from lmforge.runtime.rundir import RunPaths, resolve_run_dir
+
+BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")
+
+
+def _compose(overrides: Sequence[str]):
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+
+    return validate(compose(list(overrides)))
+
+
+def run_dir_for(cfg) -> Path:
+    return resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point)
+
+
+def launch_env(cfg) -> Dict[str, str]:
+    """What the batch script exports before ``srun torchrun``."""
+    env = {str(k): str(v) for k, v in cfg.comm.env.items()}
+    env.update({
+        "LMFORGE_RUN_DIR": str(run_dir_for(cfg)),
+        "LMFORGE_NPROC_PER_NODE": str(cfg.cluster.gpus_per_node),
+        "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts),
+        "LMFORGE_MAX_REQUEUES": str(cfg.cluster.max_requeues),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    })
+    if cfg.train.threads > 0:
+        env["OMP_NUM_THREADS"] = str(cfg.train.threads)
+    return env
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    if not nodelist:
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
+    return out.stdout.split() if out.returncode == 0 else [nodelist]
+
+
+def failed_nodes(nodes: Sequence[str]) -> List[str]:
+    """Nodes of ``nodes`` that Slurm reports down, drained, failing or not responding."""
+    if not nodes:
+        return []
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T", "-n", ",".join(nodes)], capture_output=True, text=True)
+    bad = []
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and (parts[1].rstrip("*~#!%$@^-").lower() in BAD_NODE_STATES or parts[1].endswith("*")):
+            bad.append(parts[0])
+    return sorted(set(bad))
+
+
+def cmd_prepare(overrides: Sequence[str]) -> int:
+    cfg = _compose(overrides)
+    env = launch_env(cfg)
+    run_dir = Path(env["LMFORGE_RUN_DIR"])
+    RunPaths(run_dir).make()
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if restart > 0:
+        from lmforge.fault.events import FaultEvents
+        from lmforge.fault.retry import last_step
+
+        nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
+            "requeued", last_step(run_dir), f"job {os.environ.get('SLURM_JOB_ID')} run {restart + 1} starts on "
+            f"{','.join(nodes)}", slurm_restart=restart, nodes=nodes)
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
+    from lmforge.fault.retry import record
+
+    cfg = _compose(overrides)
+    run_dir = run_dir_for(cfg)
+    nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    decision = record(run_dir, exit_code, signalled, cfg.cluster.max_requeues, nodes=nodes)
+    excluded: List[str] = []
+    job = os.environ.get("SLURM_JOB_ID")
+    if decision.action == "requeue" and decision.kind == "failure" and job:
+        excluded = failed_nodes(nodes)
+        total = int(os.environ.get("SLURM_JOB_NUM_NODES", str(len(nodes))) or 0)
+        if excluded and len(excluded) < total + 1:
+            subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"],
+                           capture_output=True, text=True)
+    print(f"lmforge: {decision.action}: {decision.reason}"
+          + (f"; excluding {','.join(excluded)}" if excluded else ""), file=sys.stderr, flush=True)
+    print(decision.action, flush=True)
+    if decision.action == "requeue" and requeue and job:
+        sys.stdout.flush()
+        # Slurm ends this batch script at once: everything above is already on disk.
+        subprocess.run(["scontrol", "requeue", job])
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, overrides = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="python -m lmforge.launch.jobctl")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare")
+    a = sub.add_parser("after")
+    a.add_argument("--exit-code", type=int, required=True)
+    a.add_argument("--signalled", action="store_true")
+    a.add_argument("--no-requeue", action="store_true")
+    args = p.parse_args(argv)
+    if args.cmd == "prepare":
+        return cmd_prepare(overrides)
+    return cmd_after(args.exit_code, args.signalled, overrides, requeue=not args.no_requeue)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,15 @@
+#!/bin/bash
+# One torchrun agent per node, started by `srun` from train.sh. Not submitted on its own.
+#
+# USR1 is ignored here (and so in torchrun, which inherits the disposition); the batch script delivers the
+# job's USR1 to the training workers, which install their own handler (lmforge.fault.signals). A torchrun
+# agent that received USR1 itself would die and take its workers with it before they could checkpoint.
+set -euo pipefail
+source "${LMFORGE_REPO:?}/slurm/env.sh"
+trap '' USR1
+local_addr=$(lmforge_node_addr "${SLURMD_NODENAME:-$(hostname)}")
+exec "$LMFORGE_PYTHON" -m torch.distributed.run \
+  --nnodes="$SLURM_NNODES" --nproc_per_node="$LMFORGE_NPROC_PER_NODE" \
+  --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
+  --local_addr="$local_addr" --max_restarts="$LMFORGE_MAX_RESTARTS" \
+  -m lmforge.train "$@"

@@ -1,0 +1,41 @@
+# Shared environment for lmforge's Slurm scripts (sourced by train.sh, agent.sh and sweep_array.sh).
+#
+#   LMFORGE_REPO    the lmforge checkout (default: the submit directory)
+#   LMFORGE_PYTHON  the Python with lmforge installed (default: $LMFORGE_REPO/.venv/bin/python, else python3)
+#
+# Functions:
+#   lmforge_node_addr NODE   the address other nodes reach NODE at: its NodeAddr from `scontrol show node`
+#                            (NodeAddr defaults to the node name on a cluster whose node names resolve; on
+#                            test clusters the names may not resolve, so the NodeAddr is authoritative)
+#   lmforge_head_node        the first node of the job's allocation
+#   lmforge_master_port      a port derived from the job id and the restart count (a requeued run never
+#                            trips over the previous run's socket)
+
+LMFORGE_REPO=${LMFORGE_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
+if [ -z "${LMFORGE_PYTHON:-}" ]; then
+  if [ -x "$LMFORGE_REPO/.venv/bin/python" ]; then LMFORGE_PYTHON="$LMFORGE_REPO/.venv/bin/python"
+  else LMFORGE_PYTHON=python3; fi
+fi
+export LMFORGE_REPO LMFORGE_PYTHON
+export PYTHONUNBUFFERED=1
+# Elastic restarts on CPU/gloo fail intermittently with the shared rendezvous store (pytorch#135712).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+
+lmforge_head_node() {
+  scontrol show hostnames "${SLURM_JOB_NODELIST:?not inside a Slurm job}" | head -n1
+}
+
+lmforge_node_addr() {
+  local node=$1 addr
+  addr=$(scontrol show node "$node" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | head -n1 | cut -d= -f2)
+  echo "${addr:-$node}"
+}
+
+lmforge_master_port() {
+  local job=${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}} task=${SLURM_ARRAY_TASK_ID:-0} restart=${SLURM_RESTART_COUNT:-0}
+  echo $(( 20000 + (job * 131 + task * 17 + restart * 7) % 20000 ))
+}
+
+lmforge_is_loopback() {
+  case "$1" in localhost|127.*|::1) return 0 ;; *) return 1 ;; esac
+}

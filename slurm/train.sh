@@ -1,0 +1,80 @@
+#!/bin/bash
+# lmforge training job. Hydra overrides are the arguments:
+#
+#   sbatch slurm/train.sh +exp=gpt_1b optim.lr=2e-4
+#   sbatch --nodes=4 --time=24:00:00 slurm/train.sh +exp=gpt_1b cluster.nodes=4
+#
+# What it does (docs/slurm.md, docs/fault-tolerance.md):
+#   * one torchrun agent per node (`srun slurm/agent.sh`), cluster.gpus_per_node workers each, c10d
+#     rendezvous on the job's first node at its NodeAddr (never localhost on a multi-node job);
+#   * in-job restarts: torchrun --max_restarts=fault.max_restarts; a killed or hung rank (watchdog) restarts
+#     the group, which resumes from the newest complete checkpoint (train.resume=auto);
+#   * preemption / time limit: Slurm sends USR1 to this script `lead` seconds early (--signal=B:USR1@lead);
+#     it is forwarded to the workers, which finish the step, checkpoint and stop; the job requeues itself;
+#   * after the run, lmforge.launch.jobctl decides finish / requeue / stop (retry budget
+#     cluster.max_requeues for crashes; a diverged run is never retried) and requeues with `scontrol requeue`.
+#     A requeued job keeps its job id, hence its run directory (runs/slurm-<jobid>), and resumes.
+#
+# Resources: edit the lines below or override them on the sbatch command line. GPUs: add
+# `--gpus-per-node=8` (and cluster.gpus_per_node=8) on a GPU cluster; the script sets no GPU request so
+# it also runs on CPU-only partitions.
+#SBATCH --job-name=lmforge
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=04:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@120
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%x-%j.out
+#SBATCH --error=slurm-%x-%j.err
+set -uo pipefail
+
+source "${LMFORGE_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}/slurm/env.sh"
+cd "$LMFORGE_REPO" 2>/dev/null || true
+cd "${SLURM_SUBMIT_DIR:-$PWD}"
+
+echo "lmforge: job ${SLURM_JOB_ID} run $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NODELIST} ($(date -u +%FT%TZ))"
+
+eval "$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl prepare -- "$@")" || { echo "lmforge: bad config" >&2; exit 2; }
+
+head_node=$(lmforge_head_node)
+MASTER_ADDR=$(lmforge_node_addr "$head_node")
+MASTER_PORT=$(lmforge_master_port)
+if [ "${SLURM_NNODES:-1}" -gt 1 ] && lmforge_is_loopback "$MASTER_ADDR"; then
+  echo "lmforge: head node $head_node resolves to $MASTER_ADDR on a ${SLURM_NNODES}-node job; set its NodeAddr" >&2
+  exit 2
+fi
+export MASTER_ADDR MASTER_PORT
+echo "lmforge: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT head=$head_node run_dir=$LMFORGE_RUN_DIR"
+
+PREEMPTED=0
+SRUN_PID=
+forward_preemption() {
+  [ "$PREEMPTED" = 1 ] && return 0
+  PREEMPTED=1
+  echo "lmforge: preemption signal at ${EPOCHREALTIME}; asking the workers to checkpoint" >&2
+  # To every process of the job's steps (not this script): the workers checkpoint, the agents ignore USR1.
+  scancel --signal=USR1 "$SLURM_JOB_ID" 2>/dev/null || true
+}
+trap forward_preemption USR1 TERM
+
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 --export=ALL "$LMFORGE_REPO/slurm/agent.sh" "$@" &
+SRUN_PID=$!
+rc=0
+while true; do
+  wait "$SRUN_PID"; rc=$?
+  # wait returns >128 when a trapped signal interrupted it; the step is still running then.
+  if kill -0 "$SRUN_PID" 2>/dev/null; then continue; fi
+  break
+done
+echo "lmforge: training step ended with exit code $rc (preempted=$PREEMPTED)"
+
+trap - USR1 TERM   # from here on a signal is Slurm ending this run (requeue, cancel), not a preemption request
+signalled=()
+[ "$PREEMPTED" = 1 ] && signalled=(--signalled)
+action=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl after --exit-code "$rc" "${signalled[@]}" -- "$@")
+case "$action" in
+  done) exit 0 ;;
+  requeue) sleep 5; exit 0 ;;  # normally not reached: `scontrol requeue` already ended this script
+  *) exit "$(( rc == 0 ? 1 : rc ))" ;;
+esac

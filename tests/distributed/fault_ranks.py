@@ -1,0 +1,51 @@
+"""Rank functions for tests/distributed/test_fault_watchdog.py (run by harness.run_ranks)."""
+from __future__ import annotations
+
+import datetime
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def withheld_collective(run_dir: str, timeout_s: float, hold_s: float) -> dict:
+    """Rank 0 withholds the all_reduce that rank 1 enters; rank 1's watchdog must fire and exit 43."""
+    from lmforge.fault.events import FaultEvents
+    from lmforge.fault.watchdog import Watchdog
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    dist.barrier()
+    run = Path(run_dir)
+    events = FaultEvents(run / "metrics.jsonl", rank)
+    dog = Watchdog(rank, timeout_s, run / "dumps", run / "heartbeats", poll_s=0.2, orphan_check=False,
+                   on_event=events.emit).start()
+    dog.beat(7)
+    if rank == 0:
+        dog.pause()
+        time.sleep(hold_s)  # never joins the collective
+        return {"rank": 0}
+    t = torch.ones(4)
+    dist.all_reduce(t)  # blocks: the peer withholds the call
+    return {"rank": rank, "unexpected": "all_reduce returned"}
+
+
+def slow_rank(run_dir: str) -> dict:
+    """Rank 1's steps take 3x as long; every rank gathers the times, rank 0 names rank 1 a straggler."""
+    from lmforge.fault.events import FaultEvents
+    from lmforge.fault.straggler import StragglerDetector
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    detector = StragglerDetector(every=4, threshold=1.5, device=torch.device("cpu"))
+    events = FaultEvents(Path(run_dir) / "metrics.jsonl", rank)
+    found = None
+    for step in range(1, 9):
+        out = detector.observe(step, 0.3 if rank == 1 else 0.1)
+        if out is not None:
+            found = out
+            if rank == 0:
+                for r in out["stragglers"]:
+                    events.emit("straggler", step, f"rank {r} slow", slow_rank=r)
+    return found

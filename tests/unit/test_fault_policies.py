@@ -1,0 +1,155 @@
+"""Loss guard, straggler rule, retry budget, orphan check and the launch dry-runs (single process)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmforge.fault.loss_guard import LossGuard
+from lmforge.fault.retry import load_state, record
+from lmforge.fault.straggler import find_stragglers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_loss_guard_skips_nonfinite_and_spikes_and_declares_divergence():
+    g = LossGuard(spike_factor=2.0, window=10, max_consecutive=3)
+    for i in range(6):
+        g.step = i + 1
+        assert g(torch.tensor(3.0), torch.tensor(1.0))
+    g.step = 7
+    assert not g(torch.tensor(float("nan")), torch.tensor(1.0)) and "non-finite loss" in g.last_cause
+    g.step = 8
+    assert not g(torch.tensor(2.0), torch.tensor(float("inf"))) and "grad norm" in g.last_cause
+    g.step = 9
+    assert not g(torch.tensor(7.0), torch.tensor(1.0)) and "spike" in g.last_cause
+    assert g.diverged and g.first_bad_step == 7 and g.skipped_total == 3
+    g.step = 10
+    assert g(torch.tensor(3.1), torch.tensor(1.0)) and not g.diverged and g.consecutive == 0
+
+
+def test_straggler_rule_names_ranks_slower_than_threshold_times_median():
+    assert find_stragglers([1.0, 1.0, 1.1, 2.0], 1.5) == [3]
+    assert find_stragglers([1.0, 1.2], 1.5) == []
+    assert find_stragglers([], 1.5) == []
+
+
+def test_retry_budget_requeues_preemptions_and_limits_failures(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run = tmp_path / "run"
+    assert record(run, 0, signalled=True, max_failures=2).kind == "preempted"
+    assert record(run, 42, signalled=False, max_failures=2).action == "requeue"
+    assert record(run, 1, False, 2).reason == "exit 1: retry 1 of 2"
+    assert record(run, 43, False, 2).action == "requeue"
+    stop = record(run, 1, False, 2)
+    assert stop.action == "stop" and "retry budget exhausted (2 of 2 retries used)" in stop.reason
+    assert record(run, 45, False, 2).kind == "diverged"
+    state = load_state(run)
+    assert state["preemptions"] == 2 and state["failures"] == 2
+    kinds = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert kinds == ["requeue", "requeue", "requeue", "requeue", "retry_stop", "retry_stop"]
+    (run / "DONE").write_text("{}")
+    assert record(run, 0, False, 2).action == "done"
+
+
+ORPHAN_CHILD = r"""
+import sys, time
+from pathlib import Path
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.watchdog import Watchdog
+run = Path(sys.argv[1])
+Watchdog(0, 0, run / "dumps", poll_s=0.1, orphan_check=True, on_event=FaultEvents(run / "metrics.jsonl", 0).emit).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+ORPHAN_PARENT = r"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "ready"
+print(child.pid, flush=True)
+import time; time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_orphaned_worker_notices_its_dead_launcher_and_exits(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_CHILD, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    child_pid = int(parent.stdout.readline())
+    parent.kill()  # the "agent" dies; its worker is re-parented
+    parent.wait()
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 20
+    while not metrics.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    event = json.loads(metrics.read_text().splitlines()[0])
+    assert event["event"] == "orphaned" and "the launcher died" in event["cause"]
+    while time.monotonic() < deadline:  # gone (or a zombie waiting for its new parent to reap it)
+        try:
+            state = Path(f"/proc/{child_pid}/stat").read_text().split()[2]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child_pid, 9)
+        pytest.fail("the orphaned worker kept running")
+
+
+def _lmforge(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_launch_dry_runs_print_the_command_and_sbatch_script():
+    local = _lmforge("launch", "--nproc", "2", "--dry-run", "model=tiny", "fault.max_restarts=5")
+    assert local.returncode == 0, local.stderr
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in local.stdout
+    assert "--nproc_per_node=2" in local.stdout and "--max_restarts=5" in local.stdout
+    assert local.stdout.rstrip().endswith("-m lmforge.train model=tiny fault.max_restarts=5")
+    slurm = _lmforge("launch", "--slurm", "--dry-run", "--nodes", "4", "model=tiny", "cluster.signal_lead_s=300")
+    assert slurm.returncode == 0, slurm.stderr
+    assert "#SBATCH --requeue" in slurm.stdout and "srun" in slurm.stdout
+    last = slurm.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("sbatch --nodes=4 ") and "--signal=B:USR1@300" in last
+    assert last.endswith("slurm/train.sh model=tiny cluster.signal_lead_s=300")
+
+
+def test_watchdog_fires_after_timeout_dumps_stacks_and_exits_43(tmp_path):
+    from lmforge.fault.events import FaultEvents
+    from lmforge.fault.watchdog import Watchdog
+
+    exits = []
+    dog = Watchdog(3, timeout_s=0.3, dumps_dir=tmp_path / "dumps", poll_s=0.05, orphan_check=False, backstop_s=0,
+                   on_event=FaultEvents(tmp_path / "metrics.jsonl", 3).emit, exit=exits.append).start()
+    dog.beat(5)
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dog.stop()
+    assert exits == [43] and dog.fired == "watchdog"
+    dump = next((tmp_path / "dumps").glob("watchdog-rank3-step5-*.txt")).read_text()
+    assert "test_watchdog_fires_after_timeout" in dump  # the main thread's stack, waiting in this test
+    event = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert event["event"] == "watchdog" and event["rank"] == 3 and event["step"] == 5
+
+
+def test_paused_or_beating_watchdog_does_not_fire(tmp_path):
+    from lmforge.fault.watchdog import Watchdog
+
+    dog = Watchdog(0, timeout_s=0.5, dumps_dir=tmp_path, orphan_check=False, backstop_s=0)
+    dog.beat(1)
+    assert dog.check(now=dog.last_beat + 0.4) is None
+    assert dog.check(now=dog.last_beat + 0.6) == "watchdog"
+    dog.pause()
+    assert dog.check(now=dog.last_beat + 100) is None
+    fresh = Watchdog(0, timeout_s=0.5, dumps_dir=tmp_path, startup_s=10, orphan_check=False, backstop_s=0)
+    assert fresh.check(now=fresh.last_beat + 5) is None  # before the first step the startup allowance applies
