@@ -13,7 +13,8 @@ LAYERS = {
     "config": 1,
     "model": 2,
     "parallel": 3, "comm": 3,
-    "data": 4, "checkpoint": 4, "metrics": 4, "fault": 4,
+    "data": 4, "checkpoint": 4, "metrics": 4,
+    "fault": 4.5,  # fault handling pins checkpoints and writes events through the metrics logger
     "trainer": 5,
     "scaling": 6, "interop": 6, "launch": 6,
     "train": 7,
