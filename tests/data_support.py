@@ -59,12 +59,12 @@ def step_records(stream, steps: int) -> List[List[dict]]:
     return out
 
 
-def rank_stream(cache: str, steps: int, seq_len: int, micro: int, global_batch: int, n: int) -> dict:
+def rank_stream(cache: str, steps: int, seq_len: int, micro: int, global_batch: int, n: int, seed: int = 4321) -> dict:
     """Run inside a real gloo rank (tests/harness.run_ranks): this rank's slice of the global stream."""
     from lmforge.comm.process_group import init_process_group
     from lmforge.config.comm import CommConfig
 
     os.environ["LMFORGE_DATA_CACHE"] = cache
     world = init_process_group(CommConfig(backend="gloo"), torch.device("cpu"))
-    stream = make_stream(Path(cache), THREE_SOURCES, seq_len, micro, global_batch, world.world_size, world.rank, n)
+    stream = make_stream(Path(cache), THREE_SOURCES, seq_len, micro, global_batch, world.world_size, world.rank, n, seed)
     return {"rank": world.rank, "steps": step_records(stream, steps)}

@@ -105,7 +105,6 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
 
     ``stats["chars"]``, when the producer fills it, gives the text throughput recorded in the sidecar.
     """
-    import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +118,7 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
     for ids in token_docs:
         arr = np.concatenate([np.asarray(ids, dtype=np.int64), eod])
         top = max(top, int(arr.max()))
-        builder.add_document(torch.from_numpy(arr), [len(arr)])
+        builder.add_document(arr, [len(arr)])  # numpy goes straight through numpy.array(..., dtype)
         n_docs += 1
         n_tokens += len(arr)
     if n_docs == 0:
