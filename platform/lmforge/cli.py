@@ -1,7 +1,7 @@
 """``lmforge <verb>``: one console entry point for every tool.
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
-    lmforge data    prepare|train-tokenizer ...
+    lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
 """
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def normalise_weights(raw: Mapping[str, float]) -> Tuple[List[str], List[float],
                           "give at least one source a positive weight")
     total = sum(positive.values())
     names = list(positive)
-    weights = [positive[n] / total for n in names]
+    # Weights that already sum to 1 are used as given (no float noise from dividing by 0.9999999999999999).
+    weights = [positive[n] if abs(total - 1.0) <= 1e-9 else positive[n] / total for n in names]
     note = None
     dropped = [n for n in raw if n not in positive]
     if abs(total - 1.0) > 1e-9 or dropped:
