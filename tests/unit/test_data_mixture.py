@@ -133,3 +133,25 @@ def test_a_reprepared_shard_at_the_same_prefix_misses_the_cache(tmp_path, data_c
     assert _files(cache) - first, "same path, new content: the old index must not be reused"
     text = tok.decode(torch.as_tensor(m.train_sample(0)["tokens"]).tolist())
     assert any(text[:40] in d for d in docs[40:])
+
+
+def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):
+    """Another job holding index/.build.lock keeps this rank 0 from writing until it lets go."""
+    import threading
+
+    from lmforge.data.shards import file_lock
+
+    shared, cache = data_cache, tmp_path / "cache"
+    cache.mkdir()
+    for sub in ("tokenizers", "shards"):
+        (cache / sub).symlink_to(shared / sub)
+    (cache / "index").mkdir()
+    done = []
+    worker = threading.Thread(target=lambda: done.append(
+        make_stream(cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 300, seed=5)))
+    with file_lock(cache / "index" / ".build.lock"):
+        worker.start()
+        worker.join(timeout=3.0)
+        assert worker.is_alive() and not done and not _files(cache), "built without holding the cache lock"
+    worker.join(timeout=120)
+    assert done and any(f.endswith("description.txt") for f in _files(cache))

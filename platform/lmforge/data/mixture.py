@@ -79,12 +79,12 @@ def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, 
     """Embedded corpora are prepared on first use (once, under a lock); other paths are shard prefixes."""
     if path.startswith("embedded:"):
         corpus = path.split(":", 1)[1]
-        from lmforge.data.embedded import SOURCES
+        from lmforge.data.embedded import SOURCES, VERSION
 
         if corpus not in SOURCES:
             raise ConfigError(f"data.sources.{name}.path", f"unknown embedded corpus '{corpus}'",
                               f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix")
-        prefix = cache_dir / "shards" / f"embedded-{corpus}-{tokenizer.fingerprint}"
+        prefix = cache_dir / "shards" / f"embedded-{corpus}-v{VERSION}-{tokenizer.fingerprint}"
         prepare([path], prefix, tokenizer, source=path, workers=workers)
         return prefix
     if not path:

@@ -196,7 +196,9 @@ def export_tiktoken(tokenizer_json: Path, out_path: Path) -> Path:
 
 
 def embedded_tokenizer_path(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
-    return cache_dir / "tokenizers" / f"embedded-bpe-{vocab_size}.json"
+    from lmforge.data.embedded import VERSION
+
+    return cache_dir / "tokenizers" / f"embedded-bpe-{vocab_size}-v{VERSION}.json"
 
 
 def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from lmforge.checkpoint.layout import SIDECAR
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.config.batch import BatchPlan
@@ -32,7 +33,6 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.data.loader import BatchStream
-from lmforge.checkpoint.layout import SIDECAR
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
 from lmforge.fault.signals import REQUEUE_EXIT_CODE, PreemptionFlag
