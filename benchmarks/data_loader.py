@@ -130,18 +130,19 @@ def main() -> None:
     cache = Path(args.cache).absolute()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = [loader_and_train(c, args.steps, args.train_micro, args.repeats, cache, device) for c in args.configs]
-    prep = prepare_rate(args.prepare_mb, cache, [1, 2])
+    prep = prepare_rate(args.prepare_mb, cache, [1, 2]) if args.prepare_mb > 0 else []
 
     print(f"\nloader vs training consumption ({device}, {torch.get_num_threads()} threads)")
     print(f"{'config':<10} {'seq':>5} {'tok/step':>9} {'loader tok/s':>13} {'train tok/s':>12} {'headroom':>9}")
     for r in rows:
         print(f"{r['config']:<10} {r['seq_len']:>5} {r['tokens_per_step']:>9} {r['loader_tokens_per_s']:>13,.0f} "
               f"{r['train_tokens_per_s']:>12,.0f} {r['headroom']:>8.1f}x")
-    print("\nprepare (real text, embedded BPE)")
-    print(f"{'workers':>7} {'MB':>6} {'seconds':>8} {'MB/s':>7}")
-    for p in prep:
-        print(f"{p['workers']:>7} {p['mb']:>6.2f} {p['seconds']:>8.2f} {p['mb_per_s']:>7.3f}")
-    print(f"prepare speedup 2 workers / 1 worker: {prep[1]['mb_per_s'] / prep[0]['mb_per_s']:.2f}x")
+    if prep:
+        print("\nprepare (real text, embedded BPE)")
+        print(f"{'workers':>7} {'MB':>6} {'seconds':>8} {'MB/s':>7}")
+        for p in prep:
+            print(f"{p['workers']:>7} {p['mb']:>6.2f} {p['seconds']:>8.2f} {p['mb_per_s']:>7.3f}")
+        print(f"prepare speedup 2 workers / 1 worker: {prep[1]['mb_per_s'] / prep[0]['mb_per_s']:.2f}x")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "data_loader.json").write_text(json.dumps({"device": str(device), "loader": rows, "prepare": prep},
                                                          indent=1))

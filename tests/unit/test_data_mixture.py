@@ -155,3 +155,13 @@ def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):
         assert worker.is_alive() and not done and not _files(cache), "built without holding the cache lock"
     worker.join(timeout=120)
     assert done and any(f.endswith("description.txt") for f in _files(cache))
+
+
+def test_fast_sample_path_equals_megatron_getitem(data_cache):
+    mixture = make_stream(data_cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 4096).mixture
+    for i in list(range(0, 4096, 41)) + [4095]:
+        text, source = mixture.train_text(i)
+        sample = mixture.train_sample(i)
+        assert source == int(sample["dataset_id"])
+        assert text[:-1].tolist() == torch.as_tensor(sample["tokens"]).tolist()
+        assert text[1:].tolist() == torch.as_tensor(sample["labels"]).tolist()

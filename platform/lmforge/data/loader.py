@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Tuple
 
+import numpy as np
 import torch
 
 from lmforge.config.batch import BatchPlan
@@ -48,14 +49,11 @@ class BatchStream:
         return range(start, start + p.micro_batch_size)
 
     def _collate(self, indices: range) -> MicroBatch:
-        samples = [self.mixture.train_sample(i) for i in indices]
-        tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long()
-        targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long()
-        ids = [int(s.get("dataset_id", 0)) for s in samples]
-        if self.device.type == "cuda":
-            tokens = tokens.pin_memory().to(self.device, non_blocking=True)
-            targets = targets.pin_memory().to(self.device, non_blocking=True)
-        return MicroBatch(tokens, targets, ids)
+        texts, ids = zip(*(self.mixture.train_text(i) for i in indices))
+        text = torch.from_numpy(np.stack(texts).astype(np.int64, copy=False))
+        if self.device.type == "cuda":  # one pinned host-to-device copy; inputs and targets are shifted views
+            text = text.pin_memory().to(self.device, non_blocking=True)
+        return MicroBatch(text[:, :-1].contiguous(), text[:, 1:].contiguous(), list(ids))
 
     def step_batches(self) -> List[MicroBatch]:
         """The micro batches of the next optimizer step on this rank (advances the state)."""

@@ -70,6 +70,27 @@ class Mixture:
                              "built for this run; build the mixture with total_train_samples >= the samples consumed")
         return self.passes[k][j]
 
+    def train_text(self, i: int) -> Tuple[np.ndarray, int]:
+        """Sample ``i`` as seq_len + 1 token ids and its source id, without building megatron's per-sample dict.
+
+        Same ids as ``train_sample(i)``: tokens = text[:-1], labels = text[1:] (checked in tests); this skips the
+        torch tensors, loss mask and position ids megatron-core makes for every sample and lmforge never uses.
+        """
+        k, j = divmod(i, self.num_train_samples)
+        if k >= len(self.passes):
+            self.train_sample(i)  # raises the explanatory IndexError
+        ds = self.passes[k]
+        if getattr(ds, "dataset_index", None) is not None:  # a BlendedDataset
+            source = int(ds.dataset_index[j])
+            text, _ = ds.datasets[source]._query_document_sample_shuffle_indices(int(ds.dataset_sample_index[j]))
+            return text, source
+        if hasattr(ds, "datasets"):  # a BlendedDataset whose indices are not loaded yet: the public path
+            sample = ds[j]
+            return np.concatenate([np.asarray(sample["tokens"]), np.asarray(sample["labels"])[-1:]]), \
+                int(sample["dataset_id"])
+        text, _ = ds._query_document_sample_shuffle_indices(j)
+        return text, 0
+
     def signature(self) -> dict:
         return {"sources": dict(zip(self.sources, [round(w, 6) for w in self.weights])), "seq_len": self.seq_len,
                 "seed": self.seed}
