@@ -169,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="embedded | path/to/tokenizer.json | tiktoken:/path/NAME.tiktoken | tiktoken:NAME")
     ap.add_argument("--cache-dir", default=os.environ.get("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
                     help="where the embedded tokenizer lives (default $LMFORGE_DATA_CACHE)")
-    ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="tokenizer processes")
+    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                    help="tokenizer processes (default: half the cores, at most 8)")
     ap.add_argument("--json-key", default="text", help="the JSONL field holding the document text")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                     help="show a progress bar (default: when stderr is a terminal)")
