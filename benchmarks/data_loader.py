@@ -27,7 +27,8 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def median_time(fn: Callable[[], None], repeats: int, warmup: int = 1, sync: Callable[[], None] = lambda: None) -> float:
+def median_time(fn: Callable[[], None], repeats: int, warmup: int = 1,
+                sync: Callable[[], None] = lambda: None) -> float:
     for _ in range(warmup):
         fn()
     sync()

@@ -74,7 +74,8 @@ def test_prefix_given_with_suffix(tmp_path, tok):
 @pytest.mark.parametrize("gone", ["idx", "bin"])
 def test_missing_idx_or_bin(shard, tok, tmp_path, gone):
     os.unlink(f"{shard}.{gone}")
-    with pytest.raises(ConfigError, match=rf"books.{gone} is missing \(only books.\w+ exists\): the shard is incomplete"):
+    with pytest.raises(ConfigError,
+                       match=rf"books.{gone} is missing \(only books.\w+ exists\): the shard is incomplete"):
         build(shard, tok, tmp_path / "cache")
 
 

@@ -67,7 +67,8 @@ def test_extending_max_steps_keeps_what_was_seen_and_adds_a_fresh_pass(data_cach
     assert ext.total_samples == 4096 and len(ext.passes) == 2
     probe = list(range(0, n, 97)) + [n - 1]
     for i in probe:
-        assert torch.equal(torch.as_tensor(base.train_sample(i)["tokens"]), torch.as_tensor(ext.train_sample(i)["tokens"]))
+        assert torch.equal(torch.as_tensor(base.train_sample(i)["tokens"]),
+                           torch.as_tensor(ext.train_sample(i)["tokens"]))
     first = [torch.as_tensor(ext.train_sample(i)["tokens"])[:16].tolist() for i in range(64)]
     second = [torch.as_tensor(ext.train_sample(n + i)["tokens"])[:16].tolist() for i in range(64)]
     assert first != second  # pass 2 is a fresh shuffle (seed + 1), not a replay of pass 1
@@ -108,7 +109,8 @@ def test_index_cache_is_keyed_by_every_parameter_and_rebuilds_torn_sets(data_cac
     rebuilt = make_stream(data_cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 1000, seed=77).mixture
     assert path.stat().st_size == size
     for i in (0, 1, 500, 999):
-        assert torch.equal(torch.as_tensor(a.train_sample(i)["tokens"]), torch.as_tensor(rebuilt.train_sample(i)["tokens"]))
+        assert torch.equal(torch.as_tensor(a.train_sample(i)["tokens"]),
+                           torch.as_tensor(rebuilt.train_sample(i)["tokens"]))
     assert sweep_torn(data_cache / "index") == []
 
 

@@ -86,7 +86,7 @@ def test_tiktoken_from_local_file_matches_the_bpe_it_was_exported_from(tmp_path,
     for text in chapters[:5]:
         assert tt.encode(text) == tokenizer.encode(text)
     assert tt.decode(tt.encode(chapters[1])) == chapters[1]
-    meta = prepare([f"embedded:reference"], tmp_path / "ref-tt", tt)
+    meta = prepare(["embedded:reference"], tmp_path / "ref-tt", tt)
     assert meta["tokenizer"]["kind"] == "tiktoken"
     # A named encoding loads only from $TIKTOKEN_CACHE_DIR: never a download.
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)

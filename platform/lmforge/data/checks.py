@@ -143,9 +143,10 @@ def check_splits(shard: ShardInfo, valid_fraction: float, seq_len: int) -> Dict[
     for label, (beg, end) in split_bounds(n_docs, split_string(valid_fraction)).items():
         if end <= beg:
             need = math.ceil(1 / min(valid_fraction, 1 - valid_fraction))
-            raise ConfigError("data.valid_fraction", f"source '{shard.name}' ({shard.prefix}) has {n_docs} documents; "
-                              f"valid_fraction={valid_fraction} leaves its {label} split with 0 documents (megatron-core's "
-                              "index builder would loop forever on it)",
+            raise ConfigError("data.valid_fraction",
+                              f"source '{shard.name}' ({shard.prefix}) has {n_docs} documents; valid_fraction="
+                              f"{valid_fraction} leaves its {label} split with 0 documents (megatron-core's index "
+                              "builder would loop forever on it)",
                               f"give '{shard.name}' at least {need} documents, or change data.valid_fraction so both "
                               "splits get one")
         tokens[label] = int(shard.index.lengths[beg:end].sum(dtype=np.int64))

@@ -14,7 +14,6 @@ import collections
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Deque, Iterator, List, Optional, Sequence
 
