@@ -128,7 +128,8 @@ def test_split_with_zero_documents(tmp_path, tok, chapters):
     (tmp_path / "ten.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chapters[:10]))
     prepare([str(tmp_path / "ten.jsonl")], tmp_path / "ten", tok)
     with pytest.raises(ConfigError, match=r"data.valid_fraction': source 'books' .* has 10 documents; "
-                                          r"valid_fraction=0.02 leaves its valid split with 0 documents"):
+                                          r"valid_fraction=0.02 leaves its valid split with 0 documents .*"
+                                          r"Fix: give 'books' at least 25 documents"):
         build(tmp_path / "ten", tok, tmp_path / "cache")
 
 

@@ -120,11 +120,13 @@ def test_a_reprepared_shard_at_the_same_prefix_misses_the_cache(tmp_path, data_c
     from lmforge.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer("embedded", data_cache)
-    docs = [d for _, d in zip(range(80), (d for d in iter_documents("books") if len(d) > 2000))]
-    cache = tmp_path / "cache"
+    docs = [d[:3000] for _, d in zip(range(52), (d for d in iter_documents("books") if len(d) > 2000))]
+    cache = tmp_path / "cache"  # its own index dir, the session's tokenizer
+    cache.mkdir()
+    (cache / "tokenizers").symlink_to(data_cache / "tokenizers")
     prefix = tmp_path / "books"
-    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:40]))
-    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[40:]))
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:26]))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[26:]))
     prepare([str(tmp_path / "a.jsonl")], prefix, tok)
     make_stream(cache, {"books": 1.0}, SEQ, MICRO, GLOBAL, 1, 0, 500, paths={"books": str(prefix)})
     first = _files(cache)
@@ -134,7 +136,7 @@ def test_a_reprepared_shard_at_the_same_prefix_misses_the_cache(tmp_path, data_c
     m = make_stream(cache, {"books": 1.0}, SEQ, MICRO, GLOBAL, 1, 0, 500, paths={"books": str(prefix)}).mixture
     assert _files(cache) - first, "same path, new content: the old index must not be reused"
     text = tok.decode(torch.as_tensor(m.train_sample(0)["tokens"]).tolist())
-    assert any(text[:40] in d for d in docs[40:])
+    assert any(text[:40] in d for d in docs[26:])
 
 
 def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):

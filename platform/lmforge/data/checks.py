@@ -142,7 +142,9 @@ def check_splits(shard: ShardInfo, valid_fraction: float, seq_len: int) -> Dict[
     tokens = {}
     for label, (beg, end) in split_bounds(n_docs, split_string(valid_fraction)).items():
         if end <= beg:
-            need = math.ceil(1 / min(valid_fraction, 1 - valid_fraction))
+            split = split_string(valid_fraction)
+            need = next((n for n in range(1, 100_001) if all(e > b for b, e in split_bounds(n, split).values())),
+                        math.ceil(1 / min(valid_fraction, 1 - valid_fraction)))
             raise ConfigError("data.valid_fraction",
                               f"source '{shard.name}' ({shard.prefix}) has {n_docs} documents; valid_fraction="
                               f"{valid_fraction} leaves its {label} split with 0 documents (megatron-core's index "
