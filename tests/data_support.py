@@ -68,3 +68,14 @@ def rank_stream(cache: str, steps: int, seq_len: int, micro: int, global_batch: 
     world = init_process_group(CommConfig(backend="gloo"), torch.device("cpu"))
     stream = make_stream(Path(cache), THREE_SOURCES, seq_len, micro, global_batch, world.world_size, world.rank, n, seed)
     return {"rank": world.rank, "steps": step_records(stream, steps)}
+
+
+def rank_check_visible(caches: List[str]) -> str:
+    """Each rank looks at its own cache dir, as nodes with node-local caches would."""
+    from lmforge.comm.process_group import init_process_group
+    from lmforge.config.comm import CommConfig
+    from lmforge.data.index_cache import check_visible
+
+    world = init_process_group(CommConfig(backend="gloo"), torch.device("cpu"))
+    check_visible(Path(caches[world.rank]) / "index")
+    return "visible"

@@ -23,3 +23,14 @@ def test_dp1_and_dp2_consume_the_same_global_stream(data_cache):
         # each rank read its own, disjoint slice
         mine = {rec["i"] for rec in ranks[0].value["steps"][step]}
         assert mine.isdisjoint(rec["i"] for rec in ranks[1].value["steps"][step]) and len(mine) == GLOBAL // 2
+
+
+@pytest.mark.timeout(120)
+def test_an_index_cache_other_ranks_cannot_see_is_refused(tmp_path):
+    shared = str(tmp_path / "shared")
+    ok = run_ranks("data_support:rank_check_visible", 2, {"caches": [shared, shared]}, timeout=90)
+    assert [r.value for r in ok] == ["visible", "visible"]
+    split = run_ranks("data_support:rank_check_visible", 2,
+                      {"caches": [str(tmp_path / "node0"), str(tmp_path / "node1")]}, timeout=90, check=False)
+    for r in split:
+        assert r.error and "config key 'data.cache_dir'" in r.error and "is not shared: ranks [1] cannot see" in r.error
