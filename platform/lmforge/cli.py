@@ -1,7 +1,7 @@
 """``lmforge <verb>``: one console entry point for every tool.
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
-    lmforge data    prepare|train-tokenizer ...
+    lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
     lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
     lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
     lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]

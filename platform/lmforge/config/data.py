@@ -25,3 +25,5 @@ class DataConfig:
     valid_fraction: float = 0.02
     # Loader threads/processes; 0 means the main process builds batches.
     num_workers: int = 0
+    # Tokenizer processes when an ``embedded:`` source is prepared on first use (output is the same for any).
+    prepare_workers: int = 1

@@ -1,9 +1,18 @@
-"""``lmforge data prepare ...`` and ``lmforge data train-tokenizer ...``."""
+"""``lmforge data prepare|train-tokenizer|export-tiktoken|debian ...``."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Sequence
+
+USAGE = """usage: lmforge data COMMAND ...
+
+  prepare          tokenize text / directories / JSONL into Megatron PREFIX.bin/.idx (+ .meta.json)
+  train-tokenizer  train a byte-level BPE tokenizer.json on files, directories, JSONL or embedded:NAME
+  export-tiktoken  write a byte-level BPE tokenizer.json as a tiktoken rank file (same ids)
+  debian           download Debian text packages (KJV, fortunes) and prepare them as shards
+
+Run `lmforge data COMMAND --help` for the options of each."""
 
 
 def train_tokenizer_main(argv: Sequence[str]) -> int:
@@ -13,23 +22,41 @@ def train_tokenizer_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="lmforge data train-tokenizer")
     ap.add_argument("inputs", nargs="+", help="files, directories, *.jsonl, or embedded:NAME")
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--json-key", default="text", help="the JSONL field holding the document text")
     ap.add_argument("--out", required=True, help="path of the tokenizer.json to write")
     args = ap.parse_args(argv)
-    path = train_bpe(iter_inputs(args.inputs), args.vocab_size, Path(args.out))
+    path = train_bpe(iter_inputs(args.inputs, args.json_key), args.vocab_size, Path(args.out))
     print(f"wrote {path}")
     return 0
 
 
-def main(argv: Sequence[str]) -> int:
-    from lmforge.data.prepare import main as prepare_main
+def export_tiktoken_main(argv: Sequence[str]) -> int:
+    from lmforge.data.tokenizer import export_tiktoken
 
+    ap = argparse.ArgumentParser(prog="lmforge data export-tiktoken")
+    ap.add_argument("tokenizer_json", help="a byte-level BPE tokenizer.json")
+    ap.add_argument("--out", required=True, help="the .tiktoken file to write (load it as tiktoken:/path/FILE)")
+    args = ap.parse_args(argv)
+    print(f"wrote {export_tiktoken(Path(args.tokenizer_json), Path(args.out))}")
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lmforge data {prepare,train-tokenizer} ...")
+        print(USAGE)
         return 0
     sub, rest = argv[0], list(argv[1:])
     if sub == "prepare":
+        from lmforge.data.prepare import main as prepare_main
+
         return prepare_main(rest)
     if sub == "train-tokenizer":
         return train_tokenizer_main(rest)
-    print(f"lmforge data: unknown command '{sub}' (prepare, train-tokenizer)")
+    if sub == "export-tiktoken":
+        return export_tiktoken_main(rest)
+    if sub == "debian":
+        from lmforge.data.debian import main as debian_main
+
+        return debian_main(rest)
+    print(f"lmforge data: unknown command '{sub}' (prepare, train-tokenizer, export-tiktoken, debian)")
     return 2

@@ -3,7 +3,9 @@
 - ``books``: six Jane Austen novels (public domain), shipped xz-compressed in ``data/embedded/``
   (extracted from Debian's r-cran-janeaustenr data).
 - ``code``: the Python standard library's own ``.py`` source, read from the running interpreter.
-- ``reference``: the Python language reference topics that ship with every CPython (``pydoc_data``).
+- ``reference``: the Python language reference topics that ship with every CPython (``pydoc_data``),
+  consecutive topics joined into documents of >= 6k characters, the last one >= 20k, so that the 2%
+  validation split (the last of its 25 documents) still holds a 4096-token sequence.
 
 Documents are yielded in a fixed order so that everything built from them is reproducible.
 """
@@ -18,6 +20,10 @@ EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 SOURCES = ("books", "code", "reference")
 # The code source is capped so preparing it stays quick (the stdlib has ~30 MB of source).
 CODE_BYTES_LIMIT = 6_000_000
+REFERENCE_DOC_CHARS = 6_000
+REFERENCE_TAIL_CHARS = 20_000
+# Bumped whenever the documents a corpus yields change: it is part of the prepared shards' names.
+VERSION = 2
 
 
 def _books() -> Iterator[str]:
@@ -49,10 +55,17 @@ def _code() -> Iterator[str]:
 def _reference() -> Iterator[str]:
     from pydoc_data import topics
 
-    for name in sorted(topics.topics):
-        text = topics.topics[name].strip()
-        if text:
-            yield text
+    texts = [topics.topics[name].strip() for name in sorted(topics.topics)]
+    groups: list = [[]]
+    for text in (t for t in texts if t):
+        if sum(map(len, groups[-1])) >= REFERENCE_DOC_CHARS:
+            groups.append([])
+        groups[-1].append(text)
+    while len(groups) > 1 and sum(map(len, groups[-1])) < REFERENCE_TAIL_CHARS:
+        tail = groups.pop()  # the last document (the validation split) takes in the ones before it
+        groups[-1] += tail
+    for group in groups:
+        yield "\n\n".join(group)
 
 
 def iter_documents(name: str) -> Iterator[str]:

@@ -4,12 +4,18 @@ Optimizer step s consumes global samples [c, c + G) where c = consumed samples b
 the global batch. Micro batch j on data-parallel rank r takes samples c + j*(m*dp) + r*m + [0, m) for
 micro batch size m: every step sees the same set of samples for any data-parallel size, and resuming at
 ``consumed_samples`` continues the exact stream.
+
+Per-source accounting: every consumed sample carries the id of the source it was drawn from; the trainer
+sums the tokens per source over ranks, and :meth:`BatchStream.share_metrics` reports the realised share of
+each source next to its requested (normalised) weight.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Tuple
 
+import numpy as np
 import torch
 
 from lmforge.config.batch import BatchPlan
@@ -43,14 +49,11 @@ class BatchStream:
         return range(start, start + p.micro_batch_size)
 
     def _collate(self, indices: range) -> MicroBatch:
-        samples = [self.mixture.train_sample(i) for i in indices]
-        tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long()
-        targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long()
-        ids = [int(s.get("dataset_id", 0)) for s in samples]
-        if self.device.type == "cuda":
-            tokens = tokens.pin_memory().to(self.device, non_blocking=True)
-            targets = targets.pin_memory().to(self.device, non_blocking=True)
-        return MicroBatch(tokens, targets, ids)
+        texts, ids = zip(*(self.mixture.train_text(i) for i in indices))
+        text = torch.from_numpy(np.stack(texts).astype(np.int64, copy=False))
+        if self.device.type == "cuda":  # one pinned host-to-device copy; inputs and targets are shifted views
+            text = text.pin_memory().to(self.device, non_blocking=True)
+        return MicroBatch(text[:, :-1].contiguous(), text[:, 1:].contiguous(), list(ids))
 
     def step_batches(self) -> List[MicroBatch]:
         """The micro batches of the next optimizer step on this rank (advances the state)."""
@@ -75,11 +78,33 @@ class BatchStream:
             targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long().to(self.device)
             yield tokens, targets
 
+    def share_metrics(self) -> Dict[str, float]:
+        """Realised vs requested weight per source, from the tokens actually consumed."""
+        total = sum(self.state.tokens_per_source.values())
+        out: Dict[str, float] = {}
+        for name, weight in zip(self.mixture.sources, self.mixture.weights):
+            out[f"data/weight/{name}"] = weight
+            if total:
+                out[f"data/share/{name}"] = self.state.tokens_per_source.get(name, 0) / total
+        return out
+
     def state_dict(self) -> dict:
         return {"consumed_samples": self.state.consumed_samples,
                 "tokens_per_source": dict(self.state.tokens_per_source),
-                "num_train_samples": self.mixture.num_train_samples}
+                "num_train_samples": self.mixture.num_train_samples,
+                "mixture": self.mixture.signature()}
 
     def load_state_dict(self, state: dict) -> None:
+        saved_n = state.get("num_train_samples")
+        if saved_n is not None and int(saved_n) != self.mixture.num_train_samples:
+            raise ValueError(
+                f"the checkpoint's data index was built for {saved_n} samples, this mixture for "
+                f"{self.mixture.num_train_samples}: the stream would differ. Fix: build the mixture with "
+                "mixture.stream_sizes(..., prior_state=<checkpoint data state>) (the trainer does)")
+        saved_mix = state.get("mixture")
+        if saved_mix is not None and saved_mix != self.mixture.signature():
+            warnings.warn(f"data: resuming with a different mixture {self.mixture.signature()} than the checkpoint's "
+                          f"{saved_mix}; the stream continues at sample {state['consumed_samples']} of the new mixture",
+                          stacklevel=2)
         self.state.consumed_samples = int(state["consumed_samples"])
         self.state.tokens_per_source = {k: int(v) for k, v in state.get("tokens_per_source", {}).items()}

@@ -1,99 +1,184 @@
 """Weighted mixtures of Megatron shards through megatron-core's ``BlendedMegatronDatasetBuilder``.
 
-Sample ``i`` of the training stream is a pure function of (seed, the sources and their weights, seq_len,
-and the number of samples the index is built for). That number is fixed from the run's *planned* tokens
-and stored with every checkpoint, so a resume rebuilds the identical index.
+Determinism. Sample ``i`` of the training stream is a pure function of (seed, the sources and their
+normalised weights, seq_len, N), where N, the number of samples the index is built for, is fixed once:
+``N = ceil(train.planned_tokens / seq_len)`` (planned tokens default to max_steps x tokens per step) at
+the run's first launch, and then read back from every checkpoint (``num_train_samples`` in the data
+state). Neither a resume, nor a different data-parallel size, nor a longer ``max_steps`` changes N, so
+what was already seen is never re-shuffled.
+
+Extension. When a run needs more than N samples (``max_steps`` raised past the plan), the stream goes on
+in *passes* of N samples: pass k (k >= 1) is the same mixture's index built with seed ``seed + k``.
+Sample ``i`` is ``pass[i // N][i % N]``; samples ``[0, N)`` are untouched by the extension. Set
+``train.planned_tokens`` generously at the start to keep a run in one pass.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from lmforge.config.data import DataConfig
+from lmforge.config.errors import ConfigError
+from lmforge.config.train import TrainConfig
+from lmforge.data import index_cache
+from lmforge.data.checks import check_shard, check_splits, normalise_weights, split_string
 from lmforge.data.prepare import prepare
-from lmforge.data.shards import read_meta
 from lmforge.data.tokenizer import Tokenizer
 
 
 class MegatronTokenizerAdapter:
-    """The few attributes GPTDataset reads from a tokenizer."""
+    """The few attributes GPTDataset reads from a tokenizer; ``unique_identifiers`` enter the cache hash."""
 
-    def __init__(self, tok: Tokenizer):
+    def __init__(self, tok: Tokenizer, shard_digests: Optional[Dict[str, str]] = None):
         self.eod = tok.eod
         self.pad = tok.eod
         self.vocab_size = tok.vocab_size
-        self.unique_identifiers = {"class": "lmforge", **tok.identity}
+        self.unique_identifiers = {"class": "lmforge", **tok.identity, "shards": dict(shard_digests or {})}
 
 
 @dataclass
 class Mixture:
-    train: object
+    passes: List[object]  # BlendedDataset (or GPTDataset for one source) per pass of num_train_samples
     valid: Dict[str, object]
     sources: List[str]
     weights: List[float]
     num_train_samples: int
     tokenizer: Tokenizer
-    shard_meta: Dict[str, dict] = field(default_factory=dict)
+    shard_meta: Dict[str, Optional[dict]] = field(default_factory=dict)
+    seed: int = 0
+    seq_len: int = 0
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def train(self) -> object:
+        return self.passes[0]
+
+    @property
+    def total_samples(self) -> int:
+        return self.num_train_samples * len(self.passes)
 
     def train_sample(self, i: int) -> dict:
-        return self.train[i % self.num_train_samples]
+        k, j = divmod(i, self.num_train_samples)
+        if k >= len(self.passes):
+            raise IndexError(f"sample {i} is past the {len(self.passes)} pass(es) of {self.num_train_samples} samples "
+                             "built for this run; build the mixture with total_train_samples >= the samples consumed")
+        return self.passes[k][j]
+
+    def train_text(self, i: int) -> Tuple[np.ndarray, int]:
+        """Sample ``i`` as seq_len + 1 token ids and its source id, without building megatron's per-sample dict.
+
+        Same ids as ``train_sample(i)``: tokens = text[:-1], labels = text[1:] (checked in tests); this skips the
+        torch tensors, loss mask and position ids megatron-core makes for every sample and lmforge never uses.
+        """
+        k, j = divmod(i, self.num_train_samples)
+        if k >= len(self.passes):
+            self.train_sample(i)  # raises the explanatory IndexError
+        ds = self.passes[k]
+        if getattr(ds, "dataset_index", None) is not None:  # a BlendedDataset
+            source = int(ds.dataset_index[j])
+            text, _ = ds.datasets[source]._query_document_sample_shuffle_indices(int(ds.dataset_sample_index[j]))
+            return text, source
+        if hasattr(ds, "datasets"):  # a BlendedDataset whose indices are not loaded yet: the public path
+            sample = ds[j]
+            return np.concatenate([np.asarray(sample["tokens"]), np.asarray(sample["labels"])[-1:]]), \
+                int(sample["dataset_id"])
+        text, _ = ds._query_document_sample_shuffle_indices(j)
+        return text, 0
+
+    def signature(self) -> dict:
+        return {"sources": dict(zip(self.sources, [round(w, 6) for w in self.weights])), "seq_len": self.seq_len,
+                "seed": self.seed}
 
 
-def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path) -> Path:
+def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, workers: int = 1) -> Path:
     """Embedded corpora are prepared on first use (once, under a lock); other paths are shard prefixes."""
     if path.startswith("embedded:"):
         corpus = path.split(":", 1)[1]
-        prefix = cache_dir / "shards" / f"embedded-{corpus}-{tokenizer.fingerprint}"
-        prepare([path], prefix, tokenizer, source=path)
+        from lmforge.data.embedded import SOURCES, VERSION
+
+        if corpus not in SOURCES:
+            raise ConfigError(f"data.sources.{name}.path", f"unknown embedded corpus '{corpus}'",
+                              f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix")
+        prefix = cache_dir / "shards" / f"embedded-{corpus}-v{VERSION}-{tokenizer.fingerprint}"
+        prepare([path], prefix, tokenizer, source=path, workers=workers)
         return prefix
+    if not path:
+        raise ConfigError(f"data.sources.{name}.path", "is empty", "give a shard prefix or embedded:NAME")
     return Path(path).expanduser()
 
 
-def _split_string(valid_fraction: float) -> str:
-    valid = max(1, round(valid_fraction * 10000))
-    return f"{10000 - valid},{valid},0"
+def stream_sizes(train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int,
+                 prior_state: Optional[dict] = None) -> Tuple[int, int]:
+    """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens."""
+    if prior_state and prior_state.get("num_train_samples"):
+        n = int(prior_state["num_train_samples"])
+    else:
+        planned = train.planned_tokens or train.max_steps * tokens_per_step
+        n = max(1, math.ceil(planned / seq_len))
+    return n, max(n, train.max_steps * global_batch)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
-                  num_valid_samples: int, cache_dir: Path) -> Mixture:
+                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None) -> Mixture:
+    """Check every source, then build (or load from the cache) the train passes and per-source valid sets."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     logging.getLogger("megatron").setLevel(logging.WARNING)
-    names = list(cfg.sources)
-    if not names:
-        raise ValueError("config key 'data.sources': no data sources. Fix: pick a data preset (data=default)")
-    prefixes = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir) for n in names]
-    raw = [float(cfg.sources[n].weight) for n in names]
-    total = sum(raw)
-    weights = [w / total for w in raw]
-    index_cache = cache_dir / "index"
-    index_cache.mkdir(parents=True, exist_ok=True)
+    if not cfg.sources:
+        raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
+    names, weights, note = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
+    notes = [note] if note else []
+    if note and _rank() == 0:
+        print(note, flush=True)
+    workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
+    prefixes = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir, workers) for n in names]
+    shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
+    for shard in shards:
+        check_splits(shard, cfg.valid_fraction, seq_len)
+    index_dir = cache_dir / "index"
+    index_dir.mkdir(parents=True, exist_ok=True)
+    index_cache.check_visible(index_dir)
+    adapter = MegatronTokenizerAdapter(tokenizer, {n: index_cache.content_digest(p) for n, p in zip(names, prefixes)})
 
-    def gpt_config(blend) -> GPTDatasetConfig:
+    def gpt_config(blend, random_seed: int) -> GPTDatasetConfig:
         return GPTDatasetConfig(
-            random_seed=seed, sequence_length=seq_len, blend=blend, split=_split_string(cfg.valid_fraction),
-            path_to_cache=str(index_cache), tokenizer=MegatronTokenizerAdapter(tokenizer),
+            random_seed=random_seed, sequence_length=seq_len, blend=blend, split=split_string(cfg.valid_fraction),
+            path_to_cache=str(index_dir), tokenizer=adapter,
             reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-            create_attention_mask=False, mid_level_dataset_surplus=0.005,
+            create_attention_mask=False,  # causal attention is implicit: no dense [S, S] mask per sample
+            mid_level_dataset_surplus=0.005,
         )
 
-    always = lambda: True  # noqa: E731  every rank builds; megatron-core makes rank 0 go first
+    always = lambda: True  # noqa: E731  megatron-core makes rank 0 build first, the others load its files
     blend = ([str(p) for p in prefixes], weights if len(prefixes) > 1 else None)
-    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train_samples, 1, 0], always,
-                                                gpt_config(blend)).build()
-    valid = {}
-    for name, prefix in zip(names, prefixes):
-        _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, [None, num_valid_samples, None], always,
-                                                gpt_config(([str(prefix)], None))).build()
-        valid[name] = v
-    meta = {n: read_meta(p) for n, p in zip(names, prefixes) if Path(str(p) + ".meta.json").exists()}
-    return Mixture(train, valid, names, weights, num_train_samples, tokenizer, meta)
+    total = max(num_train_samples, total_train_samples or num_train_samples)
+    n_passes = math.ceil(total / num_train_samples)
+    passes = []
+    with index_cache.build_guard(index_dir):
+        for k in range(n_passes):
+            train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train_samples, 1, 0], always,
+                                                        gpt_config(blend, seed + k)).build()
+            passes.append(train)
+        valid = {}
+        for name, prefix in zip(names, prefixes):
+            _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, [None, num_valid_samples, None], always,
+                                                    gpt_config(([str(prefix)], None), seed)).build()
+            valid[name] = v
+    meta = {s.name: s.meta for s in shards}
+    return Mixture(passes, valid, names, weights, num_train_samples, tokenizer, meta, seed, seq_len, notes)
 
 
 def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:

@@ -1,19 +1,32 @@
 """Tokenizers with a stable identity: a byte-level BPE trained locally, a tokenizer.json, or tiktoken files.
 
-Nothing is downloaded. ``identity`` (kind, vocab size, sha256 of the serialized vocabulary) is written
-beside every prepared shard, so a shard tokenized differently from the model is refused, not trained on.
+Nothing is downloaded. ``identity`` (kind, vocab size, end-of-document id, sha256 of the full serialized
+tokenizer) is written beside every prepared shard, so a shard tokenized differently from the model is
+refused, not trained on.
+
+Specs understood by :func:`load_tokenizer`:
+
+- ``embedded``: a byte-level BPE trained once on the embedded corpora and cached in the data cache dir;
+- ``path/to/tokenizer.json``: any HF ``tokenizers`` file that has an ``<|endoftext|>`` token;
+- ``tiktoken:/path/to/NAME.tiktoken``: a tiktoken rank file read from local disk (the end-of-text token
+  takes the first id the ranks leave free: 50256 for GPT-2's file);
+- ``tiktoken:NAME``: a named tiktoken encoding whose file is already in ``$TIKTOKEN_CACHE_DIR``
+  (network access is blocked while loading, so a missing file is an error, never a download).
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 EOD_TOKEN = "<|endoftext|>"
 EMBEDDED_VOCAB = 8192
+# GPT-2 / r50k pre-tokenisation, the same split HF's ByteLevel pre-tokenizer applies.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
 @dataclass
@@ -25,7 +38,7 @@ class Tokenizer:
     eod: int
     vocab_size: int
     fingerprint: str
-    source: str = ""
+    source: str = ""  # a spec load_tokenizer() accepts: how worker processes rebuild this tokenizer
 
     def encode(self, text: str) -> List[int]:
         if self.kind == "tiktoken":
@@ -34,7 +47,7 @@ class Tokenizer:
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
         if self.kind == "tiktoken":
-            return self.backend.encode_ordinary_batch(texts)
+            return self.backend.encode_ordinary_batch(texts, num_threads=1)
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -50,6 +63,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_path: Path) -> Path:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
+    if vocab_size < 257 + 1:
+        raise ValueError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs 256 byte tokens plus "
+                         f"'{EOD_TOKEN}'. Fix: use a vocab size >= 258 (e.g. 8192)")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -65,43 +81,130 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_path: Path) -> Path:
     return out_path
 
 
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _from_tokenizer_json(path: Path) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     if not path.is_file():
         raise FileNotFoundError(f"data.tokenizer: no tokenizer.json at {path}. Fix: give an existing path, "
-                                "'embedded', or 'tiktoken:NAME'")
-    backend = HFTokenizer.from_file(str(path))
+                                "'embedded', or 'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'")
+    try:
+        backend = HFTokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises plain Exceptions for malformed files
+        raise ValueError(f"data.tokenizer: {path} is not a valid tokenizer.json ({str(e).splitlines()[0][:200]}). "
+                         "Fix: point at a file saved by HF tokenizers (Tokenizer.save)") from None
     eod = backend.token_to_id(EOD_TOKEN)
     if eod is None:
         raise ValueError(f"data.tokenizer: {path} has no '{EOD_TOKEN}' token to end documents with. "
                          "Fix: add it as a special token when training the tokenizer")
-    vocab = backend.get_vocab(with_added_tokens=True)
-    digest = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:16]
+    digest = _sha(backend.to_str().encode())
     return Tokenizer(backend, "hf", eod, backend.get_vocab_size(with_added_tokens=True), digest, str(path))
 
 
-def _from_tiktoken(name: str) -> Tokenizer:
-    import tiktoken
+def _tiktoken_identity(ranks: Dict[bytes, int], pattern: str, special: Dict[str, int]) -> str:
+    h = hashlib.sha256(pattern.encode())
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        h.update(base64.b64encode(tok) + b" %d\n" % rank)
+    h.update(json.dumps(sorted(special.items())).encode())
+    return h.hexdigest()[:16]
 
+
+def _tiktoken_from_file(path: Path) -> Tokenizer:
+    import tiktoken
+    from tiktoken.load import read_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"data.tokenizer: no tiktoken file at {path}. Fix: give an existing *.tiktoken "
+                                "file (e.g. gpt2.tiktoken from the openai-whisper sdist, see docs/data.md)")
+    ranks: Dict[bytes, int] = {}
+    for n, line in enumerate(read_file(str(path)).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok, validate=True)] = int(rank)
+        except ValueError:
+            raise ValueError(f"data.tokenizer: {path}:{n} is not a '<base64 token> <rank>' line. "
+                             "Fix: give a tiktoken rank file") from None
+    used = set(ranks.values())
+    eod = next(i for i in range(len(used) + 1) if i not in used)  # the first id the ranks leave free
+    special = {EOD_TOKEN: eod}
+    enc = tiktoken.Encoding(path.stem, pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    return Tokenizer(enc, "tiktoken", eod, enc.n_vocab, _tiktoken_identity(ranks, GPT2_PATTERN, special),
+                     f"tiktoken:{path}")
+
+
+def _tiktoken_named(name: str) -> Tokenizer:
+    import tiktoken
+    import tiktoken.load as tl
+
+    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+        raise ValueError(f"data.tokenizer: tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set "
+                         "(lmforge never downloads). Fix: use tiktoken:/path/to/FILE.tiktoken, or set "
+                         "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)")
+    original = tl.read_file
+
+    def offline(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise FileNotFoundError(f"{blobpath} is not cached in $TIKTOKEN_CACHE_DIR")
+        return original(blobpath)
+
+    tl.read_file = offline  # read_file_cached looks it up at call time: nothing reaches the network
     try:
         enc = tiktoken.get_encoding(name)
-    except Exception as e:  # tiktoken raises plain exceptions when the file is not cached
-        raise ValueError(
-            f"data.tokenizer: tiktoken encoding '{name}' could not be loaded offline ({type(e).__name__}). Fix: put its "
-            "file in $TIKTOKEN_CACHE_DIR (see docs/data.md)"
-        ) from None
-    digest = hashlib.sha256(repr(sorted(enc._mergeable_ranks.items())[:1000]).encode()).hexdigest()[:16]
+    except Exception as e:  # noqa: BLE001 - tiktoken raises plain exceptions
+        raise ValueError(f"data.tokenizer: tiktoken encoding '{name}' could not be loaded offline ({e}). Fix: put "
+                         f"its file in $TIKTOKEN_CACHE_DIR or use tiktoken:/path/to/FILE.tiktoken") from None
+    finally:
+        tl.read_file = original
+    special = dict(enc._special_tokens)
+    digest = _tiktoken_identity(enc._mergeable_ranks, enc._pat_str, special)
     return Tokenizer(enc, "tiktoken", enc.eot_token, enc.n_vocab, digest, f"tiktoken:{name}")
 
 
+def export_tiktoken(tokenizer_json: Path, out_path: Path) -> Path:
+    """Write a byte-level BPE tokenizer.json as a tiktoken rank file with the same token ids.
+
+    Byte-level BPE stores token bytes through GPT-2's byte-to-unicode table; invert it. Special tokens
+    are left out (tiktoken keeps them apart); ``<|endoftext|>`` gets its id back when the file is loaded.
+    """
+    data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+    vocab: Dict[str, int] = data["model"]["vocab"]
+    specials = {t["content"] for t in data.get("added_tokens", [])}
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    byte_of: Dict[str, int] = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            byte_of[chr(256 + extra)] = b
+            extra += 1
+    lines = []
+    for token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if token in specials:
+            continue
+        raw = bytes(byte_of[ch] for ch in token)
+        lines.append(base64.b64encode(raw).decode() + f" {idx}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, out_path)
+    return out_path
+
+
 def embedded_tokenizer_path(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
-    return cache_dir / "tokenizers" / f"embedded-bpe-{vocab_size}.json"
+    from lmforge.data.embedded import VERSION
+
+    return cache_dir / "tokenizers" / f"embedded-bpe-{vocab_size}-v{VERSION}.json"
 
 
 def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
-    """Train (once, cached) a BPE on a fixed sample of the embedded corpora."""
+    """Train (once, cached, under a lock) a BPE on a fixed sample of the embedded corpora."""
     from lmforge.data.embedded import SOURCES, iter_documents
+    from lmforge.data.shards import file_lock
 
     path = embedded_tokenizer_path(cache_dir, vocab_size)
     if path.exists():
@@ -116,15 +219,21 @@ def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) 
                 if budget <= 0:
                     break
 
-    return train_bpe(sample(), vocab_size, path)
+    with file_lock(path.with_suffix(".lock")):
+        if path.exists():
+            return path
+        return train_bpe(sample(), vocab_size, path)
 
 
 def load_tokenizer(spec: str, cache_dir: Optional[Path] = None) -> Tokenizer:
-    """``embedded`` | ``tiktoken:NAME`` | path to a tokenizer.json."""
+    """``embedded`` | ``tiktoken:NAME`` | ``tiktoken:/path/FILE.tiktoken`` | path to a tokenizer.json."""
     if spec == "embedded":
         if cache_dir is None:
             raise ValueError("the embedded tokenizer needs a cache_dir to live in")
         return _from_tokenizer_json(build_embedded_tokenizer(cache_dir))
     if spec.startswith("tiktoken:"):
-        return _from_tiktoken(spec.split(":", 1)[1])
+        rest = spec.split(":", 1)[1]
+        if "/" in rest or rest.endswith(".tiktoken"):
+            return _tiktoken_from_file(Path(rest).expanduser())
+        return _tiktoken_named(rest)
     return _from_tokenizer_json(Path(spec).expanduser())

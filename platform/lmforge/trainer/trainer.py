@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
                                             scheduler_state)
+from lmforge.checkpoint.layout import SIDECAR
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
@@ -37,7 +38,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.data.loader import BatchStream
-from lmforge.data.mixture import build_mixture, default_cache_dir
+from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
@@ -94,16 +95,19 @@ class Trainer:
             raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
                               f"({self.tokenizer.vocab_size}, {cfg.data.tokenizer})",
                               f"set model.vocab_size >= {self.tokenizer.vocab_size}")
-        planned_tokens = cfg.train.planned_tokens or cfg.train.max_steps * self.plan.tokens_per_step
-        self.num_train_samples = math.ceil(planned_tokens / cfg.model.seq_len)
+        # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
+        self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
+        resume_from = self.checkpoints.resolve(cfg.train.resume)
+        prior = json.loads((resume_from / SIDECAR).read_text()).get("data") if resume_from else None
+        self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
+                                                             self.plan.global_batch_size, cfg.model.seq_len, prior)
         self.mixture = build_mixture(cfg.data, self.tokenizer, cfg.model.seq_len, cfg.train.seed,
                                      self.num_train_samples, cfg.train.eval_batches * self.plan.micro_batch_size
-                                     * self.plan.dp_size, cache)
+                                     * self.plan.dp_size, cache, total_samples)
 
         # Model, parallelism, optimizer
         self.engine = NativeEngine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device)
-        self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         self.meter = ThroughputMeter(self.flops_per_token, peak_tflops(self.device, dtype), self.world.world_size)
@@ -234,6 +238,7 @@ class Trainer:
                               "consumed_samples": self.data.state.consumed_samples,
                               **self.meter.measure(StepTiming(step_time, t_data, self.plan.tokens_per_step)),
                               **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
+                              **self.data.share_metrics(),
                               **self._memory(), **fault_metrics}
                     self.history.append(record)
                     log.log(record)

@@ -1,0 +1,153 @@
+"""Data-path throughput: loader tokens/s next to what a training step consumes, and prepare MB/s.
+
+    python -m benchmarks.data_loader [--configs smoke gpt_125m] [--steps 6] [--prepare-mb 2]
+
+For each experiment config the loader (BatchStream over the embedded 3-source megatron-core mixture at
+the config's seq_len / micro / global batch) is timed building whole optimizer steps, and the model of
+the same config is timed doing forward+backward on micro batches of real tokens on this machine's device.
+Headroom = loader tokens/s / training tokens/s (goal >= 20x: the loader must never be the bottleneck).
+On CPU the training side uses a smaller micro batch (``--train-micro``) so a gpt_125m step stays
+affordable; tokens/s per micro batch is what is compared. Prepare throughput is measured on real text
+(Austen) with 1 and 2 tokenizer processes. Medians of the repeats; the JSON goes to
+benchmarks/results/data_loader.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_time(fn: Callable[[], None], repeats: int, warmup: int = 1,
+                sync: Callable[[], None] = lambda: None) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def ensure_world() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp(prefix='lmforge-bench-')}", rank=0,
+                                world_size=1)
+
+
+def loader_and_train(exp: str, steps: int, train_micro: int, repeats: int, cache: Path, device: torch.device) -> Dict:
+    from lmforge.config.batch import batch_plan
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.data.loader import BatchStream
+    from lmforge.data.mixture import build_mixture
+    from lmforge.data.tokenizer import load_tokenizer
+    from lmforge.model.gpt import GPT, cross_entropy_loss
+
+    cfg = validate(compose([f"+exp={exp}", f"data.cache_dir={cache}"]), world_size=1)
+    m, t = cfg.model, cfg.train
+    plan = batch_plan(t.micro_batch_size, t.global_batch_size, 1, m.seq_len)
+    ensure_world()
+    tok = load_tokenizer(cfg.data.tokenizer, cache)
+    n = plan.global_batch_size * (steps * (repeats + 1) + 1)
+    mixture = build_mixture(cfg.data, tok, m.seq_len, t.seed, n, plan.micro_batch_size, cache)
+    stream = BatchStream(mixture, plan, 0, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    loader_s = median_time(lambda: [stream.step_batches() for _ in range(steps)], repeats, sync=sync)
+    loader_tps = steps * plan.tokens_per_step / loader_s
+
+    micro = plan.micro_batch_size if device.type == "cuda" else min(train_micro, plan.micro_batch_size)
+    torch.manual_seed(0)
+    model = GPT(m).to(device)
+    x = torch.stack([torch.as_tensor(mixture.train_sample(i)["tokens"]) for i in range(micro)]).long().to(device)
+    y = torch.stack([torch.as_tensor(mixture.train_sample(i)["labels"]) for i in range(micro)]).long().to(device)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def fwd_bwd() -> None:
+        with amp:
+            loss = cross_entropy_loss(model(x), y)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    train_s = median_time(fwd_bwd, max(2, repeats // 2), sync=sync)
+    train_tps = micro * m.seq_len / train_s
+    return {"config": exp, "seq_len": m.seq_len, "global_batch": plan.global_batch_size,
+            "tokens_per_step": plan.tokens_per_step, "loader_tokens_per_s": loader_tps,
+            "loader_step_ms": 1000 * loader_s / steps, "train_micro_measured": micro,
+            "train_tokens_per_s": train_tps, "train_step_s": plan.tokens_per_step / train_tps,
+            "headroom": loader_tps / train_tps}
+
+
+def prepare_rate(megabytes: float, cache: Path, workers: List[int]) -> List[Dict]:
+    from lmforge.data.embedded import iter_documents
+    from lmforge.data.prepare import prepare
+    from lmforge.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("embedded", cache)
+    tmp = Path(tempfile.mkdtemp(prefix="lmforge-prep-bench-"))
+    budget, docs = int(megabytes * 1e6), []
+    for doc in iter_documents("books"):
+        docs.append(doc)
+        budget -= len(doc.encode())
+        if budget <= 0:
+            break
+    (tmp / "text").mkdir()
+    for i, doc in enumerate(docs):
+        (tmp / "text" / f"{i:04d}.txt").write_text(doc, encoding="utf-8")
+    size = sum(p.stat().st_size for p in (tmp / "text").iterdir())
+    out = []
+    for w in workers:
+        t0 = time.perf_counter()
+        meta = prepare([str(tmp / "text")], tmp / f"w{w}", tok, workers=w)
+        seconds = time.perf_counter() - t0
+        out.append({"workers": w, "mb": size / 1e6, "seconds": seconds, "mb_per_s": size / 1e6 / seconds,
+                    "tokens": meta["tokens"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=["smoke", "gpt_125m"])
+    ap.add_argument("--steps", type=int, default=2, help="optimizer steps per loader timing")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--train-micro", type=int, default=2, help="micro batch for the training side on CPU")
+    ap.add_argument("--prepare-mb", type=float, default=2.0)
+    ap.add_argument("--cache", default=os.environ.get("LMFORGE_DATA_CACHE", ".cache/lmforge-data"))
+    args = ap.parse_args()
+    cache = Path(args.cache).absolute()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = [loader_and_train(c, args.steps, args.train_micro, args.repeats, cache, device) for c in args.configs]
+    prep = prepare_rate(args.prepare_mb, cache, [1, 2]) if args.prepare_mb > 0 else []
+
+    print(f"\nloader vs training consumption ({device}, {torch.get_num_threads()} threads)")
+    print(f"{'config':<10} {'seq':>5} {'tok/step':>9} {'loader tok/s':>13} {'train tok/s':>12} {'headroom':>9}")
+    for r in rows:
+        print(f"{r['config']:<10} {r['seq_len']:>5} {r['tokens_per_step']:>9} {r['loader_tokens_per_s']:>13,.0f} "
+              f"{r['train_tokens_per_s']:>12,.0f} {r['headroom']:>8.1f}x")
+    if prep:
+        print("\nprepare (real text, embedded BPE)")
+        print(f"{'workers':>7} {'MB':>6} {'seconds':>8} {'MB/s':>7}")
+        for p in prep:
+            print(f"{p['workers']:>7} {p['mb']:>6.2f} {p['seconds']:>8.2f} {p['mb_per_s']:>7.3f}")
+        print(f"prepare speedup 2 workers / 1 worker: {prep[1]['mb_per_s'] / prep[0]['mb_per_s']:.2f}x")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "data_loader.json").write_text(json.dumps({"device": str(device), "loader": rows, "prepare": prep},
+                                                         indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""megatron-core's index cache: who builds it, where it lives, and how it is kept consistent.
+
+- Where: ``<data cache dir>/index`` (``data.cache_dir``, else ``$LMFORGE_DATA_CACHE``, else
+  ``<run.root>/../.cache/lmforge-data``). For multi-node jobs it must be on a filesystem every node sees;
+  :func:`check_visible` fails fast (``data.cache_dir``) when a rank cannot see rank 0's files.
+- Who: megatron-core's builder makes global rank 0 build and save the indices, holds the others at a
+  barrier, then lets them load the saved files (a guaranteed cache hit).
+- Never reused for other parameters: every file name starts with the md5 of a JSON description holding the
+  dataset path, split, sample count, seed, sequence length and the tokenizer's ``unique_identifiers``;
+  lmforge adds the tokenizer fingerprint and each shard's content digest to those identifiers, so a change
+  to any of them (or a re-prepared shard at the same prefix) misses the cache and builds new files.
+- Concurrency: megatron-core writes the files in place (description first, then ``np.save``), which is not
+  atomic. Rank 0 therefore builds under an exclusive ``flock`` on ``index/.build.lock`` (other jobs sharing
+  the cache wait), and before building it deletes any torn set (a description without all its arrays, or an
+  array that does not load), so a crash mid-write is rebuilt instead of being reused.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import numpy as np
+
+from lmforge.config.errors import ConfigError
+from lmforge.data.shards import file_lock
+
+log = logging.getLogger(__name__)
+
+# The arrays megatron-core saves next to each ``<hash>-<Class>-<split>-description.txt``.
+ARRAYS: Dict[str, List[str]] = {
+    "GPTDataset": ["document_index.npy", "sample_index.npy", "shuffle_index.npy"],
+    "BlendedDataset": ["dataset_index.npy", "dataset_sample_index.npy"],
+}
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def sweep_torn(index_dir: Path) -> List[str]:
+    """Delete every cache set that is incomplete or unreadable; returns the hashes removed."""
+    removed = []
+    for desc in sorted(index_dir.glob("*-description.txt")):
+        base = desc.name[: -len("description.txt")]
+        cls = base.split("-")[1] if base.count("-") >= 2 else ""
+        ok = True
+        for affix in ARRAYS.get(cls, []):
+            path = index_dir / f"{base}{affix}"
+            try:
+                np.load(path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError):
+                ok = False
+                break
+        if not ok:
+            for path in index_dir.glob(f"{base}*"):
+                path.unlink(missing_ok=True)
+            removed.append(base.rstrip("-"))
+    for path in index_dir.glob("*.npy"):  # arrays whose description is gone
+        base = path.name.rsplit("-", 1)[0]
+        prefix = path.name[: path.name.find("-")]
+        if not any(index_dir.glob(f"{prefix}-*-description.txt")):
+            path.unlink(missing_ok=True)
+            removed.append(base)
+    if removed:
+        log.warning("data: removed %d torn index cache set(s) in %s: %s", len(removed), index_dir, removed)
+    return removed
+
+
+@contextlib.contextmanager
+def build_guard(index_dir: Path) -> Iterator[None]:
+    """Wrap megatron-core's build on every rank: rank 0 builds under the lock, after sweeping torn sets."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    if _rank() != 0:
+        yield
+        return
+    with file_lock(index_dir / ".build.lock"):
+        sweep_torn(index_dir)
+        yield
+
+
+def check_visible(index_dir: Path) -> None:
+    """Fail fast when the cache dir is not shared: every rank must see a file rank 0 just wrote."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    token = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    probe = index_dir / f".visible-{token[0]}"
+    if dist.get_rank() == 0:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("probe")
+    dist.barrier()
+    seen = probe.exists()
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, seen)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    blind = [r for r, f in enumerate(flags) if not f]
+    if blind:
+        raise ConfigError("data.cache_dir", f"{index_dir} is not shared: ranks {blind} cannot see a file rank 0 "
+                          "wrote there, but rank 0 alone builds megatron-core's index cache",
+                          "point data.cache_dir (or $LMFORGE_DATA_CACHE) at a filesystem all nodes mount")
+
+
+def content_digest(prefix: Path) -> str:
+    """A digest of a shard's content: its whole .idx (all lengths) plus the .bin size."""
+    h = hashlib.sha256()
+    with open(f"{prefix}.idx", "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    h.update(str(Path(f"{prefix}.bin").stat().st_size).encode())
+    return h.hexdigest()[:16]
