@@ -57,7 +57,9 @@ def test_smoke_heldout_loss_beats_unigram_entropy(smoke_run, data_cache):
     state = json.loads((smoke_run / "checkpoints" / "step-00000300" / "state.json").read_text())
     fingerprint = state["tokenizer"]["fingerprint"]
     for source in ("books", "code", "reference"):
-        prefix = str(Path(data_cache) / "shards" / f"embedded-{source}-{fingerprint}")
+        from lmforge.data.embedded import VERSION
+
+        prefix = str(Path(data_cache) / "shards" / f"embedded-{source}-v{VERSION}-{fingerprint}")
         h = unigram_entropy_nats(prefix)
         loss = final[f"val/{source}/loss"]
         assert loss < h - 0.5, f"{source}: held-out loss {loss:.3f} is not clearly below unigram entropy {h:.3f}"
