@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,9 +31,13 @@ class FixedSamples:
         self.consumed: List[int] = []
 
     def train_sample(self, i: int) -> dict:
+        text, source = self.train_text(i)
+        return {"tokens": text[:-1], "labels": text[1:], "dataset_id": source}
+
+    def train_text(self, i: int):
+        """Sample ``i`` as seq_len + 1 token ids and its source id (what BatchStream reads)."""
         self.consumed.append(i)
-        s = self.samples[i % len(self.samples)]
-        return {"tokens": s[:-1], "labels": s[1:], "dataset_id": 0}
+        return np.asarray(self.samples[i % len(self.samples)], dtype=np.int64), 0
 
 
 def init_world() -> None:
