@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
+from lmforge.checkpoint import deepspeed_io
 from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
 from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, step_of,
                                        tmp_dir)
@@ -78,9 +79,11 @@ class _Pending:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, cfg: CheckpointConfig):
+    def __init__(self, root: Path, cfg: CheckpointConfig, engine: Any = None):
         self.root = Path(root)
         self.cfg = cfg
+        # A DeepSpeed engine writes its own files (checkpoint/deepspeed_io.py); the native engine goes through DCP.
+        self.deepspeed = engine if deepspeed_io.is_deepspeed_engine(engine) else None
         # Called on rank 0 between writing the DCP shards and committing (in-process tests).
         self.before_commit: Optional[Callable[[Path], None]] = None
         # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
@@ -116,6 +119,11 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         _barrier()
         side = json.loads(json.dumps({"step": step, **sidecar}))  # a snapshot, JSON-clean
+        if self.deepspeed is not None:  # DeepSpeed's save is synchronous; same commit, sidecar and retention
+            side.update(deepspeed_io.sidecar_fields(self.deepspeed))
+            deepspeed_io.save(self.deepspeed, tmp)
+            self._commit(_Pending(step, tmp, final, None, side, t0))
+            return SaveResult(step, final, time.perf_counter() - t0, committed=True)
         state = self.tensor_state(model, optimizer)
         pause_after = pause_spec(step)
         writer = PausingWriter(tmp, pause_after) if pause_after is not None else FileSystemWriter(str(tmp))
@@ -232,6 +240,15 @@ class CheckpointManager:
     def load(self, path: Path, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
              restore_rng: bool = True) -> dict:
         sidecar = json.loads((path / SIDECAR).read_text())
+        fmt = sidecar.get("format", "dcp")
+        if (self.deepspeed is not None) != (fmt == deepspeed_io.FORMAT):
+            target = "native" if self.deepspeed is None else "deepspeed"
+            raise CheckpointError(f"checkpoint {path} is in the {fmt} format but this run uses the {target} engine. "
+                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to {target}) and resume from "
+                                  f"OUT, or set parallelism.engine to match the checkpoint")
+        if self.deepspeed is not None:
+            deepspeed_io.load(self.deepspeed, path, sidecar, restore_rng)
+            return sidecar
         state = self.tensor_state(model, optimizer)
         check_model_fits(path, state["model"])
         rng_keys = [k for k in state if k.startswith("rng/")]
