@@ -2,6 +2,7 @@
 
     lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
     lmforge data    prepare|train-tokenizer ...
+    lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
 """
 from __future__ import annotations
 
@@ -21,9 +22,20 @@ def _data(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _ckpt(argv: Sequence[str]) -> int:
+    from lmforge.checkpoint.convert import main
+    from lmforge.trainer.optim import build_optimizer_from_dict
+
+    if not argv or argv[0] != "convert":
+        print("usage: lmforge ckpt convert SRC DST --to native", file=sys.stderr)
+        return 2
+    return main(list(argv[1:]), build_optimizer_from_dict)
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
+    "ckpt": _ckpt,
 }
 
 

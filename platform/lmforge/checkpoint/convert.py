@@ -85,9 +85,8 @@ def deepspeed_to_native(src: Path, dst_root: Path,
             for name, p in model.named_parameters():
                 pdir = zero / name
                 with torch.no_grad():
-                    p.copy_(torch.load(pdir / "fp32.pt", map_location="cpu")["param"].view_as(p))
-                state = {m: torch.load(pdir / f"{m}.pt", map_location="cpu")["param"].view_as(p).clone()
-                         for m in MOMENTS}
+                    p.copy_(_param_file(pdir / "fp32.pt").view_as(p))
+                state = {m: _param_file(pdir / f"{m}.pt").view_as(p).clone() for m in MOMENTS}
                 step_file = pdir / "step.pt"
                 if step is None:
                     step = _adam_step(zero, step_file)
@@ -100,13 +99,46 @@ def deepspeed_to_native(src: Path, dst_root: Path,
     return _commit(Path(dst_root), int(sidecar["step"]), lambda d: dcp.save(tensors, checkpoint_id=str(d)), side)
 
 
+def _param_file(path: Path) -> torch.Tensor:
+    """One tensor of the universal layout (saved as a tensor or as {"param": tensor, ...})."""
+    value = torch.load(path, map_location="cpu")
+    return value["param"] if isinstance(value, dict) else value
+
+
 def _adam_step(zero: Path, step_file: Path) -> int:
     if step_file.exists():
-        value = torch.load(step_file, map_location="cpu")
-        value = value.get("param", value) if isinstance(value, dict) else value
-        return int(float(value))
+        return int(float(_param_file(step_file)))
     common = torch.load(zero / "optimizer_state.pt", map_location="cpu")
+    for state in (common.get("optimizer_state_dict") or {}).get("state", {}).values():  # ZeRO-3: flat groups
+        if "step" in state:
+            return int(float(state["step"]))
     for group in common.get("param_groups", []):
         if "step" in group:
             return int(group["step"])
     raise ValueError(f"no AdamW step count found in {zero}")
+
+
+def main(argv, build_optimizer_for: Callable[[nn.Module, dict], torch.optim.Optimizer]) -> int:
+    """``lmforge ckpt convert SRC DST_ROOT --to native``. ``build_optimizer_for(model, optim_config_dict)``
+    is the trainer's optimizer factory (passed in by the CLI: this layer never imports the trainer)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="lmforge ckpt convert", description=__doc__.split("\n\n")[0])
+    ap.add_argument("src", type=Path, help="a checkpoint directory (step-NNNNNNNN) or a run's checkpoints/ dir")
+    ap.add_argument("dst", type=Path, help="checkpoints root to write step-NNNNNNNN into (resume with train.resume=DST)")
+    ap.add_argument("--to", choices=("native",), required=True)
+    args = ap.parse_args(list(argv))
+    from lmforge.checkpoint.layout import COMPLETE, latest
+
+    src = args.src if (args.src / COMPLETE).exists() else latest(args.src)
+    if src is None:
+        print(f"lmforge: {args.src} holds no complete checkpoint", flush=True)
+        return 2
+    sidecar = json.loads((src / SIDECAR).read_text())
+
+    def factory(model: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer_for(model, sidecar["config"]["optim"])
+
+    out = deepspeed_to_native(src, args.dst, factory)
+    print(f"converted {src} ({sidecar.get('format', 'dcp')}) -> {out} (native)", flush=True)
+    return 0

@@ -72,7 +72,7 @@ class DeepSpeedEngine:
         self.stage = self.ds.zero_optimization_stage()
         self._closed = False
         self._grads_at_boundary = 0
-        atexit.register(self.close)
+        atexit.register(_shutdown, self)
 
     # ---- the engine contract --------------------------------------------------------------------------
     @property
@@ -90,9 +90,10 @@ class DeepSpeedEngine:
                    guard: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> StepResult:
         """One optimizer step over ``micro_batches`` (= gradient_accumulation_steps of them).
 
-        ``guard`` (loss, grad_norm) -> bool is asked after backward, before the update, as in the native
-        engine; DeepSpeed computes the global norm inside its step, so the guard gets the pre-clip norm
-        computed here from the (possibly partitioned) gradients.
+        ``guard`` (loss, grad_norm) -> bool differs from the native engine: DeepSpeed computes the global
+        gradient norm inside its own step, so the guard is asked *after* the update, with DeepSpeed's pre-clip
+        norm; a False answer is reported as ``stepped=False`` but cannot undo the update (a loss guard must roll
+        back through the last checkpoint).
         """
         n = len(micro_batches)
         if n != self.ds.gradient_accumulation_steps():
@@ -174,17 +175,29 @@ class DeepSpeedEngine:
 
     def load_checkpoint(self, directory, universal: bool = False) -> None:
         """Load ``directory/deepspeed/`` (DeepSpeed layout, or the universal layout when ``universal``)."""
+        # Two DeepSpeed 0.19.8 ZeRO-3 universal-load bugs are undone below (found by the DP-size resume test).
+        # It copies param group 0's hyperparameters into every group
+        # (the no-decay group would get weight decay): keep the groups lmforge built from its config.
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.ds._config.load_universal_checkpoint = universal
         try:
             path, _ = self.ds.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=True,
                                               load_optimizer_states=True, load_lr_scheduler_states=False)
         finally:
             self.ds._config.load_universal_checkpoint = False
+        for group, hyper in zip(self.optimizer.param_groups, groups):
+            group.update({k: v for k, v in hyper.items() if k != "lr"})
+        # It also gives every ZeRO-3 sub-group the *same* AdamW step tensor, which torch's AdamW increments in
+        # place once per sub-group step (so the count runs ahead): give each its own copy.
+        base = getattr(self.optimizer, "optimizer", self.optimizer)
+        for state in base.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {directory}/{DS_TAG}")
 
     def close(self) -> None:
-        """Release DeepSpeed's state before interpreter teardown (see docs/deepspeed.md, 'exit aborts')."""
+        """Release DeepSpeed's optimizer/engine state (idempotent; the process group stays)."""
         if self._closed:
             return
         self._closed = True
@@ -192,3 +205,16 @@ class DeepSpeedEngine:
             self.ds.destroy()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+
+def _shutdown(engine: DeepSpeedEngine) -> None:
+    """At interpreter exit: release the engine, then tear the process groups down explicitly, while every
+    module is still alive. Left to interpreter teardown, gloo's per-group worker threads can be destroyed
+    still joinable ("terminate called without an active exception", exit 134) after a ZeRO-3 run has
+    finished -- ZeRO-3 leaves the most asynchronous all-gather work behind. See docs/deepspeed.md."""
+    engine.close()
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
