@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.parallel.deepspeed_engine import DS_TAG  # the sub-directory holding DeepSpeed's files
 
 FORMAT = "deepspeed"
-DS_TAG = "deepspeed"  # must match lmforge.parallel.deepspeed_engine.DS_TAG
 # "module:qualname" of every non-tensor type DeepSpeed 0.19 pickles into its checkpoint files.
 ALLOWED_GLOBALS = (
     "deepspeed.runtime.fp16.loss_scaler:LossScaler",  # ZeRO optimizer state: the (static) loss scaler
@@ -79,10 +79,6 @@ def _barrier() -> None:
 
 def is_deepspeed_engine(engine: Any) -> bool:
     return engine is not None and hasattr(engine, "save_checkpoint") and hasattr(engine, "ds")
-
-
-def is_deepspeed_checkpoint(path: Path) -> bool:
-    return (Path(path) / DS_TAG).is_dir()
 
 
 def sidecar_fields(engine: Any) -> Dict[str, Any]:

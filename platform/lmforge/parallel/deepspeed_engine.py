@@ -24,11 +24,11 @@ from torch import nn
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.engine import StepResult, resolve_precision
 from lmforge.parallel.mesh import ParallelDims
 from lmforge.parallel.parallelize import materialize
-from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 
 DS_TAG = "deepspeed"  # the sub-directory of a checkpoint holding DeepSpeed's files
 
