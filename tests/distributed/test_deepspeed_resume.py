@@ -7,6 +7,7 @@ Run A: ZeRO-3 on 2 gloo ranks trains 6 steps, checkpointing at 3 and 6. Then, si
   checkpoint goes through DeepSpeed's universal layout.
 - D: ``lmforge ckpt convert --to native`` turns it into a DCP checkpoint and the native engine (1 process)
   continues: its next-step loss equals A's, and its later steps too (optimizer state converted).
+- E (2 ranks, ZeRO-3) continues from that *native* checkpoint: the way back, DCP -> ZeRO partitions.
 Each launch is judged by what it wrote (metrics.jsonl, checkpoints, DONE); a launch that finished all of that
 may still exit with the ZeRO-3 teardown abort, which is accepted only with its exact signature.
 """
@@ -75,8 +76,10 @@ def runs(tmp_path_factory, data_cache):
                            str(root / "D" / "checkpoints"), "--to", "native"], capture_output=True, text=True,
                           timeout=400, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert conv.returncode == 0, conv.stdout[-3000:] + conv.stderr[-3000:]
+    shutil.copytree(root / "D" / "checkpoints" / step3.name, root / "E" / "checkpoints" / step3.name)
     d = start(root, "D", 1, ["parallelism=single"])
-    for name, procs in (("B", b), ("C", c), ("D", d)):
+    e = start(root, "E", 2, ["parallelism=zero3"])
+    for name, procs in (("B", b), ("C", c), ("D", d), ("E", e)):
         finish(root, name, procs)
     return root
 
@@ -130,3 +133,14 @@ def test_deepspeed_to_native_conversion_continues(runs):
     for ra, rd in zip(a[3:], d):  # and the AdamW moments and step count came along
         assert abs(ra["loss"] - rd["loss"]) < 1e-5, (ra["step"], ra["loss"], rd["loss"])
     assert (runs / "D" / "DONE").exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_native_checkpoint_continues_under_deepspeed(runs):
+    a, e = train_records(runs / "A"), train_records(runs / "E")
+    assert [r["step"] for r in e] == [4, 5, 6] and [ev["step"] for ev in events(runs / "E", "resume")] == [3]
+    for ra, re_ in zip(a[3:], e):  # DeepSpeed -> native -> DeepSpeed round trip
+        assert abs(ra["loss"] - re_["loss"]) < 1e-5, (ra["step"], ra["loss"], re_["loss"])
+    side = json.loads((runs / "E" / "checkpoints" / "step-00000006" / "state.json").read_text())
+    assert side["format"] == "deepspeed" and side["zero_stage"] == 3

@@ -128,3 +128,28 @@ def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> No
         state = rng_state_tensors(_rank())
         dcp.load(state, checkpoint_id=str(path))
         set_rng_state_tensors(state, _rank())
+
+
+def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
+    """Continue a DeepSpeed run from a native (DCP) checkpoint: every rank reads the full parameters and
+    AdamW moments by name and keeps its ZeRO fragment (``DeepSpeedEngine.load_full_state``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    names = [n for n, _ in engine.inner.named_parameters()]
+    keys = [f"model.{n}" for n in names] + [f"optim.state.{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step")]
+    missing = [k for k in keys if k not in meta]
+    if missing:
+        raise ValueError(f"native checkpoint {path} lacks {len(missing)} tensors this model needs, e.g. {missing[:3]}")
+    flat = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype) for k in keys}
+    dcp.load(flat, checkpoint_id=str(path), no_dist=True)
+    steps = {int(float(flat[f"optim.state.{n}.step"])) for n in names}
+    if len(steps) != 1:
+        raise ValueError(f"native checkpoint {path}: AdamW step counts differ between parameters: {sorted(steps)}")
+    engine.load_full_state({n: flat[f"model.{n}"] for n in names},
+                           {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
+                           steps.pop())
+    if restore_rng and sidecar.get("world_size") == _world():
+        state = rng_state_tensors(_rank())
+        dcp.load(state, checkpoint_id=str(path))
+        set_rng_state_tensors(state, _rank())

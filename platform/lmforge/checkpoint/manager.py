@@ -241,13 +241,13 @@ class CheckpointManager:
              restore_rng: bool = True) -> dict:
         sidecar = json.loads((path / SIDECAR).read_text())
         fmt = sidecar.get("format", "dcp")
-        if (self.deepspeed is not None) != (fmt == deepspeed_io.FORMAT):
-            target = "native" if self.deepspeed is None else "deepspeed"
-            raise CheckpointError(f"checkpoint {path} is in the {fmt} format but this run uses the {target} engine. "
-                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to {target}) and resume from "
-                                  f"OUT, or set parallelism.engine to match the checkpoint")
-        if self.deepspeed is not None:
-            deepspeed_io.load(self.deepspeed, path, sidecar, restore_rng)
+        if self.deepspeed is None and fmt == deepspeed_io.FORMAT:
+            raise CheckpointError(f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
+                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
+                                  f"OUT, or set parallelism.engine=deepspeed")
+        if self.deepspeed is not None:  # a DeepSpeed checkpoint, or a native one continued by DeepSpeed
+            load = deepspeed_io.load if fmt == deepspeed_io.FORMAT else deepspeed_io.load_native
+            load(self.deepspeed, path, sidecar, restore_rng)
             return sidecar
         state = self.tensor_state(model, optimizer)
         check_model_fits(path, state["model"])

@@ -196,6 +196,35 @@ class DeepSpeedEngine:
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {directory}/{DS_TAG}")
 
+    def load_full_state(self, params: Dict[str, torch.Tensor], moments: Dict[str, Dict[str, torch.Tensor]],
+                        step: int) -> None:
+        """Set every parameter's full fp32 value and AdamW moments (by name) into this rank's ZeRO partitions,
+        e.g. from a native checkpoint. Every rank passes the full tensors; each keeps its own fragment."""
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        opt = self.optimizer
+        base = getattr(opt, "optimizer", opt)
+        flats = opt.fp32_partitioned_groups_flat if self.stage == 3 else opt.single_partition_of_fp32_groups
+        for flat in flats:  # torch AdamW creates its state lazily at the first step: create it now
+            base.state[flat] = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(flat),
+                                "exp_avg_sq": torch.zeros_like(flat)}
+        if self.stage < 3:  # (re)link each parameter's fragment views into the new optimizer state
+            opt._hp_optimizer_states_linked = False
+            opt._lazy_init_hp_params_optimizer_state()
+        for name, p in self.inner.named_parameters():
+            safe_set_full_fp32_param(p, params[name].to(self.device, torch.float32))
+            for key, value in moments[name].items():
+                safe_set_full_optimizer_state(p, value.to(self.device, torch.float32), key)
+        if self.stage == 3:  # the fp32 partitions are the master copy: refresh the working partitions from them
+            for i, fp32 in enumerate(opt.fp32_partitioned_groups_flat):
+                if fp32.numel() > 0:
+                    opt.fp16_partitioned_groups_flat[i].data.copy_(fp32.data)
+                    for part, q in zip(opt.fp16_partitioned_groups[i],
+                                       opt.unflatten(opt.fp16_partitioned_groups_flat[i], opt.fp16_partitioned_groups[i])):
+                        part.data = q.data
+        else:
+            opt.update_lp_params()
+
     def close(self) -> None:
         """Release DeepSpeed's optimizer/engine state (idempotent; the process group stays)."""
         if self._closed:
