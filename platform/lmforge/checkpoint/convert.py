@@ -1,7 +1,9 @@
-"""Convert checkpoints between engines, so a run can switch: DeepSpeed (ZeRO, any stage and DP size) <-> native (DCP).
+"""Convert checkpoints between engines, so a run can switch: DeepSpeed (ZeRO, any stage and DP size) -> native (DCP).
 
     deepspeed_to_native(src_step_dir, dst_root, build_optimizer)   -> dst_root/step-N (DCP + state.json)
-    native_to_deepspeed(src_step_dir, dst_root, build_optimizer)   -> dst_root/step-N (DeepSpeed universal layout)
+
+The way back needs no conversion: a DeepSpeed run resumes from a native checkpoint directly
+(``deepspeed_io.load_native`` puts each parameter's value and AdamW moments into the ZeRO partitions).
 
 DeepSpeed -> native goes through DeepSpeed's universal layout (one fp32 value plus AdamW moments per
 parameter, ``ds_to_universal``), then builds the single-device model and lmforge's AdamW, fills parameters and
@@ -10,7 +12,7 @@ sidecar (step, data position, W&B run id, scheduler) are carried over unchanged,
 continues the same data stream and schedule. The result is committed atomically like any checkpoint.
 Every DeepSpeed file is read with ``deepspeed_io.weights_only_loads`` (no arbitrary unpickling).
 
-``python -m lmforge.checkpoint.convert SRC DST --to native|deepspeed`` (also ``lmforge ckpt convert``).
+CLI: ``lmforge ckpt convert SRC DST --to native``.
 """
 from __future__ import annotations
 
