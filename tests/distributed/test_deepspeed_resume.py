@@ -26,7 +26,7 @@ from harness import free_port
 
 N = 6
 COMMON = ["model=tiny", f"train.max_steps={N}", "train.micro_batch_size=4", "train.global_batch_size=8",
-          "train.eval_every=0", "train.threads=1", "train.deterministic=true", "train.precision=fp32",
+          "train.eval_every=3", "train.eval_batches=1", "train.threads=1", "train.deterministic=true", "train.precision=fp32",
           "train.device=cpu", "optim.warmup_steps=2", "optim.lr=3e-3", "logging.every_steps=1",
           "logging.console=plain", "checkpoint.every_steps=3", "checkpoint.keep_last=5"]
 EXIT_ABORT = "terminate called without an active exception"
@@ -55,8 +55,12 @@ def finish(root: Path, name: str, procs, timeout: float = 400) -> None:
         assert p.returncode == 0 or (finished and EXIT_ABORT in out), f"{name} rank {rank} exit {p.returncode}\n{out[-4000:]}"
 
 
-def train_records(run: Path):
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "train"]
+def train_records(run: Path, kind: str = "train"):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == kind]
+
+
+def eval_losses(run: Path) -> dict:
+    return {r["step"]: {k: v for k, v in r.items() if k.endswith("/loss")} for r in train_records(run, "eval")}
 
 
 def events(run: Path, name: str):
@@ -108,6 +112,7 @@ def test_stage3_resume_is_bit_identical(runs):
     keys = ("loss", "grad_norm", "lr", "consumed_samples", "tokens_seen", "tokens/books", "tokens/code")
     for ra, rb in zip(a[3:], b):
         assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, ra["step"]
+    assert eval_losses(runs / "A")[6] == eval_losses(runs / "B")[6] and len(eval_losses(runs / "A")[6]) == 3
 
 
 @pytest.mark.distributed
@@ -132,6 +137,10 @@ def test_deepspeed_to_native_conversion_continues(runs):
     assert abs(d[0]["loss"] - a[3]["loss"]) < 1e-5  # the same next-step loss
     for ra, rd in zip(a[3:], d):  # and the AdamW moments and step count came along
         assert abs(ra["loss"] - rd["loss"]) < 1e-5, (ra["step"], ra["loss"], rd["loss"])
+    # Evaluation means the same across engines: C (DeepSpeed) and D (native) both run on 1 rank, so they
+    # evaluate the same held-out samples (the eval set is sharded by data-parallel rank).
+    for source, loss in eval_losses(runs / "C")[6].items():
+        assert abs(eval_losses(runs / "D")[6][source] - loss) < 1e-5, source
     assert (runs / "D" / "DONE").exists()
 
 
