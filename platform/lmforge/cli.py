@@ -9,6 +9,8 @@
     lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
     lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
     lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
+    lmforge data    prepare|train-tokenizer ...
+    lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
 """
 from __future__ import annotations
 
@@ -58,6 +60,14 @@ def _launch(argv: Sequence[str]) -> int:
     from lmforge.launch.cli import main
 
     return main(list(argv))
+def _ckpt(argv: Sequence[str]) -> int:
+    from lmforge.checkpoint.convert import main
+    from lmforge.trainer.optim import build_optimizer_from_dict
+
+    if not argv or argv[0] != "convert":
+        print("usage: lmforge ckpt convert SRC DST --to native", file=sys.stderr)
+        return 2
+    return main(list(argv[1:]), build_optimizer_from_dict)
 
 
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
@@ -70,6 +80,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "sweep": _sweep,
     "scaling": _scaling,
     "launch": _launch,
+    "ckpt": _ckpt,
 }
 
 

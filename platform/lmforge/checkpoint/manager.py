@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
+from lmforge.checkpoint import deepspeed_io
 from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
 from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, step_of,
                                        tmp_dir)
@@ -79,9 +80,10 @@ class _Pending:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, cfg: CheckpointConfig):
+    def __init__(self, root: Path, cfg: CheckpointConfig, engine: Any = None):
         self.root = Path(root)
         self.cfg = cfg
+        self.attach_engine(engine)
         # Called on rank 0 between writing the DCP shards and committing (in-process tests).
         self.before_commit: Optional[Callable[[Path], None]] = None
         # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
@@ -95,6 +97,10 @@ class CheckpointManager:
             self._async_group = dist.new_group(backend="gloo")
 
     # ---- save -------------------------------------------------------------------------------------
+
+    def attach_engine(self, engine: Any) -> None:
+        """A DeepSpeed engine writes its own files (checkpoint/deepspeed_io.py); the native engine goes through DCP."""
+        self.deepspeed = engine if deepspeed_io.is_deepspeed_engine(engine) else None
     def tensor_state(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, Any]:
         if optimizer is not None:
             msd, osd = get_state_dict(model, optimizer)
@@ -117,6 +123,11 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         _barrier()
         side = json.loads(json.dumps({"step": step, **sidecar}))  # a snapshot, JSON-clean
+        if self.deepspeed is not None:  # DeepSpeed's save is synchronous; same commit, sidecar and retention
+            side.update(deepspeed_io.sidecar_fields(self.deepspeed))
+            deepspeed_io.save(self.deepspeed, tmp)
+            self._commit(_Pending(step, tmp, final, None, side, t0))
+            return SaveResult(step, final, time.perf_counter() - t0, committed=True)
         state = self.tensor_state(model, optimizer)
         pause_after = pause_spec(step)
         writer = PausingWriter(tmp, pause_after) if pause_after is not None else FileSystemWriter(str(tmp))
@@ -233,6 +244,15 @@ class CheckpointManager:
     def load(self, path: Path, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
              restore_rng: bool = True) -> dict:
         sidecar = json.loads((path / SIDECAR).read_text())
+        fmt = sidecar.get("format", "dcp")
+        if self.deepspeed is None and fmt == deepspeed_io.FORMAT:
+            raise CheckpointError(f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
+                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
+                                  f"OUT, or set parallelism.engine=deepspeed")
+        if self.deepspeed is not None:  # a DeepSpeed checkpoint, or a native one continued by DeepSpeed
+            load = deepspeed_io.load if fmt == deepspeed_io.FORMAT else deepspeed_io.load_native
+            load(self.deepspeed, path, sidecar, restore_rng)
+            return sidecar
         state = self.tensor_state(model, optimizer)
         check_model_fits(path, state["model"])
         rng_keys = [k for k in state if k.startswith("rng/")]

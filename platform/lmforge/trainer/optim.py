@@ -59,3 +59,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def build_optimizer_from_dict(model: torch.nn.Module, optim: dict) -> torch.optim.Optimizer:
+    """The optimizer of a saved config (a checkpoint sidecar's ``config.optim``), on the CPU."""
+    fields = {k: v for k, v in optim.items() if k in OptimConfig.__dataclass_fields__}
+    return build_optimizer(model, OptimConfig(**fields), torch.device("cpu"))

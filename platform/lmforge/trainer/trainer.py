@@ -47,7 +47,7 @@ from lmforge.metrics.meter import StepTiming, ThroughputMeter
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import flops_per_token
-from lmforge.parallel.engine import NativeEngine
+from lmforge.parallel.engines import build_engine
 from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import provenance
 from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
@@ -106,8 +106,9 @@ class Trainer:
                                      * self.plan.dp_size, cache, total_samples)
 
         # Model, parallelism, optimizer
-        self.engine = NativeEngine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
+        self.engine = build_engine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device)
+        self.checkpoints.attach_engine(self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         self.meter = ThroughputMeter(self.flops_per_token, peak_tflops(self.device, dtype), self.world.world_size)
