@@ -4,8 +4,15 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUITES = {"step": "benchmarks.step"}
-DEFAULT = ["step"]
+SUITES = {
+    "step": "benchmarks.step",                    # engine vs bare loop, fp32/bf16, AC, optimizer variants, MFU
+    "data_loader": "benchmarks.data_loader",      # loader tokens/s vs training consumption, prepare MB/s
+    "checkpoint": "benchmarks.checkpoint",        # save/load time, async-save stall (gpt_125m)
+    "parallel_layouts": "benchmarks.parallel_layouts",  # tokens/s of each layout vs single process
+    "comm_overlap": "benchmarks.comm_overlap",    # DDP bucketed overlap vs all-reduce after backward
+    "deepspeed_vs_fsdp": "benchmarks.deepspeed_vs_fsdp",  # ZeRO-3 vs FSDP2 tokens/s and memory
+}
+DEFAULT = ["step", "data_loader"]
 
 
 def main(argv=None) -> int:
@@ -16,7 +23,9 @@ def main(argv=None) -> int:
             return 2
         module = importlib.import_module(SUITES[name])
         sys.argv = [SUITES[name]]
-        module.main()
+        rc = module.main()
+        if rc:
+            return int(rc)
     return 0
 
 
