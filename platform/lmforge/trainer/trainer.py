@@ -97,7 +97,7 @@ class Trainer:
                               f"set model.vocab_size >= {self.tokenizer.vocab_size}")
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
-        resume_from = self.checkpoints.resolve(cfg.train.resume)
+        resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
         prior = json.loads((resume_from / SIDECAR).read_text()).get("data") if resume_from else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)
@@ -173,7 +173,7 @@ class Trainer:
         return result.path
 
     def maybe_resume(self) -> Optional[int]:
-        path = self.checkpoints.resolve(self.cfg.train.resume)
+        path = self.resume_from
         if path is None:
             if self.cfg.train.init_from:  # weights only (e.g. from `lmforge import hf`); see checkpoint/weights.py
                 load_model_weights(Path(self.cfg.train.init_from), self.engine.inner, self.cfg.model)
