@@ -63,3 +63,23 @@ def test_sink_online_unreachable_logs_offline_run_with_one_warning(tmp_path, mon
     axes = {r["metric"].get("glob_name"): r["metric"].get("step_metric") for r in records if r.get("type") == "metric"}
     assert axes["train/*"] == "tokens_seen" and axes["val/*"] == "tokens_seen"
     assert "fake-secret" not in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_fault_events_reach_wandb_as_counted_series(tmp_path, monkeypatch):
+    """Restart, skipped-step and straggler events become events/<name> series in the run (read back offline)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sink = WandbSink(WandbConfig(mode="offline", project="p"), tmp_path / "wandb", {}, run_id="faults1")
+    sink.log({"kind": "train", "step": 1, "loss": 2.0, "tokens_seen": 64})
+    sink.event({"kind": "event", "event": "skipped_step", "step": 2, "rank": 0, "cause": "loss is nan"})
+    sink.event({"kind": "event", "event": "skipped_step", "step": 3, "rank": 0, "cause": "loss is nan"})
+    sink.event({"kind": "event", "event": "straggler", "step": 3, "rank": 1, "cause": "2.1x median step time"})
+    sink.close()
+    run_dir = next((tmp_path / "wandb").glob("offline-run-*-faults1"))
+    out = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
+                         capture_output=True, text=True, timeout=60)
+    history = [json.loads(line)["history"]["item"] for line in out.stdout.splitlines()
+               if line.startswith("{") and json.loads(line).get("type") == "history"]
+    skipped = [h["events/skipped_step"] for h in history if "events/skipped_step" in h]
+    stragglers = [h["events/straggler"] for h in history if "events/straggler" in h]
+    assert skipped[-1] == 2 and stragglers == [1], history

@@ -98,6 +98,7 @@ class WandbSink:
         self.mode = mode
         self.run_id = run_id or new_run_id()
         self._last_step = 0
+        self._event_counts: dict = {}
         wandb_dir.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(console="off", save_code=False, disable_code=True, disable_git=True,
                                   x_disable_meta=True, x_save_requirements=False, x_disable_stats=True,
@@ -133,12 +134,26 @@ class WandbSink:
             self.run.log(row, step=self._last_step)
 
     def event(self, record: dict) -> None:
-        if str(record.get("event", "")).startswith("checkpoint"):
+        name = str(record.get("event", ""))
+        self._last_step = max(self._last_step, int(record.get("step", 0)))  # never step backwards
+        if name.startswith("checkpoint"):
             row = {f"checkpoint/{k}": v for k, v in record.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time", "rank")}
-            if row:  # an async commit can land after later steps were logged: never step backwards
-                self._last_step = max(self._last_step, int(record.get("step", 0)))
+            if row:
                 self.run.log(row, step=self._last_step)
+            return
+        # Fault and lifecycle events (restart, requeue, preemption checkpoint, skipped step, straggler, watchdog):
+        # a counter series per event and, when the run is online, a W&B alert naming rank, step and cause.
+        self._event_counts[name] = self._event_counts.get(name, 0) + 1
+        self.run.log({f"events/{name}": self._event_counts[name]}, step=self._last_step)
+        if self.mode == "online":
+            text = f"rank {record.get('rank')} step {record.get('step')}: {record.get('cause', '')}"
+            try:
+                import wandb
+
+                self.run.alert(title=f"lmforge: {name}", text=text[:1000], level=wandb.AlertLevel.WARN)
+            except Exception as e:  # noqa: BLE001 - an alert must never stop training
+                _warn(f"W&B alert for '{name}' failed: {type(e).__name__}")
 
     def close(self) -> None:
         if self.run is not None:
