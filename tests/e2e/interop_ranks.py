@@ -14,34 +14,30 @@ def train(argv: List[str]) -> dict:
 
 
 def save_tensor_parallel_checkpoint(root: str, model: dict, seed: int) -> dict:
-    """Build lmforge's GPT tensor-parallel over 2 ranks with torch's own TP plan and save it with the
-    CheckpointManager: q/k/v and w1/w3 column-sharded, wo and w2 row-sharded (DTensor slices in DCP)."""
+    """Build lmforge's GPT tensor-parallel over 2 ranks with lmforge's TP engine and save it with the
+    CheckpointManager: q/k/v and w1/w3 column-sharded, wo and w2 row-sharded, embeddings vocab-sharded."""
     from pathlib import Path
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     from lmforge.checkpoint.manager import CheckpointManager
     from lmforge.config.checkpoint import CheckpointConfig
     from lmforge.config.model import ModelConfig
+    from lmforge.config.parallelism import ParallelismConfig
+    from lmforge.parallel.mesh import ParallelDims, build_mesh
+    from lmforge.parallel.parallelize import materialize, parallelize
     from lmforge.model.gpt import GPT
 
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    # lmforge's own tensor-parallel engine path (parallel/tensor_parallel.py), exactly as training shards the model.
+    pcfg = ParallelismConfig(tp=dist.get_world_size())
+    mesh = build_mesh(ParallelDims.from_config(pcfg), torch.device("cpu"))
     cfg = ModelConfig(**model)
     with torch.device("meta"):
         gpt = GPT(cfg)
-    plan = {}
-    for i in gpt.layers:
-        plan.update({f"layers.{i}.attention.{n}": ColwiseParallel() for n in ("wq", "wk", "wv")})
-        plan.update({f"layers.{i}.feed_forward.{n}": ColwiseParallel() for n in ("w1", "w3")})
-        plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
-        plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
-    parallelize_module(gpt, mesh, plan)
-    gpt.to_empty(device="cpu")
-    gpt.init_weights(seed)
+    gpt = parallelize(gpt, mesh, pcfg)
+    materialize(gpt, torch.device("cpu"), seed)
     local = tuple(gpt.layers["0"].attention.wo.weight.to_local().shape)
     CheckpointManager(Path(root) / "checkpoints", CheckpointConfig()).save(
         0, gpt, None, {"config": {"model": model}, "world_size": dist.get_world_size()})
