@@ -254,7 +254,7 @@ class CheckpointManager:
             load(self.deepspeed, path, sidecar, restore_rng)
             return sidecar
         state = self.tensor_state(model, optimizer)
-        check_model_fits(path, state["model"])
+        check_model_fits(path, state["model"], partial=is_pipeline_stage(model))
         rng_keys = [k for k in state if k.startswith("rng/")]
         same_world = sidecar.get("world_size") == _world()
         if not (restore_rng and same_world):
@@ -275,8 +275,10 @@ class CheckpointManager:
         return sidecar
 
 
-def model_mismatches(path: Path, model_state: Dict[str, Any]) -> List[str]:
-    """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes)."""
+def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = False) -> List[str]:
+    """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes).
+
+    ``partial``: the model is one pipeline stage, so checkpoint tensors of other stages are expected extras."""
     meta = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
     saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
     problems = []
@@ -287,13 +289,18 @@ def model_mismatches(path: Path, model_state: Dict[str, Any]) -> List[str]:
             problems.append(f"{name}: missing from the checkpoint (model has {list(tensor.shape)})")
         elif tuple(saved[name]) != tuple(tensor.shape):
             problems.append(f"{name}: checkpoint {list(saved[name])} vs model {list(tensor.shape)}")
-    for name in sorted(set(saved) - set(model_state)):
+    for name in sorted(set(saved) - set(model_state)) if not partial else ():
         problems.append(f"{name}: in the checkpoint but not in the model (checkpoint {list(saved[name])})")
     return problems
 
 
-def check_model_fits(path: Path, model_state: Dict[str, Any]) -> None:
-    problems = model_mismatches(path, model_state)
+def is_pipeline_stage(model: torch.nn.Module) -> bool:
+    """A pipeline stage lacks the embedding (later stages) or the final norm (earlier stages)."""
+    return getattr(model, "tok_embeddings", True) is None or getattr(model, "norm", True) is None
+
+
+def check_model_fits(path: Path, model_state: Dict[str, Any], partial: bool = False) -> None:
+    problems = model_mismatches(path, model_state, partial)
     if problems:
         shown = "\n  ".join(problems[:40]) + (f"\n  ... and {len(problems) - 40} more" if len(problems) > 40 else "")
         saved_model = ""
