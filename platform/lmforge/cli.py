@@ -40,12 +40,20 @@ def _import(argv: Sequence[str]) -> int:
     from lmforge.interop.cli import import_main
 
     return import_main(argv)
+
+
 def _comm(argv: Sequence[str]) -> int:
     from lmforge.comm.cli import main
+
+    return main(list(argv))
+
+
 def _plan(argv: Sequence[str]) -> int:
     from lmforge.parallel.plan_cli import main
 
     return main(list(argv))
+
+
 def _sweep(argv: Sequence[str]) -> int:
     from lmforge.scaling.cli import sweep_main
 
@@ -56,10 +64,14 @@ def _scaling(argv: Sequence[str]) -> int:
     from lmforge.scaling.cli import scaling_main
 
     return scaling_main(list(argv))
+
+
 def _launch(argv: Sequence[str]) -> int:
     from lmforge.launch.cli import main
 
     return main(list(argv))
+
+
 def _ckpt(argv: Sequence[str]) -> int:
     from lmforge.checkpoint.convert import main
     from lmforge.trainer.optim import build_optimizer_from_dict

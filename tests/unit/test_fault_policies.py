@@ -87,8 +87,10 @@ def test_orphaned_worker_notices_its_dead_launcher_and_exits(tmp_path):
     parent.wait()
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 20
-    while not metrics.exists() and time.monotonic() < deadline:
+    # Wait for one complete line: the file can exist for a moment before the event is written into it.
+    while not (metrics.exists() and metrics.read_text().endswith("\n")) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert metrics.exists() and metrics.read_text().strip(), "the orphaned worker wrote no event within 20 s"
     event = json.loads(metrics.read_text().splitlines()[0])
     assert event["event"] == "orphaned" and "the launcher died" in event["cause"]
     while time.monotonic() < deadline:  # gone (or a zombie waiting for its new parent to reap it)
