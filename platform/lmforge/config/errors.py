@@ -1,18 +1,22 @@
-"""The one exception type for bad configuration: it always names the key, the reason and the fix."""
+"""Errors that tell the user what is wrong, why, and how to fix it."""
 from __future__ import annotations
 
 
-class ConfigError(ValueError):
-    """A configuration problem found before any compute is spent.
+class ActionableError(ValueError):
+    """``<subject>: <reason>. Fix: <fix>`` — the shape of every user-facing error in lmforge."""
 
-    The message has three parts a user can act on: which key, why it is wrong, and how to fix it.
-    """
-
-    def __init__(self, key: str, reason: str, fix: str = ""):
-        self.key = key
+    def __init__(self, subject: str, reason: str, fix: str = ""):
         self.reason = reason
         self.fix = fix
-        msg = f"config key '{key}': {reason}"
+        msg = f"{subject}: {reason}"
         if fix:
             msg += f". Fix: {fix}"
         super().__init__(msg)
+
+
+class ConfigError(ActionableError):
+    """A configuration problem found before any compute is spent; names the config key."""
+
+    def __init__(self, key: str, reason: str, fix: str = ""):
+        self.key = key
+        super().__init__(f"config key '{key}'", reason, fix)
