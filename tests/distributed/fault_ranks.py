@@ -49,3 +49,22 @@ def slow_rank(run_dir: str) -> dict:
                 for r in out["stragglers"]:
                     events.emit("straggler", step, f"rank {r} slow", slow_rank=r)
     return found
+
+
+def stop_vote(flag_steps: dict) -> dict:
+    """Each rank raises its stop flag from step ``flag_steps[rank]`` on (absent: never) while real gradient-like
+    all-reduces run in between; returns the step at which this rank's vote said stop."""
+    from lmforge.comm.vote import LaggedVote
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    vote = LaggedVote(torch.device("cpu"), "any")
+    first = flag_steps.get(str(rank))
+    for step in range(1, 20):
+        t = torch.full((1024,), float(rank))
+        dist.all_reduce(t)  # the step's own traffic on the same group
+        if vote.exchange(first is not None and step >= first):
+            vote.collect()
+            dist.barrier()
+            return {"rank": rank, "stop_step": step}
+    return {"rank": rank, "stop_step": None}

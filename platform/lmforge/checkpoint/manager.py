@@ -37,6 +37,7 @@ from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_check
 from lmforge.checkpoint.retention import plan_retention
 from lmforge.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.comm.vote import LaggedVote
 from lmforge.config.checkpoint import CheckpointConfig
 
 
@@ -89,6 +90,7 @@ class CheckpointManager:
         # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
         self.on_commit: Optional[Callable[[int, Path, float], None]] = None
         self.pending: Optional[_Pending] = None
+        self._write_vote: Optional[LaggedVote] = None  # "has every rank finished the async write?" (poll)
         self._async_group = None
         if cfg.async_mode in ("thread", "process") and _dist():
             # Collective call: every rank constructs the manager at the same point of Trainer.__init__. A gloo group
@@ -150,9 +152,9 @@ class CheckpointManager:
             return None
         done = self.pending.future.done()
         if _world() > 1:
-            flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=_collective_device())
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            done = bool(flag.item())
+            if self._write_vote is None:
+                self._write_vote = LaggedVote(_collective_device(), "all")
+            done = self._write_vote.exchange(done)  # every rank done, agreed a poll later without a stall
         if not done:
             return None
         return self.wait()
@@ -160,6 +162,8 @@ class CheckpointManager:
     def wait(self) -> Optional[Path]:
         """Block until the in-flight async save (if any) is written by every rank, then commit it."""
         pending, self.pending = self.pending, None
+        if self._write_vote is not None:
+            self._write_vote.collect()  # drop a vote still in flight: the next save starts a fresh one
         if pending is None:
             return None
         try:

@@ -2,7 +2,7 @@
 
     faults = FaultHooks(cfg, paths, rank, device, logger, preemption).start()
     result = engine.train_step(batches, lr, guard=faults.guard_for(step))
-    faults.after_step(step, step_time, result.stepped)   # heartbeat, stragglers, loss guard, drills
+    faults.after_step(step, step_time)   # heartbeat, stragglers, loss guard verdicts, drills
     faults.close()
 """
 from __future__ import annotations
@@ -73,22 +73,16 @@ class FaultHooks:
         self.loss_guard.step = step + 1
         return self.loss_guard
 
-    def after_step(self, step: int, step_time_s: float, stepped: bool) -> dict:
-        """Heartbeat, skipped-step accounting, straggler gather and drills. Returns extra metrics."""
+    def after_step(self, step: int, step_time_s: float) -> dict:
+        """Heartbeat, skipped-step accounting, straggler gather and drills. Returns extra metrics.
+
+        The loss guard's verdicts are booked as they become readable on the host: at once on the CPU, a step
+        late at most on a GPU (see ``fault/loss_guard.py``), so the accounting never stalls the device.
+        """
         self.watchdog.beat(step)
         extra: dict = {}
         if self.loss_guard is not None:
-            g = self.loss_guard
-            if not stepped:
-                if g.consecutive == 1:
-                    self._hold_last_good(step)
-                self.events.emit("skipped_step", step, g.last_cause, skipped_total=g.skipped_total,
-                                 consecutive=g.consecutive)
-                if g.diverged:
-                    self.stop_diverged(step)
-            elif self._held is not None:
-                self._release_held()
-        if self.loss_guard is not None:
+            self.book_verdicts(force=False)
             extra["skipped_steps"] = self.loss_guard.skipped_total
         found = self.stragglers.observe(step, step_time_s)
         if found is not None:
@@ -102,6 +96,25 @@ class FaultHooks:
         self.drills.after_step(step)
         self.watchdog.beat(step)
         return extra
+
+    def book_verdicts(self, force: bool = True) -> None:
+        """Events, the pin of the last good checkpoint and the divergence stop, for every readable verdict.
+
+        ``force`` reads all of them (before a checkpoint is written and at the end of training)."""
+        g = self.loss_guard
+        if g is None:
+            return
+        for verdict in g.resolve(force=force):
+            if not verdict.skipped:
+                if self._held is not None:
+                    self._release_held()
+                continue
+            if g.consecutive == 1:
+                self._hold_last_good(verdict.step)
+            self.events.emit("skipped_step", verdict.step, verdict.cause, skipped_total=g.skipped_total,
+                             consecutive=g.consecutive)
+            if g.diverged:
+                self.stop_diverged(verdict.step)
 
     def _hold_last_good(self, step: int) -> None:
         """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""

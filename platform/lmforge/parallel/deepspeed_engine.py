@@ -26,7 +26,7 @@ from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.deepspeed_config import build_config
-from lmforge.parallel.engine import StepResult, resolve_precision
+from lmforge.parallel.engine import StepGuard, StepResult, resolve_precision
 from lmforge.parallel.mesh import ParallelDims
 from lmforge.parallel.parallelize import materialize
 
@@ -87,12 +87,12 @@ class DeepSpeedEngine:
         return cross_entropy_loss(self.ds(tokens), targets)
 
     def train_step(self, micro_batches: Sequence, lr: float,
-                   guard: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> StepResult:
+                   guard: Optional[StepGuard] = None) -> StepResult:
         """One optimizer step over ``micro_batches`` (= gradient_accumulation_steps of them).
 
-        ``guard`` (loss, grad_norm) -> bool differs from the native engine: DeepSpeed computes the global
-        gradient norm inside its own step, so the guard is asked *after* the update, with DeepSpeed's pre-clip
-        norm; a False answer is reported as ``stepped=False`` but cannot undo the update (a loss guard must roll
+        ``guard`` differs from the native engine: DeepSpeed computes the global gradient norm inside its own
+        step, so the guard is asked *after* the update, with DeepSpeed's pre-clip norm; a skip verdict is
+        reported (skipped-step events, the divergence stop) but cannot undo the update (a loss guard must roll
         back through the last checkpoint).
         """
         n = len(micro_batches)
@@ -114,10 +114,9 @@ class DeepSpeedEngine:
             total /= self.dp_size
         norm = self.ds.get_global_grad_norm()
         grad_norm = torch.as_tensor(float(norm) if norm is not None else float("nan"))
-        stepped = True
-        if guard is not None and not guard(total, grad_norm):
-            stepped = False  # reported only: DeepSpeed has already applied this update
-        return StepResult(total, grad_norm, stepped)
+        # The verdict is recorded (events, divergence stop) but cannot veto: DeepSpeed has already applied the update.
+        skip = guard.skip_tensor(total, grad_norm) if guard is not None else None
+        return StepResult(total, grad_norm, skip)
 
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,32 @@ from lmforge.parallel.parallelize import materialize, parallelize_parts, uses_ma
 class StepResult:
     loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
     grad_norm: torch.Tensor  # scalar, global pre-clip norm
-    stepped: bool  # False when the guard skipped the update
+    skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
+
+
+class StepGuard(Protocol):
+    """Decides on the device whether to skip this update (lmforge.fault.loss_guard.LossGuard)."""
+
+    def skip_tensor(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor: ...
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, skip: Optional[torch.Tensor]) -> None:
+    """Step, unless ``skip`` (a bool device tensor) is true — without reading it when the optimizer can.
+
+    Fused Adam/AdamW take a ``found_inf`` tensor (the ``GradScaler`` mechanism): the kernel leaves weights,
+    moments and the step count unchanged when it is non-zero, so the skip costs no host sync. Any other
+    optimizer needs the verdict on the host: one sync, the price of ``optim.fused=false`` with the guard on.
+    """
+    if skip is None:
+        optimizer.step()
+    elif getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = skip.to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not bool(skip):
+        optimizer.step()
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -88,7 +113,7 @@ class NativeEngine:
         return cross_entropy_loss(logits, targets)
 
     def train_step(self, micro_batches: Sequence, lr: float,
-                   guard: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> StepResult:
+                   guard: Optional[StepGuard] = None) -> StepResult:
         if self.pipeline is not None:
             tokens = torch.cat([mb.tokens for mb in micro_batches])
             targets = torch.cat([mb.targets for mb in micro_batches])
@@ -108,13 +133,12 @@ class NativeEngine:
             dist.all_reduce(total, group=self.dp_group)
             total /= self.dims.dp
         grad_norm = clip_grad_norm(self.inner.parameters(), self.cfg.optim.grad_clip, self.pp_group)
-        stepped = guard(total, grad_norm) if guard is not None else True
-        if stepped:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
+        skip = guard.skip_tensor(total, grad_norm) if guard is not None else None
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        optimizer_step(self.optimizer, skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(total, grad_norm, stepped)
+        return StepResult(total, grad_norm, skip)
 
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ The norm must be the norm of the *whole* model's gradient, the same number a sin
 - pipeline stages hold disjoint parameters: squared norms are summed over the ``pp`` group.
 
 Every rank then scales its gradients by the same ``min(1, max_norm / (norm + 1e-6))``, the formula of
-``torch.nn.utils.clip_grad_norm_``.
+``torch.nn.utils.clip_grad_norm_``, as a device tensor: clipping never waits for the host.
 """
 from __future__ import annotations
 
@@ -51,13 +51,22 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter], pp_group: Optional[di
 @torch.no_grad()
 def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float,
                    pp_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Clip in place to ``max_norm`` (<= 0: no clipping); returns the pre-clip global norm."""
+    """Clip in place to ``max_norm`` (<= 0: no clipping); returns the pre-clip global norm.
+
+    The coefficient stays on the device (no host sync): every gradient is multiplied by it, which is exact
+    (``x * 1.0 == x``) when the norm is already below ``max_norm``. A non-finite norm leaves the gradients
+    alone; the loss guard skips such a step."""
     params = list(params)
     norm = global_grad_norm(params, pp_group)
     if max_norm > 0:
-        coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        if coef < 1.0:
-            grads = [p.grad for p in params if p.grad is not None]
-            for g in grads:
-                g.mul_(coef)
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        coef = torch.where(torch.isfinite(coef), coef, torch.ones_like(coef))
+        by_group = defaultdict(list)  # one foreach call per (mesh or plain, device, dtype)
+        for p in params:
+            g = p.grad
+            if g is not None:
+                mesh = id(g.device_mesh) if isinstance(g, DTensor) else None
+                by_group[(mesh, g.device, g.dtype)].append(g)
+        for (_, device, _), grads in by_group.items():
+            torch._foreach_mul_(grads, coef.to(device))
     return norm

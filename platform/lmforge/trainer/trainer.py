@@ -33,6 +33,7 @@ from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe
+from lmforge.comm.vote import LaggedVote
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
@@ -124,13 +125,6 @@ class Trainer:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
 
-    def _any_rank(self, flag: bool) -> bool:
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
-
     def _write_run_files(self) -> None:
         if self.rank != 0:
             return
@@ -163,6 +157,8 @@ class Trainer:
                 "grad_scaler": grad_scaler_state(getattr(self.engine, "grad_scaler", None))}
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
+        if getattr(self, "faults", None) is not None:
+            self.faults.book_verdicts(force=True)  # a skip streak pins the last good checkpoint before this save
         self._flush_source_counts()
         result = self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
         if getattr(self, "logger", None) is not None:
@@ -214,7 +210,8 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
-        faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start()
+        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start()
+        stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)
             while self.step < last_step:
@@ -225,7 +222,7 @@ class Trainer:
                 with self.overlap.step(self.step + 1, log):
                     result = self.engine.train_step(batches, lr, guard=faults.guard_for(self.step))
                 self.step += 1
-                fault_metrics = faults.after_step(self.step, time.perf_counter() - t0, result.stepped)
+                fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)
                 self._accumulate_sources(batches)
                 log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
                 if log_now:
@@ -247,13 +244,15 @@ class Trainer:
                     log.log({"kind": "eval", "step": self.step,
                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **self.evaluate()})
                 self.checkpoints.poll()  # commits a finished async save
-                if self._any_rank(self.preemption.requested):
+                if stop_vote.exchange(self.preemption.requested):  # agreed one step after the signal (no stall)
                     self.save_checkpoint(blocking=True)
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
                         and self.step < last_step:
                     self.save_checkpoint()
+            stop_vote.collect()
+            faults.book_verdicts(force=True)
             if cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
                 self.save_checkpoint(blocking=True)
             self.checkpoints.wait()
