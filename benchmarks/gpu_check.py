@@ -32,6 +32,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -110,7 +111,18 @@ class Report:
     def __init__(self, path: Path, env: dict, budget_s: float):
         self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
         self.data = {"env": env, "checks": {}, "summary": {}}
+        self.current: Optional[str] = None
         self.write()
+        signal.signal(signal.SIGTERM, self._on_sigterm)  # `timeout` in gpu_check.sh: record where it stopped
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.current:
+            self.data["checks"][self.current] = {"ok": False, "status": "fail", "error": "killed by SIGTERM (timeout) "
+                                                 f"after {self.elapsed():.0f}s of the run", "est_s": None}
+        self.data["summary"] = {"killed_during": self.current, "wall_s": round(self.elapsed(), 1)}
+        self.write()
+        print(f"KILLED during {self.current} after {self.elapsed():.0f}s; partial results in {self.path}", flush=True)
+        os._exit(124)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -131,6 +143,7 @@ class Report:
             return
         print(f"---- {name} (estimate {est_s:.0f}s, {self.elapsed():.0f}s elapsed)", flush=True)
         t0 = time.perf_counter()
+        self.current = name
         try:
             value = fn()
             entry = {"ok": True, "status": "pass", "value": value}
@@ -141,6 +154,7 @@ class Report:
             print(f"FAIL {name}: {type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}", flush=True)
         entry.update(est_s=est_s, s=round(time.perf_counter() - t0, 2))
         self.data["checks"][name] = entry
+        self.current = None
         self.write()
 
     def value(self, name: str):
@@ -625,6 +639,10 @@ def main(argv=None) -> int:
     for name, c in R.data["checks"].items():
         shown = c.get("value") if c["ok"] else c.get("error")
         print(f"{name:24} {c['status']:8} {c.get('s', 0):7.1f}  {json.dumps(shown, default=str)[:160]}")
+    mm = R.value("matmul_tflops")
+    if mm:
+        print(f"\nmeasured bf16 matmul {mm} TFLOP/s = {mm / H200_SPEC_BF16:.3f} of the H200 spec {H200_SPEC_BF16}; "
+              "MFU/989 = achieved / spec, MFU/mm = achieved / measured matmul, overhead = engine / bare compiled step")
     print(f"\n{'model':10} {'path':9} {'step_s':>9} {'tok/s':>10} {'TFLOP/s':>9} {'MFU/989':>8} {'MFU/mm':>7} "
           f"{'overhead':>8}")
     for name in S.presets:
