@@ -104,3 +104,31 @@ def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path)
     # On CPU the sync check counts tensor reads on the host and reports them (the GPU run fails on one).
     sync = checks["engine_no_host_sync"]["value"]
     assert sync["device"] == "cpu" and isinstance(sync["local_scalar_dense"], int) and sync["local_scalar_dense"] >= 0
+
+
+def test_budget_skips_are_recorded_and_fail(gpu_machine_env, tmp_path):
+    """A check whose estimate exceeds what is left of the budget is skipped, recorded, and fails the run."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--budget-s", "0.5",
+                           "--out", str(out)], env=gpu_machine_env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["summary"]["skipped"] == sorted(EXPECTED_CHECKS)
+    assert report["checks"]["compile_block"]["error"].startswith("skipped: estimate 40s > ")
+
+
+def test_gpu_presets_match_conf_model():
+    """The GPU check hard-codes gpt_125m / gpt_1b (the GPU machine has no omegaconf): they must equal conf/model."""
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from lmforge.config.model import ModelConfig
+
+    for name, (cfg, _batch) in gpu_check.GPU_PRESETS.items():
+        conf = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml"))
+        assert cfg == ModelConfig(**conf), name
