@@ -363,6 +363,16 @@ def check_compile_block() -> dict:
             "grad_rel_err": float(f"{grad_err:.2e}")}
 
 
+@torch.no_grad()
+def sdpa_ops_of(model, x: torch.Tensor) -> list:
+    """The attention kernels one eager bf16-autocast forward of ``model`` dispatches to (flash expected on GPU;
+    in the model, RoPE can hand SDPA fp32 q/k, which rules flash out)."""
+    counter = op_counter()
+    with autocast(), counter:
+        model(x)
+    return sorted(op for op in counter.counts if "attention" in op or "scaled_dot_product" in op)
+
+
 def time_steps(step: Callable[[], None]) -> Tuple[float, float]:
     """(first step incl. compile, median of the timed steps) in seconds."""
     sync()
@@ -400,11 +410,12 @@ def check_bare(name: str, compile_blocks: bool) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg).to(S.device)
     model.init_weights(0, device=S.device)
+    x = tokens_batch(cfg, batch)
+    attention_ops = sdpa_ops_of(model, x[:1])
     if compile_blocks:
         for k, block in list(model.layers.items()):
             model.layers[k] = torch.compile(block)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x = tokens_batch(cfg, batch)
 
     def step():
         with autocast():
@@ -415,6 +426,7 @@ def check_bare(name: str, compile_blocks: bool) -> dict:
 
     first, step_s = time_steps(step)
     out = rates(cfg, batch, step_s, first)
+    out["attention_ops"] = attention_ops
     del model, opt
     free_memory()
     return out
