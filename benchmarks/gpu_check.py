@@ -641,6 +641,7 @@ def main(argv=None) -> int:
         ("gpt_1b_compiled", lambda: check_bare("gpt_1b", True)),
         ("gpt_1b_engine", lambda: check_engine("gpt_1b")),
     ]
+    R.data["env"].update(budget_s=R.budget_s, est_total_s=sum(S.est_s.get(name, 3.0) for name, _ in checks))
     for name, fn in checks:
         R.check(name, fn, S.est_s.get(name, 3.0))
     R.data["summary"] = summarize()
