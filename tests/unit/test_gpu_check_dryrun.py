@@ -118,15 +118,36 @@ def test_budget_skips_are_recorded_and_fail(gpu_machine_env, tmp_path):
     assert report["checks"]["compile_block"]["error"].startswith("skipped: estimate 40s > ")
 
 
-def test_gpu_presets_match_conf_model():
-    """The GPU check hard-codes gpt_125m / gpt_1b (the GPU machine has no omegaconf): they must equal conf/model."""
-    from omegaconf import OmegaConf
-
+def load_gpu_check():
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+    return gpu_check
+
+
+def test_sync_counter_sees_host_reads_only():
+    """The CPU stand-in of the GPU sync check counts exactly the tensor reads on the host."""
+    import torch
+
+    counter = load_gpu_check().op_counter()
+    t = torch.arange(4.0)
+    with counter:
+        u = (t * 2).sum()
+        assert counter.counts.get("_local_scalar_dense", 0) == 0
+        float(u)
+        u.item()
+        if u > 1:  # a Python branch on a tensor reads it too
+            pass
+    assert counter.counts["_local_scalar_dense"] == 3
+
+
+def test_gpu_presets_match_conf_model():
+    """The GPU check hard-codes gpt_125m / gpt_1b (the GPU machine has no omegaconf): they must equal conf/model."""
+    from omegaconf import OmegaConf
+
+    gpu_check = load_gpu_check()
     from lmforge.config.model import ModelConfig
 
     for name, (cfg, _batch) in gpu_check.GPU_PRESETS.items():
