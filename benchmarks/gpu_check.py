@@ -1,21 +1,46 @@
-"""One prepared GPU check (run by benchmarks/gpu_check.sh on a lent H200, < 8 minutes).
+"""One prepared GPU check (run by benchmarks/gpu_check.sh on a lent H200 in one shot, < 8 minutes), and its
+CPU dry run (``--dry-run``: the same checks and code paths with tiny shapes on CPU/gloo, run by the tests).
 
-Needs only torch (the GPU machines have their own torch and no hydra/omegaconf/wandb/deepspeed): it imports
-lmforge's model, FLOPs formula and hardware table, which import nothing else.
+    python benchmarks/gpu_check.py              # on the GPU machine (writes $OUT/gpu_check.json)
+    python benchmarks/gpu_check.py --dry-run    # anywhere, ~1 minute on 2 cores
 
-Checks: bf16 autocast step, flash SDPA selected and matching math SDPA, torch.compile of the blocks,
-an nccl process group of world size 1 with an all-reduce, FSDP2 on one GPU. Throughput: gpt_125m and
-gpt_1b training steps (bf16-mixed, fused AdamW, compiled), MFU against the H200 dense bf16 spec peak
-(989.4 TFLOP/s) and against the measured bf16 matmul rate on the same GPU.
+Needs only torch: the GPU machines have their own torch and no hydra/omegaconf/wandb/deepspeed. It imports
+lmforge's model, FLOPs formula, hardware table, process group, parallel engine and optimizer, and builds the
+engine's ``RootConfig`` by plain dataclass construction (no Hydra).
+
+Checks, in order (each has a time estimate; a check that would overrun the budget is recorded as skipped,
+and the JSON is rewritten after every check so a timeout still leaves data):
+  matmul_tflops          bf16 square matmul rate (the "measured peak" for MFU)
+  flash_sdpa             the flash SDPA kernel is selected (op seen by a dispatch mode) and matches math SDPA
+  bf16_step              bf16 autocast training steps reduce the loss
+  process_group_world_1  lmforge's init_process_group (nccl on GPU, gloo on CPU), world of one, all-reduce
+  fsdp2_one_device       lmforge's path: mesh -> parallelize_parts -> apply_fsdp -> materialize -> train
+  compile_block          torch.compile of one transformer block matches eager (forward and gradients)
+  <model>_eager / _compiled   bare loop: GPT + fused AdamW under bf16 autocast (gpt_125m, gpt_1b)
+  <model>_engine         the trainer's path: NativeEngine.train_step (bf16-mixed, fused AdamW, compile on),
+                         with the platform-overhead ratio engine step / bare compiled step
+  engine_no_host_sync    one non-logging engine step (after warm-up): on GPU under
+                         torch.cuda.set_sync_debug_mode("error") (a host sync fails the check); on CPU the
+                         aten._local_scalar_dense calls are counted and reported (no failure)
+
+The exit status is non-zero if any check failed or was skipped.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,153 +52,628 @@ from lmforge.model.flops import flops_per_token  # noqa: E402
 from lmforge.model.gpt import GPT, cross_entropy_loss, param_count_from_config  # noqa: E402
 from lmforge.runtime.hardware import PEAK_TFLOPS, device_kind, measure_matmul_tflops  # noqa: E402
 
-PRESETS = {
-    "gpt_125m": ModelConfig(name="gpt_125m", vocab_size=50304, d_model=768, n_layers=12, n_heads=12, seq_len=1024),
-    "gpt_1b": ModelConfig(name="gpt_1b", vocab_size=50304, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=8,
-                          seq_len=2048),
+H200_SPEC_BF16 = PEAK_TFLOPS["h200"]["bf16"]  # 989.4 dense TFLOP/s
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that differs between the GPU run and the CPU dry run (the code paths do not)."""
+    device: torch.device
+    matmul_n: int
+    sdpa_shape: Tuple[int, int, int, int]  # B, H, T, head_dim
+    tiny: ModelConfig  # bf16 step, FSDP, compile check
+    tiny_batch: int
+    tiny_steps: int
+    min_loss_drop: float  # bf16_step: the loss must fall by at least this much
+    presets: Dict[str, Tuple[ModelConfig, int]]  # throughput models and their batch (sequences)
+    steps: int  # timed throughput steps, after `warmup` untimed ones
+    warmup: int
+    budget_s: float  # the whole script, from start
+    est_s: Dict[str, float] = field(default_factory=dict)  # per-check estimate for the budget
+
+
+GPU_PRESETS = {
+    "gpt_125m": (ModelConfig(name="gpt_125m", vocab_size=50304, d_model=768, n_layers=12, n_heads=12,
+                             seq_len=1024), 16),
+    "gpt_1b": (ModelConfig(name="gpt_1b", vocab_size=50304, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=8,
+                           seq_len=2048), 8),
 }
-RESULTS = {}
+# Dry-run stand-ins (named like the GPU models so the JSON keys match): the block shape and batch equal the
+# compile check's, so every compiled block of the dry run reuses that one compile (a CPU compile costs ~30-50 s).
+CPU_TINY = ModelConfig(name="tiny", vocab_size=512, d_model=64, n_layers=2, n_heads=4, seq_len=64)
+CPU_PRESETS = {
+    "gpt_125m": (ModelConfig(name="gpt_125m-dry", vocab_size=512, d_model=64, n_layers=2, n_heads=4, seq_len=64), 4),
+    "gpt_1b": (ModelConfig(name="gpt_1b-dry", vocab_size=512, d_model=64, n_layers=3, n_heads=4, seq_len=64), 4),
+}
 
 
-def check(name, fn):
-    t0 = time.perf_counter()
+def gpu_sizes() -> Sizes:
+    est = {"matmul_tflops": 5, "flash_sdpa": 5, "bf16_step": 10, "process_group_world_1": 10, "fsdp2_one_device": 15,
+           "compile_block": 40, "gpt_125m_eager": 15, "gpt_125m_compiled": 45, "gpt_125m_engine": 35,
+           "engine_no_host_sync": 5, "gpt_1b_compiled": 120, "gpt_1b_engine": 80}
+    tiny = ModelConfig(name="tiny", vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
+    return Sizes(torch.device("cuda", 0), 8192, (2, 16, 2048, 128), tiny, 8, 20, 1.0, GPU_PRESETS, 9, 3, 445.0, est)
+
+
+def cpu_sizes() -> Sizes:
+    est = {"compile_block": 40}  # everything else: a few seconds
+    return Sizes(torch.device("cpu"), 256, (1, 2, 128, 32), CPU_TINY, 4, 10, 0.5, CPU_PRESETS, 2, 1, 600.0, est)
+
+
+S: Sizes  # set by main()
+STATE: dict = {}  # objects handed from one check to the next (the gpt_125m engine for the sync check)
+
+
+# ----------------------------------------------------------------------------------------------- reporting
+class Report:
+    """Results of every check, rewritten to ``path`` (atomically) after each one."""
+
+    def __init__(self, path: Path, env: dict, budget_s: float):
+        self.path, self.budget_s, self.t0 = path, budget_s, time.perf_counter()
+        self.data = {"env": env, "checks": {}, "summary": {}}
+        self.current: Optional[str] = None
+        self.write()
+        signal.signal(signal.SIGTERM, self._on_sigterm)  # `timeout` in gpu_check.sh: record where it stopped
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.current:
+            self.data["checks"][self.current] = {"ok": False, "status": "fail", "error": "killed by SIGTERM (timeout) "
+                                                 f"after {self.elapsed():.0f}s of the run", "est_s": None}
+        self.data["summary"] = {"killed_during": self.current, "wall_s": round(self.elapsed(), 1)}
+        self.write()
+        print(f"KILLED during {self.current} after {self.elapsed():.0f}s; partial results in {self.path}", flush=True)
+        os._exit(124)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def check(self, name: str, fn: Callable[[], object], est_s: float) -> None:
+        left = self.budget_s - self.elapsed()
+        if est_s > left:
+            self.data["checks"][name] = {"ok": False, "status": "skipped", "est_s": est_s,
+                                         "error": f"skipped: estimate {est_s:.0f}s > {left:.0f}s left of the budget"}
+            print(f"SKIP {name}: estimate {est_s:.0f}s > {left:.0f}s left", flush=True)
+            self.write()
+            return
+        print(f"---- {name} (estimate {est_s:.0f}s, {self.elapsed():.0f}s elapsed)", flush=True)
+        t0 = time.perf_counter()
+        self.current = name
+        try:
+            value = fn()
+            entry = {"ok": True, "status": "pass", "value": value}
+            print(f"PASS {name}: {value} ({time.perf_counter() - t0:.1f}s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - report every failure and go on with the next check
+            entry = {"ok": False, "status": "fail", "error": f"{type(e).__name__}: {e}"[:800],
+                     "trace": traceback.format_exc()[-2000:]}
+            print(f"FAIL {name}: {type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}", flush=True)
+        entry.update(est_s=est_s, s=round(time.perf_counter() - t0, 2))
+        self.data["checks"][name] = entry
+        self.current = None
+        self.write()
+
+    def value(self, name: str):
+        entry = self.data["checks"].get(name, {})
+        return entry.get("value") if entry.get("ok") else None
+
+
+R: Report  # set by main()
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def sync() -> None:
+    if S.device.type == "cuda":
+        torch.cuda.synchronize(S.device)
+
+
+def free_memory() -> None:
+    gc.collect()
+    if S.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(S.device)
+
+
+def peak_mem_gib() -> Optional[float]:
+    return round(torch.cuda.max_memory_allocated(S.device) / 2**30, 1) if S.device.type == "cuda" else None
+
+
+def autocast():
+    return torch.autocast(S.device.type, dtype=torch.bfloat16)
+
+
+def sdpa_kernel_ctx(backend_name: str):
+    """``torch.nn.attention.sdpa_kernel`` (torch >= 2.3), else the older ``torch.backends.cuda.sdp_kernel``."""
     try:
-        value = fn()
-        RESULTS[name] = {"ok": True, "value": value, "s": round(time.perf_counter() - t0, 2)}
-        print(f"PASS {name}: {value} ({time.perf_counter() - t0:.1f}s)", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        RESULTS[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
-        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, backend_name))
+    except ImportError:  # pragma: no cover - old torch
+        flags = {"FLASH_ATTENTION": dict(enable_flash=True, enable_math=False, enable_mem_efficient=False),
+                 "MATH": dict(enable_flash=False, enable_math=True, enable_mem_efficient=False)}[backend_name]
+        return torch.backends.cuda.sdp_kernel(**flags)
 
 
-def flash_sdpa():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def op_counter():
+    """A TorchDispatchMode counting every aten op that reaches the dispatcher (by overload packet name)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    q, k, v = (torch.randn(2, 16, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    with sdpa_kernel(SDPBackend.MATH):
+    class OpCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    return OpCounter()
+
+
+def tokens_batch(cfg: ModelConfig, batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=g).to(S.device)
+
+
+def ensure_process_group() -> str:
+    """The trainer's own process-group setup (lmforge.comm.process_group): a world of one on a file store."""
+    import torch.distributed as dist
+
+    from lmforge.comm.process_group import init_process_group
+    from lmforge.config.comm import CommConfig
+
+    if not dist.is_initialized():
+        init_process_group(CommConfig(), S.device)
+    return dist.get_backend()
+
+
+def mfu(tflops: float) -> dict:
+    measured = R.value("matmul_tflops")
+    out = {"mfu_vs_spec_989": round(tflops / H200_SPEC_BF16, 4)}
+    if measured:
+        out["mfu_vs_measured_matmul"] = round(tflops / measured, 4)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def check_matmul() -> float:
+    return round(measure_matmul_tflops(S.device, torch.bfloat16, S.matmul_n, best=S.device.type == "cpu"), 3)
+
+
+def check_flash_sdpa() -> dict:
+    b, h, t, d = S.sdpa_shape
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, t, d, generator=g).to(S.device, torch.bfloat16) for _ in range(3))
+    counter = op_counter()
+    try:
+        with sdpa_kernel_ctx("FLASH_ATTENTION"), counter:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except RuntimeError as e:
+        raise RuntimeError(f"torch {torch.__version__} did not select the flash SDPA kernel on {S.device.type} "
+                           f"for bf16 {tuple(q.shape)}: {e}") from e
+    flash_ops = sorted(op for op in counter.counts if "flash" in op)
+    if not flash_ops:
+        raise AssertionError(f"flash SDPA was requested but the ops run were {sorted(counter.counts)} "
+                             f"(no flash kernel on {S.device.type})")
+    with sdpa_kernel_ctx("MATH"):
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     err = (out.float() - ref).abs().max().item()
-    assert err < 2e-2, err
-    return f"max |flash - math| = {err:.2e}"
+    assert err < 2e-2, f"max |flash - math| = {err:.3e} >= 2e-2"
+    return {"kernel": flash_ops[0], "max_abs_err_vs_math": float(f"{err:.2e}")}
 
 
-def bf16_step():
-    cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
-    model = GPT(cfg).cuda()
-    model.init_weights(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len), device="cuda")
+def check_bf16_step() -> str:
+    cfg = S.tiny
+    torch.manual_seed(0)
+    model = GPT(cfg).to(S.device)
+    model.init_weights(0, device=S.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+    x = tokens_batch(cfg, S.tiny_batch)
     losses = []
-    for _ in range(20):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+    for _ in range(S.tiny_steps):
+        with autocast():
             loss = cross_entropy_loss(model(x), x)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    assert losses[-1] < losses[0] - 1.0, losses
-    return f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    assert losses[-1] < losses[0] - S.min_loss_drop, f"loss did not fall by {S.min_loss_drop}: {losses}"
+    return f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps"
 
 
-def nccl_world_one():
+def check_process_group() -> dict:
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29511")
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    t = torch.ones(1024, device="cuda")
+    backend = ensure_process_group()
+    expected = "nccl" if S.device.type == "cuda" else "gloo"
+    assert backend == expected, f"backend {backend}, expected {expected}"
+    t = torch.ones(1024, device=S.device)
     dist.all_reduce(t)
     assert t.sum().item() == 1024
-    return f"backend={dist.get_backend()}"
+    return {"backend": backend, "world_size": dist.get_world_size()}
 
 
-def fsdp_one_gpu():
-    """lmforge's own path: mesh -> parallelize (FSDP2, bf16 params) -> materialize -> train."""
+def check_fsdp2_one_device() -> str:
+    """The trainer's path (parallel/engine.py): build_mesh -> parallelize_parts -> materialize ->
+    wrap_data_parallel. parallelize_parts applies FSDP2 only for dp_shard > 1, which one device cannot have,
+    so the same ``apply_fsdp`` it calls is applied here to every part over the one-device dp_shard mesh."""
+    from torch.distributed.tensor import DTensor
+
     from lmforge.config.parallelism import ParallelismConfig
+    from lmforge.parallel.data_parallel import apply_fsdp
     from lmforge.parallel.mesh import ParallelDims, build_mesh
-    from lmforge.parallel.parallelize import materialize, parallelize
+    from lmforge.parallel.parallelize import materialize, parallelize_parts, wrap_data_parallel
 
-    cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
+    ensure_process_group()
+    cfg = S.tiny
     pcfg = ParallelismConfig(dp_shard=1, param_dtype="bf16")
-    mesh = build_mesh(ParallelDims.from_config(pcfg), torch.device("cuda"))
+    mesh = build_mesh(ParallelDims.from_config(pcfg), S.device)
     with torch.device("meta"):
         model = GPT(cfg)
-    from lmforge.parallel.data_parallel import apply_fsdp
-
-    model = parallelize(model, mesh, pcfg)
-    apply_fsdp(model, mesh, pcfg)  # FSDP2 over a mesh of one GPU
-    materialize(model, torch.device("cuda"), seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len), device="cuda")
-    first = None
-    for _ in range(10):
+    par = parallelize_parts(model, mesh, pcfg)
+    for part in par.parts:
+        apply_fsdp(part, mesh, pcfg)
+    materialize(par.model, S.device, 0, torch.float32, par.parts)
+    model = wrap_data_parallel(par.model, mesh, pcfg)
+    n_dtensor = sum(isinstance(p, DTensor) for p in par.model.parameters())
+    assert n_dtensor == len(list(par.model.parameters())), "FSDP2 did not turn every parameter into a DTensor"
+    opt = torch.optim.AdamW(par.model.parameters(), lr=3e-3)
+    x = tokens_batch(cfg, S.tiny_batch)
+    losses = []
+    for _ in range(S.tiny_steps):
         loss = cross_entropy_loss(model(x), x)
         loss.backward()
         opt.step()
-        opt.zero_grad()
-        first = first if first is not None else loss.item()
-    assert loss.item() < first
-    return f"loss {first:.3f} -> {loss.item():.3f}"
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    return f"{n_dtensor} DTensor params, bf16 compute; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def throughput(name: str, batch: int, compile_blocks: bool, steps: int = 12):
-    cfg = PRESETS[name]
+def check_compile_block() -> dict:
+    cfg = S.tiny
     torch.manual_seed(0)
-    model = GPT(cfg).cuda()
-    model.init_weights(0, device=torch.device("cuda"))
+    model = GPT(cfg).to(S.device)
+    model.init_weights(0, device=S.device)
+    block = model.layers["0"]
+    compiled = torch.compile(block)
+    x = torch.randn(S.tiny_batch, cfg.seq_len, cfg.d_model, device=S.device)
+    cos, sin = model.rope_cos, model.rope_sin
+
+    def run(fn):
+        block.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        with autocast():
+            out = fn(xi, cos, sin)
+        out.float().square().mean().backward()
+        return out.detach().float(), [p.grad.detach().float().clone() for p in block.parameters()], xi.grad
+
+    t0 = time.perf_counter()
+    out_c, grads_c, xg_c = run(compiled)
+    first_s = time.perf_counter() - t0
+    out_e, grads_e, xg_e = run(block)
+    out_err = (out_c - out_e).abs().max().item() / max(out_e.abs().max().item(), 1e-6)
+    grad_err = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(grads_c, grads_e))
+    assert out_err < 5e-2 and grad_err < 1e-1, f"compiled vs eager: out rel err {out_err:.2e}, grad {grad_err:.2e}"
+    return {"first_call_s": round(first_s, 1), "out_rel_err": float(f"{out_err:.2e}"),
+            "grad_rel_err": float(f"{grad_err:.2e}")}
+
+
+@torch.no_grad()
+def sdpa_ops_of(model, x: torch.Tensor) -> list:
+    """The attention kernels one eager bf16-autocast forward of ``model`` dispatches to (flash expected on GPU;
+    in the model, RoPE can hand SDPA fp32 q/k, which rules flash out)."""
+    counter = op_counter()
+    with autocast(), counter:
+        model(x)
+    return sorted(op for op in counter.counts if "attention" in op or "scaled_dot_product" in op)
+
+
+def time_steps(step: Callable[[], None]) -> Tuple[float, float]:
+    """(first step incl. compile, median of the timed steps) in seconds."""
+    sync()
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first = time.perf_counter() - t0
+    for _ in range(S.warmup - 1):
+        step()
+    times = []
+    for _ in range(S.steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def rates(cfg: ModelConfig, batch: int, step_s: float, first_s: float) -> dict:
+    tokens = batch * cfg.seq_len
+    achieved = tokens / step_s * flops_per_token(cfg) / 1e12
+    out = {"model": cfg.name, "params": param_count_from_config(cfg), "batch": batch, "seq_len": cfg.seq_len,
+           "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s), "tflops": round(achieved, 3),
+           **mfu(achieved), "first_step_s": round(first_s, 1), "timed_steps": S.steps}
+    if S.device.type == "cuda":
+        out["peak_mem_gib"] = peak_mem_gib()
+    return out
+
+
+def check_bare(name: str, compile_blocks: bool) -> dict:
+    """The bare loop: GPT + fused AdamW under bf16 autocast, blocks optionally compiled one by one."""
+    cfg, batch = S.presets[name]
+    free_memory()
+    torch.manual_seed(0)
+    model = GPT(cfg).to(S.device)
+    model.init_weights(0, device=S.device)
+    x = tokens_batch(cfg, batch)
+    attention_ops = sdpa_ops_of(model, x[:1])
     if compile_blocks:
         for k, block in list(model.layers.items()):
             model.layers[k] = torch.compile(block)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    x = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), device="cuda")
-    times = []
-    t_compile = time.perf_counter()
-    for i in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+
+    def step():
+        with autocast():
             loss = cross_entropy_loss(model(x), x)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if i == 0:
-            first_step = time.perf_counter() - t_compile
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    step = statistics.median(times)
-    tokens = batch * cfg.seq_len
-    achieved = tokens / step * flops_per_token(cfg) / 1e12
-    measured = RESULTS.get("matmul_tflops", {}).get("value") or 790.0
-    out = {"params": param_count_from_config(cfg), "batch": batch, "step_s": round(step, 4),
-           "tokens_per_s": round(tokens / step), "tflops": round(achieved, 1),
-           "mfu_vs_spec_989": round(achieved / PEAK_TFLOPS["h200"]["bf16"], 4),
-           "mfu_vs_measured_matmul": round(achieved / measured, 4), "first_step_s": round(first_step, 1),
-           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
+
+    first, step_s = time_steps(step)
+    out = rates(cfg, batch, step_s, first)
+    out["attention_ops"] = attention_ops
     del model, opt
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    free_memory()
     return out
 
 
-def main() -> None:
-    assert torch.cuda.is_available(), "no CUDA device"
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)} ({device_kind(torch.device('cuda'))})")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    check("matmul_tflops", lambda: round(measure_matmul_tflops(torch.device("cuda"), torch.bfloat16, 8192), 1))
-    check("flash_sdpa", flash_sdpa)
-    check("bf16_step", bf16_step)
-    check("nccl_world_1", nccl_world_one)
-    check("fsdp_one_gpu", fsdp_one_gpu)
-    check("gpt_125m_eager", lambda: throughput("gpt_125m", 16, False))
-    check("gpt_125m_compiled", lambda: throughput("gpt_125m", 16, True))
-    check("gpt_1b_compiled", lambda: throughput("gpt_1b", 8, True))
-    out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
-    out.write_text(json.dumps(RESULTS, indent=1))
-    print(json.dumps(RESULTS, indent=1))
+@dataclass
+class _MicroBatch:  # the fields NativeEngine.train_step reads (lmforge.data.loader.MicroBatch has source ids too)
+    tokens: torch.Tensor
+    targets: torch.Tensor
+
+
+def build_engine(name: str):
+    """NativeEngine exactly as the trainer builds it, from a plain RootConfig (bf16-mixed, fused AdamW, compile)."""
+    from lmforge.config.optim import OptimConfig
+    from lmforge.config.parallelism import ParallelismConfig
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
+    from lmforge.parallel.engine import NativeEngine
+    from lmforge.trainer.optim import build_optimizer
+
+    cfg, batch = S.presets[name]
+    root = RootConfig(model=cfg, parallelism=ParallelismConfig(compile=True),
+                      train=TrainConfig(precision="bf16-mixed", micro_batch_size=batch, global_batch_size=batch,
+                                        seed=0),
+                      optim=OptimConfig(lr=1e-4, fused=True))
+    ensure_process_group()
+    engine = NativeEngine(root, S.device, lambda m: build_optimizer(m, root.optim, S.device))
+    assert engine.precision == "bf16-mixed", engine.precision
+    fused = all(g.get("fused") for g in engine.optimizer.param_groups)
+    assert fused, "the engine's AdamW is not fused"
+    x = tokens_batch(cfg, batch)
+    return engine, [_MicroBatch(x, x)], root
+
+
+def check_engine(name: str) -> dict:
+    free_memory()
+    engine, batches, root = build_engine(name)
+    cfg, batch = S.presets[name]
+    first, step_s = time_steps(lambda: engine.train_step(batches, root.optim.lr))
+    out = rates(cfg, batch, step_s, first)
+    bare = R.value(f"{name}_compiled")
+    if bare:
+        out["platform_overhead"] = round(step_s / bare["step_s"], 3)  # engine step / bare compiled step
+    if name == "gpt_125m":
+        STATE["engine"] = (engine, batches, root)  # warmed up: the sync check uses it
+    else:
+        del engine
+    free_memory()
+    return out
+
+
+def check_no_host_sync() -> dict:
+    """One non-logging engine step after warm-up. It counts aten._local_scalar_dense (a tensor read on the host:
+    .item(), float(tensor), a Python branch on a tensor) with a dispatch mode; on GPU it then runs one more step
+    under torch.cuda.set_sync_debug_mode("error"), where any host sync raises (the check fails)."""
+    engine, batches, root = STATE.pop("engine", (None, None, None))
+    if engine is None:
+        engine, batches, root = build_engine("gpt_125m")
+        for _ in range(2):
+            engine.train_step(batches, root.optim.lr)
+    sync()
+    counter = op_counter()
+    with counter:
+        engine.train_step(batches, root.optim.lr)
+    sync()
+    out = {"local_scalar_dense": counter.counts.get("_local_scalar_dense", 0), "device": S.device.type}
+    if S.device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            engine.train_step(batches, root.optim.lr)
+        except RuntimeError as e:
+            raise RuntimeError(f"host sync in a non-logging engine step ({out}): {e}") from e
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            engine.optimizer.zero_grad(set_to_none=True)
+        out["sync_debug_mode_error"] = "no sync"
+    del engine
+    free_memory()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- main
+def environment() -> dict:
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(S.device),
+           "dry_run": S.device.type == "cpu", "cuda": torch.version.cuda, "h200_spec_bf16_tflops": H200_SPEC_BF16}
+    if S.device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(S.device), kind=device_kind(S.device),
+                   capability=".".join(map(str, torch.cuda.get_device_capability(S.device))))
+    else:
+        env.update(threads=torch.get_num_threads())
+    env["not_importable"] = [mod for mod in ("hydra", "omegaconf", "wandb", "deepspeed") if not importable(mod)]
+    env["api"] = api_probe()
+    return env
+
+
+def importable(module: str) -> bool:
+    """Without importing it (deepspeed's import alone takes seconds and probes accelerators)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def api_probe() -> dict:
+    """The torch APIs lmforge relies on whose presence or signature changed across releases (the GPU machine's
+    torch is older than ours): True where present, else what is missing."""
+    import inspect
+
+    probes = {}
+
+    def probe(name, fn):
+        try:
+            probes[name] = bool(fn())
+        except Exception as e:  # noqa: BLE001 - a probe records, it never fails the run
+            probes[name] = f"{type(e).__name__}: {e}"[:200]
+
+    def fully_shard():
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401  (public since 2.6)
+        return True
+
+    def sdpa_kernel():
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        return True
+
+    def mesh_flatten():
+        from torch.distributed.device_mesh import DeviceMesh
+        return hasattr(DeviceMesh, "_flatten")
+
+    def distribute_src_rank():
+        from torch.distributed.tensor import distribute_tensor
+        return "src_data_rank" in inspect.signature(distribute_tensor).parameters
+
+    def init_pg_device_id():
+        import torch.distributed as dist
+        return "device_id" in inspect.signature(dist.init_process_group).parameters
+
+    def selective_ac():
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts  # noqa: F401
+        return True
+
+    def pipelining_schedules():
+        from torch.distributed.pipelining import schedules
+        return all(hasattr(schedules, n) for n in ("Schedule1F1B", "ScheduleInterleaved1F1B",
+                                                   "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"))
+
+    probe("fsdp_fully_shard", fully_shard)
+    probe("nn_attention_sdpa_kernel", sdpa_kernel)
+    probe("device_mesh_flatten", mesh_flatten)
+    probe("distribute_tensor_src_data_rank", distribute_src_rank)
+    probe("init_process_group_device_id", init_pg_device_id)
+    probe("selective_activation_checkpointing", selective_ac)
+    probe("pipelining_schedules", pipelining_schedules)
+    probe("nn_rmsnorm", lambda: hasattr(torch.nn, "RMSNorm"))
+    probe("adamw_fused_cpu_or_cuda", lambda: "fused" in inspect.signature(torch.optim.AdamW).parameters)
+    probe("cuda_set_sync_debug_mode", lambda: hasattr(torch.cuda, "set_sync_debug_mode"))
+    return probes
+
+
+def summarize() -> dict:
+    checks = R.data["checks"]
+    out = {"passed": sum(c["status"] == "pass" for c in checks.values()),
+           "failed": sorted(k for k, c in checks.items() if c["status"] == "fail"),
+           "skipped": sorted(k for k, c in checks.items() if c["status"] == "skipped"),
+           "wall_s": round(R.elapsed(), 1)}
+    for name in S.presets:
+        engine = R.value(f"{name}_engine")
+        if engine and "platform_overhead" in engine:
+            out[f"{name}_platform_overhead"] = engine["platform_overhead"]
+    return out
+
+
+def main(argv=None) -> int:
+    global S, R
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="run every check on CPU with tiny shapes")
+    ap.add_argument("--out", default=None, help="JSON path (default $OUT/gpu_check.json, else ./gpu_check.json)")
+    ap.add_argument("--budget-s", type=float, default=None, help="time budget of the whole script")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        S = cpu_sizes()
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: run with --dry-run for the CPU rehearsal", file=sys.stderr)
+            return 2
+        S = gpu_sizes()
+        torch.cuda.set_device(S.device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    # Every model compiles as in a trainer that only ever sees one shape: static shapes, never the dynamic-shape
+    # graphs dynamo switches to after a recompile with other sizes (which would distort the throughput numbers).
+    import torch._dynamo
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "gpu_check.json"
+    R = Report(out_path, environment(), args.budget_s or S.budget_s)
+    env = R.data["env"]
+    print(f"torch {env['torch']} on {env.get('gpu', 'cpu')} ({env.get('kind', 'dry run')}); "
+          f"not importable: {env['not_importable']}; json -> {out_path}", flush=True)
+
+    checks = [
+        ("matmul_tflops", check_matmul),
+        ("flash_sdpa", check_flash_sdpa),
+        ("bf16_step", check_bf16_step),
+        ("process_group_world_1", check_process_group),
+        ("fsdp2_one_device", check_fsdp2_one_device),
+        ("compile_block", check_compile_block),
+        ("gpt_125m_eager", lambda: check_bare("gpt_125m", False)),
+        ("gpt_125m_compiled", lambda: check_bare("gpt_125m", True)),
+        ("gpt_125m_engine", lambda: check_engine("gpt_125m")),
+        ("engine_no_host_sync", check_no_host_sync),
+        ("gpt_1b_compiled", lambda: check_bare("gpt_1b", True)),
+        ("gpt_1b_engine", lambda: check_engine("gpt_1b")),
+    ]
+    R.data["env"].update(budget_s=R.budget_s, est_total_s=sum(S.est_s.get(name, 3.0) for name, _ in checks))
+    for name, fn in checks:
+        R.check(name, fn, S.est_s.get(name, 3.0))
+    R.data["summary"] = summarize()
+    R.write()
+
+    print("\n" + "=" * 100)
+    print(f"{'check':24} {'status':8} {'s':>7}  value")
+    for name, c in R.data["checks"].items():
+        shown = c.get("value") if c["ok"] else c.get("error")
+        print(f"{name:24} {c['status']:8} {c.get('s', 0):7.1f}  {json.dumps(shown, default=str)[:160]}")
+    mm = R.value("matmul_tflops")
+    if mm:
+        print(f"\nmeasured bf16 matmul {mm} TFLOP/s = {mm / H200_SPEC_BF16:.3f} of the H200 spec {H200_SPEC_BF16}; "
+              "MFU/989 = achieved / spec, MFU/mm = achieved / measured matmul, overhead = engine / bare compiled step")
+    print(f"\n{'model':10} {'path':9} {'step_s':>9} {'tok/s':>10} {'TFLOP/s':>9} {'MFU/989':>8} {'MFU/mm':>7} "
+          f"{'overhead':>8}")
+    for name in S.presets:
+        for path in ("eager", "compiled", "engine"):
+            v = R.value(f"{name}_{path}")
+            if v:
+                print(f"{name:10} {path:9} {v['step_s']:9.4f} {v['tokens_per_s']:10d} {v['tflops']:9.3f} "
+                      f"{v['mfu_vs_spec_989']:8.4f} {v.get('mfu_vs_measured_matmul', float('nan')):7.4f} "
+                      f"{v.get('platform_overhead', float('nan')):8.3f}")
+    print(json.dumps(R.data["summary"]))
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    s = R.data["summary"]
+    return 1 if s["failed"] or s["skipped"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

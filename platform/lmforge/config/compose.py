@@ -7,9 +7,19 @@ from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig
 
-import lmforge.config.schema  # noqa: F401  (registers lmforge_schema in the ConfigStore)
+from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_override_keys
 from lmforge.runtime.rundir import register_resolvers
+
+
+def register_schema() -> None:
+    """Register ``RootConfig`` as ``lmforge_schema`` (the first default of conf/config.yaml); idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="lmforge_schema", node=RootConfig)
+
+
+register_schema()  # on import: ``lmforge.train`` imports this module before ``@hydra.main`` composes
 
 
 def conf_dir() -> Path:
@@ -34,6 +44,7 @@ def compose(overrides: Optional[Sequence[str]] = None, config_name: str = "confi
     from hydra.core.global_hydra import GlobalHydra
 
     register_resolvers()
+    register_schema()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     overrides_list: List[str] = list(overrides or [])

@@ -1,13 +1,13 @@
-"""The root config schema, registered in Hydra's ConfigStore as ``lmforge_schema``.
+"""The root config schema (``RootConfig``).
 
 Each config group has its dataclass in its own module of this package (``config/model.py`` for
-``conf/model/``, ...); this module only assembles them.
+``conf/model/``, ...); this module only assembles them. It imports no Hydra: engines and benchmarks build a
+``RootConfig`` by plain construction on machines that only have torch (benchmarks/gpu_check.py). The schema
+is registered in Hydra's ConfigStore as ``lmforge_schema`` where composition happens (``config/compose.py``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from hydra.core.config_store import ConfigStore
 
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.cluster import ClusterConfig
@@ -37,9 +37,3 @@ class RootConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-
-def register_schema() -> None:
-    ConfigStore.instance().store(name="lmforge_schema", node=RootConfig)
-
-
-register_schema()
