@@ -120,7 +120,7 @@ class StepPrefetcher(Generic[T]):
             nxt += self.step_size
 
     def take(self, start: int) -> List[T]:
-        """The micro batches of the step starting at ``start``; the following steps are queued before waiting."""
+        """The micro batches of the step starting at ``start``; then the steps up to ``depth`` ahead are queued."""
         if self.closed:
             raise RuntimeError("the data prefetcher is closed")
         if self.pool is None:
@@ -129,8 +129,11 @@ class StepPrefetcher(Generic[T]):
             self.drop()  # the stream moved (resume, or state set by hand): what was prefetched is for elsewhere
         self._top_up(start)
         _, futures = self._ahead.popleft()
+        batches = [f.result() for f in futures]  # a worker's exception is raised here, with its traceback
+        # Queue the next step only now: freshly woken workers would otherwise compete with this thread for the
+        # GIL while it collects the batches the loop is waiting for.
         self._top_up(start + self.step_size)
-        return [f.result() for f in futures]  # a worker's exception is raised here, with its traceback
+        return batches
 
     def drop(self) -> None:
         """Forget every queued step (the ones already running finish and are discarded)."""
