@@ -8,18 +8,25 @@ micro batch size m: every step sees the same set of samples for any data-paralle
 Per-source accounting: every consumed sample carries the id of the source it was drawn from; the trainer
 sums the tokens per source over ranks, and :meth:`BatchStream.share_metrics` reports the realised share of
 each source next to its requested (normalised) weight.
+
+Prefetch (``data.num_workers >= 1``): the micro batches of the next two steps are built on worker threads
+(:mod:`lmforge.data.prefetch`) while the current step trains; the stream handed to the trainer, its
+``state_dict()`` and a resume are bit-identical to ``num_workers=0``. On CUDA the host batches are pinned
+and copied on a side stream that the compute stream waits for. Call :meth:`BatchStream.close` when done.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from lmforge.config.batch import BatchPlan
+from lmforge.config.errors import ConfigError
 from lmforge.data.mixture import Mixture
+from lmforge.data.prefetch import StepPrefetcher
 
 
 @dataclass
@@ -36,31 +43,71 @@ class DataState:
 
 
 class BatchStream:
-    def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device):
+    def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device,
+                 num_workers: int = 0, prefetch_steps: int = 2):
+        if num_workers < 0:
+            raise ConfigError("data.num_workers", f"must be >= 0, got {num_workers}",
+                              "0 builds batches in the training loop, N >= 1 on N prefetch threads")
         self.mixture = mixture
         self.plan = plan
         self.dp_rank = dp_rank
         self.device = device
         self.state = DataState(tokens_per_source={s: 0 for s in mixture.sources})
+        self.prefetcher: Optional[StepPrefetcher[MicroBatch]] = None
+        if num_workers > 0:
+            self.prefetcher = StepPrefetcher(self._host_batch, self._step_ranges, plan.global_batch_size,
+                                             num_workers, depth=prefetch_steps)
+        self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
 
     def sample_indices(self, consumed: int, micro: int) -> range:
         p = self.plan
         start = consumed + micro * p.micro_batch_size * p.dp_size + self.dp_rank * p.micro_batch_size
         return range(start, start + p.micro_batch_size)
 
-    def _collate(self, indices: range) -> MicroBatch:
+    def _step_ranges(self, consumed: int) -> List[range]:
+        return [self.sample_indices(consumed, j) for j in range(self.plan.grad_accum)]
+
+    def _host_batch(self, indices: range) -> MicroBatch:
+        """One micro batch in host memory (pinned when training on CUDA); runs on prefetch threads too."""
         texts, ids = zip(*(self.mixture.train_text(i) for i in indices))
         text = torch.from_numpy(np.stack(texts).astype(np.int64, copy=False))
-        if self.device.type == "cuda":  # one pinned host-to-device copy; inputs and targets are shifted views
-            text = text.pin_memory().to(self.device, non_blocking=True)
-        return MicroBatch(text[:, :-1].contiguous(), text[:, 1:].contiguous(), list(ids))
+        tokens, targets = text[:, :-1].contiguous(), text[:, 1:].contiguous()
+        if self.device.type == "cuda":
+            tokens, targets = tokens.pin_memory(), targets.pin_memory()
+        return MicroBatch(tokens, targets, list(ids))
+
+    def _to_device(self, batches: List[MicroBatch]) -> List[MicroBatch]:
+        """Copy host batches to the GPU on a side stream; the compute stream waits for the copies."""
+        if self.device.type != "cuda":
+            return batches
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            moved = [MicroBatch(mb.tokens.to(self.device, non_blocking=True),
+                                mb.targets.to(self.device, non_blocking=True), mb.source_ids) for mb in batches]
+        compute.wait_stream(self._copy_stream)  # kernels queued from now on see the copied batches
+        for mb in moved:  # allocated on the copy stream, used on the compute stream: not reused before it is done
+            mb.tokens.record_stream(compute)
+            mb.targets.record_stream(compute)
+        return moved
 
     def step_batches(self) -> List[MicroBatch]:
         """The micro batches of the next optimizer step on this rank (advances the state)."""
         c = self.state.consumed_samples
-        batches = [self._collate(self.sample_indices(c, j)) for j in range(self.plan.grad_accum)]
+        if self.prefetcher is not None:
+            host = self.prefetcher.take(c)
+        else:
+            host = [self._host_batch(r) for r in self._step_ranges(c)]
+        batches = self._to_device(host)
         self.state.consumed_samples = c + self.plan.global_batch_size
         return batches
+
+    def close(self) -> None:
+        """Stop and join the prefetch threads (idempotent); later steps are built in the calling thread."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
 
     def count_tokens(self, per_source_global: Dict[str, int]) -> None:
         for k, v in per_source_global.items():
@@ -106,5 +153,7 @@ class BatchStream:
             warnings.warn(f"data: resuming with a different mixture {self.mixture.signature()} than the checkpoint's "
                           f"{saved_mix}; the stream continues at sample {state['consumed_samples']} of the new mixture",
                           stacklevel=2)
+        if self.prefetcher is not None:
+            self.prefetcher.drop()  # built for the old position; take() would also notice, this frees them now
         self.state.consumed_samples = int(state["consumed_samples"])
         self.state.tokens_per_source = {k: int(v) for k, v in state.get("tokens_per_source", {}).items()}

@@ -108,7 +108,7 @@ class Trainer:
 
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
-        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device)
+        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers)
         self.checkpoints.attach_engine(self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
@@ -259,6 +259,7 @@ class Trainer:
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
         finally:
+            self.data.close()
             faults.close()
             log.close()
         return self.history
