@@ -444,6 +444,7 @@ def build_engine(name: str):
     from lmforge.config.parallelism import ParallelismConfig
     from lmforge.config.schema import RootConfig
     from lmforge.config.train import TrainConfig
+    from lmforge.fault.loss_guard import LossGuard
     from lmforge.parallel.engine import NativeEngine
     from lmforge.trainer.optim import build_optimizer
 
@@ -458,6 +459,7 @@ def build_engine(name: str):
     fused = all(g.get("fused") for g in engine.optimizer.param_groups)
     assert fused, "the engine's AdamW is not fused"
     x = tokens_batch(cfg, batch)
+    engine.guard = LossGuard()  # on by default in training (fault.loss_guard): skips through fused found_inf
     return engine, [_MicroBatch(x, x)], root
 
 
@@ -465,7 +467,7 @@ def check_engine(name: str) -> dict:
     free_memory()
     engine, batches, root = build_engine(name)
     cfg, batch = S.presets[name]
-    first, step_s = time_steps(lambda: engine.train_step(batches, root.optim.lr))
+    first, step_s = time_steps(lambda: engine.train_step(batches, root.optim.lr, guard=engine.guard))
     out = rates(cfg, batch, step_s, first)
     bare = R.value(f"{name}_compiled")
     if bare:
@@ -486,17 +488,18 @@ def check_no_host_sync() -> dict:
     if engine is None:
         engine, batches, root = build_engine("gpt_125m")
         for _ in range(2):
-            engine.train_step(batches, root.optim.lr)
+            engine.train_step(batches, root.optim.lr, guard=engine.guard)
     sync()
     counter = op_counter()
     with counter:
-        engine.train_step(batches, root.optim.lr)
+        engine.train_step(batches, root.optim.lr, guard=engine.guard)
     sync()
+    assert not any(v.skipped for v in engine.guard.resolve(force=True)), "the loss guard skipped a healthy step"
     out = {"local_scalar_dense": counter.counts.get("_local_scalar_dense", 0), "device": S.device.type}
     if S.device.type == "cuda":
         torch.cuda.set_sync_debug_mode("error")
         try:
-            engine.train_step(batches, root.optim.lr)
+            engine.train_step(batches, root.optim.lr, guard=engine.guard)
         except RuntimeError as e:
             raise RuntimeError(f"host sync in a non-logging engine step ({out}): {e}") from e
         finally:

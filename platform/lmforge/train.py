@@ -12,8 +12,7 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
-import lmforge.config.schema  # noqa: F401  (registers the schema before Hydra composes)
-from lmforge.config.compose import conf_dir
+from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ConfigError
 from lmforge.runtime.rundir import register_resolvers
 
