@@ -93,6 +93,8 @@ def main() -> None:
         Case("lmforge engine fp32 AC selective",
              engine_step(base + ["parallelism.activation_checkpointing=selective"], args.batch), tokens, "tokens",
              extra=mfu_extra(peak32)),
+        Case("lmforge engine fp32 fused AdamW", engine_step(base + ["optim.fused=true"], args.batch), tokens, "tokens",
+             extra=mfu_extra(peak32)),
         Case("bare loop fp32 foreach AdamW", bare_loop(cfg, args.batch, True), tokens, "tokens", extra=mfu_extra(peak32)),
         Case("bare loop fp32 for-loop AdamW", bare_loop(cfg, args.batch, False), tokens, "tokens",
              extra=mfu_extra(peak32)),
