@@ -29,3 +29,23 @@ def test_state_bytes_equal_real_fsdp2_shards():
         print(f"rank {v['rank']}: params {v['params']} / {est.params}, grads {v['grads']} / {est.grads}, "
               f"optimizer {v['optimizer']} / {est.optimizer} (measured / planner bytes)")
         assert (est.params, est.grads, est.optimizer, est.tensors) == (v["params"], v["grads"], v["optimizer"], v["tensors"])
+
+
+@pytest.mark.timeout(200)
+def test_tensor_parallel_gradients_are_sharded_like_their_parameters():
+    """DTensor's embedding backward returns the vocab-parallel table's gradient Replicate (the whole table on
+    every TP rank); the engine slices it back to Shard(0), so gradient bytes equal parameter bytes and the
+    planner's estimate (untied embeddings: the model=tiny case)."""
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.parallel.memory_estimate import state_bytes
+
+    overrides = [o for o in OVERRIDES if not o.startswith("parallelism=")] + ["parallelism=tp2"]
+    cfg = validate(compose(overrides), world_size=2)
+    assert not cfg.model.tie_embeddings
+    for v in (r.value for r in run_ranks("distributed.planner_shard_worker:measure", 2, {"overrides": overrides},
+                                         timeout=180)):
+        c = v["coords"]
+        est = state_bytes(cfg, "fp32", pp_rank=c["pp"], tp_rank=c["tp"], dp_shard_rank=c["dp_shard"])
+        assert v["grads"] == v["params"], v
+        assert (est.params, est.grads, est.optimizer) == (v["params"], v["grads"], v["optimizer"]), (est, v)

@@ -20,6 +20,7 @@ from lmforge.parallel.data_parallel import allreduce_gradients
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
 from lmforge.parallel.parallelize import materialize, parallelize_parts, uses_manual_allreduce, wrap_data_parallel
+from lmforge.parallel.tensor_parallel import keep_grads_in_param_layout
 
 
 @dataclass
@@ -78,6 +79,8 @@ class NativeEngine:
         par = parallelize_parts(model, self.mesh, cfg.parallelism)
         param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         materialize(par.model, device, cfg.train.seed, param_dtype, par.parts)
+        if self.dims.tp > 1:
+            keep_grads_in_param_layout(par.model)  # vocab-parallel embedding grads: Shard(0), not the full table
         self.inner = par.model  # owns this rank's parameters: optimizer, checkpoints, clipping
         self.parts = par.parts
         self.model = wrap_data_parallel(par.model, self.mesh, cfg.parallelism)
