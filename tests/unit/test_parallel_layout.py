@@ -44,6 +44,8 @@ def test_3d_preset_needs_eight_ranks():
      "1F1B runs one stage per rank"),
     (["parallelism=pp2_zb", "parallelism.compile=true"], "parallelism.compile",
      "InterleavedZeroBubble splits backward into input and weight parts"),
+    (["parallelism=tp2", "parallelism.compile=true"], "parallelism.compile",
+     "torch.compile of tensor-parallel blocks fails in the first backward"),
     (["parallelism=tp2", "model.n_kv_heads=1"], "parallelism.tp",
      "n_heads (4) and n_kv_heads (1) must both be divisible by tp (2)"),
 ])

@@ -180,6 +180,11 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     if p.compile and p.pp > 1 and p.pp_schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
         raise ConfigError("parallelism.compile", f"{p.pp_schedule} splits backward into input and weight parts, "
                           "which torch.compile does not support", "set parallelism.compile=false or use 1F1B/Interleaved1F1B")
+    if p.compile and p.tp > 1:
+        raise ConfigError("parallelism.compile", "torch.compile of tensor-parallel blocks fails in the first backward "
+                          "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
+                          "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
+                          "set parallelism.compile=false for tp > 1")
     if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
         raise ConfigError("parallelism.engine", "the deepspeed engine shards with ZeRO over dp_replicate only",
                           "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size")
