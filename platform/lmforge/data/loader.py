@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from lmforge.config.batch import BatchPlan
-from lmforge.config.errors import ConfigError
 from lmforge.data.mixture import Mixture
 from lmforge.data.prefetch import StepPrefetcher
 
@@ -45,9 +44,6 @@ class DataState:
 class BatchStream:
     def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device,
                  num_workers: int = 0, prefetch_steps: int = 2):
-        if num_workers < 0:
-            raise ConfigError("data.num_workers", f"must be >= 0, got {num_workers}",
-                              "0 builds batches in the training loop, N >= 1 on N prefetch threads")
         self.mixture = mixture
         self.plan = plan
         self.dp_rank = dp_rank
@@ -71,9 +67,11 @@ class BatchStream:
         """One micro batch in host memory (pinned when training on CUDA); runs on prefetch threads too."""
         texts, ids = zip(*(self.mixture.train_text(i) for i in indices))
         text = torch.from_numpy(np.stack(texts).astype(np.int64, copy=False))
-        tokens, targets = text[:, :-1].contiguous(), text[:, 1:].contiguous()
-        if self.device.type == "cuda":
-            tokens, targets = tokens.pin_memory(), targets.pin_memory()
+        pin = self.device.type == "cuda"  # the shifted copies land in pinned memory directly: no second copy
+        tokens = torch.empty((text.shape[0], text.shape[1] - 1), dtype=torch.int64, pin_memory=pin)
+        targets = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=pin)
+        tokens.copy_(text[:, :-1])
+        targets.copy_(text[:, 1:])
         return MicroBatch(tokens, targets, list(ids))
 
     def _to_device(self, batches: List[MicroBatch]) -> List[MicroBatch]:

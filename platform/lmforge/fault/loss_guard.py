@@ -50,6 +50,7 @@ class LossGuard:
         self._recent: Optional[torch.Tensor] = None  # [window] accepted losses (float64, device), ring buffer
         self._count: Optional[torch.Tensor] = None  # how many of them are filled (<= window)
         self._slot: Optional[torch.Tensor] = None  # where the next accepted loss goes
+        self._slots: Optional[torch.Tensor] = None  # arange(window): the ring's positions
         self._pending: List[Tuple[int, HostCopy]] = []
 
     # ---- on the device -------------------------------------------------------------------------------
@@ -61,6 +62,7 @@ class LossGuard:
             self._recent = torch.zeros(self.window, dtype=torch.float64, device=device)
             self._count = torch.zeros((), dtype=torch.int64, device=device)
             self._slot = torch.zeros((), dtype=torch.int64, device=device)
+            self._slots = torch.arange(self.window, device=device)
         lv = loss.detach().to(torch.float64)
         gv = grad_norm.detach().to(device=device, dtype=torch.float64)
         mean = self._recent.sum() / self._count.clamp(min=1)
@@ -69,7 +71,7 @@ class LossGuard:
             enough = self._count >= min(MIN_SPIKE_HISTORY, self.window)
             skip = skip | (enough & (lv > self.spike_factor * mean))
         keep = ~skip
-        here = torch.arange(self.window, device=device) == self._slot
+        here = self._slots == self._slot
         self._recent = torch.where(here & keep, lv, self._recent)
         self._slot = torch.where(keep, (self._slot + 1) % self.window, self._slot)
         self._count = torch.where(keep, (self._count + 1).clamp(max=self.window), self._count)

@@ -116,6 +116,7 @@ class Trainer:
         self.step = 0
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
+        self.faults: Optional[FaultHooks] = None  # started by fit()
         self.history: List[dict] = []
         self.overlap = OverlapProbe(cfg.metrics.profile_every, self.paths.traces, self.device)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
@@ -157,7 +158,7 @@ class Trainer:
                 "grad_scaler": grad_scaler_state(getattr(self.engine, "grad_scaler", None))}
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
-        if getattr(self, "faults", None) is not None:
+        if self.faults is not None:
             self.faults.book_verdicts(force=True)  # a skip streak pins the last good checkpoint before this save
         self._flush_source_counts()
         result = self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
