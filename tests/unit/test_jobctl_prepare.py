@@ -97,3 +97,19 @@ def test_prepare_exits_2_with_one_line_and_exports_otherwise(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "export LMFORGE_NODES_OVERRIDE=cluster.nodes=2" in ok.stdout.splitlines()
     assert "export LMFORGE_NPROC_PER_NODE=1" in ok.stdout.splitlines()
+
+
+def test_gpu_allocation_short_of_the_config_is_refused_naming_both():
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.launch.allocation import check_allocation
+
+    cfg = validate(compose(["+exp=gpt_1b"]))  # h100_node: 8 GPUs per node, train.device=auto
+    with pytest.raises(ConfigError) as e:
+        check_allocation(cfg, {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "64"})
+    assert str(e.value) == (
+        "config key 'cluster.gpus_per_node': is 8 but the allocation has 4 GPU(s) on this node (SLURM_GPUS_ON_NODE). "
+        "Fix: submit with --gpus-per-node=8 (lmforge launch --slurm does) or set cluster.gpus_per_node=4")
+    check_allocation(cfg, {"SLURM_GPUS_ON_NODE": "8", "SLURM_CPUS_PER_TASK": "64"})  # control: enough of both
+    with pytest.raises(ConfigError, match=r"needs 8 CPU\(s\) per node .* has 4 \(SLURM_CPUS_PER_TASK\)"):
+        check_allocation(cfg, {"SLURM_GPUS_ON_NODE": "8", "SLURM_CPUS_PER_TASK": "4"})
