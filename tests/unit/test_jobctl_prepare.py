@@ -1,6 +1,6 @@
 """slurm/train.sh's prepare step (``jobctl prepare``): the checks a job passes, with its real allocation's
 environment, before srun starts a worker. Real Hydra composition; the Slurm variables are the ones Slurm sets.
-(The same step inside a real Slurm job: tests/slurm/test_slurm_prepare.py.)
+(The same step inside a real Slurm job: tests/slurm/test_slurm_train.py, job G.)
 """
 from __future__ import annotations
 
