@@ -78,6 +78,11 @@ def test_gpu_config_refused_on_this_cpu_node_and_its_sbatch_request(tmp_path):
     assert need.sbatch_args() == ["--gpus-per-node=8", "--cpus-per-task=8", "--exclusive"] and need.nodes == 8
     need = resources(validate(compose(["+exp=gpt_1b", "train.device=cpu", "cluster.cpus_per_task=32"])))
     assert need.sbatch_args() == ["--cpus-per-task=32", "--exclusive"]  # CPU training asks Slurm for no GPU
+    from lmforge.launch.slurm import plan, train_script
+
+    assert plan(["+exp=gpt_1b"], nodes=8).command() == [  # lmforge launch --slurm --nodes 8 +exp=gpt_1b
+        "sbatch", "--nodes=8", "--ntasks-per-node=1", "--time=60", "--signal=B:USR1@120", "--requeue",
+        "--open-mode=append", "--gpus-per-node=8", "--cpus-per-task=8", "--exclusive", str(train_script()), "+exp=gpt_1b"]
 
 
 @pytest.mark.timeout(300)
