@@ -2,7 +2,8 @@
 # lmforge training job. Hydra overrides are the arguments:
 #
 #   sbatch slurm/train.sh +exp=gpt_1b optim.lr=2e-4
-#   sbatch --nodes=4 --time=24:00:00 slurm/train.sh +exp=gpt_1b cluster.nodes=4
+#   sbatch --nodes=4 --time=24:00:00 --gpus-per-node=8 --cpus-per-task=64 --exclusive slurm/train.sh +exp=gpt_1b
+#   lmforge launch --slurm --nodes 4 +exp=gpt_1b     # the same, GPU/CPU/exclusive flags from the cluster config
 #
 # What it does (docs/slurm.md, docs/fault-tolerance.md):
 #   * one torchrun agent per node (`srun slurm/agent.sh`), cluster.gpus_per_node workers each, c10d
@@ -15,9 +16,13 @@
 #     cluster.max_requeues for crashes; a diverged run is never retried) and requeues with `scontrol requeue`.
 #     A requeued job keeps its job id, hence its run directory (runs/slurm-<jobid>), and resumes.
 #
-# Resources: edit the lines below or override them on the sbatch command line. GPUs: add
-# `--gpus-per-node=8` (and cluster.gpus_per_node=8) on a GPU cluster; the script sets no GPU request so
-# it also runs on CPU-only partitions.
+# Resources: #SBATCH lines cannot be computed from the config, so the lines below hold only what every job
+# needs (one task per node: the torchrun agent); the rest comes from the sbatch command line, which
+# `lmforge launch --slurm` builds from the cluster config: --gpus-per-node=cluster.gpus_per_node (GPU
+# configs), --cpus-per-task (cluster.cpus_per_task, else gpus_per_node x threads), --exclusive
+# (cluster.exclusive). The node count is the allocation's: `sbatch --nodes=8 slurm/train.sh +exp=gpt_1b`
+# sets cluster.nodes=8; an explicit, different cluster.nodes is refused. The prepare step checks that the
+# allocation has the GPUs and CPUs the config needs and refuses the job, naming both, when it has not.
 #SBATCH --job-name=lmforge
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -35,13 +40,23 @@ cd "${SLURM_SUBMIT_DIR:-$PWD}"
 
 echo "lmforge: job ${SLURM_JOB_ID} run $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NODELIST} ($(date -u +%FT%TZ))"
 
-eval "$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl prepare -- "$@")" || { echo "lmforge: bad config" >&2; exit 2; }
+# Prepare: every check that needs no worker, on this (the first) node with the job's real allocation: the node
+# count, the device contract, the layout for this world size, memory fit, GPUs/CPUs allocated. A job that
+# cannot run ends here with exit 2 and one line in the job's error log, before srun starts anything.
+prep=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl prepare -- "$@"); prep_rc=$?
+if [ "$prep_rc" != 0 ]; then
+  echo "lmforge: prepare refused the job (exit $prep_rc); no worker was started" >&2
+  exit "$prep_rc"
+fi
+eval "$prep"
+# One source of truth for the node count: the allocation's (cluster.nodes=$SLURM_NNODES unless given and equal).
+[ -n "${LMFORGE_NODES_OVERRIDE:-}" ] && set -- "$@" "$LMFORGE_NODES_OVERRIDE"
 
 head_node=$(lmforge_head_node)
 MASTER_ADDR=$(lmforge_node_addr "$head_node")
 MASTER_PORT=$(lmforge_master_port)
-if [ "${SLURM_NNODES:-1}" -gt 1 ] && lmforge_is_loopback "$MASTER_ADDR"; then
-  echo "lmforge: head node $head_node resolves to $MASTER_ADDR on a ${SLURM_NNODES}-node job; set its NodeAddr" >&2
+if [ "${SLURM_NNODES:-1}" -gt 1 ] && why=$(lmforge_is_loopback "$MASTER_ADDR"); then
+  echo "lmforge: head node $head_node: $why, unreachable from the other nodes of this ${SLURM_NNODES}-node job; give $head_node a NodeAddr the other nodes reach (slurm.conf) or fix its /etc/hosts line" >&2
   exit 2
 fi
 export MASTER_ADDR MASTER_PORT

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ConfigError
+from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.rundir import register_resolvers
 
 
@@ -50,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def _app(cfg: DictConfig) -> None:
         try:
             run(cfg)
-        except ConfigError as e:
+        except (ConfigError, DeviceContractError) as e:
             print(f"lmforge: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
+from lmforge.runtime.device_contract import install_fix
 from conftest import MAX_STEPS, REPO, TRAIN_OVERRIDES, events, train_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
@@ -92,19 +95,24 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     A  kill + hang drills (in-job restarts)      B  USR1 to the batch shell (preemption, requeue)
     C  submitit, USR1 to the job steps            D  node failure: its second node is killed
     E  a 2-point sweep array (sweep_array.sh)     F  a crash beyond torchrun's restarts: retry budget
+    G  a GPU config on CPU nodes: refused at prepare
     """
     tmp = tmp_path_factory.mktemp("jobs")
     a = submit(slurm_cluster, tmp, "faults", [
         "fault.watchdog_timeout_s=8", "fault.drill.kill_step=14", "fault.drill.kill_rank=1",
         "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_s=120",
     ], job_env, sbatch=[PAIR])
-    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3"], job_env, sbatch=[PAIR])
+    # G: a GPU cluster config on these CPU-only nodes: refused by the prepare step, before srun (first: it is quick).
+    g = submit(slurm_cluster, tmp, "gpu", ["cluster=h100_node", "train.device=auto"], job_env, sbatch=["--nodelist=node3,node4"])
+    # B's layout follows the node count (no cluster.nodes given): dp_replicate = cluster.nodes = SLURM_NNODES = 2.
+    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3", "parallelism.dp_replicate=${cluster.nodes}"],
+               job_env, sbatch=[PAIR])
     c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env, PAIR)
     # F: a crash that torchrun may not restart (max_restarts=0) -> the job-level retry budget requeues it.
     f = submit(slurm_cluster, tmp, "crash", ["fault.max_restarts=0", "cluster.max_requeues=1",
                                              "fault.drill.kill_step=14", "fault.drill.kill_rank=0"], job_env, sbatch=[PAIR])
     d = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
-    jobs = {"faults": a, "preempt": b, "submitit": c, "crash": f, "nodefail": d,
+    jobs = {"gpu": g, "faults": a, "preempt": b, "submitit": c, "crash": f, "nodefail": d,
             "sweep": submit_sweep(slurm_cluster, tmp, job_env)}
 
     def preempt_batch(job):  # what --signal=B:USR1@lead does before the time limit: USR1 to the batch shell
@@ -144,7 +152,7 @@ def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cl
     first = slurm_cluster.client(["scontrol", "show", "hostnames", info["NodeList"]]).stdout.split()[0]
     m = re.search(r"MASTER_ADDR=(\S+)", text)
     assert m and m.group(1) == slurm_cluster.addr[first], text[-3000:]
-    assert not m.group(1).startswith("127.") and m.group(1) != "localhost"
+    assert m.group(1).startswith("127.100.") and m.group(1) not in ("127.0.0.1", "localhost", "::1"), m.group(1)
     hosts = {json.loads(p.read_text())["host"] for p in (run_dir / "heartbeats").glob("rank*.json")}
     assert len(hosts) == 2 and first in hosts, hosts  # one rank per node, each with its node's own hostname
 
@@ -191,6 +199,28 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, l
            for s in (k, MAX_STEPS)}
     assert len(ids) == 1, ids
     assert train_losses(run_dir) == local_reference
+    # The allocation's node count fed the layout: sbatch --nodes=2, no cluster.nodes on the command line.
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["cluster"]["nodes"] == 2 and resolved["parallelism"]["dp_replicate"] == 2, resolved["cluster"]
+
+
+@pytest.mark.timeout(300)
+def test_gpu_config_on_cpu_nodes_fails_at_prepare_before_any_worker(slurm_cluster, concurrent_jobs):
+    job, root, run_dir = concurrent_jobs["gpu"]
+    info = slurm_cluster.wait_state(job, {"FAILED"}, timeout=240, fail_states=("COMPLETED", "CANCELLED", "TIMEOUT"))
+    text = logs(root, job)
+    assert info["ExitCode"] == "2:0", (info, text[-3000:])
+    h, m, sec = map(int, info["RunTime"].split(":")[-3:])
+    assert h * 3600 + m * 60 + sec < 90, info["RunTime"]  # seconds, not a training start-up (load allowing)
+    err = text.split("--- stderr ---\n", 1)[1].splitlines()
+    assert err[0] == (
+        f"lmforge: node node3 (job {job} prepare): cluster=h100_node names h100 GPUs (train.device=auto) but torch "
+        f"{torch.__version__} (torch.version.cuda=None) is a CPU-only build. Fix: {install_fix()}, or set "
+        "train.device=cpu to train on CPU on purpose"), err
+    assert err[1:] == ["lmforge: prepare refused the job (exit 2); no worker was started"], err
+    # No worker: srun never ran (no MASTER_ADDR line, no step), nothing was written under the run root.
+    assert "MASTER_ADDR=" not in text and "training step ended" not in text, text
+    assert not (root / "runs").exists(), sorted(p.name for p in (root / "runs").rglob("*"))
 
 
 @pytest.mark.timeout(600)

@@ -17,6 +17,10 @@ class ClusterConfig:
     # Model FLOPs utilisation the planner assumes for a layout without pipeline bubble or recompute.
     assumed_mfu: float = 0.40
     # Slurm settings used by launchers/ and slurm/ (ignored by local runs).
+    # CPUs per node (= per task: one torchrun agent per node); 0: gpus_per_node x max(1, train.threads).
+    cpus_per_task: int = 0
+    # Ask for whole nodes (sbatch --exclusive).
+    exclusive: bool = False
     partition: str = ""
     account: str = ""
     time_limit_min: int = 60

@@ -1,9 +1,15 @@
 """Job control for slurm/train.sh: the Python half of the batch script (one Hydra compose per call).
 
-    eval "$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>)"
-        prints ``export`` lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS,
-        LMFORGE_MAX_REQUEUES and the comm preset's environment; records a ``requeued`` event on a
-        requeued run (SLURM_RESTART_COUNT > 0)
+    prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?; eval "$prep"
+        checks the job before any worker starts, with its real allocation, and exits 2 with one line on
+        stderr when it cannot run: cluster.nodes against SLURM_NNODES (which sets it when not given), the
+        device contract (lmforge.runtime.device_contract), the layout for world size = nodes x
+        gpus_per_node (mesh product, divisibility, batch arithmetic, memory fit), GPUs and CPUs the
+        allocation has against what the config needs (lmforge.launch.allocation); then prints ``export``
+        lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_MAX_REQUEUES,
+        LMFORGE_NODES_OVERRIDE (``cluster.nodes=N`` for train.sh to append to the overrides, or empty)
+        and the comm preset's environment; records a ``requeued`` event on a requeued run
+        (SLURM_RESTART_COUNT > 0)
     python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
         decides done / requeue / stop (lmforge.fault.retry), excludes failed nodes of this allocation
         from the next one, and requeues the job (``scontrol requeue``); prints the decision
@@ -16,8 +22,12 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+import socket
+from typing import Dict, List, Mapping, Optional, Sequence
 
+from lmforge.config.errors import ConfigError
+from lmforge.launch.allocation import check_allocation, nodes_override
+from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
 BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")
@@ -69,9 +79,34 @@ def failed_nodes(nodes: Sequence[str]) -> List[str]:
     return sorted(set(bad))
 
 
+def check_job(overrides: Sequence[str], env: Mapping[str, str]):
+    """Every check a job passes before srun starts a worker; returns (typed config, nodes override or None).
+
+    Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import check_batch, check_parallel_layout, validate
+    from lmforge.parallel.planner import check_fits, make_plan
+    from lmforge.runtime.device_contract import check as check_device_contract
+
+    extra = nodes_override(overrides, env)
+    cfg = validate(compose(list(overrides) + ([extra] if extra else [])))
+    c = cfg.cluster
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    check_device_contract(cfg.train.device, c.name, c.device, c.gpus_per_node, env=env,
+                          where=f"node {node} (job {env.get('SLURM_JOB_ID', '-')} prepare)")
+    world = c.nodes * c.gpus_per_node
+    check_parallel_layout(cfg, world)
+    check_batch(cfg)
+    check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
+    check_allocation(cfg, env)
+    # SPOT (branch truth): build the data index caches here, once per job, outside any collective.
+    return cfg, extra
+
+
 def cmd_prepare(overrides: Sequence[str]) -> int:
-    cfg = _compose(overrides)
+    cfg, extra = check_job(overrides, os.environ)
     env = launch_env(cfg)
+    env["LMFORGE_NODES_OVERRIDE"] = extra or ""
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -128,7 +163,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.add_argument("--no-requeue", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
-        return cmd_prepare(overrides)
+        try:
+            return cmd_prepare(overrides)
+        except (ConfigError, DeviceContractError) as e:
+            print(f"lmforge: {e}", file=sys.stderr, flush=True)
+            return 2
     return cmd_after(args.exit_code, args.signalled, overrides, requeue=not args.no_requeue)
 
 

@@ -4,8 +4,9 @@
     lmforge launch --slurm --dry-run +exp=gpt_1b           # print the script and the sbatch command
     lmforge launch --slurm --submitit +exp=gpt_1b          # the same script, submitted through submitit
 
-Resources come from the ``cluster`` config (nodes, gpus_per_node, time_limit_min, signal_lead_s,
-partition, account) and can be overridden by flags.
+Resources come from the ``cluster`` config (nodes, gpus_per_node, cpus_per_task, exclusive, time_limit_min,
+signal_lead_s, partition, account; lmforge.launch.allocation) and can be overridden by flags. The job's
+prepare step checks the allocation it got against the same config.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
+
+from lmforge.launch.allocation import Resources, resources
 
 
 def repo_root() -> Path:
@@ -27,18 +30,19 @@ def train_script() -> Path:
 class SlurmLaunch:
     overrides: List[str]
     nodes: int
-    gpus_per_node: int
+    gpus_per_node: int  # 0: no GPU request (the config trains on CPU processes)
     time_min: int
     signal_lead_s: int
     partition: str = ""
     account: str = ""
     extra: List[str] = field(default_factory=list)
+    cpus_per_task: int = 1
+    exclusive: bool = False
 
     def sbatch_args(self) -> List[str]:
         args = [f"--nodes={self.nodes}", "--ntasks-per-node=1", f"--time={self.time_min}",
                 f"--signal=B:USR1@{self.signal_lead_s}", "--requeue", "--open-mode=append"]
-        if self.gpus_per_node > 0 and self.partition:
-            args.append(f"--gpus-per-node={self.gpus_per_node}")
+        args += Resources(self.nodes, self.gpus_per_node, self.cpus_per_task, self.exclusive).sbatch_args()
         if self.partition:
             args.append(f"--partition={self.partition}")
         if self.account:
@@ -56,8 +60,9 @@ def plan(overrides: Sequence[str], nodes: Optional[int] = None, time_min: Option
 
     cfg = validate(compose(list(overrides)))
     c = cfg.cluster
-    return SlurmLaunch(list(overrides), nodes or c.nodes, c.gpus_per_node, time_min or c.time_limit_min,
-                       c.signal_lead_s, c.partition, c.account, list(extra))
+    need = resources(cfg, nodes)  # the node count travels as --nodes only: the job's SLURM_NNODES sets cluster.nodes
+    return SlurmLaunch(list(overrides), need.nodes, need.gpus_per_node, time_min or c.time_limit_min,
+                       c.signal_lead_s, c.partition, c.account, list(extra), need.cpus_per_task, need.exclusive)
 
 
 def dry_run_text(launch: SlurmLaunch) -> str:
@@ -103,8 +108,11 @@ def submit_submitit(launch: SlurmLaunch, folder: Path) -> str:
         params["partition"] = launch.partition
     if launch.account:
         params["account"] = launch.account
-    if launch.gpus_per_node > 0 and launch.partition:
+    if launch.gpus_per_node > 0:
         params["gpus_per_node"] = launch.gpus_per_node
+    params["cpus_per_task"] = launch.cpus_per_task
+    if launch.exclusive:
+        params["additional_parameters"]["exclusive"] = True
     for arg in launch.extra:  # --sbatch-arg=--key=value -> an extra #SBATCH line
         key, _, value = arg.lstrip("-").partition("=")
         params["additional_parameters"][key.replace("-", "_")] = value or True

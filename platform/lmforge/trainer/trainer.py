@@ -51,6 +51,7 @@ from lmforge.model.flops import flops_per_token
 from lmforge.parallel.engines import build_engine
 from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import provenance
+from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
@@ -79,6 +80,9 @@ class Trainer:
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
+        # Before any collective: a job that wants GPUs it cannot use stops here, on every rank (exit 2).
+        check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device,
+                              int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.device = select_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
         self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)
         self.rank = self.world.rank
