@@ -20,6 +20,7 @@ durable before the next one can be observed, so a crash (SIGKILL, power loss) at
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -31,12 +32,22 @@ from lmforge.checkpoint.layout import ASIDE_RE, COMPLETE, SIDECAR, aside_dir, is
 FILE_MODE = 0o640  # owner read/write, group read, others nothing
 DIR_MODE = 0o750
 STAGES = ("shards", "sidecar", "complete", "aside", "renamed")
+_NO_DIR_FSYNC: list = []  # the first directory that refused an fsync (announced once)
 
 
 def fsync_dir(path: Path) -> None:
+    """Make ``path``'s entries (creations, renames) durable. A filesystem that cannot fsync a directory
+    (EINVAL/ENOTSUP, e.g. some FUSE mounts) is announced once; the rename order still holds there."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+        if not _NO_DIR_FSYNC:
+            _NO_DIR_FSYNC.append(str(path))
+            print(f"lmforge: warning: directory fsync is not supported under {path} ({e.strerror}); a checkpoint "
+                  f"commit is then only as durable as the filesystem's own rename ordering", flush=True)
     finally:
         os.close(fd)
 
