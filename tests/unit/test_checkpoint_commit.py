@@ -142,3 +142,17 @@ def test_checkpoint_and_run_directory_modes(tmp_path):
     assert oct(ckpt.stat().st_mode & 0o777) == oct((tmp_path / "checkpoints").stat().st_mode & 0o777) == "0o750"
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in (run.root, run.checkpoints, run.logs)} == {
         "run": "0o750", "checkpoints": "0o750", "logs": "0o750"}
+
+
+def test_resume_resolution_errors_come_from_one_function(tmp_path):
+    from lmforge.checkpoint.manager import CheckpointError
+
+    _save(tmp_path, 2, 1.0)
+    assert resolve_resume(tmp_path, "none") is None and resolve_resume(tmp_path, str(tmp_path)) == step_dir(tmp_path, 2)
+    with pytest.raises(CheckpointError) as err:
+        resolve_resume(tmp_path, str(tmp_path / "step-00000009"))
+    assert str(err.value) == (f"train.resume={tmp_path}/step-00000009: no such directory. Fix: point at a "
+                              f"step-NNNNNNNN directory or its parent, or use train.resume=auto")
+    (tmp_path / "step-00000007").mkdir()
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        resolve_resume(tmp_path, str(tmp_path / "step-00000007"))

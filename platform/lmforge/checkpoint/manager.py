@@ -287,6 +287,9 @@ def resolve_resume(root: Path, resume: str) -> Optional[Path]:
         aside = aside_dir(path.parent, step_of(path))
         if is_complete(aside):
             return aside
+    if not path.exists():
+        raise CheckpointError(f"train.resume={resume}: no such directory. Fix: point at a step-NNNNNNNN directory or "
+                              f"its parent, or use train.resume=auto")
     if not is_complete(path):
         raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
                               f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto")
