@@ -33,6 +33,39 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     return 0
 
 
+def check_run_dir_before_hydra(args: Sequence[str]) -> None:
+    """Refuse a run name that leaves run.root (config/paths.py) before Hydra creates the run directory.
+
+    ``@hydra.main`` makes ``hydra.run.dir`` before our code sees the config, so the names are checked on a
+    composition of their own (from the command line and any ``+exp`` file). A multirun's per-job directories are
+    Hydra's sweep dir (checked by ``validate`` in each job); a composition error is left to Hydra to report."""
+    if any(a in ("-m", "--multirun") for a in args):
+        return
+    from omegaconf import OmegaConf
+
+    from lmforge.config.compose import compose
+    from lmforge.config.paths import check_run_names
+
+    overrides, config_name, flag = [], "config", None
+    for a in args:
+        if flag is not None:  # the value of the flag before
+            config_name = a if flag in ("-cn", "--config-name") else config_name
+            flag = None
+        elif a in ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package"):
+            flag = a
+        elif a.startswith("--config-name="):
+            config_name = a.split("=", 1)[1]
+        elif not a.startswith("-"):
+            overrides.append(a)
+    try:
+        run = OmegaConf.to_container(compose(overrides, config_name=config_name).run, resolve=True)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - Hydra reports its own composition errors below, in its own words
+        return
+    check_run_names(run)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import hydra
 
@@ -43,6 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.argv = [sys.argv[0], *argv]
     try:
         check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
+        check_run_dir_before_hydra(sys.argv[1:])
     except ConfigError as e:
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2

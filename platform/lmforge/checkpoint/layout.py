@@ -2,17 +2,21 @@
 
     step-00000100/            a complete checkpoint: DCP files + state.json + COMPLETE
     .tmp-step-00000200/       a save in progress (or a crashed one): never loaded, removed on the next save
+    .old-step-00000200/       the previous copy of step 200 while a re-save of step 200 is renamed in; it is
+                              a complete checkpoint, and the one resolved if a crash left no step-00000200/
 
-A checkpoint is complete iff its directory name has no ``.tmp`` prefix and holds ``COMPLETE``; the
-rename from the temporary name happens only after every rank finished writing and the sidecar is on disk.
+A checkpoint is complete iff its directory is named ``step-N`` (or ``.old-step-N``) and holds ``COMPLETE``
+and ``state.json``; the commit protocol (``checkpoint/commit.py``) writes both before the atomic rename
+from the temporary name, so a directory is either absent under its final name or complete.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 STEP_RE = re.compile(r"^step-(\d{8})$")
+ASIDE_RE = re.compile(r"^\.old-step-(\d{8})$")
 COMPLETE = "COMPLETE"
 SIDECAR = "state.json"
 PINNED = "PINNED"
@@ -26,15 +30,38 @@ def tmp_dir(root: Path, step: int) -> Path:
     return root / f".tmp-step-{step:08d}"
 
 
+def aside_dir(root: Path, step: int) -> Path:
+    """Where the old copy of ``step`` waits while a re-save of the same step is renamed in."""
+    return root / f".old-step-{step:08d}"
+
+
+def _step_match(name: str) -> Optional[re.Match]:
+    return STEP_RE.match(name) or ASIDE_RE.match(name)
+
+
 def is_complete(path: Path) -> bool:
-    return bool(STEP_RE.match(path.name)) and (path / COMPLETE).is_file() and (path / SIDECAR).is_file()
+    return bool(_step_match(path.name)) and (path / COMPLETE).is_file() and (path / SIDECAR).is_file()
 
 
 def complete_checkpoints(root: Path) -> List[Path]:
+    """Complete checkpoints by step; for each step ``step-N`` wins over an aside copy ``.old-step-N``
+    (both exist only when a crash hit after the re-save was renamed in and before the old copy was deleted)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(STEP_RE.match(p.name).group(1)))
+    by_step: Dict[int, Path] = {}
+    for p in root.iterdir():
+        if p.is_dir() and is_complete(p):
+            step = step_of(p)
+            if step not in by_step or STEP_RE.match(p.name):
+                by_step[step] = p
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def stale_asides(root: Path) -> List[Path]:
+    """Aside copies whose step has a complete ``step-N`` again: left by a crash, safe to delete."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if ASIDE_RE.match(p.name) and is_complete(step_dir(root, step_of(p)))]
 
 
 def latest(root: Path) -> Optional[Path]:
@@ -43,7 +70,7 @@ def latest(root: Path) -> Optional[Path]:
 
 
 def step_of(path: Path) -> int:
-    m = STEP_RE.match(path.name)
+    m = _step_match(path.name)
     if not m:
         raise ValueError(f"{path} is not a checkpoint directory (expected step-NNNNNNNN)")
     return int(m.group(1))

@@ -5,8 +5,9 @@ Everything else (step, data position, scheduler, gradient scaler, config, W&B ru
 the JSON sidecar ``state.json``. Nothing is unpickled on load: DCP reads tensors and the sidecar is JSON.
 
 A save writes into ``.tmp-step-N/``; only when every rank has finished writing (for an async save: when every
-rank's background write has completed) does rank 0 write the sidecar and ``COMPLETE`` and rename the
-directory to ``step-N/``. ``checkpoint.async_mode``:
+rank's background write has completed) does rank 0 run the commit protocol (``checkpoint/commit.py``: files
+fsynced, sidecar, ``COMPLETE``, atomic rename to ``step-N/``, an existing ``step-N/`` replaced without a
+window in which neither copy is loadable). ``checkpoint.async_mode``:
 
 - ``none``: ``dcp.save``; the loop is blocked for the whole write.
 - ``thread`` / ``process``: ``dcp.async_save``; the loop is blocked only while the state is copied to CPU
@@ -17,7 +18,6 @@ directory to ``step-N/``. ``checkpoint.async_mode``:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,10 +30,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
-from lmforge.checkpoint import deepspeed_io
+from lmforge.checkpoint import deepspeed_io, fault_injection
+from lmforge.checkpoint.commit import commit, make_dir, restore_asides
 from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
-from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_checkpoints, latest, step_dir, step_of,
-                                       tmp_dir)
+from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, STEP_RE, aside_dir, complete_checkpoints, is_complete,
+                                       latest, step_dir, step_of, tmp_dir)
 from lmforge.checkpoint.retention import plan_retention
 from lmforge.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
@@ -119,10 +120,10 @@ class CheckpointManager:
         final = step_dir(self.root, step)
         tmp = tmp_dir(self.root, step)
         if _rank() == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_dir(self.root)
             if tmp.exists():
                 shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
+            make_dir(tmp)
         _barrier()
         side = json.loads(json.dumps({"step": step, **sidecar}))  # a snapshot, JSON-clean
         if self.deepspeed is not None:  # DeepSpeed's save is synchronous; same commit, sidecar and retention
@@ -179,20 +180,19 @@ class CheckpointManager:
         if _rank() == 0:
             if self.before_commit is not None:
                 self.before_commit(p.tmp)
-            (p.tmp / SIDECAR).write_text(json.dumps(p.sidecar, indent=1, sort_keys=True))
-            (p.tmp / COMPLETE).write_text(str(p.step))
-            _fsync_dir(p.tmp)
-            if p.final.exists():  # a re-save of the same step (e.g. preemption right after a periodic save)
-                shutil.rmtree(p.final)
-            os.replace(p.tmp, p.final)
-            _fsync_dir(self.root)
+            commit(p.tmp, p.final, p.step, p.sidecar,
+                   on_stage=lambda stage: fault_injection.commit_stage(stage, p.step, p.final))
             self.apply_retention()
             if self.on_commit is not None:
                 self.on_commit(p.step, p.final, time.perf_counter() - p.started)
         _barrier()
 
     def apply_retention(self) -> List[Path]:
-        """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned. Returns deleted."""
+        """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned. Returns deleted.
+
+        Also finishes re-saves a crash interrupted (rank 0, after a commit): an aside copy ``.old-step-N`` with
+        no ``step-N`` is renamed back, one whose ``step-N`` is complete again is deleted."""
+        restore_asides(self.root)
         done = {step_of(p): p for p in complete_checkpoints(self.root)}
         pinned = [s for s, p in done.items() if (p / PINNED).exists()]
         _, delete = plan_retention(done, self.cfg.keep_last, self.cfg.keep_every, pinned)
@@ -231,19 +231,7 @@ class CheckpointManager:
     # ---- load -------------------------------------------------------------------------------------
     def resolve(self, resume: str) -> Optional[Path]:
         """``auto``: newest complete checkpoint or None; ``none``: None; else an explicit directory."""
-        if resume == "none":
-            return None
-        if resume == "auto":
-            return latest(self.root)
-        path = Path(resume).expanduser()
-        if path.is_dir() and not (path / COMPLETE).exists():
-            inner = latest(path)
-            if inner is not None:
-                return inner
-        if not (path / COMPLETE).exists():
-            raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
-                                  f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto")
-        return path
+        return resolve_resume(self.root, resume)
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
              restore_rng: bool = True) -> dict:
@@ -277,6 +265,35 @@ class CheckpointManager:
         if restore_rng and same_world:
             set_rng_state_tensors(state, _rank())
         return sidecar
+
+
+def resolve_resume(root: Path, resume: str) -> Optional[Path]:
+    """The checkpoint ``train.resume`` names, or None; the one place resume resolution fails (CheckpointError).
+
+    ``auto``: the newest complete checkpoint under ``root`` (a run's ``checkpoints/``), or None; ``none``: None;
+    else a ``step-N`` directory, or a directory holding them (``checkpoints/``). A ``step-N`` missing because a
+    crash hit a re-save between its two renames resolves to its aside copy ``.old-step-N`` (checkpoint/commit.py).
+    """
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return latest(root)
+    path = Path(resume).expanduser()
+    if path.is_dir() and not is_complete(path):
+        inner = latest(path)
+        if inner is not None:
+            return inner
+    if not path.exists() and STEP_RE.match(path.name):
+        aside = aside_dir(path.parent, step_of(path))
+        if is_complete(aside):
+            return aside
+    if not path.exists():
+        raise CheckpointError(f"train.resume={resume}: no such directory. Fix: point at a step-NNNNNNNN directory or "
+                              f"its parent, or use train.resume=auto")
+    if not is_complete(path):
+        raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
+                              f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto")
+    return path
 
 
 def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = False) -> List[str]:
@@ -323,13 +340,3 @@ def _collective_device() -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass

@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.errors import ConfigError
+from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
 
 CHOICES = {
@@ -231,6 +232,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     if world_size is None and "WORLD_SIZE" in os.environ:
         world_size = int(os.environ["WORLD_SIZE"])
     check_values(typed)
+    check_paths(typed)
     check_model(typed)
     check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from lmforge.checkpoint.layout import PINNED, complete_checkpoints
+from lmforge.checkpoint.layout import PINNED, complete_checkpoints, step_of
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.config.schema import RootConfig
 from lmforge.fault.drills import Drills
@@ -133,7 +133,7 @@ class FaultHooks:
     def stop_diverged(self, step: int) -> None:
         g = self.loss_guard
         first_bad = g.first_bad_step or step
-        before = [p for p in complete_checkpoints(self.paths.checkpoints) if int(p.name.split("-")[1]) < first_bad]
+        before = [p for p in complete_checkpoints(self.paths.checkpoints) if step_of(p) < first_bad]
         if before:
             ref = before[-1]
             if self.rank == 0:

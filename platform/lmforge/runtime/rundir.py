@@ -13,6 +13,9 @@ Resolution order (first that applies wins):
 Slurm keeps the job id across requeues and torchrun keeps the run id across elastic restarts, so a
 restarted job lands in the same directory and ``train.resume=auto`` finds its checkpoints. Every path
 inside a run directory is named here (``RunPaths``), nowhere else.
+
+``run.root`` may be any directory; a name or sweep point never leaves it (``escape_reason``: no absolute path,
+no ``..`` component). Run directories are made ``RUN_DIR_MODE`` (0o750: group may read, others nothing).
 """
 from __future__ import annotations
 
@@ -20,10 +23,28 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
 _FRESH_ID: Optional[str] = None
+RUN_DIR_MODE = 0o750
+
+
+class RunPathError(ValueError):
+    """A run name or sweep point that would put the run directory outside ``run.root``."""
+
+
+def escape_reason(value: str) -> Optional[str]:
+    """Why ``value`` cannot name a directory inside a root (absolute, ``~``, a ``..`` component, the root
+    itself), or None when ``root / value`` stays inside the root."""
+    path = PurePosixPath(value)
+    if path.is_absolute() or value.startswith("~"):
+        return "is an absolute path"
+    if ".." in path.parts:
+        return "climbs out with a '..' component"
+    if not path.parts:
+        return "names the root itself"
+    return None
 
 
 def run_id_from_env(env: Mapping[str, str]) -> Optional[str]:
@@ -59,8 +80,11 @@ def resolve_run_dir(root: str | os.PathLike, name: Optional[str] = None, sweep_p
                     env: Optional[Mapping[str, str]] = None) -> Path:
     env = os.environ if env is None else env
     root_path = Path(root).expanduser().absolute()
-    for candidate in (name, sweep_point):
+    for key, candidate in (("run.name", name), ("run.sweep_point", sweep_point)):
         if candidate not in (None, "", "null", "None"):
+            reason = escape_reason(str(candidate))
+            if reason is not None:
+                raise RunPathError(f"{key}={candidate} {reason}: the run directory would leave run.root={root}")
             return root_path / str(candidate)
     rid = run_id_from_env(env)
     if rid is not None:
@@ -134,6 +158,9 @@ class RunPaths:
         return self.root / "DONE"
 
     def make(self) -> "RunPaths":
+        """Create the run directory and its checkpoint and log folders, each ``RUN_DIR_MODE`` whatever the umask
+        (the run root's parents are the user's and keep their modes)."""
         for p in (self.root, self.checkpoints, self.logs):
             p.mkdir(parents=True, exist_ok=True)
+            os.chmod(p, RUN_DIR_MODE)
         return self

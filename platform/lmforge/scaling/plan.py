@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from lmforge.runtime.rundir import escape_reason
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.shapes import Shape, ShapeFamily
 
@@ -180,7 +181,7 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
     shapes = sorted(family.check().shapes(), key=lambda s: s.n_flops)
     if not budgets:
         raise ScalingError("sweep plan", "no budgets given", "pass --budgets 1e11,3e11 (FLOPs per run)")
-    if not name or "/" in name or " " in name:
+    if not name or "/" in name or " " in name or escape_reason(name):
         raise ScalingError("sweep plan --name", f"'{name}' is not a usable sweep name", "use letters, digits, - and _")
     root = str(Path(run_root).expanduser().absolute())
     common = [f"run.root={root}", f"run.sweep_name={name}", f"logging.wandb.group={name}",
