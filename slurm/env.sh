@@ -8,6 +8,9 @@
 #                            (NodeAddr defaults to the node name on a cluster whose node names resolve; on
 #                            test clusters the names may not resolve, so the NodeAddr is authoritative)
 #   lmforge_head_node        the first node of the job's allocation
+#   lmforge_is_loopback ADDR succeeds (printing why) when ADDR is this host's own loopback: localhost, ::1, or an
+#                            address inside a prefix of lo (127.0.0.1/8 normally, so Debian's 127.0.1.1 hostname
+#                            line too); a 127.x address on a real interface is another host (lmforge.launch.head_addr)
 #   lmforge_master_port      a port derived from the job id and the restart count (a requeued run never
 #                            trips over the previous run's socket)
 
@@ -37,5 +40,5 @@ lmforge_master_port() {
 }
 
 lmforge_is_loopback() {
-  case "$1" in localhost|127.*|::1) return 0 ;; *) return 1 ;; esac
+  "$LMFORGE_PYTHON" -m lmforge.launch.head_addr "$1"
 }

@@ -42,8 +42,8 @@ eval "$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl prepare -- "$@")" || { echo "
 head_node=$(lmforge_head_node)
 MASTER_ADDR=$(lmforge_node_addr "$head_node")
 MASTER_PORT=$(lmforge_master_port)
-if [ "${SLURM_NNODES:-1}" -gt 1 ] && lmforge_is_loopback "$MASTER_ADDR"; then
-  echo "lmforge: head node $head_node resolves to $MASTER_ADDR on a ${SLURM_NNODES}-node job; set its NodeAddr" >&2
+if [ "${SLURM_NNODES:-1}" -gt 1 ] && why=$(lmforge_is_loopback "$MASTER_ADDR"); then
+  echo "lmforge: head node $head_node: $why, unreachable from the other nodes of this ${SLURM_NNODES}-node job; give $head_node a NodeAddr the other nodes reach (slurm.conf) or fix its /etc/hosts line" >&2
   exit 2
 fi
 export MASTER_ADDR MASTER_PORT

@@ -5,7 +5,9 @@
         c.wait_state(job, {"COMPLETED"})
 
 Topology: a private "switch" namespace holds a bridge; each node namespace ``<tag>-nI`` has a veth ``eth0``
-on it with address 10.213.<x>.I/24, and every daemon of node I runs in that network namespace plus its own
+on it with address 127.100.<x>.I/24 (traffic here may only go to loopback addresses: each namespace sets
+``route_localnet=1`` and shrinks lo to 127.0.0.1/32, so 127.100.<x>.0/24 is routed over eth0 to the other
+namespaces, never to the host or beyond), and every daemon of node I runs in that network namespace plus its own
 UTS (hostname ``nodeI``) and mount namespace (an /etc/hosts naming all nodes bind-mounted over the real one).
 slurmctld runs on node1, like a head node. munged runs in the host namespace (a filesystem socket reaches
 every node). Clients (sbatch, squeue, scontrol) run inside node1's namespaces via ``nsenter``.
@@ -54,7 +56,7 @@ class SlurmCluster:
         self.root = root
         self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self.tag = "lmf" + secrets.token_hex(2)
-        self.subnet = f"10.213.{secrets.randbelow(200) + 20}"
+        self.subnet = f"127.100.{secrets.randbelow(200) + 20}"
         self.addr = {n: f"{self.subnet}.{i}" for i, n in enumerate(self.nodes, start=1)}
         self.ns = {n: f"{self.tag}-n{i}" for i, n in enumerate(self.nodes, start=1)}
         self.switch = f"{self.tag}-sw"
@@ -100,9 +102,14 @@ class SlurmCluster:
             _sh(["ip", "link", "set", b, "netns", self.switch])
             _sh(["ip", "-n", self.switch, "link", "set", b, "master", "br0", "up"])
             _sh(["ip", "-n", ns, "link", "set", a, "name", "eth0"])
+            # 127.* off lo may be routed (sysctl of the namespace nsenter puts it in: /proc/sys/net is per-netns);
+            # lo keeps only 127.0.0.1, so the rest of 127/8 is no longer "this host".
+            _sh(["nsenter", f"--net=/run/netns/{ns}", "sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1"])
+            _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _sh(["ip", "-n", ns, "addr", "del", "127.0.0.1/8", "dev", "lo"])
+            _sh(["ip", "-n", ns, "addr", "add", "127.0.0.1/32", "dev", "lo"])
             _sh(["ip", "-n", ns, "addr", "add", f"{self.addr[node]}/24", "dev", "eth0"])
             _sh(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
         lines = ["127.0.0.1 localhost"] + [f"{self.addr[n]} {n}" for n in self.nodes]
         self.hosts.write_text("\n".join(lines) + "\n")
 
