@@ -163,9 +163,9 @@ def classify(exc: BaseException) -> Optional[tuple]:
         return VerdictKind(kind), code, getattr(exc, "message", "") or str(exc)
     if isinstance(exc, ConfigError):
         key = getattr(exc, "key", "")
-        if key.startswith("parallelism."):
+        if key.split(".")[0] == "parallelism":
             return VerdictKind.LAYOUT_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
-        if key.startswith("data."):
+        if key.split(".")[0] == "data":
             return VerdictKind.DATA_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
         return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
