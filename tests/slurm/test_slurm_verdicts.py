@@ -38,7 +38,9 @@ def job_log(root: Path, job: str) -> str:
 def failing_jobs(slurm_cluster, job_env, tmp_path_factory):
     slurm_cluster.wait_idle(4, timeout=300)  # after the other module's jobs
     tmp = tmp_path_factory.mktemp("verdict-jobs")
-    return {"layout": submit(slurm_cluster, tmp, "layout", ["parallelism.dp_replicate=4"], job_env),
+    # dp_replicate=4 on a 2-rank job: jobctl prepare cannot know the world size; every worker refuses it.
+    return {"layout": submit(slurm_cluster, tmp, "layout", ["parallelism.dp_replicate=4", "train.micro_batch_size=2"],
+                             job_env),
             "diverge": submit(slurm_cluster, tmp, "diverge", ["optim.lr=1e30", "optim.warmup_steps=0",
                                                               "fault.max_consecutive_skips=2"], job_env)}
 
