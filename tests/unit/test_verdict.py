@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,13 @@ def test_recorder_writes_atomically_reraises_and_archive_moves_to_history(tmp_pa
     assert V.archive(tmp_path) == 1
     assert V.read_all(tmp_path) == [] and V.deciding(tmp_path) is None
     assert json.loads((d / "history.jsonl").read_text())["kind"] == "config_error"
+
+
+def test_secret_values_never_reach_a_verdict_or_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "sekrit-123456")
+    v = V.verdict_for(tmp_path, ValueError("bad key sekrit-123456"), rank=0, step=1, started=time.time())
+    files = [tmp_path / "verdicts" / "rank0.json", *map(Path, v.tracebacks)]
+    assert all("sekrit-123456" not in f.read_text() and "REDACTED" in f.read_text() for f in files)
 
 
 def test_repeated_crash_needs_the_same_step_and_error_from_an_earlier_attempt(tmp_path):

@@ -31,6 +31,7 @@ from typing import Callable, List, Optional
 
 from lmforge.config.errors import ConfigError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.runtime.secrets import redact_text
 
 VERDICTS_DIR = "verdicts"
 HISTORY_FILE = "history.jsonl"
@@ -106,7 +107,8 @@ def env_rank() -> int:
 
 
 def write(run_dir: Path, verdict: Verdict) -> Path:
-    """Atomically write ``verdicts/rank<r>.json`` (tmp + fsync + rename)."""
+    """Atomically write ``verdicts/rank<r>.json`` (tmp + fsync + rename); secret values are redacted."""
+    verdict.message = redact_text(verdict.message)
     d = verdicts_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"rank{verdict.rank}.json"
@@ -194,7 +196,7 @@ def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, sta
             continue
     path = d / f"step-{step:08d}-{error}-rank{rank}-t{time.time_ns()}.txt"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(redact_text(text))
     os.replace(tmp, path)
     return path, earlier
 
@@ -229,6 +231,11 @@ class VerdictRecorder:
 
     def __init__(self, run_dir: Path, rank: Optional[int] = None):
         self.run_dir = Path(run_dir)
+        watched = os.environ.get("LMFORGE_RUN_DIR")
+        if watched and Path(watched).absolute() != self.run_dir.absolute():
+            print(f"lmforge: warning: the launcher reads verdicts in {watched} (LMFORGE_RUN_DIR) but this run writes "
+                  f"them to {self.run_dir}: a deterministic failure would be retried; launch without overriding "
+                  f"hydra.run.dir", flush=True)
         self.rank = env_rank() if rank is None else rank
         self.step: Callable[[], int] = lambda: 0
         self.started = time.time()
