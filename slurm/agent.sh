@@ -8,7 +8,9 @@ set -euo pipefail
 source "${LMFORGE_REPO:?}/slurm/env.sh"
 trap '' USR1
 local_addr=$(lmforge_node_addr "${SLURMD_NODENAME:-$(hostname)}")
-exec "$LMFORGE_PYTHON" -m torch.distributed.run \
+# lmforge.launch.agent is torchrun that reads the workers' verdicts ($LMFORGE_RUN_DIR/verdicts) before a
+# restart: a deterministic failure (config/layout/data error, divergence, repeated crash) is not restarted.
+exec "$LMFORGE_PYTHON" -m lmforge.launch.agent \
   --nnodes="$SLURM_NNODES" --nproc_per_node="$LMFORGE_NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
   --local_addr="$local_addr" --max_restarts="$LMFORGE_MAX_RESTARTS" \

@@ -8,12 +8,14 @@
 # What it does (docs/slurm.md, docs/fault-tolerance.md):
 #   * one torchrun agent per node (`srun slurm/agent.sh`), cluster.gpus_per_node workers each, c10d
 #     rendezvous on the job's first node at its NodeAddr (never localhost on a multi-node job);
-#   * in-job restarts: torchrun --max_restarts=fault.max_restarts; a killed or hung rank (watchdog) restarts
-#     the group, which resumes from the newest complete checkpoint (train.resume=auto);
+#   * in-job restarts: torchrun --max_restarts=fault.max_restarts (lmforge.launch.agent: torchrun that does not
+#     restart after a deterministic verdict); a killed or hung rank (watchdog) restarts the group, which
+#     resumes from the newest complete checkpoint (train.resume=auto);
 #   * preemption / time limit: Slurm sends USR1 to this script `lead` seconds early (--signal=B:USR1@lead);
 #     it is forwarded to the workers, which finish the step, checkpoint and stop; the job requeues itself;
 #   * after the run, lmforge.launch.jobctl decides finish / requeue / stop (retry budget
-#     cluster.max_requeues for crashes; a diverged run is never retried) and requeues with `scontrol requeue`.
+#     cluster.max_requeues for crashes; a deterministic failure, e.g. a config error or a divergence, is never
+#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`.
 #     A requeued job keeps its job id, hence its run directory (runs/slurm-<jobid>), and resumes.
 #
 # Resources: #SBATCH lines cannot be computed from the config, so the lines below hold only what every job
@@ -87,9 +89,13 @@ echo "lmforge: training step ended with exit code $rc (preempted=$PREEMPTED)"
 trap - USR1 TERM   # from here on a signal is Slurm ending this run (requeue, cancel), not a preemption request
 signalled=()
 [ "$PREEMPTED" = 1 ] && signalled=(--signalled)
-action=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl after --exit-code "$rc" "${signalled[@]}" -- "$@")
+# jobctl prints done | requeue | stop <code>; a deterministic verdict (config/layout/data error, divergence,
+# repeated crash: <run>/verdicts) stops with its message on stderr and its exit code.
+decision=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl after --exit-code "$rc" "${signalled[@]}" -- "$@")
+read -r action code <<< "$decision"
 case "$action" in
   done) exit 0 ;;
   requeue) sleep 5; exit 0 ;;  # normally not reached: `scontrol requeue` already ended this script
+  stop) exit "${code:-1}" ;;
   *) exit "$(( rc == 0 ? 1 : rc ))" ;;
 esac

@@ -20,16 +20,20 @@ from lmforge.runtime.rundir import register_resolvers
 
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     from lmforge.config.validate import validate
+    from lmforge.fault.verdict import VerdictRecorder
 
-    typed = validate(cfg)
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-    from lmforge.trainer.trainer import Trainer
+    # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
+    with VerdictRecorder(run_dir) as verdict:
+        typed = validate(cfg)
+        from lmforge.trainer.trainer import Trainer
 
-    trainer = Trainer(typed, run_dir)
-    trainer.fit()
+        trainer = Trainer(typed, run_dir)
+        verdict.step = lambda: trainer.step
+        trainer.fit()
     return 0
 
 

@@ -61,11 +61,16 @@ def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch
         evals = [r for r in records if r.get("kind") == "eval"]
         assert evals and evals[-1]["step"] == p.max_steps and 0 < evals[-1]["val/books/loss"] < 10
 
-    # Re-running skips finished runs (no new records) and retries only the failed one.
+    verdict = json.loads((sweep_dir / "broken" / "verdicts" / "rank0.json").read_text())
+    assert verdict["kind"] == "config_error" and "model.n_heads" in verdict["message"]
+
+    # Re-running skips finished runs (no new records) and does not retry the deterministic failure.
     sizes = {p.id: (Path(p.run_dir) / "metrics.jsonl").stat().st_size for p in sweep.points[:-1]}
     assert lmforge(["sweep", "run", str(sweep_dir)]) == 1
     out = capsys.readouterr().out
     assert "10 done, 1 failed" in out
+    assert "FAILED broken: config_error on rank 0 at step 0 (exit 2): config key 'model.n_heads'" in out
+    assert "; not retried (" in out
     assert sizes == {p.id: (Path(p.run_dir) / "metrics.jsonl").stat().st_size for p in sweep.points[:-1]}
 
     assert lmforge(["sweep", "collect", str(sweep_dir)]) == 0

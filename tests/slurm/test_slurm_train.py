@@ -169,6 +169,8 @@ def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cl
     kinds = [e["event"] for e in ev]
     watchdog = [e for e in ev if e["event"] == "watchdog"]
     assert watchdog and watchdog[0]["rank"] == 1 and watchdog[0]["step"] == 24, ev
+    hang = json.loads((run_dir / "verdicts" / "rank1.json").read_text())  # retryable: torchrun restarted it
+    assert (hang["kind"], hang["step"], hang["exit_code"], hang["deterministic"]) == ("hang", 24, 43, False), hang
     assert kinds.count("restart") >= 2 and "resume" in kinds, kinds
 
     # The loss curve equals the uninterrupted local 2-process run, bit for bit.

@@ -24,6 +24,11 @@ class DrillConfig:
     hang_step: int = 0
     hang_rank: int = 0
     hang_s: float = 600.0
+    # Raise an exception on rank ``crash_rank`` right after step ``crash_step`` (0: off), on the first
+    # ``crash_times`` attempts that reach that step (0: on every attempt, a crash that always recurs).
+    crash_step: int = 0
+    crash_rank: int = 0
+    crash_times: int = 1
     # Sleep this long after every step (gives an operator or a test time to act mid-run).
     step_sleep_s: float = 0.0
 

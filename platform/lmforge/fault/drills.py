@@ -3,6 +3,8 @@
 * kill: ``SIGKILL`` to this very process (nothing runs after it, exactly like the OOM killer);
 * hang: this rank withholds its next collective for ``hang_s`` seconds (its own watchdog is paused, so
   the *peers*, blocked inside the collective, are the ones whose watchdog fires and dumps stacks);
+* crash: this rank raises an exception (``DrillCrash``) after the step, on the first ``crash_times`` attempts
+  that reach it (0: every attempt: a crash that recurs, for the repeated-crash rule, fault/verdict.py);
 * step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going.
 
 Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
@@ -18,6 +20,10 @@ from pathlib import Path
 from typing import Callable
 
 from lmforge.config.fault import DrillConfig
+
+
+class DrillCrash(RuntimeError):
+    """The exception of the crash drill (an ordinary crash: a traceback, exit 1)."""
 
 
 class Drills:
@@ -41,6 +47,9 @@ class Drills:
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if cfg.crash_step and step == cfg.crash_step and self.rank == cfg.crash_rank and self._claim_crash():
+            self.on_event("drill", step, f"drill: rank {self.rank} raises an exception after step {step}")
+            raise DrillCrash(f"drill: crash on rank {self.rank} after step {step}")
         if cfg.hang_step and step == cfg.hang_step and self.rank == cfg.hang_rank and self._first_time("hang"):
             self.on_event("drill", step, f"drill: rank {self.rank} withholds its next collective for {cfg.hang_s}s")
             self.pause_watchdog()
@@ -49,6 +58,12 @@ class Drills:
                 if self.stop_requested():  # the launcher is tearing the group down (SIGTERM): end the drill
                     os._exit(128 + signal.SIGTERM)
                 time.sleep(0.05)
+
+    def _claim_crash(self) -> bool:
+        """True if the crash drill fires in this attempt (one ledger entry per firing, up to crash_times)."""
+        if self.cfg.crash_times <= 0:
+            return True
+        return any(self._first_time(f"crash-{i}") for i in range(self.cfg.crash_times))
 
     def _first_time(self, name: str) -> bool:
         """Claim drill ``name`` for this run; False if it already fired (in an earlier attempt)."""

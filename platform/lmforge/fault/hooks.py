@@ -17,17 +17,20 @@ from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.config.schema import RootConfig
 from lmforge.fault.drills import Drills
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE
+from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.signals import PreemptionFlag
 from lmforge.fault.straggler import StragglerDetector
+from lmforge.fault.verdict import VerdictKind, record_exit
 from lmforge.fault.watchdog import Watchdog
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.runtime.rundir import RunPaths
 
 
 class Diverged(SystemExit):
-    """Training stopped: too many skipped steps in a row. Not retried (exit code 45)."""
+    """Training stopped: too many skipped steps in a row. Not retried (exit code 45, verdict ``diverged``)."""
+
+    verdict_kind = "diverged"
 
     def __init__(self, message: str):
         super().__init__(DIVERGED_EXIT_CODE)
@@ -46,13 +49,22 @@ class FaultHooks:
         self.watchdog = Watchdog(rank, fc.watchdog_timeout_s, paths.dumps, paths.heartbeats,
                                  startup_s=fc.watchdog_startup_s, poll_s=fc.watchdog_poll_s,
                                  orphan_check=fc.orphan_check and under_launcher, on_event=self.events.emit,
-                                 flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0)
+                                 flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0,
+                                 exit=self._exit)
         self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
                              stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
         self.last_straggler: dict = {}
         self._held = None
+
+    def _exit(self, code: int) -> None:
+        """The watchdog's exit: a hang leaves its (retryable) verdict first."""
+        if code == WATCHDOG_EXIT_CODE:
+            record_exit(self.paths.root, VerdictKind.HANG, self.rank, self.watchdog.step,
+                        f"no heartbeat for {self.watchdog.allowance():.0f}s after step {self.watchdog.step} "
+                        f"(stacks in {self.paths.dumps})", code)
+        os._exit(code)
 
     def start(self) -> "FaultHooks":
         self.watchdog.start()

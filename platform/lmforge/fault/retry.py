@@ -4,7 +4,9 @@ One decision for every launcher (slurm/train.sh via ``lmforge.launch.jobctl afte
 submitit jobs), recorded in ``<run>/requeues.json`` and as an event in the run's metrics JSONL:
 
 * the run directory holds ``DONE``                      -> ``done``
-* exit 45 (diverged)                                    -> ``stop`` (a deterministic failure; never retried)
+* a rank's verdict is deterministic (config, layout or data error, divergence, repeated crash;
+  lmforge.fault.verdict)                                -> ``stop`` with the verdict's message and exit code
+* exit 2 (bad input) or 45 (diverged) without a verdict -> ``stop`` (deterministic; never retried)
 * preempted: the job got USR1/TERM, or exit 42, or a clean exit 0 without ``DONE`` (a preemption checkpoint
   under torchrun)                                       -> ``requeue`` (up to ``max_preemptions``)
 * any other failure                                     -> ``requeue`` while ``failures <= max_failures``,
@@ -23,7 +25,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE, REQUEUE_EXIT_CODE
+from lmforge.fault import verdict as verdicts
+from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, REQUEUE_EXIT_CODE
 from lmforge.runtime.rundir import RunPaths
 
 STATE_FILE = "requeues.json"
@@ -32,8 +35,9 @@ STATE_FILE = "requeues.json"
 @dataclass(frozen=True)
 class Decision:
     action: str  # done | requeue | stop
-    kind: str  # done | preempted | failure | diverged | budget
+    kind: str  # done | preempted | failure | budget | a deterministic verdict kind (diverged, config_error, ...)
     reason: str
+    exit_code: int = 0  # what the launcher exits with on ``stop``
 
 
 def _state_path(run_dir: Path) -> Path:
@@ -62,16 +66,24 @@ def classify(run_dir: Path, exit_code: int, signalled: bool, state: dict, max_fa
              max_preemptions: int) -> Decision:
     if RunPaths(Path(run_dir)).done_marker.exists():
         return Decision("done", "done", "the run finished (DONE marker present)")
+    verdict = verdicts.deciding(run_dir)
+    if verdict is not None:
+        return Decision("stop", verdict.kind.value, f"{verdict.summary()}; not retried (a deterministic failure, "
+                        f"{verdicts.verdicts_dir(run_dir)})", verdict.exit_code)
     if exit_code == DIVERGED_EXIT_CODE:
-        return Decision("stop", "diverged", "training diverged (exit 45): not retried, see the 'diverged' event")
+        return Decision("stop", "diverged", "training diverged (exit 45): not retried, see the 'diverged' event",
+                        exit_code)
+    if exit_code == BAD_INPUT_EXIT_CODE:
+        return Decision("stop", "bad_input", "bad input (exit 2): not retried, see the error above", exit_code)
     if signalled or exit_code in (0, REQUEUE_EXIT_CODE):
         if state["preemptions"] >= max_preemptions:
-            return Decision("stop", "budget", f"preempted {state['preemptions']} times, the limit is {max_preemptions}")
+            return Decision("stop", "budget", f"preempted {state['preemptions']} times, the limit is {max_preemptions}",
+                            exit_code or 1)
         how = "signal received" if signalled else f"exit {exit_code} without DONE"
         return Decision("requeue", "preempted", f"preempted ({how}); resuming from the preemption checkpoint")
     if state["failures"] >= max_failures:
         return Decision("stop", "budget", f"exit {exit_code}: retry budget exhausted "
-                        f"({state['failures']} of {max_failures} retries used)")
+                        f"({state['failures']} of {max_failures} retries used)", exit_code or 1)
     return Decision("requeue", "failure", f"exit {exit_code}: retry {state['failures'] + 1} of {max_failures}")
 
 
@@ -86,7 +98,8 @@ def record(run_dir: Path, exit_code: int, signalled: bool, max_failures: int, ma
     entry = {"time": time.time(), "job": os.environ.get("SLURM_JOB_ID"),
              "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "exit_code": exit_code,
              "signalled": signalled, "action": decision.action, "kind": decision.kind, "reason": decision.reason,
-             "nodes": nodes or [], "excluded": excluded or []}
+             "nodes": nodes or [], "excluded": excluded or [],
+             "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)]}
     state["history"].append(entry)
     _save_state(run_dir, state)
     if decision.action != "done":

@@ -57,11 +57,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launch = local.LocalLaunch(nproc=nproc, overrides=list(overrides),
                                max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,
                                run_id=local.new_run_id(), port=local.free_port())
-    if args.dry_run:
-        print("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " + shlex.join(launch.command()))
-        return 0
     run_dir = resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point,
                               env={"TORCHELASTIC_RUN_ID": launch.run_id})
+    if args.dry_run:
+        print(f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 LMFORGE_RUN_DIR={shlex.quote(str(run_dir))} "
+              + shlex.join(launch.command()))
+        return 0
     return local.run(launch, cfg.cluster.max_requeues, run_dir)
 
 

@@ -9,10 +9,12 @@
         lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_MAX_REQUEUES,
         LMFORGE_NODES_OVERRIDE (``cluster.nodes=N`` for train.sh to append to the overrides, or empty)
         and the comm preset's environment; records a ``requeued`` event on a requeued run
-        (SLURM_RESTART_COUNT > 0)
+        (SLURM_RESTART_COUNT > 0); moves the previous attempt's verdicts to
+        history
     python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
-        decides done / requeue / stop (lmforge.fault.retry), excludes failed nodes of this allocation
-        from the next one, and requeues the job (``scontrol requeue``); prints the decision
+        decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), excludes failed
+        nodes of this allocation from the next one, and requeues the job (``scontrol requeue``); prints the
+        decision: ``done``, ``requeue`` or ``stop <exit code>`` (the code the batch script exits with)
 """
 from __future__ import annotations
 
@@ -109,6 +111,9 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     env["LMFORGE_NODES_OVERRIDE"] = extra or ""
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
+    from lmforge.fault.verdict import archive
+
+    archive(run_dir)  # a new job attempt: only its own verdicts decide it
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if restart > 0:
         from lmforge.fault.events import FaultEvents
@@ -140,7 +145,7 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
                            capture_output=True, text=True)
     print(f"lmforge: {decision.action}: {decision.reason}"
           + (f"; excluding {','.join(excluded)}" if excluded else ""), file=sys.stderr, flush=True)
-    print(decision.action, flush=True)
+    print(f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action, flush=True)
     if decision.action == "requeue" and requeue and job:
         sys.stdout.flush()
         # Slurm ends this batch script at once: everything above is already on disk.

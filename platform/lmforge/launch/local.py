@@ -3,9 +3,12 @@
     lmforge launch --nproc 2 +exp=smoke parallelism=ddp
     lmforge launch --nproc 2 --dry-run model=tiny
 
-torchrun restarts the worker group in-job (``--max-restarts``, default fault.max_restarts) after a killed
-or hung rank; when torchrun itself gives up, the launcher applies the same retry budget as slurm/train.sh
-(lmforge.fault.retry, cluster.max_requeues) and relaunches. SIGTERM/SIGINT to the launcher go to the
+torchrun (through lmforge.launch.agent, torchrun with a restart policy) restarts the worker group in-job
+(``--max-restarts``, default fault.max_restarts) after a killed or hung rank, but not after a deterministic
+failure (a rank's verdict in <run>/verdicts: config/layout/data error, divergence, repeated crash); when
+torchrun gives up, the launcher applies the same decision as slurm/train.sh (lmforge.fault.retry,
+cluster.max_requeues): relaunch a crash within the budget, stop on a deterministic verdict with its message
+and exit code. Each attempt starts with the previous attempt's verdicts moved to verdicts/history.jsonl. SIGTERM/SIGINT to the launcher go to the
 agent, which stops the workers with SIGTERM: they checkpoint (lmforge.fault.signals) and the launcher stops.
 All relaunches share one rendezvous id, hence one run directory (runs/torchrun-<id>), and resume from it.
 """
@@ -41,22 +44,27 @@ class LocalLaunch:
     run_id: str = ""
     port: int = 0
     python: str = sys.executable
+    run_dir: str = ""
 
     def command(self) -> List[str]:
-        return [self.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={self.nproc}",
+        return [self.python, "-m", "lmforge.launch.agent", "--nnodes=1", f"--nproc_per_node={self.nproc}",
                 "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{self.port}", f"--rdzv_id={self.run_id}",
                 f"--max_restarts={self.max_restarts}", "-m", "lmforge.train", *self.overrides]
 
     def env(self) -> Dict[str, str]:
-        return {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+        return {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1",
+                "LMFORGE_RUN_DIR": self.run_dir}
 
 
 def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
     """Run torchrun; relaunch on failure within the retry budget. Returns the final exit code."""
     from lmforge.fault.retry import record
+    from lmforge.fault.verdict import archive
 
+    launch.run_dir = str(run_dir)
     stop = {"signal": 0}
     while True:
+        archive(run_dir)  # this attempt's verdicts only
         proc = subprocess.Popen(launch.command(), env=launch.env())
 
         def forward(signum, frame):  # noqa: ARG001
@@ -79,5 +87,5 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
             return 0
         print(f"lmforge launch: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)
         if decision.action != "requeue":
-            return rc or 1
+            return decision.exit_code or rc or 1
         launch.port = free_port()

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from lmforge.fault.verdict import deciding
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import SWEEP_FILE, Point, Sweep
@@ -50,6 +51,10 @@ def status_report(sweep: Sweep) -> str:
     lines = [f"sweep {sweep.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
     for p in sweep.points:
         if st[p.id] == FAILED:
+            stopped = deciding(Path(p.run_dir))
+            if stopped is not None:
+                lines.append(f"  FAILED {p.id}: {stopped.summary()}; not retried ({p.run_dir})")
+                continue
             first = failure_path(RunPaths(Path(p.run_dir))).read_text().strip().splitlines()
             lines.append(f"  FAILED {p.id}: {first[-1] if first else '?'} ({p.run_dir})")
         elif st[p.id] == STARTED:

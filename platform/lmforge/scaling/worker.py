@@ -5,8 +5,10 @@
 
 For each point: skip it when its run directory holds the DONE marker; otherwise append a ``sweep_point``
 event (budget, N, D, ...) to the run's metrics.jsonl, compose the point's overrides exactly as ``lmforge train``
-would, and train. A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and the next point
-runs; a preemption (exit 42) stops the worker so Slurm can requeue it. Exit status: 0 if every point finished,
+would, and train. A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and its verdict
+(lmforge.fault.verdict) and the next point runs; a point whose verdict is deterministic (config, layout or
+data error, divergence, repeated crash) is not retried when the sweep runs again (remove ``<run>/verdicts``
+after fixing it). A preemption (exit 42) stops the worker so Slurm can requeue it. Exit status: 0 if every point finished,
 1 if any failed.
 """
 from __future__ import annotations
@@ -44,15 +46,27 @@ def run_point(sweep: Sweep, p: Point) -> bool:
     if paths.done_marker.exists():
         print(f"[sweep] {p.id}: already done", flush=True)
         return True
+    from lmforge.fault.hooks import Diverged
+    from lmforge.fault.verdict import VerdictRecorder, archive, deciding, verdicts_dir
+
+    stopped = deciding(paths.root)
+    if stopped is not None:
+        print(f"[sweep] {p.id}: not retried: {stopped.summary()} (after fixing it, remove {verdicts_dir(paths.root)})",
+              file=sys.stderr, flush=True)
+        return False
     paths.make()
+    archive(paths.root)
     failure_path(paths).unlink(missing_ok=True)
     with open(paths.metrics, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(tag_record(sweep, p), sort_keys=True) + "\n")
     print(f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
           flush=True)
     try:
-        Trainer(validate(compose(p.overrides)), Path(p.run_dir)).fit()  # what `lmforge train` does
-    except Exception:  # noqa: BLE001  one point's failure must not stop the sweep; SystemExit (preemption) passes
+        with VerdictRecorder(paths.root) as verdict:  # what `lmforge train` does
+            trainer = Trainer(validate(compose(p.overrides)), Path(p.run_dir))
+            verdict.step = lambda: trainer.step
+            trainer.fit()
+    except (Exception, Diverged):  # noqa: BLE001  one point's failure must not stop the sweep; a preemption passes
         failure_path(paths).write_text(traceback.format_exc())
         print(f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}", file=sys.stderr,
               flush=True)

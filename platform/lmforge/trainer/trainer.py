@@ -59,6 +59,8 @@ from lmforge.trainer.optim import build_optimizer, lr_multiplier
 
 
 class Preempted(SystemExit):
+    verdict_kind = "preempted"  # lmforge.fault.verdict: retryable
+
     def __init__(self) -> None:
         super().__init__(preemption_exit_code())
 
