@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from lmforge.config.errors import ConfigError
+from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
 from lmforge.runtime.secrets import redact_text
 
@@ -169,6 +170,8 @@ def classify(exc: BaseException) -> Optional[tuple]:
             return VerdictKind.LAYOUT_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
         if key.split(".")[0] == "data":
             return VerdictKind.DATA_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
+        return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
+    if isinstance(exc, DeviceContractError):  # the job's environment cannot give it the devices it names
         return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return None
