@@ -46,11 +46,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2
 
+    from lmforge.checkpoint.safe_io import UnsafeCheckpointError
+
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def _app(cfg: DictConfig) -> None:
         try:
             run(cfg)
-        except ConfigError as e:
+        except (ConfigError, UnsafeCheckpointError) as e:  # bad input; a refused checkpoint file
             print(f"lmforge: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 
