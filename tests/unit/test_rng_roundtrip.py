@@ -56,5 +56,19 @@ def test_rng_state_round_trips_exactly_through_a_manager_checkpoint(tmp_path):
 
     # Stored as tensors (DCP), nothing pickled: every rng entry is a tensor in the index.
     rng = {k: v for k, v in tensor_metadata(path).items() if k.startswith("rng/")}
-    assert {k.split("/")[-1] for k in rng} >= {"python", "python_gauss", "numpy_keys", "numpy_pos", "torch_cpu"}
+    assert {k.split("/")[-1] for k in rng} >= {"python", "python_gauss", "numpy_keys", "numpy_pos", "numpy_gauss",
+                                                "torch_cpu"}
     assert all(isinstance(v, TensorStorageMetadata) for v in rng.values())
+
+
+def test_an_older_checkpoint_without_the_gaussian_caches_is_named_not_silently_half_restored(capsys):
+    from lmforge.checkpoint.rng import announce_missing, loadable_rng_state
+
+    old = ["rng/rank0/python", "rng/rank0/numpy_keys", "rng/rank0/numpy_pos", "rng/rank0/torch_cpu"]
+    state, missing = loadable_rng_state(0, old)
+    assert sorted(state) == sorted(old) and missing == ["rng/rank0/numpy_gauss", "rng/rank0/python_gauss"]
+    announce_missing("ckpt/step-00000001", missing)
+    assert capsys.readouterr().err.strip() == (
+        "lmforge: warning: checkpoint ckpt/step-00000001 has no rng/rank0/numpy_gauss, rng/rank0/python_gauss "
+        "(written by an older lmforge): those RNG states are not restored (cached Gaussians start empty)")
+    assert loadable_rng_state(0, old + missing)[1] == []  # a current checkpoint lacks nothing

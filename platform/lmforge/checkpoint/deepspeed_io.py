@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
 from lmforge.checkpoint.safe_io import DEEPSPEED_GLOBALS, load_dcp, tensor_metadata, weights_only_loads  # noqa: F401
 from lmforge.parallel.deepspeed_engine import DS_TAG  # the sub-directory holding DeepSpeed's files
 
@@ -75,6 +75,13 @@ def to_universal(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _restore_rng(path: Path) -> None:
+    state, missing = loadable_rng_state(_rank(), tensor_metadata(path))
+    announce_missing(path, missing)
+    load_dcp(state, path)
+    set_rng_state_tensors(state, _rank())
+
+
 def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
     """Load a DeepSpeed checkpoint into ``engine`` at any data-parallel size."""
     path = Path(path)
@@ -96,9 +103,7 @@ def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> No
             if _rank() == 0:
                 shutil.rmtree(universal, ignore_errors=True)
     if restore_rng and same_world:
-        state = rng_state_tensors(_rank())
-        load_dcp(state, path)
-        set_rng_state_tensors(state, _rank())
+        _restore_rng(path)
 
 
 def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
@@ -119,6 +124,4 @@ def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True
                            {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
                            steps.pop())
     if restore_rng and sidecar.get("world_size") == _world():
-        state = rng_state_tensors(_rank())
-        load_dcp(state, path)
-        set_rng_state_tensors(state, _rank())
+        _restore_rng(path)

@@ -37,7 +37,7 @@ from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, complete_check
                                        tmp_dir)
 from lmforge.checkpoint.retention import plan_retention
 from lmforge.checkpoint.safe_io import CheckpointException, UnsafeCheckpointError, load_dcp, read_json, tensor_metadata
-from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.checkpoint import CheckpointConfig
 
@@ -260,11 +260,13 @@ class CheckpointManager:
             return sidecar
         state = self.tensor_state(model, optimizer)
         check_model_fits(path, state["model"], partial=is_pipeline_stage(model))
-        rng_keys = [k for k in state if k.startswith("rng/")]
         same_world = sidecar.get("world_size") == _world()
-        if not (restore_rng and same_world):
-            for k in rng_keys:
-                state.pop(k)
+        for k in [k for k in state if k.startswith("rng/")]:
+            state.pop(k)
+        if restore_rng and same_world:
+            rng, missing = loadable_rng_state(_rank(), tensor_metadata(path))
+            announce_missing(path, missing)
+            state.update(rng)
         try:
             load_dcp(state, path)
         except UnsafeCheckpointError:
