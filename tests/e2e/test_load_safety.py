@@ -224,17 +224,21 @@ def test_negative_control_the_payloads_are_live_for_the_stock_readers(built, tmp
     assert (tmp_path / "M2").read_text() == "payload ran"
 
 
-def test_deepspeed_resume_refuses_a_planted_pt_file_through_the_cli(built, tmp_path):
-    """DeepSpeed's load_checkpoint calls torch.load(weights_only=False) itself: forced to weights_only, exit 2."""
-    ckpt = _copy(built, "ds", tmp_path / "run")
+@pytest.mark.parametrize("source,plant,named", [
+    ("ds", plant_torch_file(DS_MODEL), DS_MODEL),  # DeepSpeed's own load_checkpoint -> torch.load(weights_only=False)
+    ("native", plant_file(".metadata"), ".metadata"),  # the way back: a DeepSpeed run continuing a native checkpoint
+], ids=["deepspeed-files", "native-into-deepspeed"])
+def test_deepspeed_resume_refuses_a_planted_file_through_the_cli(source, plant, named, built, tmp_path):
+    """``lmforge train`` (DeepSpeed ZeRO-1, 1 rank) resuming the planted checkpoint: one line, exit 2, no marker."""
+    ckpt = _copy(built, source, tmp_path / "run")
     marker = tmp_path / "MARKER"
-    plant_torch_file(DS_MODEL)(ckpt, marker)
+    plant(ckpt, marker)
     proc = train(tmp_path, "resume", ["train.max_steps=2", f"train.resume={ckpt}"])
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not marker.exists()
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("lmforge: ")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"checkpoint file {ckpt / DS_MODEL}" in lines[0] and re.search(r"\bexec\b", lines[0]) and "Fix: " in lines[0]
+    assert f"checkpoint file {ckpt / named}" in lines[0] and re.search(r"\bexec\b", lines[0]) and "Fix: " in lines[0]
 
 
 def test_sweep_state_files_are_refused_without_running_anything(tmp_path, capsys):
