@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig
 
 from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
-from lmforge.config.errors import ConfigError
+from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.rundir import register_resolvers
 
@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def _app(cfg: DictConfig) -> None:
         try:
             run(cfg)
-        except (ConfigError, DeviceContractError) as e:
+        except (ActionableError, DeviceContractError) as e:  # bad input (config, a refused checkpoint file, ...)
             print(f"lmforge: {e}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 

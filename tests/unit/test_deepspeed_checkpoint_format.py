@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 
 import pytest
 import torch
@@ -22,12 +21,13 @@ def test_weights_only_loads_refuses_arbitrary_objects_and_allows_deepspeed_types
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
 
     from lmforge.checkpoint.deepspeed_io import weights_only_loads
+    from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 
     bad, good = tmp_path / "bad.pt", tmp_path / "good.pt"
     torch.save({"w": torch.ones(2), "evil": Exploit()}, bad)
     torch.save({"w": torch.ones(2), "loss_scaler": LossScaler(1.0)}, good)
     with weights_only_loads():
-        with pytest.raises(pickle.UnpicklingError):
+        with pytest.raises(UnsafeCheckpointError, match=rf"checkpoint file {bad}: refused: .*GLOBAL posix.system .*Fix: "):
             torch.load(bad, weights_only=False)  # DeepSpeed's own call style: overridden
         loaded = torch.load(good, weights_only=False)
     assert isinstance(loaded["loss_scaler"], LossScaler) and loaded["w"].sum() == 2

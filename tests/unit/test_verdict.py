@@ -11,6 +11,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.fault import verdict as V
 from lmforge.fault.hooks import Diverged
 from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 from lmforge.fault.retry import record
 
 
@@ -22,6 +23,7 @@ def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
         ConfigError("model.vocab_size", "too small"): ("config_error", 2),
         Diverged("training diverged: 2 skipped steps"): ("diverged", 45),
         DeviceContractError("rank 0 on node1: cluster h100_node wants cuda, torch has none"): ("config_error", 2),
+        UnsafeCheckpointError("ckpt/.metadata", "refused global os.system"): ("config_error", 2),
         ValueError("boom"): ("crash", 1),
     }
     for exc, (kind, code) in cases.items():

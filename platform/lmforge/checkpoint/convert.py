@@ -10,7 +10,9 @@ parameter, ``ds_to_universal``), then builds the single-device model and lmforge
 optimizer state by name and saves them exactly as ``CheckpointManager`` does; the per-rank RNG states and the
 sidecar (step, data position, W&B run id, scheduler) are carried over unchanged, so resuming the native run
 continues the same data stream and schedule. The result is committed atomically like any checkpoint.
-Every DeepSpeed file is read with ``deepspeed_io.weights_only_loads`` (no arbitrary unpickling).
+Every file is read through ``safe_io`` (no arbitrary unpickling): DeepSpeed's and the universal layout's ``.pt``
+files with ``weights_only_loads`` (tensors, primitives, DeepSpeed's three allow-listed types), the RNG tensors
+with ``load_dcp``, the sidecar as JSON. A refused file ends the command with one line and exit code 2.
 
 CLI: ``lmforge ckpt convert SRC DST --to native``.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,10 +29,10 @@ from typing import Callable, Dict
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 
 from lmforge.checkpoint import deepspeed_io
 from lmforge.checkpoint.layout import SIDECAR, step_dir, tmp_dir
+from lmforge.checkpoint.safe_io import UnsafeCheckpointError, load_dcp, read_json, tensor_metadata, weights_only_loads
 from lmforge.config.model import ModelConfig
 from lmforge.model.gpt import GPT
 
@@ -38,10 +41,10 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 def _rng_tensors(path: Path) -> Dict[str, torch.Tensor]:
     """Every rank's RNG tensors stored (as DCP) in checkpoint ``path``."""
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = tensor_metadata(path)
     state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items() if k.startswith("rng/")}
     if state:
-        dcp.load(state, checkpoint_id=str(path))
+        load_dcp(state, path, no_dist=True)
     return state
 
 
@@ -75,14 +78,14 @@ def deepspeed_to_native(src: Path, dst_root: Path,
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     src = Path(src)
-    sidecar = json.loads((src / SIDECAR).read_text())
+    sidecar = read_json(src / SIDECAR)
     if sidecar.get("format") != deepspeed_io.FORMAT:
         raise ValueError(f"{src} is not a DeepSpeed checkpoint (sidecar format {sidecar.get('format', 'dcp')!r})")
     model = _model_from_sidecar(sidecar)
     optimizer = build_optimizer(model)
     with tempfile.TemporaryDirectory(prefix="lmforge-universal-") as tmp:
         zero = deepspeed_io.to_universal(src, Path(tmp) / "u") / deepspeed_io.DS_TAG / "zero"
-        with deepspeed_io.weights_only_loads():
+        with weights_only_loads():
             step = None
             for name, p in model.named_parameters():
                 pdir = zero / name
@@ -103,7 +106,7 @@ def deepspeed_to_native(src: Path, dst_root: Path,
 
 def _param_file(path: Path) -> torch.Tensor:
     """One tensor of the universal layout (saved as a tensor or as {"param": tensor, ...})."""
-    value = torch.load(path, map_location="cpu")
+    value = torch.load(path, map_location="cpu")  # inside weights_only_loads (see deepspeed_to_native)
     return value["param"] if isinstance(value, dict) else value
 
 
@@ -136,11 +139,16 @@ def main(argv, build_optimizer_for: Callable[[nn.Module, dict], torch.optim.Opti
     if src is None:
         print(f"lmforge: {args.src} holds no complete checkpoint", flush=True)
         return 2
-    sidecar = json.loads((src / SIDECAR).read_text())
+    try:
+        sidecar = read_json(src / SIDECAR)
 
-    def factory(model: nn.Module) -> torch.optim.Optimizer:
-        return build_optimizer_for(model, sidecar["config"]["optim"])
+        def factory(model: nn.Module) -> torch.optim.Optimizer:
+            return build_optimizer_for(model, sidecar["config"]["optim"])
 
-    out = deepspeed_to_native(src, args.dst, factory)
+        out = deepspeed_to_native(src, args.dst, factory)
+    except (UnsafeCheckpointError, ValueError) as e:
+        print(f"lmforge ckpt convert: {e}", file=sys.stderr, flush=True)
+        return 2
     print(f"converted {src} ({sidecar.get('format', 'dcp')}) -> {out} (native)", flush=True)
     return 0
+

@@ -6,8 +6,9 @@ are DeepSpeed's own per-rank files under ``step-N/deepspeed/`` plus the per-rank
 ``step-N/``; the sidecar says ``"format": "deepspeed"`` and records the ZeRO stage and data-parallel size.
 
 DeepSpeed saves with ``torch.save`` and loads with ``torch.load(weights_only=False)``. Every load here runs
-inside ``weights_only_loads()``, which forces ``weights_only=True`` for every ``torch.load`` call and allows
-exactly the three non-tensor types DeepSpeed pickles (``ALLOWED_GLOBALS``); anything else fails the load.
+inside ``safe_io.weights_only_loads()``, which forces ``weights_only=True`` for every ``torch.load`` call and
+allows exactly the three non-tensor types DeepSpeed pickles (``safe_io.DEEPSPEED_GLOBALS``); anything else is
+refused (``UnsafeCheckpointError``). The RNG tensors and native checkpoints are read with ``safe_io.load_dcp``.
 
 Changing the data-parallel size on resume converts the checkpoint to DeepSpeed's universal layout
 (``ds_to_universal``, on rank 0, into a temporary directory beside it) and loads that.
@@ -15,53 +16,22 @@ Changing the data-parallel size on resume converts the checkpoint to DeepSpeed's
 from __future__ import annotations
 
 import contextlib
+import io
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.safe_io import DEEPSPEED_GLOBALS, load_dcp, tensor_metadata, weights_only_loads  # noqa: F401
 from lmforge.parallel.deepspeed_engine import DS_TAG  # the sub-directory holding DeepSpeed's files
 
 FORMAT = "deepspeed"
-# "module:qualname" of every non-tensor type DeepSpeed 0.19 pickles into its checkpoint files.
-ALLOWED_GLOBALS = (
-    "deepspeed.runtime.fp16.loss_scaler:LossScaler",  # ZeRO optimizer state: the (static) loss scaler
-    "deepspeed.utils.tensor_fragment:fragment_address",  # ZeRO-1/2 param_slice_mappings
-    "deepspeed.runtime.zero.config:ZeroStageEnum",  # the ZeRO stage recorded in optimizer state
-)
-
-
-def allowed_globals() -> List[Any]:
-    import importlib
-
-    out = []
-    for spec in ALLOWED_GLOBALS:
-        module, name = spec.split(":")
-        out.append(getattr(importlib.import_module(module), name))
-    return out
-
-
-@contextlib.contextmanager
-def weights_only_loads() -> Iterator[None]:
-    """Force ``weights_only=True`` on every ``torch.load`` (DeepSpeed passes False) with only
-    ``ALLOWED_GLOBALS`` added to torch's safe types."""
-    real_load = torch.load
-
-    def safe_load(*args, **kwargs):
-        kwargs["weights_only"] = True
-        return real_load(*args, **kwargs)
-
-    with torch.serialization.safe_globals(allowed_globals()):
-        torch.load = safe_load
-        try:
-            yield
-        finally:
-            torch.load = real_load
+ALLOWED_GLOBALS = DEEPSPEED_GLOBALS  # the exact types DeepSpeed pickles (kept in safe_io, the one reader)
 
 
 def _rank() -> int:
@@ -99,9 +69,17 @@ def to_universal(src: Path, dst: Path) -> Path:
     args = SimpleNamespace(input_folder=str(Path(src) / DS_TAG), output_folder=str(dst / DS_TAG),
                            num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
                            inject_missing_state=True)
-    with weights_only_loads(), contextlib.redirect_stdout(None):
+    sink = io.StringIO()  # its prints and progress bars; failures still raise
+    with weights_only_loads(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         ds_to_universal(args)
     return dst
+
+
+def _restore_rng(path: Path) -> None:
+    state, missing = loadable_rng_state(_rank(), tensor_metadata(path))
+    announce_missing(path, missing)
+    load_dcp(state, path)
+    set_rng_state_tensors(state, _rank())
 
 
 def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
@@ -125,24 +103,20 @@ def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> No
             if _rank() == 0:
                 shutil.rmtree(universal, ignore_errors=True)
     if restore_rng and same_world:
-        state = rng_state_tensors(_rank())
-        dcp.load(state, checkpoint_id=str(path))
-        set_rng_state_tensors(state, _rank())
+        _restore_rng(path)
 
 
 def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
     """Continue a DeepSpeed run from a native (DCP) checkpoint: every rank reads the full parameters and
     AdamW moments by name and keeps its ZeRO fragment (``DeepSpeedEngine.load_full_state``)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = tensor_metadata(path)
     names = [n for n, _ in engine.inner.named_parameters()]
     keys = [f"model.{n}" for n in names] + [f"optim.state.{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step")]
     missing = [k for k in keys if k not in meta]
     if missing:
         raise ValueError(f"native checkpoint {path} lacks {len(missing)} tensors this model needs, e.g. {missing[:3]}")
     flat = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype) for k in keys}
-    dcp.load(flat, checkpoint_id=str(path), no_dist=True)
+    load_dcp(flat, path, no_dist=True)
     steps = {int(float(flat[f"optim.state.{n}.step"])) for n in names}
     if len(steps) != 1:
         raise ValueError(f"native checkpoint {path}: AdamW step counts differ between parameters: {sorted(steps)}")
@@ -150,6 +124,4 @@ def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True
                            {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
                            steps.pop())
     if restore_rng and sidecar.get("world_size") == _world():
-        state = rng_state_tensors(_rank())
-        dcp.load(state, checkpoint_id=str(path))
-        set_rng_state_tensors(state, _rank())
+        _restore_rng(path)

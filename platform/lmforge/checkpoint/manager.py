@@ -2,7 +2,8 @@
 
 Tensors (model, optimizer, per-rank RNG states) go through DCP, which reshards between parallel layouts.
 Everything else (step, data position, scheduler, gradient scaler, config, W&B run id, counters) goes into
-the JSON sidecar ``state.json``. Nothing is unpickled on load: DCP reads tensors and the sidecar is JSON.
+the JSON sidecar ``state.json``. Nothing is unpickled on load: every file is read through ``safe_io`` (DCP
+tensors and allow-listed metadata types, the sidecar as JSON); a crafted file raises ``UnsafeCheckpointError``.
 
 A save writes into ``.tmp-step-N/``; only when every rank has finished writing (for an async save: when every
 rank's background write has completed) does rank 0 run the commit protocol (``checkpoint/commit.py``: files
@@ -36,8 +37,8 @@ from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
 from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, STEP_RE, aside_dir, complete_checkpoints, is_complete,
                                        latest, step_dir, step_of, tmp_dir)
 from lmforge.checkpoint.retention import plan_retention
-from lmforge.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner
-from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.safe_io import CheckpointException, UnsafeCheckpointError, load_dcp, read_json, tensor_metadata
+from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.checkpoint import CheckpointConfig
 
@@ -235,7 +236,7 @@ class CheckpointManager:
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
              restore_rng: bool = True) -> dict:
-        sidecar = json.loads((path / SIDECAR).read_text())
+        sidecar = read_json(path / SIDECAR)
         fmt = sidecar.get("format", "dcp")
         if self.deepspeed is None and fmt == deepspeed_io.FORMAT:
             raise CheckpointError(f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
@@ -247,14 +248,18 @@ class CheckpointManager:
             return sidecar
         state = self.tensor_state(model, optimizer)
         check_model_fits(path, state["model"], partial=is_pipeline_stage(model))
-        rng_keys = [k for k in state if k.startswith("rng/")]
         same_world = sidecar.get("world_size") == _world()
-        if not (restore_rng and same_world):
-            for k in rng_keys:
-                state.pop(k)
+        for k in [k for k in state if k.startswith("rng/")]:
+            state.pop(k)
+        if restore_rng and same_world:
+            rng, missing = loadable_rng_state(_rank(), tensor_metadata(path))
+            announce_missing(path, missing)
+            state.update(rng)
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
-        except Exception as e:  # DCP raises CheckpointException wrapping per-rank failures
+            load_dcp(state, path)
+        except UnsafeCheckpointError:
+            raise  # already one line naming the file, the reason and the fix
+        except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures
             raise CheckpointError(f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
                                   f"config the checkpoint was saved with, or start fresh (train.resume=none)") from None
         opts = StateDictOptions(strict=True)
@@ -300,7 +305,7 @@ def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = Fa
     """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes).
 
     ``partial``: the model is one pipeline stage, so checkpoint tensors of other stages are expected extras."""
-    meta = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = tensor_metadata(path)
     saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
     problems = []
     for name, tensor in model_state.items():

@@ -13,18 +13,16 @@ Reading goes through ``lmforge.checkpoint.safe_io`` (no arbitrary unpickling); o
 """
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lmforge.checkpoint.layout import COMPLETE, SIDECAR, latest
-from lmforge.checkpoint.safe_io import (SafeFileSystemReader, UnsafeCheckpointError,  # noqa: F401 (re-export)
+from lmforge.checkpoint.safe_io import (CheckpointException, UnsafeCheckpointError, load_dcp, read_json,  # noqa: F401
                                         read_metadata_safely)
 from lmforge.config.model import ModelConfig
 
@@ -49,7 +47,7 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def read_sidecar(ckpt: Path) -> dict:
-    return json.loads((Path(ckpt) / SIDECAR).read_text())
+    return read_json(Path(ckpt) / SIDECAR)
 
 
 def model_config_from_dict(d: Dict[str, Any], where: str) -> ModelConfig:
@@ -112,7 +110,7 @@ def load_full_model_state(ckpt: Path, dtype: Optional[torch.dtype] = None) -> Tu
     state = {n: torch.empty(expected[n], dtype=saved[n].properties.dtype) for n in expected}
     with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(ckpt)), no_dist=True)
+        load_dcp({"model": state}, ckpt, no_dist=True)
     if dtype is not None:
         state = {n: t.to(dtype) for n, t in state.items()}
     return cfg, state
@@ -143,7 +141,7 @@ def load_model_weights(path: Path, model: torch.nn.Module, cfg: ModelConfig, key
     try:
         ckpt = resolve_checkpoint(Path(path))
         saved_cfg = checkpoint_model_config(ckpt)
-    except (WeightsError, FileNotFoundError) as e:
+    except (WeightsError, FileNotFoundError, UnsafeCheckpointError) as e:
         raise ConfigError(key, str(e)) from None
     ours, theirs = _shape_facts(cfg), _shape_facts(saved_cfg)
     diff = [f"model.{k}: checkpoint {theirs[k]!r}, this run {ours[k]!r}" for k in SHAPE_KEYS if ours[k] != theirs[k]]
@@ -152,8 +150,10 @@ def load_model_weights(path: Path, model: torch.nn.Module, cfg: ModelConfig, key
                           "use the model config it was saved with (e.g. the exp written by `lmforge import hf`)")
     msd, _ = get_state_dict(model, [])
     try:
-        dcp.load({"model": msd}, storage_reader=SafeFileSystemReader(str(ckpt)))
-    except Exception as e:  # DCP wraps per-rank failures in its own exception types
+        load_dcp({"model": msd}, ckpt)
+    except UnsafeCheckpointError as e:
+        raise ConfigError(key, str(e)) from None
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures (a BaseException)
         raise ConfigError(key, f"could not load the model tensors of {ckpt}: {str(e).splitlines()[0][:500]}") from None
     set_state_dict(model, [], model_state_dict=msd, optim_state_dict={}, options=StateDictOptions(strict=True))
     return ckpt

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from lmforge.config.errors import ConfigError
+from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
 from lmforge.runtime.secrets import redact_text
@@ -171,7 +171,9 @@ def classify(exc: BaseException) -> Optional[tuple]:
         if key.split(".")[0] == "data":
             return VerdictKind.DATA_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
         return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
-    if isinstance(exc, DeviceContractError):  # the job's environment cannot give it the devices it names
+    # any other actionable refusal (a checkpoint file refused as unsafe, ...) and an environment that cannot give
+    # the job the devices it names: the same input fails the same way on every attempt
+    if isinstance(exc, (ActionableError, DeviceContractError)):
         return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return None

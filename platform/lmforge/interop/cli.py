@@ -24,6 +24,7 @@ def export_main(argv: Sequence[str]) -> int:
     hf.add_argument("--no-tokenizer", action="store_true", help="write weights and configs only")
     hf.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
     args = p.parse_args(list(argv))
+    from lmforge.checkpoint.safe_io import UnsafeCheckpointError
     from lmforge.checkpoint.weights import WeightsError
     from lmforge.interop.export import export_hf
     from lmforge.interop.mapping import InteropError
@@ -31,7 +32,7 @@ def export_main(argv: Sequence[str]) -> int:
     try:
         res = export_hf(args.source, args.out_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
                         tokenizer=args.tokenizer, with_tokenizer=not args.no_tokenizer, force=args.force)
-    except (InteropError, WeightsError, FileNotFoundError) as e:
+    except (InteropError, WeightsError, UnsafeCheckpointError, FileNotFoundError) as e:
         return _fail("export", e)
     print(f"exported {res.checkpoint} as {res.architecture} to {res.out_dir}: {', '.join(res.files)}")
     for note in res.notes:

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.data import write_csv
+from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import Point, Sweep
 from lmforge.scaling.runner import DONE, point_status
 
@@ -31,7 +32,12 @@ def read_metrics(path: Path) -> List[dict]:
     records = []
     if not path.exists():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ScalingError(str(path), "is not JSON lines text (binary content is never read as metrics)",
+                           "re-run the point, or remove the file") from None
+    for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
@@ -52,9 +58,15 @@ def _float(v) -> float:
 def source_weights(paths: RunPaths) -> Dict[str, float]:
     if not paths.config.exists():
         return {}
+    import yaml
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(paths.config), resolve=False)
+    try:  # OmegaConf's loader is yaml's SafeLoader: a python/object tag is refused, never constructed
+        cfg = OmegaConf.to_container(OmegaConf.load(paths.config), resolve=False)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ScalingError(str(paths.config), f"is not a plain YAML run config ({first})",
+                           "restore it from the run, or re-run the point") from None
     sources = (cfg.get("data") or {}).get("sources") or {}
     raw = {k: float(v.get("weight", 1.0)) for k, v in sources.items()}
     total = sum(raw.values()) or 1.0

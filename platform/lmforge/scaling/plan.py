@@ -294,7 +294,12 @@ def load_sweep(path: Path) -> Sweep:
         path = path / SWEEP_FILE
     if not path.is_file():
         raise ScalingError(str(path), "no sweep file here", "run `lmforge sweep plan ... --out DIR` first")
-    return Sweep.from_json(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:  # a sweep file is JSON, never unpickled
+        raise ScalingError(str(path), f"is not a JSON sweep plan ({type(e).__name__})",
+                           "re-plan it with `lmforge sweep plan ... --out DIR`") from None
+    return Sweep.from_json(data)
 
 
 def summary_table(sweep: Sweep) -> str:
