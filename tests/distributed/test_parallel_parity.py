@@ -209,13 +209,15 @@ def four_rank_runs(parity_samples) -> List[dict]:
              "pp2_dp2_ac": {"overrides": ["parallelism=pp2_dp2", "parallelism.activation_checkpointing=full"]},
              "tp2_pp2": {"overrides": ["parallelism=tp2_pp2"]},
              "hsdp": {"overrides": ["parallelism=hsdp"]},
+             "hsdp_deferred": {"overrides": ["parallelism=hsdp", "parallelism.fsdp_grad_sync=last_microbatch",
+                                             "train.micro_batch_size=1"], "count_reduce_scatters": True},
              # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
              "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0}}
     return _run(4, cases, parity_samples, timeout=300)
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp"])
+@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
     runs = four_rank_runs
     assert_parity(case, runs, reference)
@@ -234,6 +236,8 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
             c = out[case]["coords"]
             assert out[case]["params"][f"layers.{2 * c['pp']}.attention.wq.weight"]["placements"] == ["S(0)"]
     else:  # HSDP: sharded inside a dp_shard group, replicated across dp_replicate groups
+        if case == "hsdp_deferred":  # 2 micro batches of 1: one reduce-scatter per FSDP group and step
+            assert all(out[case]["micro_batches"] == 2 and out[case]["reduce_scatters"] == [5] * STEPS for out in runs)
         p = placement(runs, case, WQ, rank=3)
         assert p["mesh"] == ["dp_replicate", "dp_shard"] and p["placements"] == ["R", "S(0)"] and p["local"] == [32, 64]
 
