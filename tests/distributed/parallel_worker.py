@@ -8,6 +8,7 @@ local/global shapes, for the test process to compare with the single-process run
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -77,8 +78,36 @@ def describe_params(module: torch.nn.Module) -> Dict[str, dict]:
     return out
 
 
+@contextlib.contextmanager
+def counting_collective(op: str, counts: List[int]):
+    """Profile the block and append how many c10d ``op`` calls it dispatched (real collectives) to ``counts``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield
+    counts.append(sum(1 for e in prof.events() if e.name == op))
+
+
+def unsharded_grad_bytes(parts) -> int:
+    """Bytes of full (unsharded) gradients FSDP2 holds right now: zero between micro batches when it reduces
+    per micro batch, every block's when it defers."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    total = 0
+    for part in parts:
+        for module in part.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            for group in fully_shard.state(module)._fsdp_param_groups:
+                for fp in group.fsdp_params:
+                    unsharded = getattr(fp, "_unsharded_param", None)
+                    for g in (getattr(fp, "unsharded_accumulated_grad", None),
+                              unsharded.grad if unsharded is not None else None):
+                        if g is not None:
+                            total += g.numel() * g.element_size()
+    return total
+
+
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
-             save_to: Optional[str] = None) -> dict:
+             save_to: Optional[str] = None, count_reduce_scatters: bool = False) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
 
@@ -89,10 +118,21 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
         engine.manual_grad_sync = False
     data = FixedSamples(samples)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
-    losses, norms = [], []
+    losses, norms, reduce_scatters, held_grad_bytes = [], [], [], []
+    if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
+        def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
+            held_grad_bytes.append(unsharded_grad_bytes(engine.parts))
+            return grad_sync(last)
+
+        engine._grad_sync = probed_grad_sync
     engine.train()
     for _ in range(steps):
-        result = engine.train_step(stream.step_batches(), LR)
+        batches = stream.step_batches()
+        if count_reduce_scatters:  # FSDP2's gradient reduce-scatters (gloo runs them as all-reduces)
+            with counting_collective("c10d::_reduce_scatter_base_", reduce_scatters):
+                result = engine.train_step(batches, LR)
+        else:
+            result = engine.train_step(batches, LR)
         losses.append(float(result.loss))
         norms.append(float(result.grad_norm))
     engine.eval()
@@ -101,7 +141,9 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     engine.train()
     out = {"losses": losses, "grad_norms": norms, "consumed": data.consumed, "eval_loss": eval_loss,
            "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
-           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")}}
+           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")},
+           "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
+           "held_grad_bytes": held_grad_bytes}
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig
@@ -113,9 +155,10 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
 
 
 def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> Dict[str, dict]:
-    """Several layouts, one after another, in one launch (each builds its own mesh on the same world)."""
+    """Several layouts, one after another, in one launch (each builds its own mesh on the same world);
+    a case may set its own ``steps`` (0: evaluate the initial weights only)."""
     init_world()
-    return {name: run_case(samples=samples, steps=steps, **case) for name, case in cases.items()}
+    return {name: run_case(samples=samples, **{"steps": steps, **case}) for name, case in cases.items()}
 
 
 def resume_case(overrides: List[str], samples: List[List[int]], steps: int, checkpoint: str) -> dict:

@@ -44,7 +44,7 @@ def test_single_process_steps_make_no_host_sync(tmp_path, data_cache, monkeypatc
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout", ["ddp", "fsdp", "tp2", "pp2", "ddp+async_ckpt"])
+@pytest.mark.parametrize("layout", ["ddp", "fsdp", "tp2", "pp2", "ddp+async_ckpt", "fsdp+deferred"])
 def test_two_rank_steps_make_no_host_sync(tmp_path, data_cache, layout):
     extra = [f"parallelism={layout.split('+')[0]}", "comm=cpu_gloo"]
     quiet = QUIET
@@ -52,6 +52,8 @@ def test_two_rank_steps_make_no_host_sync(tmp_path, data_cache, layout):
         extra += ["checkpoint.enabled=true", "checkpoint.async_mode=thread", "checkpoint.every_steps=3",
                   "checkpoint.save_final=false"]
         quiet = QUIET - {"3", "6"}  # the save itself stages tensors; the polls after it must not stall
+    if layout.endswith("deferred"):  # 2 micro batches per step, FSDP's reduce-scatter only after the last one
+        extra += ["parallelism.fsdp_grad_sync=last_microbatch", "train.micro_batch_size=1"]
     ranks = run_ranks("sync_probe:syncs_per_step", 2,
                       {"overrides": overrides(tmp_path, layout, extra), "run_dir": str(tmp_path / layout)},
                       timeout=240, env={"LMFORGE_DATA_CACHE": str(data_cache)})

@@ -48,6 +48,10 @@ def test_3d_preset_needs_eight_ranks():
      "torch.compile of tensor-parallel blocks fails in the first backward"),
     (["parallelism=tp2", "model.n_kv_heads=1"], "parallelism.tp",
      "n_heads (4) and n_kv_heads (1) must both be divisible by tp (2)"),
+    (["parallelism=fsdp", "parallelism.fsdp_grad_sync=every_micro"],
+     "parallelism.fsdp_grad_sync", "'every_micro' is not one of auto, every_microbatch, last_microbatch"),
+    (["parallelism=ddp", "parallelism.fsdp_grad_sync=every_microbatch"], "parallelism.fsdp_grad_sync",
+     "every_microbatch is not possible here: only FSDP (dp_shard > 1) can reduce per micro batch"),
 ])
 def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
     with pytest.raises(ConfigError) as err:
@@ -55,6 +59,20 @@ def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
     assert err.value.key == key
     assert text in str(err.value)
     assert err.value.fix
+
+
+def test_fsdp_grad_sync_modes_resolve_per_layout():
+    from lmforge.config.parallelism import fsdp_grad_sync_mode
+
+    assert fsdp_grad_sync_mode(check(["parallelism=fsdp"], 2).parallelism) == "every_microbatch"
+    assert fsdp_grad_sync_mode(check(["parallelism=fsdp", "parallelism.fsdp_grad_sync=last_microbatch"],
+                                     2).parallelism) == "last_microbatch"
+    # Pipeline schedules reduce once per step (torch.distributed.pipelining); DDP uses no_sync.
+    assert fsdp_grad_sync_mode(check(["parallelism=pp2_dp2"], 4).parallelism) == "last_microbatch"
+    assert fsdp_grad_sync_mode(check(["parallelism=ddp"], 2).parallelism) == "last_microbatch"
+    with pytest.raises(ConfigError, match="pipeline schedules reduce FSDP gradients once per step") as err:
+        check(["parallelism=pp2_dp2", "parallelism.fsdp_grad_sync=every_microbatch"], 4)
+    assert err.value.fix == "set parallelism.fsdp_grad_sync=auto (or last_microbatch)"
 
 
 @pytest.mark.parametrize("schedule,virtual,expected", [

@@ -219,3 +219,23 @@ def test_make_plan_on_cpu_uses_host_memory():
     plan = make_plan(cfg, 1, peak=0.3)
     assert plan.device_kind == "cpu" and plan.precision == "fp32" and plan.fits
     assert plan.usable_memory == plan.device_memory > 1 * GIB
+
+
+def test_deferred_fsdp_grad_sync_counts_every_blocks_unsharded_gradient():
+    """last_microbatch keeps each block's full gradient (reduce dtype) between micro batches; per micro batch,
+    two blocks' are in flight plus the root's. One micro batch per step defers nothing."""
+    from lmforge.config.validate import check_batch
+    from lmforge.parallel.memory_estimate import estimate_memory
+
+    def est(*extra):
+        cfg = validate(compose(G1 + ["train.micro_batch_size=4", "parallelism.reduce_dtype=bf16", *extra]),
+                       world_size=8)
+        return estimate_memory(cfg, check_batch(cfg), "bf16-mixed")
+
+    every, last = est(), est("parallelism.fsdp_grad_sync=last_microbatch")
+    st = every.state
+    assert every.fsdp_unsharded_grads == (2 * st.max_layer_numel + st.root_numel_unsharded) * 2
+    assert last.fsdp_unsharded_grads == st.stage_numel_unsharded * 2
+    assert last.total - every.total == last.fsdp_unsharded_grads - every.fsdp_unsharded_grads > 0
+    one = est("parallelism.fsdp_grad_sync=last_microbatch", "train.global_batch_size=32")  # 32 = 4 x 8 ranks
+    assert one.fsdp_unsharded_grads == every.fsdp_unsharded_grads

@@ -25,9 +25,27 @@ class ParallelismConfig:
     reduce_dtype: str = "fp32"
     # Overlap gradient reduction with backward (DDP bucketing / FSDP prefetch).
     overlap_grad_reduce: bool = True
+    # FSDP2 gradient reduction under gradient accumulation (see fsdp_grad_sync_mode):
+    # every_microbatch: reduce-scatter after each micro batch's backward (least memory);
+    # last_microbatch: keep unsharded gradients until the last micro batch, then one reduce-scatter
+    # (1/grad_accum of the communication, unsharded gradients of every block held between micro batches);
+    # auto: every_microbatch for FSDP without pipelining, last_microbatch otherwise.
+    fsdp_grad_sync: str = "auto"
     ddp_bucket_cap_mb: int = 25
     # DeepSpeed engine only.
     zero_stage: int = 0
     offload_optimizer: str = "none"  # none | cpu
     offload_params: str = "none"  # none | cpu
     deepspeed_config: str = ""  # optional user JSON merged over the generated config (conflicts are errors)
+
+
+def fsdp_grad_sync_mode(p: ParallelismConfig) -> str:
+    """``every_microbatch`` or ``last_microbatch``: when data-parallel gradients are reduced under accumulation.
+
+    Only FSDP2 without pipelining can reduce on every micro batch; DDP (``no_sync``), the manual all-reduce and
+    the pipeline schedules (``torch.distributed.pipelining`` turns FSDP gradient sync off until the last
+    microbatch) always reduce once per step. ``config/validate.py`` refuses ``every_microbatch`` elsewhere.
+    """
+    if p.fsdp_grad_sync != "auto":
+        return p.fsdp_grad_sync
+    return "every_microbatch" if p.dp_shard > 1 and p.pp == 1 else "last_microbatch"

@@ -29,6 +29,7 @@ CHOICES = {
     "parallelism.activation_checkpointing": ("none", "full", "selective"),
     "parallelism.param_dtype": ("fp32", "bf16"),
     "parallelism.reduce_dtype": ("fp32", "bf16"),
+    "parallelism.fsdp_grad_sync": ("auto", "every_microbatch", "last_microbatch"),
     "parallelism.offload_optimizer": ("none", "cpu"),
     "parallelism.offload_params": ("none", "cpu"),
     "comm.backend": ("auto", "nccl", "gloo"),
@@ -187,6 +188,11 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
                           "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
                           "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
                           "set parallelism.compile=false for tp > 1")
+    if p.fsdp_grad_sync == "every_microbatch" and (p.dp_shard == 1 or p.pp > 1):
+        why = ("pipeline schedules reduce FSDP gradients once per step, after the last microbatch" if p.pp > 1
+               else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step")
+        raise ConfigError("parallelism.fsdp_grad_sync", f"every_microbatch is not possible here: {why}",
+                          "set parallelism.fsdp_grad_sync=auto (or last_microbatch)")
     if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
         raise ConfigError("parallelism.engine", "the deepspeed engine shards with ZeRO over dp_replicate only",
                           "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size")

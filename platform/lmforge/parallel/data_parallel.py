@@ -1,5 +1,8 @@
 """Data parallelism: FSDP2 (``fully_shard``) for dp_shard > 1, DDP for pure replication.
 
+Under gradient accumulation FSDP2 reduce-scatters after every micro batch's backward, or, with
+``parallelism.fsdp_grad_sync=last_microbatch``, keeps unsharded gradients until the last micro batch
+(``set_fsdp_gradient_sync``); DDP always defers (``no_sync``).
 Gradient reduction overlaps backward by default (DDP buckets of ``ddp_bucket_cap_mb``; FSDP2 prefetches
 and reduce-scatters per block). With ``overlap_grad_reduce=false`` DDP is replaced by one all-reduce of
 every gradient after backward, the no-overlap baseline the overlap benchmark compares against. Pure
@@ -27,6 +30,15 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> No
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
     # The root holds embeddings, final norm and output; keep them gathered after forward (used at once by backward).
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
+
+
+def set_fsdp_gradient_sync(parts, enabled: bool) -> None:
+    """Turn FSDP2's reduce-scatter (and HSDP all-reduce) after backward on or off for every FSDP module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for part in parts:
+        if isinstance(part, FSDPModule):
+            part.set_requires_gradient_sync(enabled, recurse=True)
 
 
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.Module:

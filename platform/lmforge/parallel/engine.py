@@ -14,9 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT, cross_entropy_loss
-from lmforge.parallel.data_parallel import allreduce_gradients
+from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
 from lmforge.parallel.parallelize import materialize, parallelize_parts, uses_manual_allreduce, wrap_data_parallel
@@ -93,9 +94,11 @@ class NativeEngine:
             from lmforge.config.validate import pipeline_microbatches
             from lmforge.parallel.pipeline import PipelineRunner
 
-            sp_div = self.dims.tp if cfg.parallelism.sequence_parallel else 1
             self.pipeline = PipelineRunner(par.parts, par.stage_plan, self.mesh["pp"], device, cfg.parallelism,
-                                           pipeline_microbatches(cfg), param_dtype, sp_div)
+                                           pipeline_microbatches(cfg))
+        # FSDP without pipelining, deferring: no reduce-scatter until the last micro batch's backward.
+        self.defer_fsdp_sync = (self.dims.dp_shard > 1 and self.pipeline is None
+                                and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch")
 
     @property
     def dp_rank(self) -> int:
@@ -105,7 +108,11 @@ class NativeEngine:
     def dp_size(self) -> int:
         return self.dims.dp
 
-    def _no_sync(self, last: bool):
+    def _grad_sync(self, last: bool):
+        """Gradient reduction for one micro batch's backward: only on the last one when deferring."""
+        if self.defer_fsdp_sync:
+            set_fsdp_gradient_sync(self.parts, enabled=last)
+            return contextlib.nullcontext()
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
@@ -126,7 +133,7 @@ class NativeEngine:
             n = len(micro_batches)
             total = torch.zeros((), device=self.device)
             for j, mb in enumerate(micro_batches):
-                with self._no_sync(last=j == n - 1):
+                with self._grad_sync(last=j == n - 1):
                     loss = self.forward_loss(mb.tokens, mb.targets) / n
                     loss.backward()
                 total += loss.detach()

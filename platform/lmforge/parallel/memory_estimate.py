@@ -34,7 +34,9 @@ for Interleaved1F1B (Narayanan et al., 2021).
 FSDP2 working memory: with ``reshard_after_forward`` two blocks' parameters are gathered at a time
 (current + prefetched) and two blocks' unsharded gradients wait for reduce-scatter; without it every
 block stays gathered from forward to backward. The root module (embedding, final norm, output) stays
-gathered. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) and more than one micro batch,
+every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
+reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from typing import Dict, List, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
+from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import ffn_hidden_dim, kv_heads
 
@@ -279,6 +282,7 @@ class MemoryEstimate:
     transient: int  # logits at the end of forward, DDP flat buffer without overlap
     dtypes: Dtypes
     per_stage_total: Dict[int, int] = field(default_factory=dict)
+    fsdp_unsharded_grads: int = 0  # the part of fsdp_buffers holding unsharded gradients before reduce-scatter
 
     @property
     def total(self) -> int:
@@ -300,16 +304,21 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
-    fsdp = 0
+    fsdp = fsdp_grads = 0
     if p.dp_shard > 1:
         gathered = 2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
-        fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param \
-            + (2 * st.max_layer_numel + st.root_numel_unsharded) * dt.fsdp_reduce
+        unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
+        accumulated = n_micro if p.pp > 1 else plan.grad_accum
+        if fsdp_grad_sync_mode(p) == "last_microbatch" and accumulated > 1:
+            unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
+        fsdp_grads = unsharded_grads * dt.fsdp_reduce
+        fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param + fsdp_grads
     autocast = st.matmul_numel_unsharded * 2 if precision == "bf16-mixed" and not (p.dp_shard > 1 and p.param_dtype == "bf16") else 0
     transient = shape.tokens * m.vocab_size * dt.compute // p.tp if st.last else 0
     if p.dp_replicate > 1 and p.dp_shard == 1 and not p.overlap_grad_reduce:
         transient += st.grads  # the flat all-reduce buffer
-    return MemoryEstimate(pp_rank, st, by_mode[p.activation_checkpointing], by_mode, fsdp, autocast, transient, dt)
+    return MemoryEstimate(pp_rank, st, by_mode[p.activation_checkpointing], by_mode, fsdp, autocast, transient, dt,
+                          fsdp_unsharded_grads=fsdp_grads)
 
 
 def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:

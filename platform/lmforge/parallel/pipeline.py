@@ -15,6 +15,10 @@ stages. That module owns the parameters (optimizer, checkpoints, gradient clippi
 
 Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage and scales gradients by the
 number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
+With FSDP the schedule turns gradient sync off until the last microbatch (one reduce-scatter per step).
+
+Evaluation. Forward only, stage by stage with point-to-point sends; each send carries a header with the
+activation's dtype and shape, so the receiving stage never assumes the training dtype.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from lmforge.model.gpt import GPT, cross_entropy_loss
 
 V_SCHEDULES = ("ZBVZeroBubble",)
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+# Activation dtypes a stage can emit, by index in the evaluation header.
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -124,7 +130,7 @@ class PipelineRunner:
     """Runs one training step (the schedule) or a forward-only evaluation across the pipeline ranks."""
 
     def __init__(self, shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
-                 cfg: ParallelismConfig, n_microbatches: int, hidden_dtype: torch.dtype, hidden_seq_divisor: int):
+                 cfg: ParallelismConfig, n_microbatches: int):
         self.shells = shells
         self.plan = plan
         self.pp_mesh = pp_mesh
@@ -133,8 +139,6 @@ class PipelineRunner:
         self.device = device
         self.n_microbatches = n_microbatches
         self.schedule = build_schedule(shells, plan, pp_mesh, device, cfg, n_microbatches)
-        self.hidden_dtype = hidden_dtype
-        self.hidden_seq_divisor = hidden_seq_divisor  # tp under sequence parallelism: stages exchange T/tp
 
     @property
     def has_first(self) -> bool:
@@ -161,13 +165,27 @@ class PipelineRunner:
             else torch.zeros((), device=self.device)
         return self.broadcast_from_last(loss)
 
+    def send_activation(self, h: torch.Tensor, dst: int) -> None:
+        """Send a stage's output with a header (dtype, shape), so the receiver allocates exactly what was
+        computed: bf16 under FSDP ``param_dtype=bf16`` or ``precision=bf16``, fp32 residuals under
+        ``bf16-mixed``, ``T/tp`` positions under sequence parallelism."""
+        header = torch.tensor([ACTIVATION_DTYPES.index(h.dtype), *h.shape], dtype=torch.int64, device=self.device)
+        dist.send(header, dst=self._global(dst), group=self.group)
+        dist.send(h.contiguous(), dst=self._global(dst), group=self.group)
+
+    def recv_activation(self, src: int) -> torch.Tensor:
+        header = torch.empty(4, dtype=torch.int64, device=self.device)
+        dist.recv(header, src=self._global(src), group=self.group)
+        code, *shape = header.tolist()
+        h = torch.empty(shape, dtype=ACTIVATION_DTYPES[code], device=self.device)
+        dist.recv(h, src=self._global(src), group=self.group)
+        return h
+
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
         h: Optional[torch.Tensor] = tokens
         by_index = {shell.stage_index: shell for shell in self.shells}
-        bsz, seqlen = tokens.shape
-        shape = (bsz, seqlen // self.hidden_seq_divisor, self.shells[0].cfg.d_model)
         loss = torch.zeros((), device=self.device)
         for s in range(self.plan.n_stages):
             owner = self.plan.stage_to_rank[s]
@@ -176,13 +194,12 @@ class PipelineRunner:
             if s > 0:
                 prev = self.plan.stage_to_rank[s - 1]
                 if prev != self.pp_rank:
-                    h = torch.empty(shape, dtype=self.hidden_dtype, device=self.device)
-                    dist.recv(h, src=self._global(prev), group=self.group)
+                    h = self.recv_activation(prev)
             h = by_index[s](h)
             if s == self.plan.n_stages - 1:
                 loss = cross_entropy_loss(h, targets).float()
             else:
                 nxt = self.plan.stage_to_rank[s + 1]
                 if nxt != self.pp_rank:
-                    dist.send(h.contiguous(), dst=self._global(nxt), group=self.group)
+                    self.send_activation(h, nxt)
         return self.broadcast_from_last(loss)
