@@ -10,8 +10,8 @@ world size the command starts:
     lmforge train / python -m lmforge.train      1 process
     torchrun --nnodes=N --nproc_per_node=P       N * P
     lmforge launch --nproc P                     P (default cluster.gpus_per_node, as the launcher does)
-    lmforge launch --slurm [--nodes N]           (N or cluster.nodes) * cluster.gpus_per_node
-    sbatch [--nodes=N] slurm/train.sh            (N or cluster.nodes) * cluster.gpus_per_node
+    lmforge launch --slurm [--nodes N]           (N or cluster.nodes) * cluster.gpus_per_node; N sets cluster.nodes
+    sbatch [--nodes=N] slurm/train.sh            the same (the prepare step's SLURM_NNODES -> cluster.nodes)
     lmforge plan                                 cluster.nodes * cluster.gpus_per_node (as plan_cli does)
 
 Templates with placeholders (``<overrides>``, ``...``, ``[more overrides]``, ``+exp=NAME``) are left out.
@@ -124,7 +124,14 @@ def world_size(cmd: DocCommand, cfg) -> int:
 
 
 def check_command(cmd: DocCommand) -> None:
-    cfg = compose(cmd.overrides)
+    overrides = list(cmd.overrides)
+    if cmd.processes is None and cmd.nodes is not None:
+        # A Slurm job's node count feeds cluster.nodes in the batch script's prepare step, as here.
+        from lmforge.launch.allocation import nodes_override
+
+        extra = nodes_override(overrides, {"SLURM_NNODES": str(cmd.nodes)})
+        overrides += [extra] if extra else []
+    cfg = compose(overrides)
     validate(cfg, world_size=world_size(cmd, cfg))
 
 
@@ -158,7 +165,7 @@ def test_negative_control_the_old_3d_example_fails():
     assert cmd.processes == 8
     with pytest.raises(ConfigError, match=r"dp_replicate\*dp_shard\*tp\*pp = 1\*8\*2\*2 = 32 but the job has world size 8"):
         check_command(cmd)
-    # Slurm: --nodes without cluster.nodes leaves gpt_1b's dp_replicate at 1 (8 ranks on 32 devices).
-    cmd = parse_command("old", "lmforge launch --slurm --nodes 4 +exp=gpt_1b")
-    with pytest.raises(ConfigError, match="= 8 but the job has world size 32"):
+    # Slurm: the allocation's node count is the one source of truth; a different explicit cluster.nodes is refused.
+    cmd = parse_command("old", "sbatch --nodes=4 slurm/train.sh +exp=gpt_1b cluster.nodes=2")
+    with pytest.raises(ConfigError, match=r"is 2 on the command line but the job has 4 nodes \(SLURM_NNODES\)"):
         check_command(cmd)
