@@ -53,7 +53,8 @@ INVALID = {
     "unknown_device": (
         G1 + ["cluster.device=tpu"],
         "config key 'cluster.device': no memory size known for device 'tpu'. Fix: set cluster.device_memory_gib, "
-        "or one of: a100, a10g, b200, h100, h200, l40s, mi300x, cpu"),
+        "or one of: a100, a100_40gb, a100_80gb, b200, h100, h100_nvl, h100_pcie, h100_sxm, h200, h200_nvl, l40s, "
+        "mi300x, cpu"),
     "assumed_mfu": (
         G1 + ["cluster.assumed_mfu=1.5"],
         "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4"),
@@ -79,8 +80,8 @@ OUT_OF_MEMORY = {
         "(parameters+gradients+optimizer 100.4 GiB, activations 3.4 GiB). Fix: parallelism.dp_shard=32 "
         "parallelism.dp_replicate=1 (24.3 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.8 GiB)"),
     "small_device_fix_tp": (
-        G7 + ["cluster.nodes=1", "cluster.device=a10g", "parallelism.dp_shard=8"],
-        "config key 'parallelism': estimated 55.7 GiB per device exceeds the 20.8 GiB usable of 24 GiB on a10g "
+        G7 + ["cluster.nodes=1", "cluster.device=l40s", "cluster.device_memory_gib=24", "parallelism.dp_shard=8"],
+        "config key 'parallelism': estimated 55.7 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
         "(parameters+gradients+optimizer 12.6 GiB, activations 25.4 GiB). Fix: parallelism.tp=4 "
         "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (20.1 GiB) or parallelism.tp=8 "
         "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (17.2 GiB)"),
