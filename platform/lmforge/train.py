@@ -21,6 +21,9 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     from lmforge.config.validate import validate
 
     typed = validate(cfg)
+    from lmforge.data.epochs import check_run
+
+    check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 

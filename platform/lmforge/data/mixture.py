@@ -28,6 +28,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.train import TrainConfig
 from lmforge.data import index_cache
 from lmforge.data.checks import check_shard, check_splits, normalise_weights, split_string
+from lmforge.data.epochs import check_epochs
 from lmforge.data.prepare import prepare
 from lmforge.data.tokenizer import Tokenizer
 
@@ -148,6 +149,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
     for shard in shards:
         check_splits(shard, cfg.valid_fraction, seq_len)
+    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, dict(zip(names, prefixes)))
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)
