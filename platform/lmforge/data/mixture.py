@@ -132,8 +132,11 @@ def _rank() -> int:
 
 
 def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
-                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None) -> Mixture:
-    """Check every source, then build (or load from the cache) the train passes and per-source valid sets."""
+                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None,
+                  guard: bool = True) -> Mixture:
+    """Check every source, then build (or load from the cache) the train passes and per-source valid sets.
+
+    ``guard=False``: the caller holds the index lock already (``index_cache.build_for``)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
@@ -169,7 +172,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     total = max(num_train_samples, total_train_samples or num_train_samples)
     n_passes = math.ceil(total / num_train_samples)
     passes = []
-    with index_cache.build_guard(index_dir):
+    with index_cache.build_guard(index_dir, lock=guard):
         for k in range(n_passes):
             train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train_samples, 1, 0], always,
                                                         gpt_config(blend, seed + k)).build()

@@ -74,6 +74,9 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     env = launch_env(cfg)
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
+    from lmforge.data.index_cache import build_for
+
+    build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if restart > 0:
         from lmforge.fault.events import FaultEvents
