@@ -15,9 +15,10 @@ the step's first blocking collective:
 
 On the CPU the clock is the host's ``perf_counter``; on a GPU a CUDA event pair on the compute stream at the
 same points, read (after waiting for the last event) only on gather steps. A rank is a straggler when its
-mean compute time over the window exceeds ``threshold`` x the median over ranks (the first two steps of a launch,
-one-time set-up on every rank and DDP's bucket rebuild, are left out). The gather is one small
-all_gather every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank
+mean compute time over the window exceeds ``threshold`` x the median over ranks, and the median by at least 5%
+of the median wall step time (a few milliseconds of scheduling noise in a short window is no straggler). The
+first two steps of a launch (one-time set-up on every rank, DDP's bucket rebuild) are left out. The gather is one
+small all_gather every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank
 (metrics JSONL, W&B, and a console line on stderr) and the step's metrics get ``compute_time_max_over_median``.
 """
 from __future__ import annotations
@@ -30,14 +31,19 @@ import torch
 import torch.distributed as dist
 
 
-def find_stragglers(times: List[float], threshold: float) -> List[int]:
-    """Ranks whose time exceeds ``threshold`` x the median of all ranks."""
+# A rank is named only when its excess over the median is also at least this share of the median wall step
+# time: under FSDP/TP the window can be a few milliseconds, where scheduling noise alone doubles it.
+MIN_EXCESS_OF_STEP = 0.05
+
+
+def find_stragglers(times: List[float], threshold: float, min_excess: float = 0.0) -> List[int]:
+    """Ranks whose time exceeds ``threshold`` x the median of all ranks, and the median by ``min_excess``."""
     if not times:
         return []
     median = statistics.median(times)
     if median <= 0:
         return []
-    return [r for r, t in enumerate(times) if t > threshold * median]
+    return [r for r, t in enumerate(times) if t > threshold * median and t - median >= min_excess]
 
 
 class ComputeClock:
@@ -160,6 +166,7 @@ class StragglerDetector:
             pairs = [t.tolist() for t in out]
         else:
             pairs = [[compute, wall]]
-        times = [p[0] for p in pairs]
-        return {"times": times, "wall_times": [p[1] for p in pairs],
-                "stragglers": find_stragglers(times, self.threshold), "median": statistics.median(times)}
+        times, walls = [p[0] for p in pairs], [p[1] for p in pairs]
+        floor = MIN_EXCESS_OF_STEP * statistics.median(walls)
+        return {"times": times, "wall_times": walls, "stragglers": find_stragglers(times, self.threshold, floor),
+                "median": statistics.median(times)}

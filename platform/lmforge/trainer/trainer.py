@@ -112,7 +112,8 @@ class Trainer:
         self.checkpoints.attach_engine(self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
-        self.meter = IntervalMeter(self.flops_per_token, peak_tflops(self.device, dtype), self.world.world_size,
+        peak = peak_tflops(self.device, dtype, warn=print if self.rank == 0 else (lambda _line: None))
+        self.meter = IntervalMeter(self.flops_per_token, peak, self.world.world_size,
                                    self.plan.tokens_per_step, device_synchronizer(self.device))
         self.step = 0
         self.wandb_run_id: Optional[str] = None
