@@ -49,9 +49,10 @@ def _comm(argv: Sequence[str]) -> int:
 
 
 def _plan(argv: Sequence[str]) -> int:
+    from lmforge.data.epochs import plan_line
     from lmforge.parallel.plan_cli import main
 
-    return main(list(argv))
+    return main(list(argv), extra_checks=[plan_line])
 
 
 def _sweep(argv: Sequence[str]) -> int:

@@ -29,6 +29,9 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
     with VerdictRecorder(run_dir) as verdict:
         typed = validate(cfg)
+        from lmforge.data.epochs import check_run
+
+        check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists
         from lmforge.trainer.trainer import Trainer
 
         trainer = Trainer(typed, run_dir)

@@ -155,3 +155,9 @@ def test_paused_or_beating_watchdog_does_not_fire(tmp_path):
     assert dog.check(now=dog.last_beat + 100) is None
     fresh = Watchdog(0, timeout_s=0.5, dumps_dir=tmp_path, startup_s=10, orphan_check=False, backstop_s=0)
     assert fresh.check(now=fresh.last_beat + 5) is None  # before the first step the startup allowance applies
+
+
+def test_straggler_rule_ignores_excess_below_the_floor():
+    # A 2 ms window doubled by scheduling noise is no straggler when steps take 0.5 s (floor 5% = 25 ms).
+    assert find_stragglers([0.002, 0.002, 0.005, 0.002], 1.5, min_excess=0.025) == []
+    assert find_stragglers([0.002, 0.002, 0.305, 0.002], 1.5, min_excess=0.025) == [2]

@@ -53,7 +53,8 @@ INVALID = {
     "unknown_device": (
         G1 + ["cluster.device=tpu"],
         "config key 'cluster.device': no memory size known for device 'tpu'. Fix: set cluster.device_memory_gib, "
-        "or one of: a100, a10g, b200, h100, h200, l40s, mi300x, cpu"),
+        "or one of: a100, a100_40gb, a100_80gb, b200, h100, h100_nvl, h100_pcie, h100_sxm, h200, h200_nvl, l40s, "
+        "mi300x, cpu"),
     "assumed_mfu": (
         G1 + ["cluster.assumed_mfu=1.5"],
         "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4"),
@@ -79,8 +80,8 @@ OUT_OF_MEMORY = {
         "(parameters+gradients+optimizer 100.4 GiB, activations 3.4 GiB). Fix: parallelism.dp_shard=32 "
         "parallelism.dp_replicate=1 (24.3 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.8 GiB)"),
     "small_device_fix_tp": (
-        G7 + ["cluster.nodes=1", "cluster.device=a10g", "parallelism.dp_shard=8"],
-        "config key 'parallelism': estimated 55.7 GiB per device exceeds the 20.8 GiB usable of 24 GiB on a10g "
+        G7 + ["cluster.nodes=1", "cluster.device=l40s", "cluster.device_memory_gib=24", "parallelism.dp_shard=8"],
+        "config key 'parallelism': estimated 55.7 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
         "(parameters+gradients+optimizer 12.6 GiB, activations 25.4 GiB). Fix: parallelism.tp=4 "
         "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (20.1 GiB) or parallelism.tp=8 "
         "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (17.2 GiB)"),
@@ -117,7 +118,8 @@ def test_suggested_fixes_really_fit():
 def test_cli_prints_plan_and_exit_codes(capsys):
     from lmforge.cli import VERBS
 
-    assert VERBS["plan"](G1 + ["cluster.nodes=2"]) == 0
+    # data.max_epochs=0: the layout alone (the embedded mixture would be refused for gpt_1b, test_data_epochs.py)
+    assert VERBS["plan"](G1 + ["cluster.nodes=2", "data.max_epochs=0"]) == 0
     out = capsys.readouterr().out
     assert ("mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1  (dp_shard groups within a node; dp_replicate "
             "groups across 2 nodes)") in out

@@ -27,3 +27,6 @@ class DataConfig:
     num_workers: int = 0
     # Tokenizer processes when an ``embedded:`` source is prepared on first use (output is the same for any).
     prepare_workers: int = 1
+    # Refuse a run that would read any source more than this many times (planned tokens x weight / the
+    # source's train tokens; see lmforge/data/epochs.py). 0: no limit.
+    max_epochs: float = 4.0

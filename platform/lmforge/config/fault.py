@@ -31,6 +31,9 @@ class DrillConfig:
     crash_times: int = 1
     # Sleep this long after every step (gives an operator or a test time to act mid-run).
     step_sleep_s: float = 0.0
+    # Rank ``slow_rank`` does ``slow_s`` seconds of extra compute before every step (a straggler; 0: off).
+    slow_rank: int = 0
+    slow_s: float = 0.0
 
 
 @dataclass

@@ -28,6 +28,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.train import TrainConfig
 from lmforge.data import index_cache
 from lmforge.data.checks import check_shard, check_splits, normalise_weights, split_string
+from lmforge.data.epochs import check_epochs
 from lmforge.data.prepare import prepare
 from lmforge.data.tokenizer import Tokenizer
 
@@ -131,8 +132,11 @@ def _rank() -> int:
 
 
 def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
-                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None) -> Mixture:
-    """Check every source, then build (or load from the cache) the train passes and per-source valid sets."""
+                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None,
+                  guard: bool = True) -> Mixture:
+    """Check every source, then build (or load from the cache) the train passes and per-source valid sets.
+
+    ``guard=False``: the caller holds the index lock already (``index_cache.build_for``)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
@@ -148,6 +152,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
     for shard in shards:
         check_splits(shard, cfg.valid_fraction, seq_len)
+    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, dict(zip(names, prefixes)))
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)
@@ -167,7 +172,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     total = max(num_train_samples, total_train_samples or num_train_samples)
     n_passes = math.ceil(total / num_train_samples)
     passes = []
-    with index_cache.build_guard(index_dir):
+    with index_cache.build_guard(index_dir, lock=guard):
         for k in range(n_passes):
             train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train_samples, 1, 0], always,
                                                         gpt_config(blend, seed + k)).build()

@@ -5,7 +5,9 @@
   the *peers*, blocked inside the collective, are the ones whose watchdog fires and dumps stacks);
 * crash: this rank raises an exception (``DrillCrash``) after the step, on the first ``crash_times`` attempts
   that reach it (0: every attempt: a crash that recurs, for the repeated-crash rule, fault/verdict.py);
-* step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going.
+* step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going;
+* slow_s: rank ``slow_rank`` does ``slow_s`` seconds of extra compute (small matmuls) before every step, a
+  straggler for the straggler detector to find.
 
 Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
 recovers from it (torchrun restart, Slurm requeue; ranks may be renumbered) trains on.
@@ -18,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from lmforge.config.fault import DrillConfig
 
@@ -37,6 +41,14 @@ class Drills:
         self.rank = rank
         self.on_event = on_event
         self.pause_watchdog = pause_watchdog
+
+    def before_step(self, step: int) -> None:
+        cfg = self.cfg
+        if cfg.slow_s > 0 and self.rank == cfg.slow_rank:
+            work = torch.ones(64, 64)
+            deadline = time.perf_counter() + cfg.slow_s
+            while time.perf_counter() < deadline:
+                work = torch.mm(work, work).clamp_(-1.0, 1.0)
 
     def after_step(self, step: int) -> None:
         cfg = self.cfg

@@ -1,6 +1,9 @@
 """The trainer's fault hooks in one object, so the loop needs only a few calls:
 
-    faults = FaultHooks(cfg, paths, rank, device, logger, preemption).start()
+    faults = FaultHooks(cfg, paths, rank, device, logger, preemption).start(engine)
+    faults.step_begins()                 # the compute clock starts (straggler detection)
+    batches = data.step_batches()
+    faults.entering_step(step)           # drills that act before a step; the clock's entry mark
     result = engine.train_step(batches, lr, guard=faults.guard_for(step))
     faults.after_step(step, step_time)   # heartbeat, stragglers, loss guard verdicts, drills
     faults.close()
@@ -20,7 +23,7 @@ from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.signals import PreemptionFlag
-from lmforge.fault.straggler import StragglerDetector
+from lmforge.fault.straggler import ComputeClock, StragglerDetector
 from lmforge.fault.verdict import VerdictKind, record_exit
 from lmforge.fault.watchdog import Watchdog
 from lmforge.metrics.logger import MetricsLogger
@@ -52,6 +55,7 @@ class FaultHooks:
                                  flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0,
                                  exit=self._exit)
         self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
+        self.clock = ComputeClock(device) if cfg.metrics.straggler_every > 0 else None
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
                              stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
@@ -66,7 +70,9 @@ class FaultHooks:
                         f"(stacks in {self.paths.dumps})", code)
         os._exit(code)
 
-    def start(self) -> "FaultHooks":
+    def start(self, engine=None) -> "FaultHooks":
+        if self.clock is not None and engine is not None:
+            self.clock.attach(engine)
         self.watchdog.start()
         self.watchdog.write_heartbeat()
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -76,6 +82,17 @@ class FaultHooks:
             self.events.emit("restart", self.watchdog.step, f"torchrun restart {restart}, Slurm requeue {requeue}",
                              torchrun_restart=restart, slurm_restart=requeue)
         return self
+
+    def step_begins(self) -> None:
+        """The top of the loop: the previous step's collectives are behind; this rank's compute time starts."""
+        if self.clock is not None:
+            self.clock.begin()
+
+    def entering_step(self, step: int) -> None:
+        """Right before ``train_step`` for step ``step + 1`` (its batches are loaded)."""
+        self.drills.before_step(step + 1)
+        if self.clock is not None:
+            self.clock.entering_step()
 
     def guard_for(self, step: int):
         """The engine's guard callable for the step about to run (None: guard off)."""
@@ -92,18 +109,25 @@ class FaultHooks:
         late at most on a GPU (see ``fault/loss_guard.py``), so the accounting never stalls the device.
         """
         self.watchdog.beat(step)
+        if self.clock is not None:
+            self.clock.end()
         extra: dict = {}
         if self.loss_guard is not None:
             self.book_verdicts(force=False)
             extra["skipped_steps"] = self.loss_guard.skipped_total
-        found = self.stragglers.observe(step, step_time_s)
+        found = self.stragglers.observe(step, step_time_s, self.clock)
         if found is not None:
-            extra["step_time_max_over_median"] = max(found["times"]) / found["median"] if found["median"] else 1.0
+            extra["compute_time_max_over_median"] = max(found["times"]) / found["median"] if found["median"] else 1.0
             if self.rank == 0:
+                mode = self.clock.mode if self.clock is not None else "wall step time"
                 for r in found["stragglers"]:
-                    self.events.emit("straggler", step, f"rank {r} mean step time {found['times'][r]:.3f}s > "
-                                     f"{self.stragglers.threshold} x median {found['median']:.3f}s",
-                                     slow_rank=r, step_time_s=found["times"][r], median_s=found["median"])
+                    self.events.emit("straggler", step, f"rank {r} is a straggler: mean compute time "
+                                     f"{found['times'][r]:.3f}s per step > {self.stragglers.threshold} x median "
+                                     f"{found['median']:.3f}s over the last {self.stragglers.every} steps (compute "
+                                     f"= loop top to {mode}; wall step time {found['wall_times'][r]:.3f}s)",
+                                     slow_rank=r, compute_time_s=found["times"][r], median_s=found["median"],
+                                     step_time_s=found["wall_times"][r], compute_times_s=found["times"],
+                                     step_times_s=found["wall_times"])
             self.last_straggler = found
         self.drills.after_step(step)
         self.watchdog.beat(step)
@@ -159,4 +183,6 @@ class FaultHooks:
         raise Diverged(msg)
 
     def close(self) -> None:
+        if self.clock is not None:
+            self.clock.detach()
         self.watchdog.stop()

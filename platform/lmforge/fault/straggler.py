@@ -1,27 +1,140 @@
-"""Straggler detection: every ``every`` steps, gather each rank's mean step time and name the slow ones.
+"""Straggler detection by each rank's own compute time, gathered every ``metrics.straggler_every`` steps.
 
-A rank is a straggler when its mean step time over the window exceeds ``threshold`` x the median over
-ranks. The gather is one small all_gather every ``every`` steps (a collective every rank joins, so it is
-called on every rank). Rank 0 records one ``straggler`` event per slow rank (metrics JSONL, W&B) and
-returns a summary for the step's metrics record.
+Wall step times cannot find a straggler: every step ends in synchronous collectives (gradient reduction, the
+loss all-reduce), so the fast ranks wait for the slow one and all ranks report the same step time. What
+differs is the time a rank spends *before it has to wait for anyone*. :class:`ComputeClock` measures, per
+step, the time from the top of the loop (after the previous step's last collective) until the rank enters
+the step's first blocking collective:
+
+- DDP, replicated data parallelism with a manual all-reduce, one process: the end of the local backward
+  (the last gradient accumulated; DDP's bucket all-reduces are asynchronous and are waited for only after
+  it), so the window holds data loading, forward and backward;
+- FSDP2 and tensor parallelism: the root module's forward pre-hook, just before the first all-gather /
+  all-reduce, so the window holds the work between steps (data, host-side extra work) but not the forward;
+- pipeline parallelism and other engines: the entry into ``train_step`` (stages receive before computing).
+
+On the CPU the clock is the host's ``perf_counter``; on a GPU a CUDA event pair on the compute stream at the
+same points, read (after waiting for the last event) only on gather steps. A rank is a straggler when its
+mean compute time over the window exceeds ``threshold`` x the median over ranks, and the median by at least 5%
+of the median wall step time (a few milliseconds of scheduling noise in a short window is no straggler). The
+first two steps of a launch (one-time set-up on every rank, DDP's bucket rebuild) are left out. The gather is one
+small all_gather every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank
+(metrics JSONL, W&B, and a console line on stderr) and the step's metrics get ``compute_time_max_over_median``.
 """
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 
-def find_stragglers(times: List[float], threshold: float) -> List[int]:
-    """Ranks whose time exceeds ``threshold`` x the median of all ranks."""
+# A rank is named only when its excess over the median is also at least this share of the median wall step
+# time: under FSDP/TP the window can be a few milliseconds, where scheduling noise alone doubles it.
+MIN_EXCESS_OF_STEP = 0.05
+
+
+def find_stragglers(times: List[float], threshold: float, min_excess: float = 0.0) -> List[int]:
+    """Ranks whose time exceeds ``threshold`` x the median of all ranks, and the median by ``min_excess``."""
     if not times:
         return []
     median = statistics.median(times)
     if median <= 0:
         return []
-    return [r for r, t in enumerate(times) if t > threshold * median]
+    return [r for r, t in enumerate(times) if t > threshold * median and t - median >= min_excess]
+
+
+class ComputeClock:
+    """Per-step compute time of this rank: loop top -> first blocking collective of the step (see module doc)."""
+
+    ENTRY, FORWARD, GRADS = "train_step entry", "forward pre-hook", "last local gradient"
+    WARMUP_STEPS = 2
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.mode = self.ENTRY
+        self._t0 = 0.0
+        self._mark: Optional[float] = None
+        self._ev0 = self._ev_mark = None
+        self._pending: list = []  # host seconds, or (start event, end event) pairs on CUDA
+        self._handles: list = []
+        # The first steps of a launch are not booked: one-time set-up on every rank, and DDP rebuilds its buckets
+        # in the second forward with a blocking broadcast (the fast ranks would wait inside the window).
+        self._warmup = self.WARMUP_STEPS
+
+    def attach(self, engine) -> "ComputeClock":
+        """Install the marks for the engine's layout (duck-typed: ``dims``, ``parts``/``model``, ``inner``)."""
+        dims = getattr(engine, "dims", None)
+        if dims is None or getattr(engine, "pipeline", None) is not None or dims.pp > 1 \
+                or not hasattr(engine, "parts"):
+            self.mode = self.ENTRY
+        elif dims.dp_shard > 1 or dims.tp > 1:
+            self.mode = self.FORWARD
+            root = engine.model
+            self._handles.append(root.register_forward_pre_hook(lambda *_: self._first_mark(), prepend=True))
+        else:
+            self.mode = self.GRADS
+            for p in engine.inner.parameters():
+                if p.requires_grad:
+                    self._handles.append(p.register_post_accumulate_grad_hook(lambda _p: self._latest_mark()))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ---- the loop's calls -------------------------------------------------------------------------
+    def begin(self) -> None:
+        self._mark = None
+        self._ev_mark = None
+        self._t0 = time.perf_counter()
+        if self.cuda:
+            self._ev0 = torch.cuda.Event(enable_timing=True)
+            self._ev0.record()
+
+    def entering_step(self) -> None:
+        if self.mode == self.ENTRY:
+            self._first_mark()
+
+    def end(self) -> None:
+        """The step returned: book its compute time (the window ends at the mark, else now)."""
+        if self._mark is None:
+            self._first_mark()
+        if self._warmup > 0:
+            self._warmup -= 1
+            return
+        if self.cuda:
+            self._pending.append((self._ev0, self._ev_mark))
+        else:
+            self._pending.append(self._mark - self._t0)
+
+    def drain(self) -> List[float]:
+        """Compute seconds of the steps booked since the last drain (waits for their CUDA events)."""
+        out = []
+        for item in self._pending:
+            if isinstance(item, tuple):
+                item[1].synchronize()
+                out.append(item[0].elapsed_time(item[1]) / 1000.0)
+            else:
+                out.append(item)
+        self._pending = []
+        return out
+
+    # ---- marks ------------------------------------------------------------------------------------
+    def _first_mark(self) -> None:
+        if self._mark is not None:
+            return
+        self._latest_mark()
+
+    def _latest_mark(self) -> None:
+        self._mark = time.perf_counter()
+        if self.cuda:
+            if self._ev_mark is None:
+                self._ev_mark = torch.cuda.Event(enable_timing=True)
+            self._ev_mark.record()  # re-recording moves it: the latest call wins
 
 
 class StragglerDetector:
@@ -29,25 +142,31 @@ class StragglerDetector:
         self.every = every
         self.threshold = threshold
         self.device = device
-        self._sum = 0.0
+        self._wall = 0.0
         self._n = 0
 
-    def observe(self, step: int, step_time_s: float) -> Optional[Dict[str, object]]:
-        """Record one step; on gather steps return {'times': [...], 'stragglers': [...], 'median': m}."""
+    def observe(self, step: int, step_time_s: float, clock: Optional[ComputeClock] = None) -> Optional[Dict[str, object]]:
+        """Record one step; on gather steps return {'times', 'wall_times', 'stragglers', 'median'} where
+        ``times`` are the ranks' mean compute times (``clock``; the wall step time without one)."""
         if self.every <= 0:
             return None
-        self._sum += step_time_s
+        self._wall += step_time_s
         self._n += 1
         if step % self.every != 0:
             return None
-        mean = self._sum / max(1, self._n)
-        self._sum, self._n = 0.0, 0
+        n = max(1, self._n)
+        computes = clock.drain() if clock is not None else []
+        wall = self._wall / n
+        compute = sum(computes) / len(computes) if computes else wall
+        self._wall, self._n = 0.0, 0
         if dist.is_initialized() and dist.get_world_size() > 1:
-            mine = torch.tensor([mean], dtype=torch.float64, device=self.device)
+            mine = torch.tensor([compute, wall], dtype=torch.float64, device=self.device)
             out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
             dist.all_gather(out, mine)
-            times = [float(t.item()) for t in out]
+            pairs = [t.tolist() for t in out]
         else:
-            times = [mean]
-        return {"times": times, "stragglers": find_stragglers(times, self.threshold),
+            pairs = [[compute, wall]]
+        times, walls = [p[0] for p in pairs], [p[1] for p in pairs]
+        floor = MIN_EXCESS_OF_STEP * statistics.median(walls)
+        return {"times": times, "wall_times": walls, "stragglers": find_stragglers(times, self.threshold, floor),
                 "median": statistics.median(times)}

@@ -101,7 +101,9 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     check_batch(cfg)
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
-    # SPOT (branch truth): build the data index caches here, once per job, outside any collective.
+    from lmforge.data.epochs import check_run
+
+    check_run(cfg)  # the planned tokens against the mixture's (data.max_epochs)
     return cfg, extra
 
 
@@ -114,6 +116,9 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     from lmforge.fault.verdict import archive
 
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
+    from lmforge.data.index_cache import build_for
+
+    build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if restart > 0:
         from lmforge.fault.events import FaultEvents

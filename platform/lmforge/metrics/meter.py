@@ -1,4 +1,15 @@
-"""Throughput and MFU for one training step.
+"""Throughput and MFU over the logging interval.
+
+The host runs ahead of the device (CUDA launches are asynchronous; the lagged votes and the loss guard read
+device values a step late), so one step's host time says nothing about the device: a step whose launches
+return at once looks infinitely fast, and the logging step, which waits for everything queued before it,
+looks slow. :class:`IntervalMeter` therefore measures between logging steps only:
+
+    tokens_per_s = tokens consumed since the last logging step / wall time since it
+
+with the device synchronised at both ends (``synchronize``; a no-op on CPU), so the interval holds exactly
+the work of its steps. ``step_time_s`` is the interval time / its steps, ``data_wait_s`` the mean time the
+loop waited for batches. Time excluded with :meth:`IntervalMeter.excluded` (evaluation) is not counted.
 
 MFU = achieved model FLOP/s per device / peak FLOP/s per device, where model FLOP/s =
 tokens/s per device * ``lmforge.model.flops.flops_per_token`` (recompute from activation checkpointing is
@@ -6,31 +17,84 @@ not counted) and the peak comes from ``lmforge.runtime.hardware.peak_tflops``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+
+def _no_sync() -> None:
+    return None
 
 
 @dataclass
-class StepTiming:
-    step_time_s: float
-    data_wait_s: float
-    tokens: int  # tokens processed by the whole job in this step
-
-
-@dataclass
-class ThroughputMeter:
+class IntervalMeter:
     flops_per_token: int
     peak_tflops_per_device: float
     world_size: int
+    tokens_per_step: int
+    synchronize: Callable[[], None] = _no_sync  # waits for the device's queued work (torch.cuda.synchronize)
+    clock: Callable[[], float] = time.perf_counter
+    _mark: Optional[float] = field(default=None, init=False)
+    _steps: int = field(default=0, init=False)
+    _data_wait: float = field(default=0.0, init=False)
+    _excluded: float = field(default=0.0, init=False)
 
-    def measure(self, timing: StepTiming) -> dict:
-        tps = timing.tokens / max(timing.step_time_s, 1e-9)
+    def start(self) -> None:
+        """Open the first interval (before the first step of this launch)."""
+        self.synchronize()
+        self._mark = self.clock()
+        self._steps, self._data_wait, self._excluded = 0, 0.0, 0.0
+
+    def step_done(self, data_wait_s: float = 0.0) -> None:
+        """One optimizer step was issued (no device sync)."""
+        if self._mark is None:
+            self.start()
+        self._steps += 1
+        self._data_wait += data_wait_s
+
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Time that is not training (evaluation): the device is drained first, so queued steps stay counted."""
+        self.synchronize()
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self._excluded += self.clock() - t0
+
+    def measure(self) -> dict:
+        """Close the interval (synchronising the device) and return its throughput; the next one starts now."""
+        self.synchronize()
+        now = self.clock()
+        if self._mark is None or self._steps == 0:
+            self._mark = now
+            return {}
+        seconds = max(now - self._mark - self._excluded, 1e-9)
+        steps = self._steps
+        tokens = steps * self.tokens_per_step
+        tps = tokens / seconds
         tps_dev = tps / self.world_size
         tflops_dev = tps_dev * self.flops_per_token / 1e12
-        return {
-            "step_time_s": timing.step_time_s,
-            "data_wait_s": timing.data_wait_s,
+        record = {
+            "step_time_s": seconds / steps,
+            "data_wait_s": self._data_wait / steps,
+            "interval_steps": steps,
+            "interval_s": seconds,
             "tokens_per_s": tps,
             "tokens_per_s_per_device": tps_dev,
             "tflops_per_device": tflops_dev,
             "mfu": tflops_dev / self.peak_tflops_per_device if self.peak_tflops_per_device > 0 else 0.0,
         }
+        self._mark, self._steps, self._data_wait, self._excluded = now, 0, 0.0, 0.0
+        return record
+
+
+def device_synchronizer(device) -> Callable[[], None]:
+    """``torch.cuda.synchronize(device)`` on a GPU, nothing on the CPU (its work is done when the call returns)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return _no_sync
+    import torch
+
+    return lambda: torch.cuda.synchronize(device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -55,7 +55,9 @@ def plan_json(plan) -> dict:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, extra_checks: Sequence[Callable[[object], str]] = ()) -> int:
+    """``extra_checks`` (from higher layers, e.g. the data epochs) take the typed config and return a line for the
+    plan, or raise ConfigError to refuse it."""
     from lmforge.parallel.planner import check_fits, format_plan
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -69,7 +71,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"lmforge plan: refused: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(plan_json(plan), indent=1) if as_json else format_plan(plan))
+    lines, refusal = [], None
+    try:
+        lines = [check(plan.cfg) for check in extra_checks]
+    except ConfigError as e:
+        refusal = e
+    if as_json:
+        print(json.dumps({**plan_json(plan), "checks": lines}, indent=1))
+    else:
+        print("\n".join([format_plan(plan), *lines]))
+    if refusal is not None:
+        print(f"lmforge plan: refused: {refusal}", file=sys.stderr)
+        return 2
     try:
         check_fits(plan)
     except ConfigError as e:

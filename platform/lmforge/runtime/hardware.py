@@ -1,6 +1,8 @@
 """Devices, thread pinning and peak FLOP/s.
 
-Peak table: dense (no sparsity) vendor spec numbers in TFLOP/s. For CPUs there is no honest spec
+Peak table: dense (no sparsity) vendor spec numbers in TFLOP/s, matched to the exact GPU by the name and the
+memory ``torch.cuda.get_device_properties`` reports (:func:`match_gpu`); a GPU it does not know gets a measured
+GEMM peak and a warning, never a near guess. For CPUs there is no honest spec
 number, so the peak is *measured* once with a square GEMM at the run's thread count and dtype, and cached
 in ``~/.cache/lmforge/cpu_peak.json`` keyed by CPU model, threads, dtype and torch version.
 """
@@ -11,24 +13,64 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-# Dense TFLOP/s by device kind and dtype (vendor specs, SXM parts where both exist).
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "h200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
-    "h100": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
-    "a100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-    "l40s": {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6},
-    "a10g": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
-    "mi300x": {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4},
-    "b200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 80.0},
-}
-# Memory per device in GiB.
-DEVICE_MEMORY_GIB = {"h200": 141.0, "h100": 80.0, "a100": 80.0, "l40s": 48.0, "a10g": 24.0, "mi300x": 192.0, "b200": 192.0}
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU product: how ``torch.cuda.get_device_properties`` names it, its memory, dense peaks by dtype."""
+
+    kind: str
+    tokens: Tuple[str, ...]  # every one of these occurs in the lower-cased device name
+    excludes: Tuple[str, ...]  # none of these does
+    memory_gib: Tuple[float, float]  # total_memory / 2**30 lies in [lo, hi]
+    peaks: Dict[str, float]  # dense (no sparsity) TFLOP/s per dtype, from the vendor datasheet
+    nominal_gib: float  # the datasheet memory, for the planner
+
+
+# Dense TFLOP/s (the datasheets print "with sparsity" figures at 2x; these are half of those). Sources in
+# docs/metrics.md ("GPU peak table").
+GPU_SPECS: Tuple[GpuSpec, ...] = (
+    GpuSpec("h100_sxm", ("h100",), ("pcie", "nvl"), (70, 85),
+            {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 80.0),
+    GpuSpec("h100_pcie", ("h100", "pcie"), (), (70, 85),
+            {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2}, 80.0),
+    GpuSpec("h100_nvl", ("h100", "nvl"), (), (85, 100),
+            {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0}, 94.0),
+    GpuSpec("h200", ("h200",), ("nvl",), (130, 150),
+            {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 141.0),
+    GpuSpec("h200_nvl", ("h200", "nvl"), (), (130, 150),
+            {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0}, 141.0),
+    GpuSpec("a100_40gb", ("a100",), (), (35, 45), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 40.0),
+    GpuSpec("a100_80gb", ("a100",), (), (75, 85), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 80.0),
+    GpuSpec("b200", ("b200",), (), (170, 200),
+            {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 80.0}, 180.0),
+    GpuSpec("l40s", ("l40s",), (), (40, 50),
+            {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6}, 48.0),
+    GpuSpec("mi300x", ("mi300x",), (), (180, 200),
+            {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7, "fp32": 163.4}, 192.0),
+)
+# Short names accepted for planning (``cluster.device``): the common part of each family.
+KIND_ALIASES = {"h100": "h100_sxm", "a100": "a100_80gb"}
+_BY_KIND = {spec.kind: spec for spec in GPU_SPECS}
+# Dense TFLOP/s and memory per device in GiB by kind (aliases included): what the planner looks up.
+PEAK_TFLOPS: Dict[str, Dict[str, float]] = {**{s.kind: s.peaks for s in GPU_SPECS},
+                                            **{a: _BY_KIND[k].peaks for a, k in KIND_ALIASES.items()}}
+DEVICE_MEMORY_GIB: Dict[str, float] = {**{s.kind: s.nominal_gib for s in GPU_SPECS},
+                                       **{a: _BY_KIND[k].nominal_gib for a, k in KIND_ALIASES.items()}}
 MEASURED_GPU_MATMUL_TFLOPS = {"h200": 790.0}  # bf16 4096^3 matmul rate measured on this project's H200
+
+
+def match_gpu(name: str, total_memory: int) -> Optional[GpuSpec]:
+    """The one spec whose name tokens and memory range fit the device, else None (never a near guess)."""
+    lowered = name.lower().replace("-", " ")
+    gib = total_memory / 2**30
+    hits = [s for s in GPU_SPECS if all(t in lowered for t in s.tokens)
+            and not any(x in lowered for x in s.excludes) and s.memory_gib[0] <= gib <= s.memory_gib[1]]
+    return hits[0] if len(hits) == 1 else None
 
 
 def select_device(preference: str = "auto", local_rank: int = 0) -> torch.device:
@@ -57,13 +99,12 @@ def pin_threads(threads: int = 0, local_world_size: Optional[int] = None) -> int
 
 
 def device_kind(device: torch.device) -> str:
+    """``cpu``, the matched GPU kind (``h100_sxm``, ``a100_40gb``, ...), or the device's own name when unknown."""
     if device.type != "cuda":
         return "cpu"
-    name = torch.cuda.get_device_name(device).lower()
-    for kind in PEAK_TFLOPS:
-        if kind in name.replace(" ", ""):
-            return kind
-    return name
+    props = torch.cuda.get_device_properties(device)
+    spec = match_gpu(props.name, props.total_memory)
+    return spec.kind if spec is not None else props.name
 
 
 def dtype_key(dtype: torch.dtype) -> str:
@@ -123,12 +164,17 @@ def cpu_peak_tflops(dtype: torch.dtype = torch.float32, cache: Optional[Path] = 
     return float(table[key])
 
 
-def peak_tflops(device: torch.device, dtype: torch.dtype) -> float:
-    """Peak dense TFLOP/s per device for MFU: spec table on GPUs, measured GEMM on CPU."""
+def peak_tflops(device: torch.device, dtype: torch.dtype, warn: Callable[[str], None] = print) -> float:
+    """Peak dense TFLOP/s per device for MFU: the spec of the exact GPU, a measured GEMM on CPU and on a GPU
+    the table does not know (announced with one warning line)."""
     if device.type == "cpu":
         return cpu_peak_tflops(dtype)
-    kind = device_kind(device)
-    table = PEAK_TFLOPS.get(kind)
-    if table is None:
-        return measure_matmul_tflops(device, dtype)
-    return table.get(dtype_key(dtype), table["bf16"])
+    props = torch.cuda.get_device_properties(device)
+    spec = match_gpu(props.name, props.total_memory)
+    if spec is None:
+        measured = measure_matmul_tflops(device, dtype, best=True)
+        warn(f"lmforge: warning: GPU '{props.name}' ({props.total_memory / 2**30:.1f} GiB) is not in the peak table "
+             f"(lmforge.runtime.hardware.GPU_SPECS); MFU uses a measured {dtype_key(dtype)} GEMM peak of "
+             f"{measured:.1f} TFLOP/s. Fix: add the GPU's datasheet dense peak to GPU_SPECS")
+        return measured
+    return spec.peaks.get(dtype_key(dtype), spec.peaks["bf16"])

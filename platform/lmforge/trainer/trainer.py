@@ -45,7 +45,7 @@ from lmforge.data.tokenizer import load_tokenizer
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
-from lmforge.metrics.meter import StepTiming, ThroughputMeter
+from lmforge.metrics.meter import IntervalMeter, device_synchronizer
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import flops_per_token
@@ -119,7 +119,9 @@ class Trainer:
         self.checkpoints.attach_engine(self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
-        self.meter = ThroughputMeter(self.flops_per_token, peak_tflops(self.device, dtype), self.world.world_size)
+        peak = peak_tflops(self.device, dtype, warn=print if self.rank == 0 else (lambda _line: None))
+        self.meter = IntervalMeter(self.flops_per_token, peak, self.world.world_size,
+                                   self.plan.tokens_per_step, device_synchronizer(self.device))
         self.step = 0
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
@@ -218,39 +220,45 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
-        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start()
+        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start(self.engine)
         stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)
+            self.meter.start()  # throughput is measured over logging intervals (metrics/meter.py)
             while self.step < last_step:
+                faults.step_begins()
                 t0 = time.perf_counter()
                 batches = self.data.step_batches()
                 t_data = time.perf_counter() - t0
                 lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
+                faults.entering_step(self.step)
                 with self.overlap.step(self.step + 1, log):
                     result = self.engine.train_step(batches, lr, guard=faults.guard_for(self.step))
                 self.step += 1
+                self.meter.step_done(t_data)
                 fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)
                 self._accumulate_sources(batches)
                 log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
                 if log_now:
                     self._flush_source_counts()
-                    loss = float(result.loss)  # the only host sync of the step, on logging steps
-                    step_time = time.perf_counter() - t0
+                    throughput = self.meter.measure()  # syncs the device: the interval since the last log
+                    loss = float(result.loss)  # the only host reads of the step, on logging steps
                     record = {"kind": "train", "step": self.step, "loss": loss, "lr": lr,
                               "grad_norm": float(result.grad_norm),
                               "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len,
                               "flops_seen": self.data.state.consumed_samples * cfg.model.seq_len * self.flops_per_token,
                               "consumed_samples": self.data.state.consumed_samples,
-                              **self.meter.measure(StepTiming(step_time, t_data, self.plan.tokens_per_step)),
+                              **throughput,
                               **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
                               **self.data.share_metrics(),
                               **self._memory(), **fault_metrics}
                     self.history.append(record)
                     log.log(record)
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
+                    with self.meter.excluded():  # evaluation time is not training throughput
+                        values = self.evaluate()
                     log.log({"kind": "eval", "step": self.step,
-                             "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **self.evaluate()})
+                             "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **values})
                 self.checkpoints.poll()  # commits a finished async save
                 if stop_vote.exchange(self.preemption.requested):  # agreed one step after the signal (no stall)
                     self.save_checkpoint(blocking=True)

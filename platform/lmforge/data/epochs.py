@@ -1,0 +1,134 @@
+"""How many times a run would repeat each source of its mixture, and the refusal past ``data.max_epochs``.
+
+Source ``s`` with normalised weight ``w`` and ``T`` tokens in its train split is read
+``planned_tokens * w / T`` times (megatron-core's blended index draws each source by weight and repeats it in
+epochs). A run whose most-repeated source would exceed ``data.max_epochs`` (default 4) refuses to start:
+training mostly on repeats says nothing about the model a real corpus would give.
+
+The counts come from the shards' ``.idx`` files alone (sequence lengths; no tokens are read), so the check
+runs before any process group exists (``lmforge.train``) and in ``lmforge plan``, for every source whose shard
+is already there; the trainer repeats it once every shard is prepared (embedded corpora are prepared on first
+use), before megatron-core builds an index.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from lmforge.config.data import DataConfig
+from lmforge.config.errors import ConfigError
+from lmforge.data.checks import normalise_weights, split_bounds, split_string
+from lmforge.data.shards import ShardFormatError, read_index
+
+
+@dataclass
+class SourceEpochs:
+    name: str
+    prefix: Path
+    train_tokens: int
+    weight: float
+    planned_tokens: int
+
+    @property
+    def epochs(self) -> float:
+        return self.planned_tokens * self.weight / max(1, self.train_tokens)
+
+
+def train_split_tokens(idx_path: Path, valid_fraction: float) -> int:
+    """Tokens of a shard's train split, from its .idx (megatron-core's document split)."""
+    index = read_index(idx_path)
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # as build_mixture does: no INFO lines on import
+    with warnings.catch_warnings():
+        # Importing megatron.core warns that Transformer Engine / Apex are missing, about its own optimizer and
+        # FSDP code, which lmforge never runs; a refusal must stay one line.
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        beg, end = split_bounds(len(index.lengths), split_string(valid_fraction))["train"]
+    return int(index.lengths[beg:end].sum(dtype=np.int64))
+
+
+def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path) -> Optional[Path]:
+    """The shard prefix of a source when it can be named without preparing anything, else None."""
+    if not path.startswith("embedded:"):
+        return Path(path).expanduser() if path else None
+    if cfg.tokenizer != "embedded":
+        return None  # the fingerprint of another tokenizer needs it loaded; the trainer checks after preparing
+    from lmforge.data.embedded import VERSION
+    from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer
+
+    if not embedded_tokenizer_path(cache_dir).exists():
+        return None
+    tokenizer = load_tokenizer("embedded", cache_dir)
+    return cache_dir / "shards" / f"embedded-{path.split(':', 1)[1]}-v{VERSION}-{tokenizer.fingerprint}"
+
+
+def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
+                  prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
+    """Epochs per source for the sources whose shard index is readable (``prefixes`` when resolved already)."""
+    names, weights, _ = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
+    out = []
+    for name, weight in zip(names, weights):
+        prefix = (prefixes or {}).get(name) or known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
+        if prefix is None or not Path(f"{prefix}.idx").exists():
+            continue
+        try:
+            tokens = train_split_tokens(Path(f"{prefix}.idx"), cfg.valid_fraction)
+        except (ShardFormatError, OSError, KeyError):
+            continue  # check_shard names the problem when the trainer opens it
+        out.append(SourceEpochs(name, Path(prefix), tokens, weight, planned_tokens))
+    return out
+
+
+def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
+                 prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
+    """Raise ConfigError (``data.max_epochs``) when a source would be repeated more than ``cfg.max_epochs`` times."""
+    found = source_epochs(cfg, planned_tokens, cache_dir, prefixes)
+    if cfg.max_epochs <= 0 or not found:
+        return found
+    worst = max(found, key=lambda s: s.epochs)
+    if worst.epochs > cfg.max_epochs:
+        need = math.ceil(planned_tokens * worst.weight / cfg.max_epochs)
+        raise ConfigError(
+            "data.max_epochs",
+            f"the run plans {planned_tokens:,} tokens, which would read source '{worst.name}' ({worst.train_tokens:,} "
+            f"train tokens at weight {worst.weight:.3g}, {worst.prefix}) {worst.epochs:,.1f} times, more than "
+            f"data.max_epochs={cfg.max_epochs:g}",
+            f"train on a corpus with >= {need:,} tokens for '{worst.name}' (data=<preset> with real shards made by "
+            f"`lmforge data prepare`), lower train.max_steps / train.planned_tokens, or raise data.max_epochs="
+            f"{math.ceil(worst.epochs)} to accept the repetition")
+    return found
+
+
+def run_planned_tokens(cfg) -> int:
+    """Tokens a fresh launch of ``cfg`` (a RootConfig) will read: its data index size or its steps, the larger."""
+    from lmforge.config.validate import check_batch
+    from lmforge.data.mixture import stream_sizes
+
+    plan = check_batch(cfg)
+    _, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len)
+    return total * cfg.model.seq_len
+
+
+def check_run(cfg) -> List[SourceEpochs]:
+    """``check_epochs`` for a RootConfig, with the sources whose shards exist already (no preparing)."""
+    from lmforge.data.mixture import default_cache_dir
+
+    return check_epochs(cfg.data, run_planned_tokens(cfg), default_cache_dir(cfg.data, cfg.run.root))
+
+
+def plan_line(cfg) -> str:
+    """``lmforge plan``'s data line; raises ConfigError like the trainer would."""
+    return describe(check_run(cfg), cfg.data.max_epochs)
+
+
+def describe(found: List[SourceEpochs], max_epochs: float) -> str:
+    """One line for ``lmforge plan``."""
+    if not found:
+        return "data       epochs unknown until the shards are prepared (`lmforge data prepare`)"
+    parts = ", ".join(f"{s.name} {s.epochs:.2f}" for s in found)
+    return f"data       epochs per source: {parts} (data.max_epochs {max_epochs:g})"
