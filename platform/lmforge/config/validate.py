@@ -50,6 +50,7 @@ NON_NEGATIVE = (
     "optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "optim.eps", "train.threads",
     "train.eval_every", "train.planned_tokens", "checkpoint.every_steps", "checkpoint.keep_every",
     "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
+    "fault.consistency_every", "fault.drill.bitflip_step",
 )
 
 

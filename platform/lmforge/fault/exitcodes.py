@@ -5,11 +5,14 @@
     43  watchdog: no heartbeat within the timeout (stacks in <run>/dumps): restart me
     44  orphaned: my launcher died: nothing to restart here, the launcher's own failure handling decides
     45  diverged: too many non-finite / spiking losses in a row: do NOT retry, a human must look
+    46  corrupted: data-parallel replicas hold different weights (silent data corruption, fault/consistency.py):
+        do NOT retry on the same hosts; check the named ranks' hardware, resume from the referenced checkpoint
 """
 from lmforge.fault.signals import REQUEUE_EXIT_CODE
 
 WATCHDOG_EXIT_CODE = 43
 ORPHAN_EXIT_CODE = 44
 DIVERGED_EXIT_CODE = 45
+CORRUPTED_EXIT_CODE = 46
 
-__all__ = ["REQUEUE_EXIT_CODE", "WATCHDOG_EXIT_CODE", "ORPHAN_EXIT_CODE", "DIVERGED_EXIT_CODE"]
+__all__ = ["REQUEUE_EXIT_CODE", "WATCHDOG_EXIT_CODE", "ORPHAN_EXIT_CODE", "DIVERGED_EXIT_CODE", "CORRUPTED_EXIT_CODE"]

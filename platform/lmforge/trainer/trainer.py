@@ -211,7 +211,8 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
-        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start()
+        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption,
+                                          engine=self.engine, start_step=self.step).start()
         stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)
