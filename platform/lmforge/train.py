@@ -12,7 +12,9 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
-from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
+import os
+
+from lmforge.config.compose import compose, conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ConfigError
 from lmforge.runtime.rundir import register_resolvers
 
@@ -20,7 +22,7 @@ from lmforge.runtime.rundir import register_resolvers
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     from lmforge.config.validate import validate
 
-    typed = validate(cfg)
+    typed = validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # the processes actually started
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -40,8 +42,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     register_resolvers()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
+        check_override_keys(overrides)
+        if len(overrides) == len(sys.argv) - 1:  # no Hydra flags (--multirun, --cfg): Hydra's errors as one line
+            compose(overrides)
     except ConfigError as e:
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2

@@ -29,6 +29,7 @@ from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scal
                                             scheduler_state)
 from lmforge.checkpoint.layout import SIDECAR
 from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
@@ -98,7 +99,10 @@ class Trainer:
                               f"set model.vocab_size >= {self.tokenizer.vocab_size}")
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
+        check_resume_target(cfg.train.resume)
         resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
+        if resume_from is not None:
+            check_resume_fits(resume_from, cfg.model, self.tokenizer.identity)
         prior = json.loads((resume_from / SIDECAR).read_text()).get("data") if resume_from else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)
