@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import check_override_keys
+from lmforge.config.validate import _closest, _schema_at, _valid_keys, check_override_keys
 from lmforge.runtime.rundir import register_resolvers
 
 
@@ -84,6 +84,12 @@ def composition_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
         reason = f"{text.split(chr(10))[1] if chr(10) in text else reason} (in {conf_dir() / where.group(1)}.yaml)"
     elif merging:
         reason = f"{reason} (command-line override {merging.group(1)})"
+    if full_key and reason.startswith("Key '"):  # an unknown key inside a YAML file
+        parts = full_key.group(1).split(".")
+        names = _valid_keys(_schema_at(parts[:-1]))
+        near = _closest(parts[-1], names)
+        fix = f"did you mean '{'.'.join(parts[:-1] + [near])}'?" if near else f"valid keys here: {', '.join(names)}"
+        return ConfigError(full_key.group(1), reason, fix)
     if full_key:
         return ConfigError(full_key.group(1), reason, "give a value of the schema's type")
     override = getattr(exc, "override", None)
