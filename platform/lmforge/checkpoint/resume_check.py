@@ -1,6 +1,6 @@
 """Checks on ``train.resume`` before anything is loaded: each bad target is one ConfigError line (key, reason, fix).
 
-* ``check_resume_target`` (before resolution): an explicit path that does not exist, an uncommitted
+* ``check_resume_target`` (when resolution failed): an explicit path that does not exist, an uncommitted
   ``.tmp-step-*`` save, a directory holding no complete checkpoint;
 * ``check_resume_fits`` (on the resolved checkpoint, reading only its JSON sidecar and DCP metadata): a
   checkpoint of another model shape or vocabulary, of another tokenizer, or missing a rank's shard file.

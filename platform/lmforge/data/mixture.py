@@ -133,9 +133,6 @@ def _rank() -> int:
 def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
                   num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None) -> Mixture:
     """Check every source, then build (or load from the cache) the train passes and per-source valid sets."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
     logging.getLogger("megatron").setLevel(logging.WARNING)
     if not cfg.sources:
         raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
@@ -148,6 +145,10 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
     for shard in shards:
         check_splits(shard, cfg.valid_fraction, seq_len)
+    # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)

@@ -38,7 +38,9 @@ class Diverged(SystemExit):
 
 
 class Corrupted(SystemExit):
-    """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 46)."""
+    """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 46, verdict ``corrupted``)."""
+
+    verdict_kind = "corrupted"
 
     def __init__(self, message: str):
         super().__init__(CORRUPTED_EXIT_CODE)
@@ -78,8 +80,8 @@ class FaultHooks:
         if group is None:
             if self.rank == 0 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
                 why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
-                       if hasattr(engine, "dims") else f"the {self.cfg.parallelism.engine} engine shards the "
-                       "optimizer state across data-parallel ranks")
+                       if self.cfg.parallelism.engine == "native" else f"the {self.cfg.parallelism.engine} engine "
+                       "shards the optimizer state across data-parallel ranks")
                 print(f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
                       "use dp_replicate >= 2 (HSDP) to have replicas checked", flush=True)
             return None

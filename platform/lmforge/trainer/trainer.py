@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
                                             scheduler_state)
 from lmforge.checkpoint.layout import SIDECAR
-from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
 from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
@@ -99,8 +99,11 @@ class Trainer:
                               f"set model.vocab_size >= {self.tokenizer.vocab_size}")
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
-        check_resume_target(cfg.train.resume)
-        resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
+        try:
+            resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
+        except CheckpointError:
+            check_resume_target(cfg.train.resume)  # says why in one line (exit 2)
+            raise
         if resume_from is not None:
             check_resume_fits(resume_from, cfg.model, self.tokenizer.identity)
         prior = json.loads((resume_from / SIDECAR).read_text()).get("data") if resume_from else None
