@@ -11,6 +11,7 @@ SUITES = {
     "parallel_layouts": "benchmarks.parallel_layouts",  # tokens/s of each layout vs single process
     "comm_overlap": "benchmarks.comm_overlap",    # DDP bucketed overlap vs all-reduce after backward
     "deepspeed_vs_fsdp": "benchmarks.deepspeed_vs_fsdp",  # ZeRO-3 vs FSDP2 tokens/s and memory
+    "consistency": "benchmarks.consistency",      # replica consistency check vs a gpt_125m step
 }
 DEFAULT = ["step", "data_loader"]
 

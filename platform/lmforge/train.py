@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -28,7 +29,7 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
     with VerdictRecorder(run_dir) as verdict:
-        typed = validate(cfg)
+        typed = validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # the processes actually started
         from lmforge.data.epochs import check_run
 
         check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists
@@ -81,9 +82,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     register_resolvers()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
-        check_run_dir_before_hydra(sys.argv[1:])
+        check_override_keys(overrides)
+        check_run_dir_before_hydra(sys.argv[1:])  # also reports a composition error as one line
     except ConfigError as e:
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2

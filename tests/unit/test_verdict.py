@@ -9,7 +9,7 @@ import pytest
 
 from lmforge.config.errors import ConfigError
 from lmforge.fault import verdict as V
-from lmforge.fault.hooks import Diverged
+from lmforge.fault.hooks import Corrupted, Diverged
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 from lmforge.fault.retry import record
@@ -24,6 +24,7 @@ def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
         Diverged("training diverged: 2 skipped steps"): ("diverged", 45),
         DeviceContractError("rank 0 on node1: cluster h100_node wants cuda, torch has none"): ("config_error", 2),
         UnsafeCheckpointError("ckpt/.metadata", "refused global os.system"): ("config_error", 2),
+        Corrupted("replicas differ at step 4"): ("corrupted", 47),
         ValueError("boom"): ("crash", 1),
     }
     for exc, (kind, code) in cases.items():
@@ -32,7 +33,7 @@ def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
         assert message
     assert V.classify(SystemExit(0)) is None and V.classify(KeyboardInterrupt()) is None
     assert {k.value for k in V.DETERMINISTIC} == {"config_error", "layout_error", "data_error", "diverged",
-                                                   "repeated_crash"}
+                                                   "repeated_crash", "corrupted"}
     assert not V.VerdictKind.CRASH.deterministic and not V.VerdictKind.HANG.deterministic
 
 

@@ -34,6 +34,13 @@ class DrillConfig:
     # Rank ``slow_rank`` does ``slow_s`` seconds of extra compute before every step (a straggler; 0: off).
     slow_rank: int = 0
     slow_s: float = 0.0
+    # Right after step ``bitflip_step`` rank ``bitflip_rank`` flips bit ``bitflip_bit`` of the first element of
+    # its local part of parameter ``bitflip_param`` ('' = the first parameter): silent data corruption, which
+    # the replica consistency check (fault.consistency_every) must catch (0: off).
+    bitflip_step: int = 0
+    bitflip_rank: int = 0
+    bitflip_param: str = ""
+    bitflip_bit: int = 12
 
 
 @dataclass
@@ -54,6 +61,9 @@ class FaultConfig:
     # Stop (with a reference to the last checkpoint before the divergence, pinned) after this many
     # skipped steps in a row.
     max_consecutive_skips: int = 5
+    # Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
+    # state (fault/consistency.py); a mismatch stops the run with exit 46 and the last checkpoint before it (0: off).
+    consistency_every: int = 1000
     # torchrun --max_restarts for in-job restarts (lmforge launch and slurm/train.sh).
     max_restarts: int = 3
     drill: DrillConfig = field(default_factory=DrillConfig)

@@ -54,6 +54,7 @@ NON_NEGATIVE = (
     "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
     "cluster.cpus_per_task",
     "data.max_epochs",
+    "fault.consistency_every", "fault.drill.bitflip_step",
 )
 
 
@@ -153,6 +154,15 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     p, m = cfg.parallelism, cfg.model
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     layout = p.dp_replicate * p.dp_shard * p.tp * p.pp
+    if world_size is not None and layout > world_size:
+        raise ConfigError(
+            "parallelism",
+            f"dp_replicate*dp_shard*tp*pp = {p.dp_replicate}*{p.dp_shard}*{p.tp}*{p.pp} = {layout} but the job has "
+            f"world size {world_size}",
+            f"start {layout} processes: lmforge launch --nproc {layout} <same overrides> (torchrun --nproc_per_node={layout} -m "
+            f"lmforge.train <same overrides>), or choose a layout of {world_size}"
+            + (" (parallelism=single)" if world_size == 1 else ""),
+        )
     if world_size is not None and layout != world_size:
         raise ConfigError(
             "parallelism",

@@ -137,9 +137,6 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     """Check every source, then build (or load from the cache) the train passes and per-source valid sets.
 
     ``guard=False``: the caller holds the index lock already (``index_cache.build_for``)."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
     logging.getLogger("megatron").setLevel(logging.WARNING)
     if not cfg.sources:
         raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
@@ -153,6 +150,10 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     for shard in shards:
         check_splits(shard, cfg.valid_fraction, seq_len)
     check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, dict(zip(names, prefixes)))
+    # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)

@@ -7,7 +7,9 @@
   that reach it (0: every attempt: a crash that recurs, for the repeated-crash rule, fault/verdict.py);
 * step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going;
 * slow_s: rank ``slow_rank`` does ``slow_s`` seconds of extra compute (small matmuls) before every step, a
-  straggler for the straggler detector to find.
+  straggler for the straggler detector to find;
+* bitflip: one bit of one parameter flipped in place on one rank (silent data corruption, caught by the replica
+  consistency check of fault/consistency.py).
 
 Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
 recovers from it (torchrun restart, Slurm requeue; ranks may be renumbered) trains on.
@@ -19,7 +21,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
 
@@ -34,8 +36,10 @@ class Drills:
     """Called by the trainer after every step (``FaultHooks.after_step``)."""
 
     def __init__(self, cfg: DrillConfig, rank: int, ledger: Path, on_event: Callable[..., None],
-                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool] = lambda: False):
+                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool] = lambda: False,
+                 parameters: Optional[Callable[[], Iterable[Tuple[str, torch.Tensor]]]] = None):
         self.cfg = cfg
+        self.parameters = parameters
         self.ledger = ledger
         self.stop_requested = stop_requested
         self.rank = rank
@@ -71,6 +75,12 @@ class Drills:
                     os._exit(128 + signal.SIGTERM)
                 time.sleep(0.05)
 
+        if cfg.bitflip_step and step == cfg.bitflip_step and self.rank == cfg.bitflip_rank \
+                and self.parameters is not None and self._first_time("bitflip"):
+            name = flip_bit(self.parameters(), cfg.bitflip_param, cfg.bitflip_bit)
+            self.on_event("drill", step, f"drill: rank {self.rank} flipped bit {cfg.bitflip_bit} of {name}[0] "
+                          f"after step {step}")
+
     def _claim_crash(self) -> bool:
         """True if the crash drill fires in this attempt (one ledger entry per firing, up to crash_times)."""
         if self.cfg.crash_times <= 0:
@@ -88,3 +98,19 @@ class Drills:
         os.fsync(fd)
         os.close(fd)
         return True
+
+
+@torch.no_grad()
+def flip_bit(named: Iterable[Tuple[str, torch.Tensor]], name: str, bit: int) -> str:
+    """Flip ``bit`` of the first element of this rank's part of parameter ``name`` ('' = the first); its name."""
+    for pname, param in named:
+        if name and pname != name:
+            continue
+        local = param.to_local() if hasattr(param, "to_local") else param
+        flat = local.detach().view(-1)
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+        bits, k = flat.view(width), bit % (8 * flat.element_size())
+        mask = 1 << k if k < 8 * flat.element_size() - 1 or width is torch.uint8 else -(1 << k)  # the sign bit
+        bits[0] = bits[0] ^ mask
+        return pname
+    raise ValueError(f"fault.drill.bitflip_param={name!r}: no such parameter on rank with the drill")

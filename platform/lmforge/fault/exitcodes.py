@@ -7,6 +7,8 @@
     44  orphaned: my launcher died: nothing to restart here, the launcher's own failure handling decides
     45  diverged: too many non-finite / spiking losses in a row: do NOT retry, a human must look
     46  repeated crash: the same step crashed in an earlier attempt too: do NOT retry (tracebacks in <run>/crashes)
+    47  corrupted: data-parallel replicas hold different weights (silent data corruption, fault/consistency.py):
+        do NOT retry on the same hosts; check the named ranks' hardware, resume from the referenced checkpoint
 
 Under torchrun the worker's code is lost (the agent exits 1), so every worker ending in error also writes its
 verdict (lmforge.fault.verdict); lmforge.launch.agent exits with the deciding verdict's code.
@@ -18,6 +20,7 @@ WATCHDOG_EXIT_CODE = 43
 ORPHAN_EXIT_CODE = 44
 DIVERGED_EXIT_CODE = 45
 REPEATED_CRASH_EXIT_CODE = 46
+CORRUPTED_EXIT_CODE = 47
 
 __all__ = ["BAD_INPUT_EXIT_CODE", "REQUEUE_EXIT_CODE", "WATCHDOG_EXIT_CODE", "ORPHAN_EXIT_CODE", "DIVERGED_EXIT_CODE",
-           "REPEATED_CRASH_EXIT_CODE"]
+           "REPEATED_CRASH_EXIT_CODE", "CORRUPTED_EXIT_CODE"]

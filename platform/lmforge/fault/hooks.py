@@ -5,12 +5,14 @@
     batches = data.step_batches()
     faults.entering_step(step)           # drills that act before a step; the clock's entry mark
     result = engine.train_step(batches, lr, guard=faults.guard_for(step))
-    faults.after_step(step, step_time)   # heartbeat, stragglers, loss guard verdicts, drills
+    faults.after_step(step, step_time)   # heartbeat, stragglers, loss guard verdicts, drills, replica check
     faults.close()
 """
 from __future__ import annotations
 
 import os
+import sys
+import time
 from typing import Optional
 
 import torch
@@ -18,9 +20,10 @@ import torch
 from lmforge.checkpoint.layout import PINNED, complete_checkpoints, step_of
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.config.schema import RootConfig
+from lmforge.fault.consistency import Mismatch, ReplicaCheck
 from lmforge.fault.drills import Drills
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.exitcodes import DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
+from lmforge.fault.exitcodes import CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.signals import PreemptionFlag
 from lmforge.fault.straggler import ComputeClock, StragglerDetector
@@ -40,12 +43,25 @@ class Diverged(SystemExit):
         self.message = message
 
 
+class Corrupted(SystemExit):
+    """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 47, verdict ``corrupted``)."""
+
+    verdict_kind = "corrupted"
+
+    def __init__(self, message: str):
+        super().__init__(CORRUPTED_EXIT_CODE)
+        self.message = message
+
+
 class FaultHooks:
     def __init__(self, cfg: RootConfig, paths: RunPaths, rank: int, device: torch.device,
-                 logger: Optional[MetricsLogger], preemption: Optional[PreemptionFlag] = None):
+                 logger: Optional[MetricsLogger], preemption: Optional[PreemptionFlag] = None,
+                 engine=None, start_step: int = 0):
         self.cfg = cfg
         self.paths = paths
+        self.engine = engine
         self.rank = rank
+        self.device = device
         self.events = FaultEvents(paths.metrics, rank, logger, jsonl=cfg.logging.jsonl)
         fc = cfg.fault
         under_launcher = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_STEP_ID" in os.environ
@@ -58,7 +74,9 @@ class FaultHooks:
         self.clock = ComputeClock(device) if cfg.metrics.straggler_every > 0 else None
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
-                             stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False))
+                             stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False),
+                             parameters=(lambda: engine.inner.named_parameters()) if engine is not None else None)
+        self.replicas = self._replica_check(engine, start_step)
         self.last_straggler: dict = {}
         self._held = None
 
@@ -70,9 +88,25 @@ class FaultHooks:
                         f"(stacks in {self.paths.dumps})", code)
         os._exit(code)
 
-    def start(self, engine=None) -> "FaultHooks":
-        if self.clock is not None and engine is not None:
-            self.clock.attach(engine)
+    def _replica_check(self, engine, start_step: int) -> Optional[ReplicaCheck]:
+        """The replica consistency check, or None (announced when a multi-rank run has nothing to compare)."""
+        every = self.cfg.fault.consistency_every
+        group = getattr(engine, "replica_group", None) if engine is not None else None
+        if every <= 0 or engine is None:
+            return None
+        if group is None:
+            if self.rank == 0 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
+                       if self.cfg.parallelism.engine == "native" else f"the {self.cfg.parallelism.engine} engine "
+                       "shards the optimizer state across data-parallel ranks")
+                print(f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
+                      "use dp_replicate >= 2 (HSDP) to have replicas checked", flush=True)
+            return None
+        return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
+
+    def start(self) -> "FaultHooks":
+        if self.clock is not None and self.engine is not None:
+            self.clock.attach(self.engine)
         self.watchdog.start()
         self.watchdog.write_heartbeat()
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -130,6 +164,12 @@ class FaultHooks:
                                      step_times_s=found["wall_times"])
             self.last_straggler = found
         self.drills.after_step(step)
+        if self.replicas is not None and self.replicas.due(step):
+            t0 = time.perf_counter()
+            mismatch = self.replicas.check(step)
+            if mismatch is not None:
+                self.stop_corrupted(mismatch)
+            extra["replica_check_s"] = time.perf_counter() - t0
         self.watchdog.beat(step)
         return extra
 
@@ -181,6 +221,34 @@ class FaultHooks:
                f"(last cause: {g.last_cause}); {where}")
         self.events.emit("diverged", step, msg, checkpoint=str(ref) if ref else None, first_bad_step=first_bad)
         raise Diverged(msg)
+
+    def stop_corrupted(self, mismatch: Mismatch) -> None:
+        """Replicas disagree: name them, pin the newest checkpoint from before the corruption, exit 47.
+
+        A checkpoint taken after the last agreeing check may already hold the corrupt weights, so the reference
+        is the newest one at or before that check (nothing new is saved)."""
+        good = self.replicas.last_good_step
+        before = [p for p in complete_checkpoints(self.paths.checkpoints) if step_of(p) <= good]
+        if before:
+            ref = before[-1]
+            if self.rank == 0:
+                CheckpointManager.pin(ref, f"last checkpoint before the replica mismatch found at step {mismatch.step}")
+            where = (f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
+                     f"train.resume={ref}")
+        else:
+            ref, where = None, f"no checkpoint precedes step {good}; restart from scratch"
+        ranks = ", ".join(map(str, mismatch.suspects))
+        if mismatch.tensors and self.rank == min(r for r in mismatch.group if r in mismatch.suspects):
+            self.events.emit("replica_mismatch", mismatch.step, mismatch.describe(), ranks=mismatch.suspects,
+                             replicas=mismatch.group, tensors=mismatch.tensors, last_good_step=good)
+        msg = (f"silent data corruption: data-parallel replicas differ at step {mismatch.step} (last agreeing check "
+               f"at step {good}); suspect rank(s) {ranks}; check their GPUs/hosts and exclude them, then {where}")
+        if self.rank == 0:  # one event in the metrics; every rank's log gets the line
+            self.events.emit("corrupted", mismatch.step, msg, ranks=mismatch.suspects,
+                             checkpoint=str(ref) if ref else None, last_good_step=good)
+        else:
+            print(f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True)
+        raise Corrupted(msg)
 
     def close(self) -> None:
         if self.clock is not None:

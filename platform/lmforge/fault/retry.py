@@ -26,7 +26,8 @@ from typing import List, Optional
 
 from lmforge.fault.events import FaultEvents
 from lmforge.fault import verdict as verdicts
-from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, REQUEUE_EXIT_CODE
+from lmforge.fault.exitcodes import (BAD_INPUT_EXIT_CODE, CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, REPEATED_CRASH_EXIT_CODE,
+                                    REQUEUE_EXIT_CODE)
 from lmforge.runtime.rundir import RunPaths
 
 STATE_FILE = "requeues.json"
@@ -62,6 +63,14 @@ def _save_state(run_dir: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+NEVER_RETRIED = {
+    BAD_INPUT_EXIT_CODE: ("bad_input", "bad input, see the error above"),
+    DIVERGED_EXIT_CODE: ("diverged", "training diverged, see the 'diverged' event"),
+    REPEATED_CRASH_EXIT_CODE: ("repeated_crash", "the same crash recurred, see <run>/crashes"),
+    CORRUPTED_EXIT_CODE: ("corrupted", "data-parallel replicas differ, see the 'corrupted' event"),
+}
+
+
 def classify(run_dir: Path, exit_code: int, signalled: bool, state: dict, max_failures: int,
              max_preemptions: int) -> Decision:
     if RunPaths(Path(run_dir)).done_marker.exists():
@@ -70,11 +79,9 @@ def classify(run_dir: Path, exit_code: int, signalled: bool, state: dict, max_fa
     if verdict is not None:
         return Decision("stop", verdict.kind.value, f"{verdict.summary()}; not retried (a deterministic failure, "
                         f"{verdicts.verdicts_dir(run_dir)})", verdict.exit_code)
-    if exit_code == DIVERGED_EXIT_CODE:
-        return Decision("stop", "diverged", "training diverged (exit 45): not retried, see the 'diverged' event",
-                        exit_code)
-    if exit_code == BAD_INPUT_EXIT_CODE:
-        return Decision("stop", "bad_input", "bad input (exit 2): not retried, see the error above", exit_code)
+    if exit_code in NEVER_RETRIED:  # a plain srun worker's own code, when no verdict was written
+        kind, why = NEVER_RETRIED[exit_code]
+        return Decision("stop", kind, f"{why} (exit {exit_code}): not retried", exit_code)
     if signalled or exit_code in (0, REQUEUE_EXIT_CODE):
         if state["preemptions"] >= max_preemptions:
             return Decision("stop", "budget", f"preempted {state['preemptions']} times, the limit is {max_preemptions}",

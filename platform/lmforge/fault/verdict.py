@@ -45,6 +45,7 @@ class VerdictKind(str, enum.Enum):
     DATA_ERROR = "data_error"
     DIVERGED = "diverged"
     REPEATED_CRASH = "repeated_crash"
+    CORRUPTED = "corrupted"
     CRASH = "crash"
     PREEMPTED = "preempted"
     HANG = "hang"
@@ -55,7 +56,7 @@ class VerdictKind(str, enum.Enum):
 
 
 DETERMINISTIC = frozenset({VerdictKind.CONFIG_ERROR, VerdictKind.LAYOUT_ERROR, VerdictKind.DATA_ERROR,
-                           VerdictKind.DIVERGED, VerdictKind.REPEATED_CRASH})
+                           VerdictKind.DIVERGED, VerdictKind.REPEATED_CRASH, VerdictKind.CORRUPTED})
 
 
 @dataclass

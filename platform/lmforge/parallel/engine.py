@@ -88,6 +88,8 @@ class NativeEngine:
         self.optimizer = build_optimizer(self.inner)
         self.manual_grad_sync = uses_manual_allreduce(cfg.parallelism)
         self.dp_group = self.mesh["dp"].get_group()
+        # Ranks holding a replica of this rank's shard (fault/consistency.py compares them); None: no replicas.
+        self.replica_group = self.mesh["dp_replicate"].get_group() if self.dims.dp_replicate > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
         self.pipeline = None
         if self.dims.pp > 1:

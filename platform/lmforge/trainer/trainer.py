@@ -28,7 +28,8 @@ from omegaconf import OmegaConf
 from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
                                             scheduler_state)
 from lmforge.checkpoint.layout import SIDECAR
-from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
+from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.safe_io import read_json
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
@@ -105,7 +106,13 @@ class Trainer:
                               f"set model.vocab_size >= {self.tokenizer.vocab_size}")
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
-        resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
+        try:
+            resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
+        except CheckpointError:
+            check_resume_target(cfg.train.resume)  # says why in one line (exit 2)
+            raise
+        if resume_from is not None:
+            check_resume_fits(resume_from, cfg.model, self.tokenizer.identity)
         prior = read_json(resume_from / SIDECAR).get("data") if resume_from else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)
@@ -220,7 +227,8 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
-        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption).start(self.engine)
+        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption,
+                                          engine=self.engine, start_step=self.step).start()
         stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)
