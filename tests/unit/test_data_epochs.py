@@ -27,7 +27,9 @@ def reference_only(max_epochs: float = 4.0) -> DataConfig:
 
 @pytest.mark.timeout(300)
 def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_process_group(tmp_path, data_cache):
-    proc = train(["+exp=gpt_1b", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"], tmp_path, data_cache)
+    # one process: a layout of 1 (the 8-rank default would be refused first, as a layout error)
+    proc = train(["+exp=gpt_1b", "parallelism.dp_shard=1", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"],
+                 tmp_path, data_cache)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
