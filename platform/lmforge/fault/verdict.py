@@ -10,7 +10,8 @@ message, exit code, time and restart counts. The launchers read it:
   requeueing, with the verdict's message in the job log and its exit code.
 
 Deterministic kinds cannot succeed on a retry: ``config_error``, ``layout_error``, ``data_error`` (exit 2),
-``diverged`` (45) and ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt).
+``diverged`` (45), ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt) and
+``corrupted`` (47: data-parallel replicas differ; fault/consistency.py).
 Retryable kinds: ``crash`` (an uncaught exception, exit 1), ``preempted`` and ``hang`` (watchdog, 43).
 
 Each launcher attempt starts clean: the launcher moves the previous attempt's verdicts into
