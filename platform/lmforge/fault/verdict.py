@@ -33,11 +33,10 @@ from typing import Callable, List, Optional
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
 
-VERDICTS_DIR = "verdicts"
 HISTORY_FILE = "history.jsonl"
-CRASHES_DIR = "crashes"
 
 
 class VerdictKind(str, enum.Enum):
@@ -91,11 +90,11 @@ class Verdict:
 
 
 def verdicts_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / VERDICTS_DIR
+    return RunPaths(Path(run_dir)).verdicts
 
 
 def crashes_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CRASHES_DIR
+    return RunPaths(Path(run_dir)).crashes
 
 
 def _env_int(name: str) -> int:
