@@ -12,9 +12,7 @@ use), before megatron-core builds an index.
 """
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -43,12 +41,7 @@ class SourceEpochs:
 def train_split_tokens(idx_path: Path, valid_fraction: float) -> int:
     """Tokens of a shard's train split, from its .idx (megatron-core's document split)."""
     index = read_index(idx_path)
-    logging.getLogger("megatron").setLevel(logging.WARNING)  # as build_mixture does: no INFO lines on import
-    with warnings.catch_warnings():
-        # Importing megatron.core warns that Transformer Engine / Apex are missing, about its own optimizer and
-        # FSDP code, which lmforge never runs; a refusal must stay one line.
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        beg, end = split_bounds(len(index.lengths), split_string(valid_fraction))["train"]
+    beg, end = split_bounds(len(index.lengths), split_string(valid_fraction))["train"]  # megatron imported quietly
     return int(index.lengths[beg:end].sum(dtype=np.int64))
 
 
