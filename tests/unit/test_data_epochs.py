@@ -14,8 +14,9 @@ from lmforge.config.errors import ConfigError
 from lmforge.data.epochs import check_epochs, source_epochs, train_split_tokens
 
 
-def train(args, tmp_path, data_cache):
-    env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)}
+def train(args, tmp_path, data_cache, world_size: int = 1):
+    # WORLD_SIZE as torchrun sets it for each worker: `lmforge train` checks the layout against it first.
+    env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache), "WORLD_SIZE": str(world_size)}
     return subprocess.run([sys.executable, "-m", "lmforge.train", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -27,7 +28,9 @@ def reference_only(max_epochs: float = 4.0) -> DataConfig:
 
 @pytest.mark.timeout(300)
 def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_process_group(tmp_path, data_cache):
-    proc = train(["+exp=gpt_1b", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"], tmp_path, data_cache)
+    # One worker of the 8-process launch gpt_1b is laid out for (dp_shard=8); nothing else is started.
+    proc = train(["+exp=gpt_1b", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"], tmp_path, data_cache,
+                 world_size=8)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
