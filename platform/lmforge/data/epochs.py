@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -61,12 +61,17 @@ def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path) -> Opti
 
 
 def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                  prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
-    """Epochs per source for the sources whose shard index is readable (``prefixes`` when resolved already)."""
+                  known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
+    """Epochs per source for the sources whose shard index is readable. ``known``: {source: (shard prefix, train
+    split tokens)} for sources checked already (the mixture builder's ``check_splits``), read from no file again."""
     names, weights, _ = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
     out = []
     for name, weight in zip(names, weights):
-        prefix = (prefixes or {}).get(name) or known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
+        if known and name in known:
+            prefix, tokens = known[name]
+            out.append(SourceEpochs(name, Path(prefix), tokens, weight, planned_tokens))
+            continue
+        prefix = known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
         if prefix is None or not Path(f"{prefix}.idx").exists():
             continue
         try:
@@ -78,9 +83,9 @@ def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
 
 
 def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                 prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
+                 known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
     """Raise ConfigError (``data.max_epochs``) when a source would be repeated more than ``cfg.max_epochs`` times."""
-    found = source_epochs(cfg, planned_tokens, cache_dir, prefixes)
+    found = source_epochs(cfg, planned_tokens, cache_dir, known)
     if cfg.max_epochs <= 0 or not found:
         return found
     worst = max(found, key=lambda s: s.epochs)
