@@ -59,10 +59,13 @@ def test_build_for_refuses_inside_a_process_group(tmp_path, data_cache):
     from lmforge.data.index_cache import build_for
 
     cfg = validate(compose(["model=tiny", f"data.cache_dir={data_cache}", f"run.root={tmp_path}"]))
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    # The data tests leave their world of one (data_support.ensure_world) in this pytest process: use it then.
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="before the process group exists"):
             build_for(cfg)
     finally:
-        dist.destroy_process_group()
+        if own:
+            dist.destroy_process_group()
