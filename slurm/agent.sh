@@ -9,7 +9,8 @@ source "${LMFORGE_REPO:?}/slurm/env.sh"
 trap '' USR1
 local_addr=$(lmforge_node_addr "${SLURMD_NODENAME:-$(hostname)}")
 # lmforge.launch.agent is torchrun that reads the workers' verdicts ($LMFORGE_RUN_DIR/verdicts) before a
-# restart: a deterministic failure (config/layout/data error, divergence, repeated crash) is not restarted.
+# restart: a deterministic failure (config/layout/data error, divergence, repeated crash, corrupted
+# replicas) is not restarted.
 exec "$LMFORGE_PYTHON" -m lmforge.launch.agent \
   --nnodes="$SLURM_NNODES" --nproc_per_node="$LMFORGE_NPROC_PER_NODE" \
   --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \

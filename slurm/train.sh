@@ -90,7 +90,7 @@ trap - USR1 TERM   # from here on a signal is Slurm ending this run (requeue, ca
 signalled=()
 [ "$PREEMPTED" = 1 ] && signalled=(--signalled)
 # jobctl prints done | requeue | stop <code>; a deterministic verdict (config/layout/data error, divergence,
-# repeated crash: <run>/verdicts) stops with its message on stderr and its exit code.
+# repeated crash, corrupted replicas: <run>/verdicts) stops with its message on stderr and its exit code.
 decision=$("$LMFORGE_PYTHON" -m lmforge.launch.jobctl after --exit-code "$rc" "${signalled[@]}" -- "$@")
 read -r action code <<< "$decision"
 case "$action" in

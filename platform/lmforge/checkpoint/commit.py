@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from lmforge.checkpoint.layout import ASIDE_RE, COMPLETE, SIDECAR, aside_dir, is_complete, stale_asides, step_dir, step_of
+from lmforge.runtime.rundir import RUN_DIR_MODE
 
 FILE_MODE = 0o640  # owner read/write, group read, others nothing
-DIR_MODE = 0o750
+DIR_MODE = RUN_DIR_MODE  # 0o750, as the run directory around it
 STAGES = ("shards", "sidecar", "complete", "aside", "renamed")
 _NO_DIR_FSYNC: list = []  # the first directory that refused an fsync (announced once)
 

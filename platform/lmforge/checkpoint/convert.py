@@ -18,7 +18,6 @@ CLI: ``lmforge ckpt convert SRC DST --to native``.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from lmforge.checkpoint import deepspeed_io
+from lmforge.checkpoint.commit import commit, make_dir
 from lmforge.checkpoint.layout import SIDECAR, step_dir, tmp_dir
 from lmforge.checkpoint.safe_io import UnsafeCheckpointError, load_dcp, read_json, tensor_metadata, weights_only_loads
 from lmforge.config.model import ModelConfig
@@ -55,20 +55,13 @@ def _model_from_sidecar(sidecar: dict) -> GPT:
 
 
 def _commit(dst_root: Path, step: int, write: Callable[[Path], None], sidecar: dict) -> Path:
-    from lmforge.checkpoint.manager import _fsync_dir
-    from lmforge.checkpoint.layout import COMPLETE
-
-    dst_root.mkdir(parents=True, exist_ok=True)
+    """``write`` the tensor files into ``.tmp-step-N/``, then the commit protocol every checkpoint uses."""
     tmp, final = tmp_dir(dst_root, step), step_dir(dst_root, step)
+    make_dir(dst_root)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    make_dir(tmp)
     write(tmp)
-    (tmp / SIDECAR).write_text(json.dumps(sidecar, indent=1, sort_keys=True))
-    (tmp / COMPLETE).write_text(str(step))
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    commit(tmp, final, step, sidecar)
     return final
 
 
@@ -151,4 +144,3 @@ def main(argv, build_optimizer_for: Callable[[nn.Module, dict], torch.optim.Opti
         return 2
     print(f"converted {src} ({sidecar.get('format', 'dcp')}) -> {out} (native)", flush=True)
     return 0
-

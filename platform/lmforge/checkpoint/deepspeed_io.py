@@ -27,11 +27,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
-from lmforge.checkpoint.safe_io import DEEPSPEED_GLOBALS, load_dcp, tensor_metadata, weights_only_loads  # noqa: F401
+from lmforge.checkpoint.safe_io import load_dcp, tensor_metadata, weights_only_loads
 from lmforge.parallel.deepspeed_engine import DS_TAG  # the sub-directory holding DeepSpeed's files
 
 FORMAT = "deepspeed"
-ALLOWED_GLOBALS = DEEPSPEED_GLOBALS  # the exact types DeepSpeed pickles (kept in safe_io, the one reader)
 
 
 def _rank() -> int:

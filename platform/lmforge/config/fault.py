@@ -62,7 +62,7 @@ class FaultConfig:
     # skipped steps in a row.
     max_consecutive_skips: int = 5
     # Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
-    # state (fault/consistency.py); a mismatch stops the run with exit 46 and the last checkpoint before it (0: off).
+    # state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it (0: off).
     consistency_every: int = 1000
     # torchrun --max_restarts for in-job restarts (lmforge launch and slurm/train.sh).
     max_restarts: int = 3

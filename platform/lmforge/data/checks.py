@@ -8,8 +8,11 @@ one sequence of ``seq_len + 1`` tokens.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -123,10 +126,21 @@ def split_string(valid_fraction: float) -> str:
     return f"{10000 - valid},{valid},0"
 
 
+@contextlib.contextmanager
+def quiet_megatron_import():
+    """Import megatron-core without its INFO lines and its warnings that Transformer Engine / Apex are missing
+    (about its own optimizer and FSDP code, which lmforge never runs): a refusal stays one line."""
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+        yield
+
+
 def split_bounds(num_docs: int, split: str) -> Dict[str, Tuple[int, int]]:
     """Document ranges per split, computed exactly as megatron-core's builder does."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (convert_split_vector_to_split_matrix,
-                                                                        parse_and_normalize_split)
+    with quiet_megatron_import():
+        from megatron.core.datasets.blended_megatron_dataset_config import (convert_split_vector_to_split_matrix,
+                                                                            parse_and_normalize_split)
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     out = {}

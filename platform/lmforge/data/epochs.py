@@ -12,12 +12,10 @@ use), before megatron-core builds an index.
 """
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -43,12 +41,7 @@ class SourceEpochs:
 def train_split_tokens(idx_path: Path, valid_fraction: float) -> int:
     """Tokens of a shard's train split, from its .idx (megatron-core's document split)."""
     index = read_index(idx_path)
-    logging.getLogger("megatron").setLevel(logging.WARNING)  # as build_mixture does: no INFO lines on import
-    with warnings.catch_warnings():
-        # Importing megatron.core warns that Transformer Engine / Apex are missing, about its own optimizer and
-        # FSDP code, which lmforge never runs; a refusal must stay one line.
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        beg, end = split_bounds(len(index.lengths), split_string(valid_fraction))["train"]
+    beg, end = split_bounds(len(index.lengths), split_string(valid_fraction))["train"]  # megatron imported quietly
     return int(index.lengths[beg:end].sum(dtype=np.int64))
 
 
@@ -68,12 +61,17 @@ def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path) -> Opti
 
 
 def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                  prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
-    """Epochs per source for the sources whose shard index is readable (``prefixes`` when resolved already)."""
+                  known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
+    """Epochs per source for the sources whose shard index is readable. ``known``: {source: (shard prefix, train
+    split tokens)} for sources checked already (the mixture builder's ``check_splits``), read from no file again."""
     names, weights, _ = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
     out = []
     for name, weight in zip(names, weights):
-        prefix = (prefixes or {}).get(name) or known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
+        if known and name in known:
+            prefix, tokens = known[name]
+            out.append(SourceEpochs(name, Path(prefix), tokens, weight, planned_tokens))
+            continue
+        prefix = known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
         if prefix is None or not Path(f"{prefix}.idx").exists():
             continue
         try:
@@ -85,9 +83,9 @@ def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
 
 
 def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                 prefixes: Optional[Dict[str, Path]] = None) -> List[SourceEpochs]:
+                 known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
     """Raise ConfigError (``data.max_epochs``) when a source would be repeated more than ``cfg.max_epochs`` times."""
-    found = source_epochs(cfg, planned_tokens, cache_dir, prefixes)
+    found = source_epochs(cfg, planned_tokens, cache_dir, known)
     if cfg.max_epochs <= 0 or not found:
         return found
     worst = max(found, key=lambda s: s.epochs)

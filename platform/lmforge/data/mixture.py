@@ -147,9 +147,9 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
     prefixes = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir, workers) for n in names]
     shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
-    for shard in shards:
-        check_splits(shard, cfg.valid_fraction, seq_len)
-    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, dict(zip(names, prefixes)))
+    train_tokens = [check_splits(shard, cfg.valid_fraction, seq_len)["train"] for shard in shards]
+    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir,
+                 {n: (p, tokens) for n, p, tokens in zip(names, prefixes, train_tokens)})
     # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig

@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# The integer dtype of each element width: a tensor's raw bits (fingerprints here, the bitflip drill).
+INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -36,7 +37,7 @@ def bit_fingerprint(t: torch.Tensor) -> torch.Tensor:
     local = local_tensor(t)
     if local.dtype == torch.bool:
         local = local.to(torch.uint8)
-    bits = local.view(_INT_OF_WIDTH[local.element_size()]) if local.is_floating_point() or local.is_complex() \
+    bits = local.view(INT_OF_WIDTH[local.element_size()]) if local.is_floating_point() or local.is_complex() \
         else local
     return bits.sum(dtype=torch.int64)
 

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional, Tuple
 import torch
 
 from lmforge.config.fault import DrillConfig
+from lmforge.fault.consistency import INT_OF_WIDTH, local_tensor
 
 
 class DrillCrash(RuntimeError):
@@ -106,9 +107,8 @@ def flip_bit(named: Iterable[Tuple[str, torch.Tensor]], name: str, bit: int) -> 
     for pname, param in named:
         if name and pname != name:
             continue
-        local = param.to_local() if hasattr(param, "to_local") else param
-        flat = local.detach().view(-1)
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
+        flat = local_tensor(param).view(-1)
+        width = INT_OF_WIDTH[flat.element_size()]
         bits, k = flat.view(width), bit % (8 * flat.element_size())
         mask = 1 << k if k < 8 * flat.element_size() - 1 or width is torch.uint8 else -(1 << k)  # the sign bit
         bits[0] = bits[0] ^ mask

@@ -4,9 +4,9 @@ One decision for every launcher (slurm/train.sh via ``lmforge.launch.jobctl afte
 submitit jobs), recorded in ``<run>/requeues.json`` and as an event in the run's metrics JSONL:
 
 * the run directory holds ``DONE``                      -> ``done``
-* a rank's verdict is deterministic (config, layout or data error, divergence, repeated crash;
-  lmforge.fault.verdict)                                -> ``stop`` with the verdict's message and exit code
-* exit 2 (bad input) or 45 (diverged) without a verdict -> ``stop`` (deterministic; never retried)
+* a rank's verdict is deterministic (config, layout or data error, divergence, repeated crash, corrupted
+  replicas; lmforge.fault.verdict)                      -> ``stop`` with the verdict's message and exit code
+* exit 2, 45, 46 or 47 without a verdict (``NEVER_RETRIED``) -> ``stop`` (deterministic; never retried)
 * preempted: the job got USR1/TERM, or exit 42, or a clean exit 0 without ``DONE`` (a preemption checkpoint
   under torchrun)                                       -> ``requeue`` (up to ``max_preemptions``)
 * any other failure                                     -> ``requeue`` while ``failures <= max_failures``,

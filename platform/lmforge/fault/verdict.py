@@ -10,7 +10,8 @@ message, exit code, time and restart counts. The launchers read it:
   requeueing, with the verdict's message in the job log and its exit code.
 
 Deterministic kinds cannot succeed on a retry: ``config_error``, ``layout_error``, ``data_error`` (exit 2),
-``diverged`` (45) and ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt).
+``diverged`` (45), ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt) and
+``corrupted`` (47: data-parallel replicas differ; fault/consistency.py).
 Retryable kinds: ``crash`` (an uncaught exception, exit 1), ``preempted`` and ``hang`` (watchdog, 43).
 
 Each launcher attempt starts clean: the launcher moves the previous attempt's verdicts into
@@ -32,11 +33,10 @@ from typing import Callable, List, Optional
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
 
-VERDICTS_DIR = "verdicts"
 HISTORY_FILE = "history.jsonl"
-CRASHES_DIR = "crashes"
 
 
 class VerdictKind(str, enum.Enum):
@@ -90,11 +90,11 @@ class Verdict:
 
 
 def verdicts_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / VERDICTS_DIR
+    return RunPaths(Path(run_dir)).verdicts
 
 
 def crashes_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CRASHES_DIR
+    return RunPaths(Path(run_dir)).crashes
 
 
 def _env_int(name: str) -> int:

@@ -5,7 +5,7 @@ failure, and then exits 1: a config error or a divergence is retried to the budg
 This is torchrun itself (same options, same elastic agent, same rendezvous) with one change: before the
 agent restarts a failed group it reads the workers' verdicts (``<run>/verdicts``, lmforge.fault.verdict)
 and, when one is deterministic, stops instead. The agent then ends the surviving workers at once (torchrun's
-own teardown: SIGTERM, then SIGKILL), and exits with the verdict's exit code (2, 45, 46) after printing its
+own teardown: SIGTERM, then SIGKILL), and exits with the verdict's exit code (2, 45, 46, 47) after printing its
 kind, rank, step and message. Other failures keep torchrun's behaviour; the exit code is the first failed
 worker's own code (1 for an uncaught exception, 43 for the watchdog) rather than torchrun's constant 1.
 

@@ -5,11 +5,12 @@
 
 torchrun (through lmforge.launch.agent, torchrun with a restart policy) restarts the worker group in-job
 (``--max-restarts``, default fault.max_restarts) after a killed or hung rank, but not after a deterministic
-failure (a rank's verdict in <run>/verdicts: config/layout/data error, divergence, repeated crash); when
-torchrun gives up, the launcher applies the same decision as slurm/train.sh (lmforge.fault.retry,
-cluster.max_requeues): relaunch a crash within the budget, stop on a deterministic verdict with its message
-and exit code. Each attempt starts with the previous attempt's verdicts moved to verdicts/history.jsonl. SIGTERM/SIGINT to the launcher go to the
-agent, which stops the workers with SIGTERM: they checkpoint (lmforge.fault.signals) and the launcher stops.
+failure (a rank's verdict in <run>/verdicts: config/layout/data error, divergence, repeated crash, corrupted
+replicas); when torchrun gives up, the launcher applies the same decision as slurm/train.sh
+(lmforge.fault.retry, cluster.max_requeues): relaunch a crash within the budget, stop on a deterministic verdict
+with its message and exit code. Each attempt starts with the previous attempt's verdicts moved to
+verdicts/history.jsonl. SIGTERM/SIGINT to the launcher go to the agent, which stops the workers with SIGTERM:
+they checkpoint (lmforge.fault.signals) and the launcher stops.
 All relaunches share one rendezvous id, hence one run directory (runs/torchrun-<id>), and resume from it.
 """
 from __future__ import annotations

@@ -154,6 +154,16 @@ class RunPaths:
         return self.root / "heartbeats"
 
     @property
+    def verdicts(self) -> Path:
+        """``rank<r>.json`` per rank of the current attempt, ``history.jsonl`` (lmforge.fault.verdict)."""
+        return self.root / "verdicts"
+
+    @property
+    def crashes(self) -> Path:
+        """Crash tracebacks of every attempt (the repeated-crash rule, lmforge.fault.verdict)."""
+        return self.root / "crashes"
+
+    @property
     def done_marker(self) -> Path:
         return self.root / "DONE"
 

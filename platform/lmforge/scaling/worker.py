@@ -3,13 +3,14 @@
     python -m lmforge.scaling.worker SWEEP_FILE [--points ID,ID,...]     # local launcher
     python -m lmforge.scaling.worker SWEEP_FILE --index $SLURM_ARRAY_TASK_ID   # one point per array task
 
-For each point: skip it when its run directory holds the DONE marker; otherwise append a ``sweep_point``
-event (budget, N, D, ...) to the run's metrics.jsonl, compose the point's overrides exactly as ``lmforge train``
+For each point: skip it when its run directory holds the DONE marker; otherwise append a ``sweep_point`` event
+(budget, N, D, ...) to the run's metrics.jsonl, compose the point's overrides exactly as ``lmforge train``
 would, and train. A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and its verdict
-(lmforge.fault.verdict) and the next point runs; a point whose verdict is deterministic (config, layout or
-data error, divergence, repeated crash) is not retried when the sweep runs again (remove ``<run>/verdicts``
-after fixing it). A preemption (exit 42) stops the worker so Slurm can requeue it. Exit status: 0 if every point finished,
-1 if any failed.
+(lmforge.fault.verdict) and the next point runs; a point whose verdict is deterministic (config, layout or data
+error, divergence, repeated crash, corrupted replicas) is not retried when the sweep runs again (remove
+``<run>/verdicts`` after fixing it). A preemption (exit 42) stops the worker so Slurm can requeue it; a replica
+mismatch (exit 47, ``Corrupted``, a SystemExit like the preemption) ends the worker too. Exit status: 0 if every
+point finished, 1 if any failed.
 """
 from __future__ import annotations
 
