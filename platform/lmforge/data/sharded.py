@@ -52,7 +52,8 @@ def file_sha256(path: Path) -> str:
     parts = [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file()] \
         if path.is_dir() else [("", path)]
     for name, p in parts:
-        h.update(name.encode() + b"\0")
+        if name:
+            h.update(name.encode() + b"\0")
         with open(p, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)

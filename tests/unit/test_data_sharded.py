@@ -1,0 +1,104 @@
+"""Sharded preparation: one shard per input group under a directory, a manifest, resume after kill -9.
+
+The killed run is a real subprocess, killed with SIGKILL while it writes its third shard; re-running keeps
+the two finished shards untouched (same inode and mtime), redoes the partial one, and the whole directory
+(.bin, .idx, manifest.json) is byte-identical to an uninterrupted run with another worker count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmforge.data.embedded import iter_documents
+from lmforge.data.prepare import main as prepare_main
+from lmforge.data.shards import read_index
+from lmforge.data.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+FILES, PER_SHARD = 8, 2
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """8 JSONL files of real chapters (about 150 kB each), every other one with an empty row."""
+    root = tmp_path_factory.mktemp("sharded-in")
+    docs = [d for _, d in zip(range(FILES * 4), iter_documents("books"))]
+    for i in range(FILES):
+        rows = [{"text": t} for t in docs[i * 4:(i + 1) * 4]] + ([{"text": ""}] if i % 2 else [])
+        (root / f"part-{i:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def outputs(out: Path):
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())
+            if p.suffix in (".bin", ".idx") or p.name == "manifest.json"}
+
+
+def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, inputs, data_cache, capsys):
+    tok = load_tokenizer("embedded", data_cache)
+    ref = tmp_path / "ref"
+    args = [str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache)]
+    assert prepare_main([*args, "--out", str(ref), "--workers", "2"]) == 0
+    manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["complete"] is True and [s["name"] for s in manifest["shards"]] == [
+        f"shard-{i:05d}" for i in range(FILES // PER_SHARD)]
+    assert manifest["tokenizer"] == tok.identity and manifest["empty_rows"] == FILES // 2
+    assert [s["inputs"] for s in manifest["shards"]][1] == [str(inputs / "part-002.jsonl"),
+                                                            str(inputs / "part-003.jsonl")]
+    for s in manifest["shards"]:
+        index = read_index(ref / f"{s['name']}.idx")
+        assert (s["documents"], s["tokens"]) == (index.num_documents, index.num_tokens) == (8, s["tokens"])
+    import hashlib
+
+    first = manifest["inputs"][0]
+    assert first["bytes"] == (inputs / "part-000.jsonl").stat().st_size and first["format"] == "jsonl"
+    assert first["sha256"] == hashlib.sha256((inputs / "part-000.jsonl").read_bytes()).hexdigest()
+    assert manifest["tokens"] == sum(s["tokens"] for s in manifest["shards"])
+
+    # kill -9 while the third shard is being written.
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    proc = subprocess.Popen([sys.executable, "-m", "lmforge.data.prepare", *args, "--out", str(out), "--workers", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            partial = [p for p in out.glob("shard-00002.tmp*.bin") if p.stat().st_size > 0]
+            if partial and (out / "shard-00001.meta.json").exists():
+                break
+            time.sleep(0.002)
+        assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert not (out / "shard-00002.meta.json").exists() and not (out / "manifest.json").exists()
+    finished = {n: os.stat(out / n) for n in ("shard-00000.bin", "shard-00000.idx", "shard-00001.bin")}
+    # The incomplete directory is refused by the final check, with what is missing.
+    assert prepare_main(["--finalize", "--out", str(out)]) == 2
+    assert f"lmforge data prepare: {out} is not complete: 2 of 4 shard(s) not built: shard-00002, shard-00003. Fix: " \
+           "run the same `lmforge data prepare` again" in capsys.readouterr().err
+    # Another plan over the same directory is refused (it would mix two preparations).
+    assert prepare_main([str(inputs), "--shard-size", "3", "--cache-dir", str(data_cache), "--out", str(out)]) == 2
+    assert f"{out / 'plan.json'} was made for other work (shard_files differ)" in capsys.readouterr().err
+
+    capsys.readouterr()
+    assert prepare_main([*args, "--out", str(out), "--workers", "1"]) == 0
+    status = json.loads(capsys.readouterr().out.split("\n}\n")[0] + "\n}")
+    assert status == {"shard-00000": "done before", "shard-00001": "done before", "shard-00002": "built",
+                      "shard-00003": "built"}
+    for name, st in finished.items():  # untouched: same file, same mtime
+        now = os.stat(out / name)
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
+    assert not list(out.glob("*.tmp*")), "the killed build's partial files are removed"
+    assert outputs(out) == outputs(ref)  # byte-identical .bin/.idx/manifest.json
+    # Negative control: the comparison sees a one-byte change.
+    changed = outputs(out)
+    changed["shard-00003.bin"] = changed["shard-00003.bin"][:-1] + bytes([changed["shard-00003.bin"][-1] ^ 1])
+    assert changed != outputs(ref)
