@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lmforge.data.embedded import iter_documents
@@ -41,11 +42,19 @@ def outputs(out: Path):
             if p.suffix in (".bin", ".idx") or p.name == "manifest.json"}
 
 
-def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, inputs, data_cache, capsys):
+@pytest.fixture(scope="module")
+def reference(inputs, data_cache, tmp_path_factory):
+    """The uninterrupted preparation (2 worker processes) every other output is compared with."""
+    ref = tmp_path_factory.mktemp("sharded") / "ref"
+    assert prepare_main([str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache),
+                         "--out", str(ref), "--workers", "2"]) == 0
+    return ref
+
+
+def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, inputs, reference, data_cache, capsys):
     tok = load_tokenizer("embedded", data_cache)
-    ref = tmp_path / "ref"
+    ref = reference
     args = [str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache)]
-    assert prepare_main([*args, "--out", str(ref), "--workers", "2"]) == 0
     manifest = json.loads((ref / "manifest.json").read_text())
     assert manifest["complete"] is True and [s["name"] for s in manifest["shards"]] == [
         f"shard-{i:05d}" for i in range(FILES // PER_SHARD)]
@@ -102,3 +111,50 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     changed = outputs(out)
     changed["shard-00003.bin"] = changed["shard-00003.bin"][:-1] + bytes([changed["shard-00003.bin"][-1] ^ 1])
     assert changed != outputs(ref)
+
+
+def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its_tokens(tmp_path, reference,
+                                                                                       data_cache):
+    from data_support import ensure_world
+    from lmforge.config.data import DataConfig, DataSourceConfig
+    from lmforge.config.errors import ConfigError
+    from lmforge.data.mixture import build_mixture
+
+    ensure_world()
+    tok = load_tokenizer("embedded", data_cache)
+    manifest = json.loads((reference / "manifest.json").read_text())
+    cfg = DataConfig(sources={"books": DataSourceConfig("embedded:books", 0.4),
+                              "many": DataSourceConfig(str(reference), 0.6)},
+                     tokenizer="embedded", cache_dir=str(data_cache), valid_fraction=0.25)
+    mix = build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+    assert mix.sources == ["books", "many"] and len(mix.train.datasets) == 1 + len(manifest["shards"])
+    counts = np.bincount(np.asarray(mix.train.dataset_index), minlength=1 + len(manifest["shards"])) / 4000
+    total = manifest["tokens"]
+    for k, shard in enumerate(manifest["shards"], start=1):  # each shard's share: 0.6 x its share of the tokens
+        assert abs(counts[k] - 0.6 * shard["tokens"] / total) < 0.01, (shard["name"], counts)
+    ids = [mix.train_text(i)[1] for i in range(400)]
+    assert set(ids) == {0, 1} and abs(ids.count(1) / 400 - 0.6) < 0.08  # shard ids map back to the source
+    # A directory whose preparation did not finish is refused.
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "plan.json").write_text("{}")
+    cfg.sources["many"] = DataSourceConfig(str(tmp_path / "half"), 0.6)
+    with pytest.raises(ConfigError, match=r"data\.sources\.many\.path.*is a directory, but its preparation has not "
+                                          r"finished \(plan\.json but no complete manifest\.json\)"):
+        build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+
+    # A tiny training run over it reports tokens per source at every logged step.
+    cmd = [sys.executable, "-m", "lmforge.train", f"run.root={tmp_path}", "run.name=many", "model=tiny",
+           "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_every=0",
+           "train.threads=1", "train.device=cpu", "logging.every_steps=1", "logging.console=plain",
+           "checkpoint.every_steps=0", "data.valid_fraction=0.25", "data.sources.books.weight=0.4",
+           "data.sources.reference.weight=0", f"data.sources.code.path={reference}", "data.sources.code.weight=0.6"]
+    # (source 'code' of the default preset, pointed at the shard directory)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "LMFORGE_DATA_CACHE": str(data_cache)}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = [r for r in map(json.loads, (tmp_path / "many" / "metrics.jsonl").read_text().splitlines())
+             if r.get("kind") == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    last = train[-1]
+    assert last["tokens/books"] + last["tokens/code"] == last["tokens_seen"] == 3 * 4 * 64
+    assert last["tokens/code"] > 0 and last["tokens/books"] > 0 and last.get("tokens/reference", 0) == 0
