@@ -176,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--launcher", choices=("local", "slurm-array"), default="local",
                     help="slurm-array: submit slurm/prepare_array.sh as an array job plus a finalize job")
     ap.add_argument("--array-tasks", type=int, default=2, help="array tasks for --launcher slurm-array")
+    ap.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                    help="an extra sbatch argument for the array and finalize jobs (repeatable), e.g. --partition=cpu")
     ap.add_argument("--task-index", type=int, default=None, help="build only shards i %% NUM_TASKS == INDEX "
                     "(default $SLURM_ARRAY_TASK_ID); no finalize")
     ap.add_argument("--num-tasks", type=int, default=None, help="(default $SLURM_ARRAY_TASK_COUNT)")
@@ -206,10 +208,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.finalize:
         print(json.dumps(_summary(sharded.finalize(out)), indent=1))
         return 0
-    if not args.inputs:
-        raise ValueError("no inputs. Fix: give files, directories, globs or embedded:NAME")
     tok = load_tokenizer(args.tokenizer, Path(args.cache_dir))
-    if args.shard_size is None:
+    if not args.inputs:  # an array task (or a re-run): the plan already under --out says what to do
+        if not (out / sharded.PLAN).exists():
+            raise ValueError("no inputs. Fix: give files, directories, globs or embedded:NAME")
+        plan = sharded.load_plan(out)
+        if plan["tokenizer"] != tok.identity:
+            raise ValueError(f"{out / sharded.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
+                             f"--tokenizer {args.tokenizer} is {tok.fingerprint}. Fix: pass the plan's --tokenizer")
+    elif args.shard_size is None:
         if args.launcher != "local":
             raise ValueError("--launcher slurm-array needs --shard-size (the array splits the shards)")
         if out.suffix in (".bin", ".idx"):
@@ -222,17 +229,18 @@ def _run(args: argparse.Namespace) -> int:
                        on_error=args.on_error)
         print(json.dumps(meta, indent=1))
         return 0
-    if args.force:
-        for name in (sharded.PLAN, sharded.MANIFEST):
-            (out / name).unlink(missing_ok=True)
-        for meta in out.glob("shard-*.meta.json"):
-            meta.unlink()
-    plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, args.shard_size, args.text_key,
-                                                              args.on_error))
+    else:
+        if args.force:
+            for name in (sharded.PLAN, sharded.MANIFEST):
+                (out / name).unlink(missing_ok=True)
+            for meta in out.glob("shard-*.meta.json"):
+                meta.unlink()
+        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, args.shard_size, args.text_key,
+                                                                  args.on_error))
     if args.launcher == "slurm-array":
         from lmforge.data.prepare_slurm import submit_array
 
-        print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, len(plan["shards"])))
+        print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
         return 0
     task = args.task_index if args.task_index is not None else _env_int("SLURM_ARRAY_TASK_ID")
     tasks = args.num_tasks if args.num_tasks is not None else _env_int("SLURM_ARRAY_TASK_COUNT")
