@@ -53,6 +53,7 @@ def write_format(fmt: str, docs: List[str], files: int, root: Path) -> Path:
     import pyarrow.parquet as pq
     import zstandard
 
+    datasets.disable_progress_bars()
     out = root / fmt
     out.mkdir(parents=True)
     for i in range(files):

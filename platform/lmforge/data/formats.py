@@ -59,10 +59,10 @@ class ReadReport:
         return {path: {"documents": f.documents, "empty_rows": f.empty_rows, "skipped": list(f.skipped)}
                 for path, f in self.files.items()}
 
-    def summary_lines(self, text_key: str) -> List[str]:
-        lines = [f"data prepare: {path}: {f.empty_rows} row(s) with no or empty '{text_key}' (counted, not written)"
-                 for path, f in self.files.items() if f.empty_rows]
-        return lines + [f"data prepare: skipped {s}" for s in self.skipped]
+    def empty_lines(self, text_key: str) -> List[str]:
+        """One line per file with empty rows (skipped rows were announced when they were met)."""
+        return [f"data prepare: {path}: {f.empty_rows} row(s) with no or empty '{text_key}' (counted, not written)"
+                for path, f in self.files.items() if f.empty_rows]
 
 
 def file_format(path: Path) -> str:

@@ -16,7 +16,9 @@ import collections
 import contextlib
 import json
 import os
+import queue
 import sys
+import threading
 from pathlib import Path
 from typing import Deque, Iterator, List, Optional, Sequence
 
@@ -55,6 +57,48 @@ def _chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[List[str]]:
         yield buf
 
 
+def read_ahead(items: Iterator[List[str]], depth: int = 2) -> Iterator[List[str]]:
+    """``items`` produced by a reader thread up to ``depth`` ahead: reading, decompressing and parsing the next
+    chunk overlap with tokenizing this one (``encode_batch`` releases the GIL). The reader's errors (a malformed
+    row) are raised here, in order; closing this generator stops the reader."""
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            put((None, e))
+            return
+        put((done, None))
+
+    thread = threading.Thread(target=reader, name="lmforge-prepare-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = q.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 # ---- worker processes ------------------------------------------------------------------------------
 _WORKER_TOKENIZER: Optional[Tokenizer] = None
 
@@ -86,7 +130,7 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
     stats.setdefault("chars", 0)
     try:
         if workers <= 1:
-            for chunk in _chunks(docs, CHUNK_CHARS):
+            for chunk in read_ahead(_chunks(docs, CHUNK_CHARS)):
                 for ids in tokenizer.encode_batch(chunk):
                     yield np.asarray(ids)
                 n = sum(len(d) for d in chunk)
@@ -97,7 +141,7 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
             if pool is None:
                 pool = stack.enter_context(worker_pool(tokenizer, workers))
             pending: Deque = collections.deque()
-            for chunk in _chunks(docs, CHUNK_CHARS):
+            for chunk in read_ahead(_chunks(docs, CHUNK_CHARS)):
                 pending.append((pool.apply_async(_encode_chunk, (chunk,)), sum(len(d) for d in chunk)))
                 while len(pending) > 2 * workers:  # bounded: the corpus never sits in memory whole
                     res, n = pending.popleft()
@@ -144,7 +188,7 @@ def prepare(inputs: Sequence[str], prefix: Path, tokenizer: Tokenizer, source: s
                              _total_chars(inputs), stats)
 
         def extra() -> dict:
-            for line in report.summary_lines(json_key):
+            for line in report.empty_lines(json_key):
                 print(line, file=sys.stderr, flush=True)
             return {"workers": workers, "empty_rows": report.empty_rows, "skipped": report.skipped}
 

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -132,6 +133,8 @@ def build_shards(out: Path, plan: dict, tokenizer: Tokenizer, workers: int = 1, 
                                      tokenizer, workers, progress, sum(f["bytes"] for f in shard["files"]), stats,
                                      pool=pool)
                 def extra() -> dict:  # called by write_shard after the documents were read
+                    for line in report.empty_lines(plan["text_key"]):
+                        print(line, file=sys.stderr, flush=True)
                     return {"workers": workers, "inputs": inputs, "files": report.as_json()}
 
                 return write_shard(prefix, docs, tokenizer, shard["name"], extra, stats)
