@@ -46,7 +46,8 @@ def test_two_task_array_preparation_is_byte_identical_to_a_local_one(slurm_clust
     try:
         slurm_cluster.wait_state(final, {"COMPLETED"}, timeout=400)
     except AssertionError as e:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((out / "logs").glob("*")))
+        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                         for p in sorted((out / "logs").glob("*")))
         raise AssertionError(f"{e}\n{logs}") from None
     task_logs = [(out / "logs" / f"prepare-{array}_{t}.out").read_text() for t in (0, 1)]
     hosts = [re.search(r"lmforge prepare: task (\d) of 2 on (\S+)", text).group(2) for text in task_logs]

@@ -207,7 +207,8 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
         valid = {}
         for name, group in zip(names, members):
             source_tokens = sum(t for _, t in group) or 1
-            source_blend = ([str(p) for p, _ in group], [t / source_tokens for _, t in group] if len(group) > 1 else None)
+            shard_weights = [t / source_tokens for _, t in group] if len(group) > 1 else None
+            source_blend = ([str(p) for p, _ in group], shard_weights)
             # megatron-core wants every split sized when a blend has weights (a many-shard source)
             sizes = [None, num_valid_samples, None] if len(group) == 1 else [1, num_valid_samples, 0]
             _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, always, gpt_config(source_blend, seed)).build()

@@ -46,7 +46,8 @@ def submit_array(out: Path, tokenizer: str, cache_dir: str, workers: int, tasks:
     array = _sbatch([f"--array=0-{tasks - 1}", "--job-name=lmforge-prepare", f"--cpus-per-task={max(1, workers)}",
                      "-o", f"{logs}/prepare-%A_%a.out", "-e", f"{logs}/prepare-%A_%a.err", *sbatch_args,
                      script, str(out), *common])
-    final = _sbatch([f"--dependency=afterok:{array}", "--kill-on-invalid-dep=yes", "--job-name=lmforge-prepare-finalize",
+    final = _sbatch([f"--dependency=afterok:{array}", "--kill-on-invalid-dep=yes",
+                     "--job-name=lmforge-prepare-finalize",
                      "-o", f"{logs}/finalize-%j.out", "-e", f"{logs}/finalize-%j.err", *sbatch_args,
                      script, str(out), "--finalize"])
     return (f"lmforge data prepare: array job {array} ({tasks} tasks) builds the shards of {out}; job {final} "

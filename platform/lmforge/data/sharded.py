@@ -137,7 +137,8 @@ def build_shards(out: Path, plan: dict, tokenizer: Tokenizer, workers: int = 1, 
                         print(line, file=sys.stderr, flush=True)
                     return {"workers": workers, "inputs": inputs, "files": report.as_json()}
 
-                return write_shard(prefix, docs, tokenizer, shard["name"], extra, stats)
+                source = ",".join(f["path"] for f in shard["files"])
+                return write_shard(prefix, docs, tokenizer, source, extra, stats)
 
             ensure_shard(prefix, build)
             status[shard["name"]] = "built"
