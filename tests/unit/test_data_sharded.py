@@ -24,15 +24,18 @@ from lmforge.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FILES, PER_SHARD = 8, 2
+DOCS = [8, 8, 24, 8]  # documents per shard
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    """8 JSONL files of real chapters (about 150 kB each), every other one with an empty row."""
+    """8 JSONL files of real chapters, every other one with an empty row; the third shard's two files hold 12
+    chapters each (the others 4), so the kill lands while it is being written, not between shards."""
     root = tmp_path_factory.mktemp("sharded-in")
-    docs = [d for _, d in zip(range(FILES * 4), iter_documents("books"))]
+    docs = iter(iter_documents("books"))
     for i in range(FILES):
-        rows = [{"text": t} for t in docs[i * 4:(i + 1) * 4]] + ([{"text": ""}] if i % 2 else [])
+        rows = [{"text": next(docs)} for _ in range(DOCS[i // PER_SHARD] // PER_SHARD)]
+        rows += [{"text": ""}] if i % 2 else []
         (root / f"part-{i:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -63,7 +66,8 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
                                                             str(inputs / "part-003.jsonl")]
     for s in manifest["shards"]:
         index = read_index(ref / f"{s['name']}.idx")
-        assert (s["documents"], s["tokens"]) == (index.num_documents, index.num_tokens) == (8, s["tokens"])
+        assert (s["documents"], s["tokens"]) == (index.num_documents, index.num_tokens)
+    assert [s["documents"] for s in manifest["shards"]] == DOCS
     import hashlib
 
     first = manifest["inputs"][0]
