@@ -99,6 +99,14 @@ def test_malformed_rows_and_files_stop_with_file_and_row_or_are_skipped_and_repo
                             "JSON object per line, or pass --on-error skip to skip it (it is then reported)")
     with pytest.raises(MalformedInput, match=r"num\.jsonl\.zst:2: field 'text' is int, not a string"):
         list(iter_file(zst))
+    # Truncated compressed files (a cut download) name the file and the row where they end, never a silent EOF.
+    rows = [{"text": f"{docs[0][:200]} {i}"} for i in range(3000)]
+    for name, blob in (("cut.jsonl.gz", gzip.compress(write_jsonl(tmp_path / "full.jsonl", rows).read_bytes())),
+                       ("cut.jsonl.zst", write_zst(tmp_path / "full.jsonl.zst", rows).read_bytes())):
+        (tmp_path / name).write_bytes(blob[:len(blob) // 2])
+        with pytest.raises(MalformedInput, match=rf"{name}:\d+: cannot be read as {name[4:]} \(EOFError: "):
+            list(iter_file(tmp_path / name))
+    assert len(list(iter_file(tmp_path / "full.jsonl.zst"))) == 3000  # negative control: the whole file reads
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(b"PAR1 this is not parquet")
     # Through the CLI: one line naming file and row, exit 2, nothing written.
@@ -126,6 +134,9 @@ def test_malformed_rows_and_files_stop_with_file_and_row_or_are_skipped_and_repo
     with pytest.raises(MalformedInput, match=r"nocol\.parquet: has no column 'text' \(columns: body\)\. Fix: choose "
                                              r"the text column with --text-key"):
         list(iter_file(tmp_path / "nocol.parquet"))
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(MalformedInput, match=r"ints\.parquet: column 'text' has type int64, not a string"):
+        list(iter_file(tmp_path / "ints.parquet"))
     # Negative control: a well-formed file raises nothing and skips nothing.
     report = ReadReport()
     assert list(iter_file(write_jsonl(tmp_path / "ok.jsonl", [{"text": docs[0]}]), report=report)) == [docs[0]]

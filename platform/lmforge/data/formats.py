@@ -132,11 +132,56 @@ def _open_jsonl(path: Path, fmt: str) -> IO[str]:
     if fmt == "jsonl.gz":
         return gzip.open(path, "rt", encoding="utf-8")
     if fmt == "jsonl.zst":
+        return io.TextIOWrapper(io.BufferedReader(_ZstdFrames(open(path, "rb"))), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every zstd frame in a file, through zstandard's decompressobj.
+
+    zstandard's ``stream_reader`` returns a truncated file's end as a silent EOF; here a file that ends inside
+    a frame raises EOFError (reported with the file and row), and concatenated frames are all read.
+    """
+
+    def __init__(self, fh):
         import zstandard
 
-        raw = open(path, "rb")
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        self._fh, self._dctx = fh, zstandard.ZstdDecompressor()
+        self._dobj, self._in_frame = self._dctx.decompressobj(), False
+        self._out, self._pos = b"", 0  # decompressed bytes not yet handed out: self._out[self._pos:]
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        if self._pos >= len(self._out):
+            self._out, self._pos = b"", 0
+        while not self._out:
+            block = self._fh.read(1 << 20)
+            if not block:
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return False
+            while block:
+                self._in_frame = True
+                self._out += self._dobj.decompress(block)
+                if not self._dobj.eof:
+                    break
+                block, self._in_frame = self._dobj.unused_data, False
+                self._dobj = self._dctx.decompressobj()
+        return True
+
+    def readinto(self, buffer) -> int:
+        if not self._fill():
+            return 0
+        n = min(len(buffer), len(self._out) - self._pos)
+        buffer[:n] = memoryview(self._out)[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
 
 
 class _Reader:
