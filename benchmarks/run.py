@@ -7,6 +7,7 @@ import sys
 SUITES = {
     "step": "benchmarks.step",                    # engine vs bare loop, fp32/bf16, AC, optimizer variants, MFU
     "data_loader": "benchmarks.data_loader",      # loader tokens/s vs training consumption, prepare MB/s
+    "data_prepare": "benchmarks.data_prepare",    # data prepare MB/s per format vs raw encode_batch, 1/2 workers
     "checkpoint": "benchmarks.checkpoint",        # save/load time, async-save stall (gpt_125m)
     "parallel_layouts": "benchmarks.parallel_layouts",  # tokens/s of each layout vs single process
     "comm_overlap": "benchmarks.comm_overlap",    # DDP bucketed overlap vs all-reduce after backward

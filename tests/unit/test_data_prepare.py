@@ -108,9 +108,11 @@ def test_tokenizer_files_that_cannot_work_are_refused(tmp_path):
 def test_bad_prepare_inputs(tmp_path, tokenizer):
     with pytest.raises(FileNotFoundError, match="input '.*nowhere' does not exist"):
         prepare([str(tmp_path / "nowhere")], tmp_path / "x", tokenizer)
-    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON object with a 'text' field"):
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n["not", "an object"]\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: a JSON list, not an object"):
         prepare([str(tmp_path / "bad.jsonl")], tmp_path / "y", tokenizer)
+    (tmp_path / "nofield.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    assert prepare([str(tmp_path / "nofield.jsonl")], tmp_path / "n", tokenizer)["empty_rows"] == 1  # counted
     (tmp_path / "empty.txt").write_text("   \n")
     with pytest.raises(ValueError, match="no documents to write"):
         prepare([str(tmp_path / "empty.txt")], tmp_path / "z", tokenizer)

@@ -7,7 +7,8 @@ from typing import Sequence
 
 USAGE = """usage: lmforge data COMMAND ...
 
-  prepare          tokenize text / directories / JSONL into Megatron PREFIX.bin/.idx (+ .meta.json)
+  prepare          tokenize Parquet / JSONL(.gz/.zst) / datasets dirs / text into Megatron shards (one prefix,
+                   or --shard-size: a directory of shards + manifest, resumable, --launcher slurm-array)
   train-tokenizer  train a byte-level BPE tokenizer.json on files, directories, JSONL or embedded:NAME
   export-tiktoken  write a byte-level BPE tokenizer.json as a tiktoken rank file (same ids)
   debian           download Debian text packages (KJV, fortunes) and prepare them as shards
@@ -20,9 +21,10 @@ def train_tokenizer_main(argv: Sequence[str]) -> int:
     from lmforge.data.tokenizer import train_bpe
 
     ap = argparse.ArgumentParser(prog="lmforge data train-tokenizer")
-    ap.add_argument("inputs", nargs="+", help="files, directories, *.jsonl, or embedded:NAME")
+    ap.add_argument("inputs", nargs="+", help="files, directories, globs (any prepare format), or embedded:NAME")
     ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--json-key", default="text", help="the JSONL field holding the document text")
+    ap.add_argument("--text-key", "--json-key", dest="json_key", default="text",
+                    help="the JSONL field / Parquet or Arrow column holding the document text")
     ap.add_argument("--out", required=True, help="path of the tokenizer.json to write")
     args = ap.parse_args(argv)
     path = train_bpe(iter_inputs(args.inputs, args.json_key), args.vocab_size, Path(args.out))

@@ -55,6 +55,10 @@ class Mixture:
     seed: int = 0
     seq_len: int = 0
     notes: List[str] = field(default_factory=list)
+    blend_source: List[int] = field(default_factory=list)  # dataset of the train blend -> its source (many shards)
+
+    def source_of(self, dataset_id: int) -> int:
+        return self.blend_source[dataset_id] if self.blend_source else dataset_id
 
     @property
     def train(self) -> object:
@@ -84,11 +88,11 @@ class Mixture:
         if getattr(ds, "dataset_index", None) is not None:  # a BlendedDataset
             source = int(ds.dataset_index[j])
             text, _ = ds.datasets[source]._query_document_sample_shuffle_indices(int(ds.dataset_sample_index[j]))
-            return text, source
+            return text, self.source_of(source)
         if hasattr(ds, "datasets"):  # a BlendedDataset whose indices are not loaded yet: the public path
             sample = ds[j]
             return np.concatenate([np.asarray(sample["tokens"]), np.asarray(sample["labels"])[-1:]]), \
-                int(sample["dataset_id"])
+                self.source_of(int(sample["dataset_id"]))
         text, _ = ds._query_document_sample_shuffle_indices(j)
         return text, 0
 
@@ -97,8 +101,25 @@ class Mixture:
                 "seed": self.seed}
 
 
+def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:
+    """(prefix, tokens) of each shard when ``path`` is a directory prepared with --shard-size; else None."""
+    from lmforge.data.sharded import MANIFEST, PLAN, read_manifest
+
+    if not path.is_dir():
+        return None
+    manifest = read_manifest(path)
+    if manifest is None:
+        why = ("its preparation has not finished (plan.json but no complete manifest.json)" if (path / PLAN).exists()
+               else f"it holds no {MANIFEST}")
+        raise ConfigError(f"data.sources.{name}.path", f"{path} is a directory, but {why}",
+                          f"finish it (`lmforge data prepare ... --out {path} --shard-size N` again, or --finalize), "
+                          "or give a shard prefix")
+    return [(path / s["name"], int(s["tokens"])) for s in manifest["shards"]]
+
+
 def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, workers: int = 1) -> Path:
-    """Embedded corpora are prepared on first use (once, under a lock); other paths are shard prefixes."""
+    """Embedded corpora are prepared on first use (once, under a lock); other paths are shard prefixes or
+    directories of shards with a manifest (see :func:`source_shards`)."""
     if path.startswith("embedded:"):
         corpus = path.split(":", 1)[1]
         from lmforge.data.embedded import SOURCES, VERSION
@@ -145,19 +166,33 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     if note and _rank() == 0:
         print(note, flush=True)
     workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
-    prefixes = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir, workers) for n in names]
-    shards = [check_shard(n, p, tokenizer) for n, p in zip(names, prefixes)]
+    paths = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir, workers) for n in names]
+    # A source that is a directory of many shards enters the blend shard by shard, weighted by their tokens.
+    members: List[List[Tuple[Path, int]]] = [source_shards(n, p) or [(p, 0)] for n, p in zip(names, paths)]
+    shards = [check_shard(n, p, tokenizer) for n, group in zip(names, members) for p, _ in group]
     train_tokens = [check_splits(shard, cfg.valid_fraction, seq_len)["train"] for shard in shards]
-    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir,
-                 {n: (p, tokens) for n, p, tokens in zip(names, prefixes, train_tokens)})
+    known, first = {}, 0
+    for n, p, group in zip(names, paths, members):  # per source: its shards' train tokens together
+        known[n] = (p, sum(train_tokens[first:first + len(group)]))
+        first += len(group)
+    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, known)
     # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+    prefixes, blend_weights, blend_source = [], [], []
+    for k, (weight, group) in enumerate(zip(weights, members)):
+        source_tokens = sum(t for _, t in group) or 1
+        for p, tokens in group:
+            prefixes.append(p)
+            blend_weights.append(weight * tokens / source_tokens if len(group) > 1 else weight)
+            blend_source.append(k)
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)
-    adapter = MegatronTokenizerAdapter(tokenizer, {n: index_cache.content_digest(p) for n, p in zip(names, prefixes)})
+    adapter = MegatronTokenizerAdapter(tokenizer, {
+        (n if len(g) == 1 else f"{n}/{p.name}"): index_cache.content_digest(p)
+        for n, g in zip(names, members) for p, _ in g})
 
     def gpt_config(blend, random_seed: int) -> GPTDatasetConfig:
         return GPTDatasetConfig(
@@ -169,7 +204,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
         )
 
     always = lambda: True  # noqa: E731  megatron-core makes rank 0 build first, the others load its files
-    blend = ([str(p) for p in prefixes], weights if len(prefixes) > 1 else None)
+    blend = ([str(p) for p in prefixes], blend_weights if len(prefixes) > 1 else None)
     total = max(num_train_samples, total_train_samples or num_train_samples)
     n_passes = math.ceil(total / num_train_samples)
     passes = []
@@ -179,12 +214,17 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
                                                         gpt_config(blend, seed + k)).build()
             passes.append(train)
         valid = {}
-        for name, prefix in zip(names, prefixes):
-            _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, [None, num_valid_samples, None], always,
-                                                    gpt_config(([str(prefix)], None), seed)).build()
+        for name, group in zip(names, members):
+            source_tokens = sum(t for _, t in group) or 1
+            shard_weights = [t / source_tokens for _, t in group] if len(group) > 1 else None
+            source_blend = ([str(p) for p, _ in group], shard_weights)
+            # megatron-core wants every split sized when a blend has weights (a many-shard source)
+            sizes = [None, num_valid_samples, None] if len(group) == 1 else [1, num_valid_samples, 0]
+            _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, always, gpt_config(source_blend, seed)).build()
             valid[name] = v
-    meta = {s.name: s.meta for s in shards}
-    return Mixture(passes, valid, names, weights, num_train_samples, tokenizer, meta, seed, seq_len, notes)
+    meta = {s.name: s.meta for s in shards}  # a many-shard source keeps its last shard's sidecar
+    return Mixture(passes, valid, names, weights, num_train_samples, tokenizer, meta, seed, seq_len, notes,
+                   blend_source if len(prefixes) != len(names) else [])
 
 
 def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:

@@ -1,7 +1,9 @@
 """Tokenize text into Megatron shards: ``lmforge data prepare`` / ``python -m lmforge.data.prepare``.
 
-Inputs: text files (one document per file), directories of them (recursively, by suffix), JSONL files
-(one document per line, from a ``text`` field; ``--json-key`` to change it), or ``embedded:NAME``.
+Inputs (read by :mod:`lmforge.data.formats`): Parquet, JSONL / .jsonl.gz / .jsonl.zst, ``datasets``
+save_to_disk directories, text files; directories and globs of them; or ``embedded:NAME``. The text is the
+``--text-key`` field/column. With ``--shard-size N`` the output is a directory of shards, one per N input
+files, with a manifest, resumable, and splittable across a Slurm array (:mod:`lmforge.data.sharded`).
 Documents are tokenized in worker processes (``--workers``), reassembled in input order, given an
 end-of-document token, and written with megatron-core's ``IndexedDatasetBuilder`` as PREFIX.bin/.idx
 (uint16 when the vocabulary fits, else int32) plus PREFIX.meta.json recording the tokenizer identity.
@@ -11,39 +13,26 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
+import queue
 import sys
+import threading
 from pathlib import Path
 from typing import Deque, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from lmforge.data.formats import ON_ERROR, MalformedInput, ReadReport, input_bytes, iter_file, list_files
 from lmforge.data.shards import ensure_shard, write_shard
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".go", ".c", ".h", ".json", ".html", ".tex", ""}
 CHUNK_CHARS = 1 << 20  # text per worker task
 
 
-def list_files(inputs: Sequence[str]) -> List[Path]:
-    files: List[Path] = []
-    for item in inputs:
-        if item.startswith("embedded:"):
-            continue
-        path = Path(item)
-        if not path.exists():
-            raise FileNotFoundError(f"input '{item}' does not exist. Fix: give existing files, directories or "
-                                    "embedded:books|code|reference")
-        if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and (p.suffix in TEXT_SUFFIXES
-                                                                            or p.suffix == ".jsonl"))
-        else:
-            files.append(path)
-    return files
-
-
-def iter_inputs(inputs: Sequence[str], json_key: str = "text") -> Iterator[str]:
+def iter_inputs(inputs: Sequence[str], text_key: str = "text", on_error: str = "stop",
+                report: Optional[ReadReport] = None) -> Iterator[str]:
     """Every document of the inputs, in a fixed order (argument order, then sorted paths)."""
     from lmforge.data.embedded import iter_documents
 
@@ -52,24 +41,7 @@ def iter_inputs(inputs: Sequence[str], json_key: str = "text") -> Iterator[str]:
             yield from iter_documents(item.split(":", 1)[1])
             continue
         for f in list_files([item]):
-            if f.suffix == ".jsonl":
-                with open(f, encoding="utf-8") as fh:
-                    for n, line in enumerate(fh, 1):
-                        if not line.strip():
-                            continue
-                        try:
-                            text = json.loads(line)[json_key]
-                        except (ValueError, KeyError, TypeError):
-                            raise ValueError(f"{f}:{n}: not a JSON object with a '{json_key}' field. Fix: one JSON "
-                                             f"object per line, or --json-key NAME") from None
-                        if not isinstance(text, str):
-                            raise ValueError(f"{f}:{n}: field '{json_key}' is {type(text).__name__}, not a string")
-                        if text.strip():
-                            yield text
-            else:
-                text = f.read_text(encoding="utf-8", errors="replace")
-                if text.strip():
-                    yield text
+            yield from iter_file(f, text_key, on_error, report)
 
 
 def _chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[List[str]]:
@@ -83,6 +55,48 @@ def _chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[List[str]]:
             buf, size = [], 0
     if buf:
         yield buf
+
+
+def read_ahead(items: Iterator[List[str]], depth: int = 2) -> Iterator[List[str]]:
+    """``items`` produced by a reader thread up to ``depth`` ahead: reading, decompressing and parsing the next
+    chunk overlap with tokenizing this one (``encode_batch`` releases the GIL). The reader's errors (a malformed
+    row) are raised here, in order; closing this generator stops the reader."""
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            put((None, e))
+            return
+        put((done, None))
+
+    thread = threading.Thread(target=reader, name="lmforge-prepare-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = q.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 # ---- worker processes ------------------------------------------------------------------------------
@@ -102,8 +116,12 @@ def _encode_chunk(texts: List[str]) -> List[np.ndarray]:
 
 
 def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, progress: bool = False,
-                  total_chars: Optional[int] = None, stats: Optional[dict] = None) -> Iterator[np.ndarray]:
-    """Token ids of each document, in input order; ``workers`` > 1 tokenizes in that many processes."""
+                  total_chars: Optional[int] = None, stats: Optional[dict] = None,
+                  pool: Optional[object] = None) -> Iterator[np.ndarray]:
+    """Token ids of each document, in input order; ``workers`` > 1 tokenizes in that many processes.
+
+    ``pool`` (from :func:`worker_pool`) reuses one pool across calls; otherwise one is started here.
+    """
     from tqdm import tqdm
 
     bar = tqdm(total=total_chars, unit="B", unit_scale=True, desc="tokenizing", disable=not progress,
@@ -112,19 +130,18 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
     stats.setdefault("chars", 0)
     try:
         if workers <= 1:
-            for chunk in _chunks(docs, CHUNK_CHARS):
+            for chunk in read_ahead(_chunks(docs, CHUNK_CHARS)):
                 for ids in tokenizer.encode_batch(chunk):
                     yield np.asarray(ids)
                 n = sum(len(d) for d in chunk)
                 stats["chars"] += n
                 bar.update(n)
             return
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")  # no fork: the parent may hold tokenizer / torch threads
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.source,)) as pool:
+        with contextlib.ExitStack() as stack:
+            if pool is None:
+                pool = stack.enter_context(worker_pool(tokenizer, workers))
             pending: Deque = collections.deque()
-            for chunk in _chunks(docs, CHUNK_CHARS):
+            for chunk in read_ahead(_chunks(docs, CHUNK_CHARS)):
                 pending.append((pool.apply_async(_encode_chunk, (chunk,)), sum(len(d) for d in chunk)))
                 while len(pending) > 2 * workers:  # bounded: the corpus never sits in memory whole
                     res, n = pending.popleft()
@@ -140,21 +157,42 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
         bar.close()
 
 
+@contextlib.contextmanager
+def worker_pool(tokenizer: Tokenizer, workers: int) -> Iterator[Optional[object]]:
+    """``workers`` tokenizer processes (None for 1: tokenize in this process)."""
+    if workers <= 1:
+        yield None
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # no fork: the parent may hold tokenizer / torch threads
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.source,)) as pool:
+        yield pool
+
+
 def _total_chars(inputs: Sequence[str]) -> Optional[int]:
     if any(i.startswith("embedded:") for i in inputs):
         return None
-    return sum(f.stat().st_size for f in list_files(inputs))
+    return sum(input_bytes(f) for f in list_files(inputs))
 
 
 def prepare(inputs: Sequence[str], prefix: Path, tokenizer: Tokenizer, source: str = "", workers: int = 1,
-            progress: bool = False, json_key: str = "text") -> dict:
+            progress: bool = False, json_key: str = "text", on_error: str = "stop") -> dict:
     """Tokenize ``inputs`` into PREFIX.bin/.idx/.meta.json unless a complete shard is already there."""
     list_files(inputs)  # fail on a missing input before taking the lock
 
     def build() -> dict:
         stats: dict = {}
-        docs = tokenize_docs(iter_inputs(inputs, json_key), tokenizer, workers, progress, _total_chars(inputs), stats)
-        return write_shard(prefix, docs, tokenizer, source or ",".join(inputs), {"workers": workers}, stats)
+        report = ReadReport()
+        docs = tokenize_docs(iter_inputs(inputs, json_key, on_error, report), tokenizer, workers, progress,
+                             _total_chars(inputs), stats)
+
+        def extra() -> dict:
+            for line in report.empty_lines(json_key):
+                print(line, file=sys.stderr, flush=True)
+            return {"workers": workers, "empty_rows": report.empty_rows, "skipped": report.skipped}
+
+        return write_shard(prefix, docs, tokenizer, source or ",".join(inputs), extra, stats)
 
     return ensure_shard(prefix, build)
 
@@ -162,30 +200,109 @@ def prepare(inputs: Sequence[str], prefix: Path, tokenizer: Tokenizer, source: s
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmforge data prepare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="+", help="files, directories, *.jsonl, or embedded:books|code|reference")
-    ap.add_argument("--out", required=True, help="output prefix (writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json)")
+    ap.add_argument("inputs", nargs="*", help="files, directories, globs (*.parquet, *.jsonl[.gz|.zst], datasets "
+                    "save_to_disk dirs, text), or embedded:books|code|reference")
+    ap.add_argument("--out", required=True, help="output prefix (PREFIX.bin/.idx/.meta.json), or with --shard-size "
+                    "an output directory (shards + manifest.json)")
     ap.add_argument("--tokenizer", default="embedded",
                     help="embedded | path/to/tokenizer.json | tiktoken:/path/NAME.tiktoken | tiktoken:NAME")
     ap.add_argument("--cache-dir", default=os.environ.get("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
                     help="where the embedded tokenizer lives (default $LMFORGE_DATA_CACHE)")
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                     help="tokenizer processes (default: half the cores, at most 8)")
-    ap.add_argument("--json-key", default="text", help="the JSONL field holding the document text")
+    ap.add_argument("--text-key", "--json-key", dest="text_key", default="text",
+                    help="the JSONL field / Parquet or Arrow column holding the document text")
+    ap.add_argument("--on-error", choices=ON_ERROR, default="stop",
+                    help="a malformed file or row: stop with its name and row (default), or skip it and report it")
+    ap.add_argument("--shard-size", type=_shard_size, default=None, metavar="NFILES",
+                    help="write one shard per NFILES input files under the --out directory, with a manifest; "
+                    "re-running resumes (finished shards are kept)")
+    ap.add_argument("--launcher", choices=("local", "slurm-array"), default="local",
+                    help="slurm-array: submit slurm/prepare_array.sh as an array job plus a finalize job")
+    ap.add_argument("--array-tasks", type=int, default=2, help="array tasks for --launcher slurm-array")
+    ap.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                    help="an extra sbatch argument for the array and finalize jobs (repeatable), e.g. --partition=cpu")
+    ap.add_argument("--task-index", type=int, default=None, help="build only shards i %% NUM_TASKS == INDEX "
+                    "(default $SLURM_ARRAY_TASK_ID); no finalize")
+    ap.add_argument("--num-tasks", type=int, default=None, help="(default $SLURM_ARRAY_TASK_COUNT)")
+    ap.add_argument("--finalize", action="store_true", help="only check the shards under --out and write "
+                    "manifest.json (the array's final step)")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                     help="show a progress bar (default: when stderr is a terminal)")
     ap.add_argument("--force", action="store_true", help="rebuild even if a complete shard exists")
     args = ap.parse_args(argv)
-    tok = load_tokenizer(args.tokenizer, Path(args.cache_dir))
-    out = Path(args.out)
-    if out.suffix in (".bin", ".idx"):
-        raise SystemExit(f"--out is a prefix, without .bin/.idx: use --out {out.with_suffix('')}")
-    if args.force:
-        from lmforge.data.shards import meta_path
+    try:
+        return _run(args)
+    except (FileNotFoundError, ValueError) as e:  # MalformedInput, PlanMismatch, IncompletePrefix, bad values
+        print(f"lmforge data prepare: {e}", file=sys.stderr, flush=True)
+        return 2
 
-        meta_path(out).unlink(missing_ok=True)
-    meta = prepare(args.inputs, out, tok, workers=args.workers, progress=args.progress, json_key=args.json_key)
-    print(json.dumps(meta, indent=1))
+
+def _shard_size(text: str) -> int:
+    value = text[:-len("files")] if text.endswith("files") else text
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of files >= 1 (e.g. 8 or 8files)")
+    return int(value)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lmforge.data import sharded
+
+    out = Path(args.out)
+    if args.finalize:
+        print(json.dumps(_summary(sharded.finalize(out)), indent=1))
+        return 0
+    tok = load_tokenizer(args.tokenizer, Path(args.cache_dir))
+    if not args.inputs:  # an array task (or a re-run): the plan already under --out says what to do
+        if not (out / sharded.PLAN).exists():
+            raise ValueError("no inputs. Fix: give files, directories, globs or embedded:NAME")
+        plan = sharded.load_plan(out)
+        if plan["tokenizer"] != tok.identity:
+            raise ValueError(f"{out / sharded.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
+                             f"--tokenizer {args.tokenizer} is {tok.fingerprint}. Fix: pass the plan's --tokenizer")
+    elif args.shard_size is None:
+        if args.launcher != "local":
+            raise ValueError("--launcher slurm-array needs --shard-size (the array splits the shards)")
+        if out.suffix in (".bin", ".idx"):
+            raise ValueError(f"--out is a prefix, without .bin/.idx: use --out {out.with_suffix('')}")
+        if args.force:
+            from lmforge.data.shards import meta_path
+
+            meta_path(out).unlink(missing_ok=True)
+        meta = prepare(args.inputs, out, tok, workers=args.workers, progress=args.progress, json_key=args.text_key,
+                       on_error=args.on_error)
+        print(json.dumps(meta, indent=1))
+        return 0
+    else:
+        if args.force:
+            for name in (sharded.PLAN, sharded.MANIFEST):
+                (out / name).unlink(missing_ok=True)
+            for meta in out.glob("shard-*.meta.json"):
+                meta.unlink()
+        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, args.shard_size, args.text_key,
+                                                                  args.on_error))
+    if args.launcher == "slurm-array":
+        from lmforge.data.prepare_slurm import submit_array
+
+        print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
+        return 0
+    task = args.task_index if args.task_index is not None else _env_int("SLURM_ARRAY_TASK_ID")
+    tasks = args.num_tasks if args.num_tasks is not None else _env_int("SLURM_ARRAY_TASK_COUNT")
+    status = sharded.build_shards(out, plan, tok, args.workers, task or 0, tasks or 1, args.progress)
+    print(json.dumps(status, indent=1))
+    if task is None:  # a local run does all the shards, then marks the directory complete
+        print(json.dumps(_summary(sharded.finalize(out)), indent=1))
     return 0
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def _summary(manifest: dict) -> dict:
+    keys = ("complete", "documents", "tokens", "empty_rows", "skipped")
+    return {**{k: manifest[k] for k in keys}, "shards": len(manifest["shards"])}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -100,8 +100,10 @@ def max_token_id(bin_path: Path, dtype: type, chunk_tokens: int = 1 << 24) -> in
 
 
 def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: Tokenizer, source: str,
-                extra_meta: Optional[dict] = None, stats: Optional[dict] = None) -> dict:
+                extra_meta: Union[None, dict, Callable[[], dict]] = None, stats: Optional[dict] = None) -> dict:
     """Write documents (already tokenized, without EOD) with an EOD appended to each.
+
+    ``extra_meta`` (a dict, or a function called once the documents are consumed) adds sidecar fields.
 
     ``stats["chars"]``, when the producer fills it, gives the text throughput recorded in the sidecar.
     """
@@ -129,6 +131,8 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
     builder.finalize(f"{tmp}.idx")
     seconds = time.perf_counter() - t0
     chars = (stats or {}).get("chars")
+    if callable(extra_meta):
+        extra_meta = extra_meta()
     meta = {"source": source, "documents": n_docs, "tokens": n_tokens, "dtype": np.dtype(dtype).name,
             "max_token_id": top, "bin_bytes": os.path.getsize(f"{tmp}.bin"), "tokenizer": tokenizer.identity,
             "seconds": round(seconds, 3), "text_chars": chars,

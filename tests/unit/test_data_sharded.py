@@ -1,0 +1,168 @@
+"""Sharded preparation: one shard per input group under a directory, a manifest, resume after kill -9.
+
+The killed run is a real subprocess, killed with SIGKILL while it writes its third shard; re-running keeps
+the two finished shards untouched (same inode and mtime), redoes the partial one, and the whole directory
+(.bin, .idx, manifest.json) is byte-identical to an uninterrupted run with another worker count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmforge.data.embedded import iter_documents
+from lmforge.data.prepare import main as prepare_main
+from lmforge.data.shards import read_index
+from lmforge.data.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+FILES, PER_SHARD = 8, 2
+DOCS = [8, 8, 24, 8]  # documents per shard
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """8 JSONL files of real chapters, every other one with an empty row; the third shard's two files hold 12
+    chapters each (the others 4), so the kill lands while it is being written, not between shards."""
+    root = tmp_path_factory.mktemp("sharded-in")
+    docs = iter(iter_documents("books"))
+    for i in range(FILES):
+        rows = [{"text": next(docs)} for _ in range(DOCS[i // PER_SHARD] // PER_SHARD)]
+        rows += [{"text": ""}] if i % 2 else []
+        (root / f"part-{i:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def outputs(out: Path):
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())
+            if p.suffix in (".bin", ".idx") or p.name == "manifest.json"}
+
+
+@pytest.fixture(scope="module")
+def reference(inputs, data_cache, tmp_path_factory):
+    """The uninterrupted preparation (2 worker processes) every other output is compared with."""
+    ref = tmp_path_factory.mktemp("sharded") / "ref"
+    assert prepare_main([str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache),
+                         "--out", str(ref), "--workers", "2"]) == 0
+    return ref
+
+
+def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, inputs, reference, data_cache, capsys):
+    tok = load_tokenizer("embedded", data_cache)
+    ref = reference
+    args = [str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache)]
+    manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["complete"] is True and [s["name"] for s in manifest["shards"]] == [
+        f"shard-{i:05d}" for i in range(FILES // PER_SHARD)]
+    assert manifest["tokenizer"] == tok.identity and manifest["empty_rows"] == FILES // 2
+    assert [s["inputs"] for s in manifest["shards"]][1] == [str(inputs / "part-002.jsonl"),
+                                                            str(inputs / "part-003.jsonl")]
+    for s in manifest["shards"]:
+        index = read_index(ref / f"{s['name']}.idx")
+        assert (s["documents"], s["tokens"]) == (index.num_documents, index.num_tokens)
+    assert [s["documents"] for s in manifest["shards"]] == DOCS
+    import hashlib
+
+    first = manifest["inputs"][0]
+    assert first["bytes"] == (inputs / "part-000.jsonl").stat().st_size and first["format"] == "jsonl"
+    assert first["sha256"] == hashlib.sha256((inputs / "part-000.jsonl").read_bytes()).hexdigest()
+    assert manifest["tokens"] == sum(s["tokens"] for s in manifest["shards"])
+
+    # kill -9 while the third shard is being written.
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    proc = subprocess.Popen([sys.executable, "-m", "lmforge.data.prepare", *args, "--out", str(out), "--workers", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            partial = [p for p in out.glob("shard-00002.tmp*.bin") if p.stat().st_size > 0]
+            if partial and (out / "shard-00001.meta.json").exists():
+                break
+            time.sleep(0.002)
+        assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert not (out / "shard-00002.meta.json").exists() and not (out / "manifest.json").exists()
+    finished = {n: os.stat(out / n) for n in ("shard-00000.bin", "shard-00000.idx", "shard-00001.bin")}
+    # The incomplete directory is refused by the final check, with what is missing.
+    assert prepare_main(["--finalize", "--out", str(out)]) == 2
+    assert f"lmforge data prepare: {out} is not complete: 2 of 4 shard(s) not built: shard-00002, shard-00003. Fix: " \
+           "run the same `lmforge data prepare` again" in capsys.readouterr().err
+    # Another plan over the same directory is refused (it would mix two preparations).
+    assert prepare_main([str(inputs), "--shard-size", "3", "--cache-dir", str(data_cache), "--out", str(out)]) == 2
+    assert f"{out / 'plan.json'} was made for other work (shard_files differ)" in capsys.readouterr().err
+
+    capsys.readouterr()
+    assert prepare_main([*args, "--out", str(out), "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    status = json.loads(captured.out.split("\n}\n")[0] + "\n}")
+    # The redone shards announce their empty rows (parts 5 and 7 each hold one).
+    assert f"data prepare: {inputs / 'part-005.jsonl'}: 1 row(s) with no or empty 'text' (counted, not written)" \
+        in captured.err
+    assert status == {"shard-00000": "done before", "shard-00001": "done before", "shard-00002": "built",
+                      "shard-00003": "built"}
+    for name, st in finished.items():  # untouched: same file, same mtime
+        now = os.stat(out / name)
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
+    assert not list(out.glob("*.tmp*")), "the killed build's partial files are removed"
+    assert outputs(out) == outputs(ref)  # byte-identical .bin/.idx/manifest.json
+    # Negative control: the comparison sees a one-byte change.
+    changed = outputs(out)
+    changed["shard-00003.bin"] = changed["shard-00003.bin"][:-1] + bytes([changed["shard-00003.bin"][-1] ^ 1])
+    assert changed != outputs(ref)
+
+
+def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its_tokens(tmp_path, reference,
+                                                                                       data_cache):
+    from data_support import ensure_world
+    from lmforge.config.data import DataConfig, DataSourceConfig
+    from lmforge.config.errors import ConfigError
+    from lmforge.data.mixture import build_mixture
+
+    ensure_world()
+    tok = load_tokenizer("embedded", data_cache)
+    manifest = json.loads((reference / "manifest.json").read_text())
+    cfg = DataConfig(sources={"books": DataSourceConfig("embedded:books", 0.4),
+                              "many": DataSourceConfig(str(reference), 0.6)},
+                     tokenizer="embedded", cache_dir=str(data_cache), valid_fraction=0.25)
+    mix = build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+    assert mix.sources == ["books", "many"] and len(mix.train.datasets) == 1 + len(manifest["shards"])
+    counts = np.bincount(np.asarray(mix.train.dataset_index), minlength=1 + len(manifest["shards"])) / 4000
+    total = manifest["tokens"]
+    for k, shard in enumerate(manifest["shards"], start=1):  # each shard's share: 0.6 x its share of the tokens
+        assert abs(counts[k] - 0.6 * shard["tokens"] / total) < 0.01, (shard["name"], counts)
+    ids = [mix.train_text(i)[1] for i in range(400)]
+    assert set(ids) == {0, 1} and abs(ids.count(1) / 400 - 0.6) < 0.08  # shard ids map back to the source
+    # A directory whose preparation did not finish is refused.
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "plan.json").write_text("{}")
+    cfg.sources["many"] = DataSourceConfig(str(tmp_path / "half"), 0.6)
+    with pytest.raises(ConfigError, match=r"data\.sources\.many\.path.*is a directory, but its preparation has not "
+                                          r"finished \(plan\.json but no complete manifest\.json\)"):
+        build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+
+    # A tiny training run over it reports tokens per source at every logged step.
+    cmd = [sys.executable, "-m", "lmforge.train", f"run.root={tmp_path}", "run.name=many", "model=tiny",
+           "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_every=0",
+           "train.threads=1", "train.device=cpu", "logging.every_steps=1", "logging.console=plain",
+           "checkpoint.every_steps=0", "data.valid_fraction=0.25", "data.sources.books.weight=0.4",
+           "data.sources.reference.weight=0", f"data.sources.code.path={reference}", "data.sources.code.weight=0.6"]
+    # (source 'code' of the default preset, pointed at the shard directory)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "LMFORGE_DATA_CACHE": str(data_cache)}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = [r for r in map(json.loads, (tmp_path / "many" / "metrics.jsonl").read_text().splitlines())
+             if r.get("kind") == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    last = train[-1]
+    assert last["tokens/books"] + last["tokens/code"] == last["tokens_seen"] == 3 * 4 * 64
+    assert last["tokens/code"] > 0 and last["tokens/books"] > 0 and last.get("tokens/reference", 0) == 0
