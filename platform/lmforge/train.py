@@ -49,6 +49,9 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
     Hydra's sweep dir (checked by ``validate`` in each job); a composition error is left to Hydra to report."""
     if any(a in ("-m", "--multirun") for a in args):
         return
+    tree_flags = ("-cp", "--config-path", "-cd", "--config-dir")
+    if any(a in tree_flags or a.startswith(tuple(f + "=" for f in tree_flags)) for a in args):
+        return  # another config tree: composing the default one here would be wrong; validate() checks the names
     from omegaconf import OmegaConf
 
     from lmforge.config.compose import compose
@@ -59,7 +62,7 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
         if flag is not None:  # the value of the flag before
             config_name = a if flag in ("-cn", "--config-name") else config_name
             flag = None
-        elif a in ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package"):
+        elif a in ("-cn", "--config-name", "-c", "--cfg", "-p", "--package"):
             flag = a
         elif a.startswith("--config-name="):
             config_name = a.split("=", 1)[1]

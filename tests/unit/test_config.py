@@ -126,3 +126,16 @@ def test_heads_must_divide_model_width():
 
 def test_conf_dir_points_at_repo():
     assert conf_dir() == Path(__file__).resolve().parents[2] / "conf"
+
+
+def test_actionable_errors_survive_pickling():
+    """torch.distributed pickles a failing rank's exception (DCP planners, all_gather_object): the one-line
+    message and the fields must arrive intact whatever the subclass's __init__ takes."""
+    import pickle
+
+    from lmforge.checkpoint.safe_io import UnsafeCheckpointError
+
+    for err in (ConfigError("train.resume", "no checkpoint there", "train.resume=auto"),
+                UnsafeCheckpointError("ckpt/.metadata", "refused global os.system")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__

@@ -13,6 +13,18 @@ class ActionableError(ValueError):
             msg += f". Fix: {fix}"
         super().__init__(msg)
 
+    def __reduce__(self):
+        # Picklable whatever a subclass's __init__ takes: torch.distributed (DCP's planners, all_gather_object)
+        # sends a failure's exception to the other ranks by pickling it.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls, args, state):
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 class ConfigError(ActionableError):
     """A configuration problem found before any compute is spent; names the config key."""
