@@ -30,7 +30,7 @@ from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.runtime.hardware import pin_threads
-from lmforge.trainer.optim import build_optimizer
+from lmforge.optim.adamw import build_optimizer
 
 
 def train_step(model, opt, tokens: torch.Tensor) -> float:

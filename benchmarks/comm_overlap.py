@@ -29,15 +29,14 @@ def _rank(rank: int, world: int, port: int, overlap: bool, args: dict, out: str)
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.data.loader import MicroBatch
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     torch.set_num_threads(1)
     cfg = validate(compose(["model=tiny", "parallelism=ddp", "comm=cpu_gloo", f"parallelism.overlap_grad_reduce={overlap}",
                             f"parallelism.ddp_bucket_cap_mb={args['bucket_mb']}", "train.global_batch_size=16"]), world_size=world)
     device = torch.device("cpu")
     init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = NativeEngine(cfg, device)
     g = torch.Generator().manual_seed(100 + rank)
     T, m = cfg.model.seq_len, args["micro_batch"]
     batches = [MicroBatch(tokens=torch.randint(0, 8000, (m, T), generator=g),

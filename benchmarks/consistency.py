@@ -32,8 +32,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from lmforge.comm.process_group import init_process_group
     from lmforge.fault.consistency import ReplicaCheck, named_state
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     threads = pin_threads(args.threads)
     overrides = [f"model={args.model}", f"train.micro_batch_size={args.batch}",
@@ -43,7 +42,7 @@ def main(argv=None) -> int:
     cfg = validate(compose(overrides), world_size=1)
     device = torch.device(args.device)
     init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = NativeEngine(cfg, device)
     x = torch.randint(0, cfg.model.vocab_size, (args.batch, cfg.model.seq_len), device=device)
 
     class MB:

@@ -31,9 +31,8 @@ def worker(args) -> None:
     from lmforge.comm.process_group import init_process_group
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.parallel.engines import build_engine
+    from lmforge.parallel.build_engine import build_engine
     from lmforge.runtime.hardware import select_device
-    from lmforge.trainer.optim import build_optimizer
 
     over = [f"model={args.model}", args.parallelism, f"train.micro_batch_size={args.micro}",
             f"train.global_batch_size={args.micro * 2}"]
@@ -43,7 +42,7 @@ def worker(args) -> None:
     device = select_device(cfg.train.device, int(os.environ["LOCAL_RANK"]))
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     init_process_group(cfg.comm, device)
-    engine = build_engine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = build_engine(cfg, device)
     gen = torch.Generator().manual_seed(int(os.environ["RANK"]))
     tokens = torch.randint(0, cfg.model.vocab_size, (args.micro, cfg.model.seq_len + 1), generator=gen).to(device)
 

@@ -14,7 +14,7 @@ and the JSON is rewritten after every check so a timeout still leaves data):
   flash_sdpa             the flash SDPA kernel is selected (op seen by a dispatch mode) and matches math SDPA
   bf16_step              bf16 autocast training steps reduce the loss
   process_group_world_1  lmforge's init_process_group (nccl on GPU, gloo on CPU), world of one, all-reduce
-  fsdp2_one_device       lmforge's path: mesh -> parallelize_parts -> apply_fsdp -> materialize -> train
+  fsdp2_one_device       lmforge's path: mesh -> parallelize (FSDP2 over one device, materialize) -> train
   compile_block          torch.compile of one transformer block matches eager (forward and gradients)
   <model>_eager / _compiled   bare loop: GPT + fused AdamW under bf16 autocast (gpt_125m, gpt_1b)
   <model>_engine         the trainer's path: NativeEngine.train_step (bf16-mixed, fused AdamW, compile on),
@@ -298,15 +298,16 @@ def check_process_group() -> dict:
 
 
 def check_fsdp2_one_device() -> str:
-    """The trainer's path (parallel/engine.py): build_mesh -> parallelize_parts -> materialize ->
-    wrap_data_parallel. parallelize_parts applies FSDP2 only for dp_shard > 1, which one device cannot have,
-    so the same ``apply_fsdp`` it calls is applied here to every part over the one-device dp_shard mesh."""
+    """The trainer's path (parallel/parallelize.py): build_mesh -> parallelize. The trainer applies FSDP2 for
+    dp_shard > 1, which one device cannot have, so ``fsdp=True`` asks parallelize for it over the one-device
+    dp_shard mesh."""
     from torch.distributed.tensor import DTensor
 
     from lmforge.config.parallelism import ParallelismConfig
-    from lmforge.parallel.data_parallel import apply_fsdp
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
     from lmforge.parallel.mesh import ParallelDims, build_mesh
-    from lmforge.parallel.parallelize import materialize, parallelize_parts, wrap_data_parallel
+    from lmforge.parallel.parallelize import parallelize
 
     ensure_process_group()
     cfg = S.tiny
@@ -314,11 +315,9 @@ def check_fsdp2_one_device() -> str:
     mesh = build_mesh(ParallelDims.from_config(pcfg), S.device)
     with torch.device("meta"):
         model = GPT(cfg)
-    par = parallelize_parts(model, mesh, pcfg)
-    for part in par.parts:
-        apply_fsdp(part, mesh, pcfg)
-    materialize(par.model, S.device, 0, torch.float32, par.parts)
-    model = wrap_data_parallel(par.model, mesh, pcfg)
+    par = parallelize(model, RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(precision="fp32", seed=0)),
+                      mesh, S.device, fsdp=True)
+    model = par.module
     n_dtensor = sum(isinstance(p, DTensor) for p in par.model.parameters())
     assert n_dtensor == len(list(par.model.parameters())), "FSDP2 did not turn every parameter into a DTensor"
     opt = torch.optim.AdamW(par.model.parameters(), lr=3e-3)
@@ -445,8 +444,7 @@ def build_engine(name: str):
     from lmforge.config.schema import RootConfig
     from lmforge.config.train import TrainConfig
     from lmforge.fault.loss_guard import LossGuard
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     cfg, batch = S.presets[name]
     root = RootConfig(model=cfg, parallelism=ParallelismConfig(compile=True),
@@ -454,7 +452,7 @@ def build_engine(name: str):
                                         seed=0),
                       optim=OptimConfig(lr=1e-4, fused=True))
     ensure_process_group()
-    engine = NativeEngine(root, S.device, lambda m: build_optimizer(m, root.optim, S.device))
+    engine = NativeEngine(root, S.device)
     assert engine.precision == "bf16-mixed", engine.precision
     fused = all(g.get("fused") for g in engine.optimizer.param_groups)
     assert fused, "the engine's AdamW is not fused"

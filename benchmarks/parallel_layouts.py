@@ -58,15 +58,14 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, wa
     from lmforge.config.compose import compose
     from lmforge.config.validate import check_batch, validate
     from lmforge.data.loader import MicroBatch
-    from lmforge.parallel.engine import NativeEngine
+    from lmforge.parallel.native_engine import NativeEngine
     from lmforge.runtime.hardware import pin_threads
-    from lmforge.trainer.optim import build_optimizer
 
     pin_threads(max(1, threads // world) if threads else 0, world)
     cfg = validate(compose(overrides), world_size=world)
     device = torch.device("cpu")
     init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = NativeEngine(cfg, device)
     plan = check_batch(cfg)
     g = torch.Generator().manual_seed(1000 + engine.dp_rank)
     T, m = cfg.model.seq_len, plan.micro_batch_size

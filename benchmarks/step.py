@@ -55,13 +55,12 @@ def gemm(dtype=torch.float32, n: int = GEMM_N, calls: int = 8):
 
 def engine_step(overrides, batch: int):
     from lmforge.comm.process_group import init_process_group
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     cfg = validate(compose(overrides), world_size=1)
     device = torch.device("cpu")
     init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = NativeEngine(cfg, device)
     x = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.seq_len))
 
     class MB:

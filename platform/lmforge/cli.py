@@ -75,7 +75,7 @@ def _launch(argv: Sequence[str]) -> int:
 
 def _ckpt(argv: Sequence[str]) -> int:
     from lmforge.checkpoint.convert import main
-    from lmforge.trainer.optim import build_optimizer_from_dict
+    from lmforge.optim.adamw import build_optimizer_from_dict
 
     if not argv or argv[0] != "convert":
         print("usage: lmforge ckpt convert SRC DST --to native", file=sys.stderr)

@@ -46,7 +46,7 @@ def micro_batches(step_tokens: torch.Tensor, micro: int, dp: int, rank: int) -> 
 
 
 def lr_at(step: int, cfg) -> float:
-    from lmforge.trainer.optim import lr_multiplier
+    from lmforge.optim.schedule import lr_multiplier
 
     return cfg.optim.lr * lr_multiplier(step, cfg.optim, cfg.train.max_steps)
 
@@ -65,8 +65,7 @@ def native_reference(cache: str, precision: str = "fp32") -> dict:
     from lmforge.comm.process_group import init_process_group
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.parallel.engines import build_engine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.build_engine import build_engine
 
     device = torch.device("cpu")
     torch.set_num_threads(1)
@@ -75,7 +74,7 @@ def native_reference(cache: str, precision: str = "fp32") -> dict:
         cfg = validate(compose(BASE + [f"train.micro_batch_size={GLOBAL}", f"train.precision={prec}",
                                        f"train.max_steps={STEPS}"]), world_size=1)
         init_process_group(cfg.comm, device)
-        engine = build_engine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+        engine = build_engine(cfg, device)
         out[prec] = train(engine, cfg, real_text_batches(cache, cfg.model.seq_len), GLOBAL, 1, 0)
     return out
 
@@ -95,8 +94,7 @@ def deepspeed_cases(cache: str, names: List[str]) -> dict:
     from lmforge.comm.process_group import init_process_group
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.parallel.engines import build_engine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.build_engine import build_engine
 
     device = torch.device("cpu")
     torch.set_num_threads(1)
@@ -112,7 +110,7 @@ def deepspeed_cases(cache: str, names: List[str]) -> dict:
         init_process_group(cfg.comm, device)
         if data is None:
             data = real_text_batches(cache, cfg.model.seq_len)
-        engine = build_engine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+        engine = build_engine(cfg, device)
         result = train(engine, cfg, data, micro, 2, rank)
         result["footprint"] = engine.footprint()
         result["ds_config"] = engine.ds_config

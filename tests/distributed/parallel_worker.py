@@ -57,12 +57,11 @@ def build_config(overrides: List[str]):
 
 
 def build_engine(cfg):
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     torch.manual_seed(cfg.train.seed)
     device = torch.device("cpu")
-    return NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    return NativeEngine(cfg, device)
 
 
 def describe_params(module: torch.nn.Module) -> Dict[str, dict]:

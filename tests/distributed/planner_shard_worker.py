@@ -16,15 +16,14 @@ def measure(overrides: List[str]) -> dict:
     from lmforge.comm.process_group import init_process_group
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.parallel.engine import NativeEngine
-    from lmforge.trainer.optim import build_optimizer
+    from lmforge.parallel.native_engine import NativeEngine
 
     torch.set_num_threads(1)
     cfg = validate(compose(overrides))
     device = torch.device("cpu")
     world = init_process_group(cfg.comm, device)
     torch.manual_seed(world.rank)
-    engine = NativeEngine(cfg, device, lambda m: build_optimizer(m, cfg.optim, device))
+    engine = NativeEngine(cfg, device)
     b, t = cfg.train.micro_batch_size, cfg.model.seq_len
     tokens = torch.randint(0, cfg.model.vocab_size, (b, t))
     targets = torch.randint(0, cfg.model.vocab_size, (b, t))

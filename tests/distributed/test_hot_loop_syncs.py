@@ -65,7 +65,7 @@ def test_two_rank_steps_make_no_host_sync(tmp_path, data_cache, layout):
 @pytest.mark.parametrize("fused", [True, False])
 def test_guard_skip_leaves_weights_and_optimizer_state_bit_identical(fused):
     from lmforge.fault.loss_guard import LossGuard
-    from lmforge.parallel.engine import optimizer_step
+    from lmforge.parallel.native_engine import optimizer_step
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))

@@ -26,7 +26,9 @@ def save_tensor_parallel_checkpoint(root: str, model: dict, seed: int) -> dict:
     from lmforge.config.model import ModelConfig
     from lmforge.config.parallelism import ParallelismConfig
     from lmforge.parallel.mesh import ParallelDims, build_mesh
-    from lmforge.parallel.parallelize import materialize, parallelize
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
+    from lmforge.parallel.parallelize import parallelize
     from lmforge.model.gpt import GPT
 
     dist.init_process_group("gloo")
@@ -36,8 +38,8 @@ def save_tensor_parallel_checkpoint(root: str, model: dict, seed: int) -> dict:
     cfg = ModelConfig(**model)
     with torch.device("meta"):
         gpt = GPT(cfg)
-    gpt = parallelize(gpt, mesh, pcfg)
-    materialize(gpt, torch.device("cpu"), seed)
+    gpt = parallelize(gpt, RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(seed=seed)), mesh,
+                      torch.device("cpu")).model
     local = tuple(gpt.layers["0"].attention.wo.weight.to_local().shape)
     CheckpointManager(Path(root) / "checkpoints", CheckpointConfig()).save(
         0, gpt, None, {"config": {"model": model}, "world_size": dist.get_world_size()})

@@ -111,7 +111,7 @@ def plant_byte_entry(ckpt: Path, marker: Path) -> str:
 def _model_and_optimizer(side: dict):
     from lmforge.checkpoint.weights import model_config_from_dict
     from lmforge.model.gpt import GPT
-    from lmforge.trainer.optim import build_optimizer_from_dict
+    from lmforge.optim.adamw import build_optimizer_from_dict
 
     model = GPT(model_config_from_dict(side["config"]["model"], "test"))
     return model, build_optimizer_from_dict(model, side["config"]["optim"])

@@ -14,7 +14,7 @@ from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import Rules, load_sweep, plan, write_sweep
 from lmforge.scaling.runner import hydra_command, local_commands, slurm_array_command, status
 from lmforge.scaling.shapes import ShapeFamily
-from lmforge.trainer.optim import lr_multiplier
+from lmforge.optim.schedule import lr_multiplier
 
 GPU_FAMILY = ShapeFamily(head_dim=64, aspect_min=48, aspect_max=128, max_width=4096, min_layers=4, max_layers=40,
                          vocab_size=50304, seq_len=2048)

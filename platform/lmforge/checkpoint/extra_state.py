@@ -1,6 +1,6 @@
 """Non-tensor training state that travels in the JSON sidecar: the LR schedule position and the gradient scaler.
 
-The LR schedule is a pure function of (step, optim config, max_steps) (see ``lmforge.trainer.optim``), so its
+The LR schedule is a pure function of (step, optim config, max_steps) (see ``lmforge.optim.schedule``), so its
 state is the step plus the inputs of that function; on resume a change of those inputs is reported, since it
 bends the LR curve from the saved step on. A gradient scaler (fp16 training) keeps a few floats and ints,
 stored as JSON; bf16/fp32 runs have none.

@@ -76,7 +76,6 @@ def saved_model_tensors(ckpt: Path) -> Dict[str, TensorStorageMetadata]:
 
 def check_names_and_shapes(ckpt: Path, expected: Dict[str, Tuple[int, ...]]) -> None:
     saved = saved_model_tensors(ckpt)
-    saved.pop("tied_output_weight", None)  # a pipeline stage's copy of the tied embedding, not a separate weight
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
     wrong = sorted(f"{n} (checkpoint {tuple(saved[n].size)}, model {tuple(expected[n])})"

@@ -86,7 +86,7 @@ def check_tensors(cfg: ModelConfig, files: List[Path]) -> Dict[str, str]:
 
 
 def _load_model(cfg: ModelConfig, files: List[Path], names: Dict[str, Optional[str]], dtype: torch.dtype):
-    from lmforge.model.gpt import GPT, rope_tables
+    from lmforge.model.gpt import GPT
 
     state: Dict[str, torch.Tensor] = {}
     head = None
@@ -101,8 +101,7 @@ def _load_model(cfg: ModelConfig, files: List[Path], names: Dict[str, Optional[s
     with torch.device("meta"):
         model = GPT(cfg)
     model.load_state_dict(state, strict=True, assign=True)
-    cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
-    model.rope_cos, model.rope_sin = cos, sin
+    model.rope.reset(torch.device("cpu"))  # the RoPE tables are buffers, not in the state dict
     return model
 
 

@@ -7,15 +7,16 @@ Attention is multi-head, grouped-query or multi-query (``n_kv_heads``), with rot
 in the "rotate half" layout (the one Hugging Face's Llama uses, so export needs no q/k permutation) and
 ``scaled_dot_product_attention(is_causal=True)``, which picks flash kernels on GPU.
 
-Parallelism never lives here: ``lmforge.parallel`` rewrites this module (TP plans, pipeline splits,
-FSDP) from the outside. To let it, the layers live in a ``ModuleDict`` keyed by layer index (a pipeline
-stage keeps the global names of its layers), head counts are read from the (possibly sharded) weight
-shapes at run time, and a stage without embeddings or output simply has them set to ``None``.
+Parallelism never lives here: ``lmforge.parallel`` rewrites this module (TP plans, FSDP) from the outside
+and builds a pipeline rank's part with the constructor (``GPT(cfg, layers, embedding, head)``) and its
+stages with ``GPT.stage``. To let it, the layers live in a ``ModuleDict`` keyed by layer index (a pipeline
+part keeps the global names of its layers), head counts are read from the (possibly sharded) weight shapes
+at run time, and a part without embeddings or head has them set to ``None``.
 """
 from __future__ import annotations
 
-
-from typing import Optional
+import math
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -120,47 +121,115 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class GPT(nn.Module):
+class RotaryTables(nn.Module):
+    """The RoPE cos/sin tables, [seq_len, head_dim] each: buffers, not state (recomputed by ``reset``, never
+    saved). One instance is shared by a GPT and its pipeline stages, so resetting it reaches every stage."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
-        self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
-        self.norm: Optional[nn.Module] = make_norm(cfg, cfg.d_model)
-        self.output: Optional[nn.Linear] = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
-        # Buffers, not parameters: recomputed by init_weights after meta-device construction.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        # Set by the pipeline splitter on stages that hold the output but not the (tied) embedding.
-        self.tied_output_weight: Optional[nn.Parameter] = None
+        self.head_dim, self.seq_len, self.theta = cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.rope_theta
+        cos, sin = rope_tables(self.head_dim, self.seq_len, self.theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def reset(self, device: Optional[torch.device] = None) -> None:
+        self.cos, self.sin = rope_tables(self.head_dim, self.seq_len, self.theta, device=device or self.cos.device)
+
+
+class OutputHead(nn.Module):
+    """logits = h @ W^T over the vocabulary. Untied, W is the head's own ``weight`` [vocab, d] (``output.weight``,
+    initialised like ``nn.Linear``); tied (``model.tie_embeddings``), W is the embedding table, passed in by the
+    caller, and the head holds no parameter. Tensor parallelism shards W by vocabulary rows either way
+    (``parallel/tensor_parallel.py``'s ``VocabParallelOutput``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tied = cfg.tie_embeddings
+        if self.tied:
+            self.register_parameter("weight", None)
+        else:
+            self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init (and its use of the RNG)
+
+    def forward(self, h: torch.Tensor, embedding_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return F.linear(h, embedding_weight if self.tied else self.weight)
+
+
+class DecoderStack(nn.Module):
+    """The forward of a GPT or of one pipeline stage: ``tok_embeddings`` (absent on a later stage, which takes
+    hidden states), the ``layers`` in order, then ``norm`` and ``output`` (absent on an earlier stage, which
+    returns hidden states)."""
+
+    tok_embeddings: Optional[nn.Embedding]
+    layers: nn.ModuleDict
+    norm: Optional[nn.Module]
+    output: Optional[OutputHead]
+    rope: RotaryTables
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V]."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        cos, sin = self.rope_cos, self.rope_sin
+        cos, sin = self.rope.cos, self.rope.sin
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is None:
             return h
-        h = self.norm(h)
-        return self.project_to_vocab(h)
+        return self.output(self.norm(h), self.tok_embeddings.weight if self.output.tied else None)
 
-    def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
-        if self.output is not None:
-            return self.output(h)
-        weight = self.tok_embeddings.weight if self.tok_embeddings is not None else self.tied_output_weight
-        return F.linear(h, weight)
+
+class GPT(DecoderStack):
+    """The model, or the part of it one pipeline rank holds: ``layers`` (global indices; default all) keep
+    their global names (``layers.5...``), ``embedding`` / ``head`` say whether it holds the token embedding
+    and the final norm + output head. Parameter names, and so initialisation and checkpoints, are the same
+    for every part."""
+
+    def __init__(self, cfg: ModelConfig, layers: Optional[Iterable[int]] = None, embedding: bool = True,
+                 head: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        ids = range(cfg.n_layers) if layers is None else layers
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model) if embedding else None
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in ids})
+        self.norm = make_norm(cfg, cfg.d_model) if head else None
+        self.output = OutputHead(cfg) if head else None
+        self.rope = RotaryTables(cfg)
+
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        return self.rope.cos
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        return self.rope.sin
+
+    def stage(self, index: int, layers: Iterable[str], first: bool, last: bool) -> "GPTStage":
+        """Pipeline stage ``index`` over this model's ``layers`` (with the embedding if ``first``, the head if
+        ``last``): a module sharing this model's submodules, which keeps owning the parameters."""
+        return GPTStage(self, index, layers, first, last)
 
     @torch.no_grad()
     def init_weights(self, seed: int, device: Optional[torch.device] = None, place=None) -> None:
         """Deterministic init keyed by parameter name (see lmforge.model.init)."""
         from lmforge.model.init import init_parameters
 
-        cos, sin = rope_tables(self.cfg.d_model // self.cfg.n_heads, self.cfg.seq_len, self.cfg.rope_theta,
-                               device=device or self.rope_cos.device)
-        self.rope_cos, self.rope_sin = cos, sin
+        self.rope.reset(device)
         init_parameters(self, self.cfg, seed, place)
+
+
+class GPTStage(DecoderStack):
+    """One pipeline stage: consecutive layers of a GPT (a rank's part, built with ``GPT(cfg, layers, ...)``),
+    with its embedding on the first stage and its final norm + head on the last. The submodules are the
+    GPT's own (the GPT owns the parameters: optimizer, checkpoints and clipping see it); ``PipelineStage``
+    runs this module's forward."""
+
+    def __init__(self, model: GPT, index: int, layers: Iterable[str], first: bool, last: bool):
+        super().__init__()
+        self.stage_index = index
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.layers = nn.ModuleDict({name: model.layers[name] for name in layers})
+        self.norm = model.norm if last else None
+        self.output = model.output if last else None
+        self.rope = model.rope
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Same contract as ``NativeEngine`` (model, inner, optimizer, train_step, eval_loss, dp_rank/dp_size/dp_group,
 precision, dims), so the trainer, data, metrics and checkpoint policy are shared; only the wrapping and the
 optimizer step differ. The model is built and initialised exactly as the native engine does (meta device,
-then the name-keyed deterministic init), the optimizer is lmforge's torch AdamW handed to DeepSpeed, and the
+then the name-keyed deterministic init, through ``parallelize``), the optimizer is lmforge's torch AdamW (built
+from ``cfg.optim``) handed to DeepSpeed, and the
 LR is written into the optimizer's param groups before every step (lmforge's schedule, no DeepSpeed
 scheduler). The same code runs on CPU (gloo; ``DS_ACCELERATOR=cpu``) and GPU (nccl).
 
@@ -15,20 +16,21 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
-from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.deepspeed_config import build_config
-from lmforge.parallel.engine import StepGuard, StepResult, resolve_precision
 from lmforge.parallel.mesh import ParallelDims
-from lmforge.parallel.parallelize import materialize
+from lmforge.parallel.native_engine import StepGuard, StepResult
+from lmforge.parallel.parallelize import parallelize
+from lmforge.parallel.precision import resolve_precision
 
 DS_TAG = "deepspeed"  # the sub-directory of a checkpoint holding DeepSpeed's files
 
@@ -45,8 +47,11 @@ def import_deepspeed(device: torch.device):
 
 
 class DeepSpeedEngine:
-    def __init__(self, cfg: RootConfig, device: torch.device,
-                 build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]):
+    def __init__(self, cfg: RootConfig, device: torch.device):
+        if cfg.parallelism.compile:
+            raise ConfigError("parallelism.compile", "the deepspeed engine does not compile the model "
+                              "(DeepSpeed's hooks wrap the eager modules)",
+                              "set parallelism.compile=false, or parallelism.engine=native to compile")
         self.cfg = cfg
         self.device = device
         self.dims = ParallelDims.from_config(cfg.parallelism)
@@ -61,9 +66,8 @@ class DeepSpeedEngine:
                                                       pin_memory=device.type == "cuda")
         with torch.device("meta"):
             model = GPT(cfg.model)
-        apply_activation_checkpointing(model, cfg.parallelism.activation_checkpointing)
-        materialize(model, device, cfg.train.seed)
-        optimizer = build_optimizer(model)
+        model = parallelize(model, cfg, None, device).model  # activation checkpointing, materialize (fp32)
+        optimizer = build_optimizer(model, cfg.optim, device)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                              dist_init_required=False)
         self.model = self.ds  # forward goes through DeepSpeed's hooks (ZeRO-3 gathers parameters)

@@ -1,17 +1,24 @@
-"""``parallelize(model, mesh, cfg)``: the one place that applies parallelism, always in this order
+"""``parallelize(model, cfg, mesh, device)``: the one place that turns a meta-device GPT into this rank's
+finished, wrapped model. Parallelism is applied in this order, each step in its own file:
 
-    1. pipeline stage split      (parallel/pipeline.py)
+    1. pipeline stage split       (parallel/pipeline.py: this rank's part by the GPT constructor)
     2. tensor + sequence parallel (parallel/tensor_parallel.py)
-    3. activation checkpointing  (parallel/activation_checkpoint.py)
-    4. torch.compile             (parallel/compile.py)
-    5. FSDP2                     (parallel/data_parallel.py)
+    3. activation checkpointing   (parallel/activation_checkpoint.py)
+    4. torch.compile              (parallel/compile.py)
+    5. FSDP2                      (parallel/data_parallel.py; per pipeline stage)
 
-then ``materialize`` moves meta tensors to the device and initialises them (identically for every
-layout), and DDP wraps last for pure replication. The model code itself stays single-device.
+then the model is finished: ``materialize`` moves meta tensors to the device and initialises them by name
+(identically for every layout) in the parameter dtype, tensor-parallel gradients keep their parameters'
+layout, DDP wraps last for pure replication, and for pp > 1 a ``PipelineRunner`` drives the stages. The
+model code itself stays single-device.
+
+The DeepSpeed engine goes through the same function with the layout it supports (no PP/TP/FSDP, no
+compile: refused at validation): activation checkpointing and materialize in fp32; DeepSpeed then owns data
+parallelism and precision, so there is no DDP.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
@@ -20,37 +27,71 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from lmforge.config.parallelism import ParallelismConfig
+from lmforge.config.schema import RootConfig
+from lmforge.model.gpt import GPT
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.compile import apply_compile
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp
-from lmforge.parallel.pipeline import StagePlan, make_shells, plan_stages, prune_to_rank, share_buffers
-from lmforge.parallel.tensor_parallel import apply_tensor_parallel
+from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
+from lmforge.parallel.precision import resolve_precision
+from lmforge.parallel.tensor_parallel import apply_tensor_parallel, keep_grads_in_param_layout
 
 
 @dataclass
 class ParallelModel:
-    """``model`` owns this rank's parameters (optimizer, checkpoints, clipping use it); ``parts`` are the
-    modules whose forward runs: ``[model]``, or this rank's pipeline stages (sharing model's submodules)."""
+    """This rank's finished model.
+
+    ``model`` owns the rank's parameters (optimizer, checkpoints, clipping use it); ``module`` is what a
+    forward calls (``DDP(model)`` or ``model``); ``parts`` are the modules whose forward runs (``[model]``, or
+    this rank's pipeline stages, sharing ``model``'s submodules); ``pipeline`` runs the pipeline schedule
+    (pp > 1, else None); ``manual_grad_sync``: gradients are all-reduced after backward
+    (``data_parallel.allreduce_gradients``) instead of by DDP/FSDP."""
     model: nn.Module
-    parts: List[nn.Module] = field(default_factory=list)
-    stage_plan: Optional[StagePlan] = None
+    module: nn.Module
+    parts: List[nn.Module]
+    pipeline: Optional[PipelineRunner]
+    manual_grad_sync: bool
 
 
-def parallelize_parts(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> ParallelModel:
-    plan = None
-    if cfg.pp > 1:
-        plan = plan_stages(model.cfg.n_layers, cfg)
-        prune_to_rank(model, plan, mesh["pp"].get_local_rank())
-    if cfg.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], cfg.sequence_parallel)
-    apply_activation_checkpointing(model, cfg.activation_checkpointing)
-    if cfg.compile:
+def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device: torch.device,
+                fsdp: Optional[bool] = None) -> ParallelModel:
+    """Steps 1-5, then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
+
+    ``mesh`` is None only for the DeepSpeed engine. ``fsdp``: None applies FSDP2 exactly when
+    ``dp_shard > 1``; True also over a one-rank ``dp_shard`` dim (the GPU check's one-device FSDP2 run)."""
+    p = cfg.parallelism
+    if mesh is None and (p.pp > 1 or p.tp > 1 or p.dp_shard > 1 or uses_ddp(p)):
+        raise ValueError(f"parallelize: layout pp={p.pp} tp={p.tp} dp_shard={p.dp_shard} needs a device mesh")
+    plan = plan_stages(model.cfg.n_layers, p) if p.pp > 1 else None
+    if plan is not None:
+        with torch.device("meta"):
+            model = rank_part(model.cfg, plan, mesh["pp"].get_local_rank())
+    if p.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
+    apply_activation_checkpointing(model, p.activation_checkpointing)
+    if p.compile:
         apply_compile(model)
-    parts = make_shells(model, plan, mesh["pp"].get_local_rank()) if plan is not None else [model]
-    if cfg.dp_shard > 1:
+    parts = build_stages(model, plan, mesh["pp"].get_local_rank()) if plan is not None else [model]
+    if (p.dp_shard > 1) if fsdp is None else fsdp:
         for part in parts:
-            apply_fsdp(part, mesh, cfg)
-    return ParallelModel(model, parts, plan)
+            apply_fsdp(part, mesh, p)
+    materialize(model, device, cfg.train.seed, parameter_dtype(cfg, device))
+    if p.tp > 1:
+        keep_grads_in_param_layout(model)  # vocab-parallel embedding grads: Shard(0), not the full table
+    module = apply_ddp(model, mesh, p) if uses_ddp(p) else model
+    pipeline = None
+    if plan is not None:
+        from lmforge.config.validate import pipeline_microbatches
+
+        pipeline = PipelineRunner(parts, plan, mesh["pp"], device, p, pipeline_microbatches(cfg))
+    return ParallelModel(model, module, parts, pipeline, uses_manual_allreduce(p))
+
+
+def parameter_dtype(cfg: RootConfig, device: torch.device) -> torch.dtype:
+    """bf16 parameters for ``train.precision=bf16`` on the native engine; fp32 otherwise (DeepSpeed keeps fp32
+    master weights and casts through its own bf16 config)."""
+    native_bf16 = resolve_precision(cfg.train.precision, device) == "bf16" and cfg.parallelism.engine == "native"
+    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def place_full_value(param: torch.Tensor, value: torch.Tensor) -> None:
@@ -63,32 +104,20 @@ def place_full_value(param: torch.Tensor, value: torch.Tensor) -> None:
         param.copy_(value.to(device=param.device, dtype=param.dtype))
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.Module:
-    """Steps 1-5 on ``model`` in place; returns the module owning this rank's parameters."""
-    return parallelize_parts(model, mesh, cfg).model
-
-
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device, seed: int, dtype: torch.dtype = torch.float32,
-                parts: Optional[List[nn.Module]] = None) -> None:
+def materialize(model: GPT, device: torch.device, seed: int, dtype: torch.dtype = torch.float32) -> None:
     """Allocate meta tensors on ``device`` and fill them with the name-keyed deterministic init."""
     model.to_empty(device=device)
     model.init_weights(seed, device=device, place=place_full_value)
     if dtype != torch.float32:
         model.to(dtype)
-    if parts and any(part is not model for part in parts):
-        share_buffers(model, parts)
-
-
-def wrap_data_parallel(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.Module:
-    """DDP for pure replication of an unsplit, untensor-parallel model; otherwise the model itself."""
-    if uses_ddp(cfg):
-        return apply_ddp(model, mesh, cfg)
-    return model
 
 
 def uses_ddp(cfg: ParallelismConfig) -> bool:
-    return cfg.dp_replicate > 1 and cfg.dp_shard == 1 and cfg.tp == 1 and cfg.pp == 1
+    """DDP for pure replication of an unsplit, untensor-parallel model on the native engine (DeepSpeed owns
+    its data parallelism)."""
+    return (cfg.engine == "native" and cfg.dp_replicate > 1 and cfg.dp_shard == 1 and cfg.tp == 1
+            and cfg.pp == 1)
 
 
 def uses_manual_allreduce(cfg: ParallelismConfig) -> bool:

@@ -8,10 +8,11 @@ model's, and a checkpoint saved with pp=2 loads with pp=1.
 Placement. Looped schedules (1F1B, Interleaved1F1B, InterleavedZeroBubble) put stage ``s`` on pipeline rank
 ``s % pp``; ZBVZeroBubble uses the "V" placement (rank 0 holds the first and the last stage).
 
-One pipeline rank keeps a single *local model*: a GPT pruned to the layers (and embeddings/head) of all its
-stages. That module owns the parameters (optimizer, checkpoints, gradient clipping see it). Each stage is a
-*shell*: a GPT object sharing the local model's submodules but listing only the stage's layers, so that
-``PipelineStage`` can call it. Tied embeddings across stages are not supported (validated).
+One pipeline rank builds a single *part*: ``GPT(cfg, layers, embedding, head)`` with the layers (and
+embedding/head) of all its stages (``rank_part``). That module owns the parameters (optimizer, checkpoints,
+gradient clipping see it). Each stage is a ``GPTStage`` (``GPT.stage``): a module over the part's own
+submodules listing only the stage's layers, which ``PipelineStage`` runs. Tied embeddings across stages are
+not supported (validated).
 
 Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage and scales gradients by the
 number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
@@ -27,11 +28,11 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import ParallelismConfig
-from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.model.gpt import GPT, GPTStage, cross_entropy_loss
 
 V_SCHEDULES = ("ZBVZeroBubble",)
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
@@ -70,56 +71,27 @@ def plan_stages(n_layers: int, cfg: ParallelismConfig) -> StagePlan:
     return StagePlan(n_stages, stage_to_rank(cfg.pp, n_stages, cfg.pp_schedule), layers)
 
 
-def prune_to_rank(model: GPT, plan: StagePlan, pp_rank: int) -> None:
-    """Keep only the layers (and embeddings/head) of this rank's stages, in place."""
+def rank_part(cfg: ModelConfig, plan: StagePlan, pp_rank: int) -> GPT:
+    """The GPT part pipeline rank ``pp_rank`` holds (its stages' layers; embedding and head if it holds the
+    first / last stage), built on the current default device."""
     stages = plan.local_stages(pp_rank)
-    keep = {name for s in stages for name in plan.layers[s]}
-    for name in list(model.layers.keys()):
-        if name not in keep:
-            del model.layers[name]
-    if 0 not in stages:
-        model.tok_embeddings = None
-    if plan.n_stages - 1 not in stages:
-        model.norm = None
-        model.output = None
+    layers = [int(name) for s in stages for name in plan.layers[s]]
+    return GPT(cfg, layers, embedding=0 in stages, head=plan.n_stages - 1 in stages)
 
 
-def make_shells(model: GPT, plan: StagePlan, pp_rank: int) -> List[GPT]:
-    """One GPT object per local stage, sharing ``model``'s submodules (call after TP / AC / compile)."""
-    shells = []
-    for s in plan.local_stages(pp_rank):
-        shell = GPT.__new__(GPT)
-        nn.Module.__init__(shell)
-        shell.cfg = model.cfg
-        shell.tok_embeddings = model.tok_embeddings if s == 0 else None
-        shell.layers = nn.ModuleDict({name: model.layers[name] for name in plan.layers[s]})
-        last = s == plan.n_stages - 1
-        shell.norm = model.norm if last else None
-        shell.output = model.output if last else None
-        shell.register_buffer("rope_cos", model.rope_cos, persistent=False)
-        shell.register_buffer("rope_sin", model.rope_sin, persistent=False)
-        shell.tied_output_weight = None
-        if "project_to_vocab" in model.__dict__:  # a tensor-parallel override travels with the head
-            shell.project_to_vocab = model.__dict__["project_to_vocab"].__func__.__get__(shell)
-        shell.stage_index = s
-        shells.append(shell)
-    return shells
+def build_stages(part: GPT, plan: StagePlan, pp_rank: int) -> List[GPTStage]:
+    """This rank's stages over ``part`` (call after TP / AC / compile, which replace the part's blocks)."""
+    return [part.stage(s, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
+            for s in plan.local_stages(pp_rank)]
 
 
-def share_buffers(model: GPT, shells: List[GPT]) -> None:
-    """After materialisation the local model holds fresh RoPE tables; point every shell at them."""
-    for shell in shells:
-        shell.rope_cos = model.rope_cos
-        shell.rope_sin = model.rope_sin
-
-
-def build_schedule(shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
+def build_schedule(stages: List[GPTStage], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
                    cfg: ParallelismConfig, n_microbatches: int):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     group = pp_mesh.get_group()
-    stages = [PipelineStage(shell, shell.stage_index, plan.n_stages, device, group=group) for shell in shells]
+    stages = [PipelineStage(stage, stage.stage_index, plan.n_stages, device, group=group) for stage in stages]
     cls = get_schedule_class(cfg.pp_schedule)
     if cfg.pp_schedule in MULTI_STAGE_SCHEDULES:
         return cls(stages, n_microbatches=n_microbatches, loss_fn=cross_entropy_loss, scale_grads=True)
@@ -129,16 +101,16 @@ def build_schedule(shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, devi
 class PipelineRunner:
     """Runs one training step (the schedule) or a forward-only evaluation across the pipeline ranks."""
 
-    def __init__(self, shells: List[GPT], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
+    def __init__(self, stages: List[GPTStage], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
                  cfg: ParallelismConfig, n_microbatches: int):
-        self.shells = shells
+        self.stages = stages
         self.plan = plan
         self.pp_mesh = pp_mesh
         self.pp_rank = pp_mesh.get_local_rank()
         self.group = pp_mesh.get_group()
         self.device = device
         self.n_microbatches = n_microbatches
-        self.schedule = build_schedule(shells, plan, pp_mesh, device, cfg, n_microbatches)
+        self.schedule = build_schedule(stages, plan, pp_mesh, device, cfg, n_microbatches)
 
     @property
     def has_first(self) -> bool:
@@ -185,7 +157,7 @@ class PipelineRunner:
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
         h: Optional[torch.Tensor] = tokens
-        by_index = {shell.stage_index: shell for shell in self.shells}
+        by_index = {stage.stage_index: stage for stage in self.stages}
         loss = torch.zeros((), device=self.device)
         for s in range(self.plan.n_stages):
             owner = self.plan.stage_to_rank[s]

@@ -12,10 +12,10 @@ The model reads local head counts from the weight shapes (``view(..., -1, head_d
 
 - ``tok_embeddings``: vocab-parallel (rows of the table sharded; each rank looks up the ids it owns and
   one all-reduce / reduce-scatter combines them);
-- ``output``: column-parallel over the vocabulary, logits gathered to a replicated plain tensor so the loss
-  (and a pipeline stage boundary) sees ordinary tensors; every TP rank computes the identical loss. With
-  tied embeddings the model's ``project_to_vocab`` is replaced on the instance by the same computation
-  against the vocab-sharded embedding table.
+- ``output`` (``model.gpt.OutputHead``): vocab-parallel (``VocabParallelOutput``: the head's own weight, or
+  with tied embeddings the embedding table it is handed, sharded by vocabulary rows), logits gathered to a
+  replicated plain tensor so the loss (and a pipeline stage boundary) sees ordinary tensors; every TP rank
+  computes the identical loss.
 
 Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
 sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
@@ -24,15 +24,14 @@ shared/notes/engines.md), all-gathered before attention / the MLP and reduce-sca
 """
 from __future__ import annotations
 
-import types
+from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+                                               ParallelStyle, SequenceParallel, parallelize_module)
 
 
 def block_plan(sequence_parallel: bool) -> dict:
@@ -67,8 +66,7 @@ def outer_plan(model: nn.Module, sequence_parallel: bool) -> dict:
     if getattr(model, "norm", None) is not None and sequence_parallel:
         plan["norm"] = SequenceParallel()
     if getattr(model, "output", None) is not None:
-        plan["output"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
-                                         output_layouts=Replicate())
+        plan["output"] = VocabParallelOutput(Shard(1) if sequence_parallel else Replicate())
     return plan
 
 
@@ -77,24 +75,41 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     if tp_mesh.size() == 1:
         return
     parallelize_module(model, tp_mesh, outer_plan(model, sequence_parallel))
-    if getattr(model, "output", None) is None and getattr(model, "tok_embeddings", None) is not None \
-            and getattr(model, "norm", None) is not None:
-        model.project_to_vocab = types.MethodType(_tied_projection(tp_mesh, sequence_parallel), model)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
 
 
-def _tied_projection(tp_mesh: DeviceMesh, sequence_parallel: bool):
-    """logits = h @ E^T with E the vocab-sharded (``Shard(0)``) embedding table; gathered, plain output."""
+class VocabParallelOutput(ParallelStyle):
+    """Column parallelism of an ``OutputHead`` over the vocabulary (what ``ColwiseParallel`` does for an
+    ``nn.Linear``, which the head is not): its own weight, if untied, becomes ``Shard(0)``; a tied head is handed
+    the vocab-parallel embedding table, already ``Shard(0)``. The hidden states arrive as ``input_layout``
+    (``Shard(1)`` under sequence parallelism) and are replicated; each rank computes its vocabulary slice of
+    the logits (``Shard(-1)``), which are gathered into a replicated plain tensor."""
 
-    def project_to_vocab(self, h: torch.Tensor) -> torch.Tensor:
+    def __init__(self, input_layout: Placement):
+        super().__init__()
+        self.input_layout = input_layout
+
+    @staticmethod
+    def _shard_weight(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        if name == "" and module.weight is not None:
+            module.weight = nn.Parameter(distribute_tensor(module.weight, mesh, [Shard(0)]),
+                                         requires_grad=module.weight.requires_grad)
+
+    @staticmethod
+    def _replicate_input(input_layout: Placement, module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+        h, *rest = inputs
         if not isinstance(h, DTensor):
-            h = DTensor.from_local(h, tp_mesh, [Shard(1) if sequence_parallel else Replicate()], run_check=False)
-        h = h.redistribute(tp_mesh, [Replicate()])
-        logits = F.linear(h, self.tok_embeddings.weight)  # Shard(-1): this rank's slice of the vocabulary
-        return logits.redistribute(tp_mesh, [Replicate()]).to_local()
+            h = DTensor.from_local(h, mesh, [input_layout], run_check=False)
+        return (h.redistribute(mesh, [Replicate()]), *rest)
 
-    return project_to_vocab
+    @staticmethod
+    def _gather_logits(module: nn.Module, logits: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+        return logits.redistribute(mesh, [Replicate()]).to_local()
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._shard_weight,
+                                 partial(self._replicate_input, self.input_layout), self._gather_logits)
 
 
 def keep_grads_in_param_layout(model: nn.Module) -> int:

@@ -4,7 +4,7 @@ Each part lives in its own module; this file only wires them and owns the loop:
 
     for step in range(start, max_steps):
         batches = data.step_batches()                 # data/loader.py
-        result  = engine.train_step(batches, lr)       # parallel/engine.py
+        result  = engine.train_step(batches, lr)       # parallel/native_engine.py
         metrics.log(...)                              # metrics/
         maybe evaluate, maybe checkpoint              # checkpoint/
         stop cleanly on preemption                    # fault/
@@ -50,14 +50,14 @@ from lmforge.metrics.meter import IntervalMeter, device_synchronizer
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import flops_per_token
-from lmforge.parallel.engines import build_engine
+from lmforge.optim.schedule import lr_multiplier
+from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
-from lmforge.trainer.optim import build_optimizer, lr_multiplier
 
 
 class Preempted(SystemExit):
@@ -121,7 +121,7 @@ class Trainer:
                                      * self.plan.dp_size, cache, total_samples)
 
         # Model, parallelism, optimizer
-        self.engine = build_engine(cfg, self.device, lambda m: build_optimizer(m, cfg.optim, self.device))
+        self.engine = build_engine(cfg, self.device)
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers)
         self.checkpoints.attach_engine(self.engine)
         self.flops_per_token = flops_per_token(cfg.model)

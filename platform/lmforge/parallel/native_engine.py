@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
-from lmforge.parallel.parallelize import materialize, parallelize_parts, uses_manual_allreduce, wrap_data_parallel
-from lmforge.parallel.tensor_parallel import keep_grads_in_param_layout
+from lmforge.parallel.parallelize import parallelize
+from lmforge.parallel.precision import autocast_context, resolve_precision
 
 
 @dataclass
@@ -56,20 +56,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, skip: Optional[torch.Tensor
         optimizer.step()
 
 
-def autocast_context(precision: str, device: torch.device):
-    if precision == "bf16-mixed":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16-mixed" if device.type == "cuda" else "fp32"
-    return precision
-
-
 class NativeEngine:
-    def __init__(self, cfg: RootConfig, device: torch.device, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]):
+    def __init__(self, cfg: RootConfig, device: torch.device):
         self.cfg = cfg
         self.device = device
         self.dims = ParallelDims.from_config(cfg.parallelism)
@@ -77,27 +65,17 @@ class NativeEngine:
         self.precision = resolve_precision(cfg.train.precision, device)
         with torch.device("meta"):
             model = GPT(cfg.model)
-        par = parallelize_parts(model, self.mesh, cfg.parallelism)
-        param_dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-        materialize(par.model, device, cfg.train.seed, param_dtype, par.parts)
-        if self.dims.tp > 1:
-            keep_grads_in_param_layout(par.model)  # vocab-parallel embedding grads: Shard(0), not the full table
+        par = parallelize(model, cfg, self.mesh, device)
         self.inner = par.model  # owns this rank's parameters: optimizer, checkpoints, clipping
+        self.model = par.module
         self.parts = par.parts
-        self.model = wrap_data_parallel(par.model, self.mesh, cfg.parallelism)
-        self.optimizer = build_optimizer(self.inner)
-        self.manual_grad_sync = uses_manual_allreduce(cfg.parallelism)
+        self.pipeline = par.pipeline
+        self.manual_grad_sync = par.manual_grad_sync
+        self.optimizer = build_optimizer(self.inner, cfg.optim, device)
         self.dp_group = self.mesh["dp"].get_group()
         # Ranks holding a replica of this rank's shard (fault/consistency.py compares them); None: no replicas.
         self.replica_group = self.mesh["dp_replicate"].get_group() if self.dims.dp_replicate > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
-        self.pipeline = None
-        if self.dims.pp > 1:
-            from lmforge.config.validate import pipeline_microbatches
-            from lmforge.parallel.pipeline import PipelineRunner
-
-            self.pipeline = PipelineRunner(par.parts, par.stage_plan, self.mesh["pp"], device, cfg.parallelism,
-                                           pipeline_microbatches(cfg))
         # FSDP without pipelining, deferring: no reduce-scatter until the last micro batch's backward.
         self.defer_fsdp_sync = (self.dims.dp_shard > 1 and self.pipeline is None
                                 and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch")

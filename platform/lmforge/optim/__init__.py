@@ -1,0 +1,1 @@
+"""The optimizer and the learning-rate schedule, mirroring ``conf/optim`` (``adamw`` builder, ``schedule``)."""

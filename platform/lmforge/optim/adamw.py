@@ -1,0 +1,34 @@
+"""``optim=adamw``: torch's AdamW with decoupled weight decay on matrices only (norms and vectors get none)."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from lmforge.config.optim import OptimConfig
+
+
+def param_groups(named_params: Iterable, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and "norm" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+    groups = param_groups(model.named_parameters(), cfg.weight_decay)
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if fused:
+        kwargs["fused"] = True
+    else:
+        kwargs["foreach"] = True
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def build_optimizer_from_dict(model: torch.nn.Module, optim: dict) -> torch.optim.Optimizer:
+    """The optimizer of a saved config (a checkpoint sidecar's ``config.optim``), on the CPU."""
+    fields = {k: v for k, v in optim.items() if k in OptimConfig.__dataclass_fields__}
+    return build_optimizer(model, OptimConfig(**fields), torch.device("cpu"))
