@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.deepspeed_config import build_config
@@ -56,7 +55,7 @@ class DeepSpeedEngine:
             deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl")
         else:
             deepspeed.init_distributed(dist_backend=dist.get_backend())
-        self.plan = check_batch(cfg)
+        self.plan = cfg.plan  # validate()'s batch plan: cfg is the Validated config (config/validate.py)
         self.ds_config: Dict[str, Any] = build_config(cfg, self.plan, self.precision,
                                                       pin_memory=device.type == "cuda")
         with torch.device("meta"):
