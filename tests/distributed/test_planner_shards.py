@@ -5,8 +5,9 @@ import pytest
 
 from harness import run_ranks
 
-# vocab 1001 and d_ff 150 are odd/uneven on purpose: FSDP2 gives rank 0 ceil(n/2) rows, rank 1 the rest.
-OVERRIDES = ["model=tiny", "model.vocab_size=1001", "model.d_ff=150", "parallelism=fsdp", "comm=cpu_gloo",
+# vocab 8193 and d_ff 150 are odd/uneven on purpose: FSDP2 gives rank 0 ceil(n/2) rows, rank 1 the rest (the
+# vocabulary holds the embedded tokenizer's 8192 ids, which validate() checks).
+OVERRIDES = ["model=tiny", "model.vocab_size=8193", "model.d_ff=150", "parallelism=fsdp", "comm=cpu_gloo",
              "train.micro_batch_size=2", "train.global_batch_size=4", "train.precision=fp32", "train.device=cpu",
              "cluster.device=cpu"]
 

@@ -43,8 +43,10 @@ def why(proc) -> str:
 
 @pytest.mark.timeout(300)
 def test_config_error_at_worker_start_is_not_restarted_and_keeps_exit_2(tmp_path, data_cache):
-    # model.vocab_size below the tokenizer's: `lmforge launch` validates it fine, each worker refuses it.
-    proc, run = launch(tmp_path, "cfg", ["model.vocab_size=256", "train.max_steps=4", "fault.max_restarts=3",
+    # A resume target that does not exist: `lmforge launch` validates the config fine (validate() reads no
+    # checkpoint), each worker refuses it when it resolves the checkpoint.
+    missing = tmp_path / "nothing"
+    proc, run = launch(tmp_path, "cfg", [f"train.resume={missing}", "train.max_steps=4", "fault.max_restarts=3",
                                          "cluster.max_requeues=3"], data_cache)
     assert proc.returncode == 2, why(proc)
     v = verdicts(run)
@@ -52,7 +54,7 @@ def test_config_error_at_worker_start_is_not_restarted_and_keeps_exit_2(tmp_path
     for rank, verdict in v.items():
         assert verdict["kind"] == "config_error" and verdict["deterministic"] and verdict["exit_code"] == 2
         assert verdict["rank"] == rank and verdict["step"] == 0 and verdict["torchrun_restart"] == 0
-        assert verdict["message"].startswith("config key 'model.vocab_size': 256 is smaller than the tokenizer's")
+        assert verdict["message"].startswith(f"config key 'train.resume': {missing} does not exist")
     assert "lmforge agent: not restarting the worker group (3 restarts left): config_error on rank" in proc.stderr
     assert "lmforge launch: stop: config_error on rank" in proc.stderr
     state = json.loads((run / "requeues.json").read_text())

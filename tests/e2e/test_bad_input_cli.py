@@ -91,6 +91,13 @@ def _rows(i):
             "config key 'parallelism': dp_replicate*dp_shard*tp*pp = 1*1*2*1 = 2 but the job has world size 1. "
             "Fix: start 2 processes: lmforge launch --nproc 2 <same overrides> (torchrun --nproc_per_node=2 -m "
             "lmforge.train <same overrides>), or choose a layout of 1 (parallelism=single)"),
+        "vocab_smaller_than_tokenizer": (["model.vocab_size=100"], {},
+            "config key 'model.vocab_size': 100 is smaller than the tokenizer's vocabulary (8192, embedded). "
+            "Fix: set model.vocab_size >= 8192"),
+        "deepspeed_compile": (["parallelism.engine=deepspeed", "parallelism.zero_stage=1", "parallelism.compile=true"],
+            {}, "config key 'parallelism.compile': the deepspeed engine runs the model eagerly (it never calls "
+            "torch.compile), so compile=true would be silently ignored. Fix: set parallelism.compile=false, or use "
+            "parallelism.engine=native to compile"),
         "resume_nothing": ([f"train.resume={i['root'] / 'nonexistent'}"], {},
             f"config key 'train.resume': {i['root'] / 'nonexistent'} does not exist. Fix: point at a step-NNNNNNNN "
             "checkpoint directory (or the checkpoints/ directory holding it), or use train.resume=auto (the newest "
@@ -136,7 +143,8 @@ def _rows(i):
     }
 
 
-ROWS = ["tp2_single_process", "resume_nothing", "resume_tmp_dir", "resume_other_shape", "resume_other_vocab",
+ROWS = ["tp2_single_process", "vocab_smaller_than_tokenizer", "deepspeed_compile", "resume_nothing", "resume_tmp_dir",
+        "resume_other_shape", "resume_other_vocab",
         "resume_other_tokenizer", "resume_missing_rank_shard", "truncated_bin", "idx_disagrees_with_bin",
         "shard_of_other_tokenizer", "yaml_wrong_type", "unknown_exp"]
 

@@ -178,7 +178,7 @@ def test_bubble_and_recompute_stretch_the_step():
 def test_state_bytes_partition_the_model_exactly():
     """Summed over every (pp, tp, dp_shard) rank, the shards hold each parameter exactly once (norm weights,
     replicated over tp, once per tp rank)."""
-    cfg = validate(compose(["model=tiny", "model.vocab_size=1001", "model.d_ff=150", "parallelism.pp=2",
+    cfg = validate(compose(["model=tiny", "model.vocab_size=8193", "model.d_ff=150", "parallelism.pp=2",
                             "parallelism.tp=2", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
                             "parallelism.pp_schedule=Interleaved1F1B", "train.micro_batch_size=1",
                             "train.global_batch_size=4"]), world_size=8)

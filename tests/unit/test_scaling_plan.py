@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from lmforge.config.compose import compose
 from lmforge.config.optim import OptimConfig
 from lmforge.config.validate import validate
+from lmforge.data.embedded import iter_documents
+from lmforge.data.tokenizer import train_bpe
 from lmforge.model.flops import flops_per_token
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import Rules, load_sweep, plan, write_sweep
@@ -64,8 +66,11 @@ def test_lr_schedule_reaches_its_floor_exactly_at_max_steps():
 def test_every_point_composes_and_shares_one_validation_set(tmp_path):
     fam = ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1, max_layers=4,
                       vocab_size=512, seq_len=64, ffn_multiple_of=8)
+    # A tokenizer of the family's vocabulary (lmforge sweep plan adds one for embedded_tokenizer_vocab presets):
+    # validate() refuses a model.vocab_size below the tokenizer's.
+    tok = train_bpe([d for _, d in zip(range(6), iter_documents("books"))], 512, tmp_path / "tok512.json")
     sweep = plan("val", [1e10, 3e10], fam, Rules(tpp_min=0.5, tpp_max=100, eval_batches=4), str(tmp_path),
-                 ["~data.sources.code", "~data.sources.reference"])
+                 ["~data.sources.code", "~data.sources.reference", f"data.tokenizer={tok}"])
     out = tmp_path / "val"
     write_sweep(sweep, out)
     loaded = load_sweep(out)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 
 @dataclass
@@ -11,5 +12,5 @@ class CheckpointConfig:
     every_steps: int = 100  # 0: only the final checkpoint
     keep_last: int = 2
     keep_every: int = 0  # also keep every N-th step forever (0: none)
-    async_mode: str = "none"  # none | thread | process
+    async_mode: Annotated[str, Literal["none", "thread", "process"]] = "none"
     save_final: bool = True

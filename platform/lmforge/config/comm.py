@@ -6,15 +6,15 @@ Cross-field checks of this group (transport vs variables, NCCL value spellings, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Annotated, Any, Dict, Literal
 
 
 @dataclass
 class CommConfig:
     name: str = "cpu_gloo"
-    backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+    backend: Annotated[str, Literal["auto", "nccl", "gloo"]] = "auto"  # auto: nccl on CUDA, gloo on CPU
     # What carries traffic between nodes: auto (let NCCL probe) | infiniband | roce | socket (TCP) | local (one node).
-    transport: str = "auto"
+    transport: Annotated[str, Literal["auto", "infiniband", "roce", "socket", "local"]] = "auto"
     init_timeout_s: int = 600
     collective_timeout_s: int = 600
     # TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (0 when false): on an NCCL error or timeout the watchdog ends the process

@@ -15,10 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from lmforge.config.choices import check_choices
 from lmforge.config.comm import CommConfig
 from lmforge.config.errors import ConfigError
 
-TRANSPORTS = ("auto", "infiniband", "roce", "socket", "local")
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 NCCL_ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 NCCL_PROTOS = ("ll", "ll128", "simple")
@@ -63,11 +63,7 @@ def _env_value(key: str, value: Any) -> str:
 
 def check_comm(comm: CommConfig, device: Optional[str] = None) -> None:
     """Raise ConfigError for an invalid comm group. ``device`` is train.device (auto | cpu | cuda) when known."""
-    if comm.backend not in ("auto", "nccl", "gloo"):
-        raise ConfigError("comm.backend", f"'{comm.backend}' is not one of auto, nccl, gloo", "choose auto, nccl or gloo")
-    if comm.transport not in TRANSPORTS:
-        raise ConfigError("comm.transport", f"'{comm.transport}' is not one of {', '.join(TRANSPORTS)}",
-                          f"choose one of {', '.join(TRANSPORTS)}")
+    check_choices(comm, "comm.")  # backend, transport: the values the schema annotates
     for key in ("init_timeout_s", "collective_timeout_s", "preflight_iters", "preflight_max_bytes"):
         if getattr(comm, key) < 1:
             raise ConfigError(f"comm.{key}", f"must be >= 1, got {getattr(comm, key)}", "set a positive value")

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Annotated, List, Literal, Optional
 
 
 @dataclass
 class WandbConfig:
-    mode: str = "disabled"  # online | offline | disabled
+    mode: Annotated[str, Literal["online", "offline", "disabled"]] = "disabled"
     project: str = "lmforge"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -18,7 +18,8 @@ class WandbConfig:
 @dataclass
 class LoggingConfig:
     name: str = "default"
-    console: str = "auto"  # auto (rich on a TTY, plain lines otherwise) | rich | plain | none
+    # auto: rich on a TTY, plain lines otherwise.
+    console: Annotated[str, Literal["auto", "rich", "plain", "none"]] = "auto"
     every_steps: int = 10
     jsonl: bool = True
     wandb: WandbConfig = field(default_factory=WandbConfig)

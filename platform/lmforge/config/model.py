@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
 
 @dataclass
@@ -19,8 +19,8 @@ class ModelConfig:
     ffn_multiple_of: int = 64
     # Context length used for training (sequence length of every sample) and the RoPE table size.
     seq_len: int = 256
-    mlp: str = "swiglu"  # swiglu | gelu
-    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    mlp: Annotated[str, Literal["swiglu", "gelu"]] = "swiglu"
+    norm: Annotated[str, Literal["rmsnorm", "layernorm"]] = "rmsnorm"
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True

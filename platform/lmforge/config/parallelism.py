@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
 
 
 @dataclass
 class ParallelismConfig:
     name: str = "single"
-    engine: str = "native"  # native | deepspeed
+    engine: Annotated[str, Literal["native", "deepspeed"]] = "native"
     # Mesh dims. world size = dp_replicate * dp_shard * tp * pp.
     dp_replicate: int = 1  # DDP-style replication (HSDP outer dim when dp_shard > 1)
     dp_shard: int = 1  # FSDP2 sharding degree
@@ -15,14 +18,14 @@ class ParallelismConfig:
     tp: int = 1
     sequence_parallel: bool = False
     pp: int = 1
-    pp_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
+    pp_schedule: PipelineSchedule = "1F1B"
     pp_virtual_stages: int = 1  # model chunks per pipeline rank (>1 for interleaved schedules)
     pp_microbatches: int = 0  # 0 means: as many as the gradient-accumulation steps
-    activation_checkpointing: str = "none"  # none | full | selective
+    activation_checkpointing: Annotated[str, Literal["none", "full", "selective"]] = "none"
     compile: bool = False
     # FSDP mixed precision: parameter dtype for compute and reduce dtype for gradients (fp32 | bf16).
-    param_dtype: str = "fp32"
-    reduce_dtype: str = "fp32"
+    param_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"
+    reduce_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"
     # Overlap gradient reduction with backward (DDP bucketing / FSDP prefetch).
     overlap_grad_reduce: bool = True
     # FSDP2 gradient reduction under gradient accumulation (see fsdp_grad_sync_mode):
@@ -30,12 +33,12 @@ class ParallelismConfig:
     # last_microbatch: keep unsharded gradients until the last micro batch, then one reduce-scatter
     # (1/grad_accum of the communication, unsharded gradients of every block held between micro batches);
     # auto: every_microbatch for FSDP without pipelining, last_microbatch otherwise.
-    fsdp_grad_sync: str = "auto"
+    fsdp_grad_sync: Annotated[str, Literal["auto", "every_microbatch", "last_microbatch"]] = "auto"
     ddp_bucket_cap_mb: int = 25
     # DeepSpeed engine only.
     zero_stage: int = 0
-    offload_optimizer: str = "none"  # none | cpu
-    offload_params: str = "none"  # none | cpu
+    offload_optimizer: Annotated[str, Literal["none", "cpu"]] = "none"
+    offload_params: Annotated[str, Literal["none", "cpu"]] = "none"
     deepspeed_config: str = ""  # optional user JSON merged over the generated config (conflicts are errors)
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Literal, Optional
 
 
 @dataclass
@@ -17,8 +17,8 @@ class TrainConfig:
     grad_accum: Optional[int] = None
     # fp32 | bf16-mixed (bf16 autocast, fp32 master weights) | bf16 (pure bf16 params) | auto
     # auto = bf16-mixed on CUDA, fp32 on CPU.
-    precision: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda
+    precision: Annotated[str, Literal["auto", "fp32", "bf16-mixed", "bf16"]] = "auto"
+    device: Annotated[str, Literal["auto", "cpu", "cuda"]] = "auto"
     seed: int = 1234
     # Intra-op threads per process; 0 = physical cores / local ranks, so any launch computes identically.
     threads: int = 0

@@ -3,44 +3,27 @@
 Hydra's structured configs already reject typos in YAML files and on the command line, but a key added
 with ``+`` bypasses the schema. Re-merging the composed config *as a plain container* into the schema
 catches it (``../shared/notes/hydra.md``). Cross-field checks (batch arithmetic, head divisibility, ...)
-live here too, so ``lmforge train`` and ``lmforge plan`` run exactly the same checks.
+live here too, so ``lmforge train``, ``lmforge plan`` and ``jobctl prepare`` run exactly the same checks:
+``validate()`` runs every check that needs no process group, including DeepSpeed's (``config/deepspeed.py``)
+and the tokenizer's vocabulary (``config/tokenizer_files.py``), and returns the batch plan with the config.
 """
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import fields, is_dataclass
-from typing import Any, List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from lmforge.config.batch import BatchPlan, batch_plan
+from lmforge.config.choices import check_choices, closest
 from lmforge.config.comm_checks import check_comm
+from lmforge.config.deepspeed import check as check_deepspeed
 from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
-
-CHOICES = {
-    "model.mlp": ("swiglu", "gelu"),
-    "model.norm": ("rmsnorm", "layernorm"),
-    "parallelism.engine": ("native", "deepspeed"),
-    "parallelism.pp_schedule": ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"),
-    "parallelism.activation_checkpointing": ("none", "full", "selective"),
-    "parallelism.param_dtype": ("fp32", "bf16"),
-    "parallelism.reduce_dtype": ("fp32", "bf16"),
-    "parallelism.fsdp_grad_sync": ("auto", "every_microbatch", "last_microbatch"),
-    "parallelism.offload_optimizer": ("none", "cpu"),
-    "parallelism.offload_params": ("none", "cpu"),
-    "comm.backend": ("auto", "nccl", "gloo"),
-    "optim.name": ("adamw",),
-    "optim.schedule": ("cosine", "wsd", "constant"),
-    "train.precision": ("auto", "fp32", "bf16-mixed", "bf16"),
-    "train.device": ("auto", "cpu", "cuda"),
-    "checkpoint.async_mode": ("none", "thread", "process"),
-    "logging.console": ("auto", "rich", "plain", "none"),
-    "logging.wandb.mode": ("online", "offline", "disabled"),
-}
+from lmforge.config.tokenizer_files import vocab_size_of
 
 POSITIVE = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
@@ -81,9 +64,7 @@ def _resolve_type(owner: Any, name: str) -> Any:
     return hints.get(name)
 
 
-def _closest(name: str, candidates: List[str]) -> Optional[str]:
-    hit = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
-    return hit[0] if hit else None
+_closest = closest  # compose.py and the key checks below: the nearest valid name
 
 
 def check_structure(cfg: DictConfig) -> None:
@@ -114,12 +95,7 @@ def check_values(cfg: RootConfig) -> None:
             node = getattr(node, part)
         return node
 
-    for key, allowed in CHOICES.items():
-        value = get(key)
-        if value not in allowed:
-            near = _closest(str(value), list(allowed))
-            hint = f"did you mean '{near}'? " if near else ""
-            raise ConfigError(key, f"'{value}' is not one of {', '.join(allowed)}", f"{hint}choose one of {', '.join(allowed)}")
+    check_choices(cfg)  # every Annotated[str, Literal[...]] field of the schema
     for key in POSITIVE:
         if get(key) < 1:
             raise ConfigError(key, f"must be >= 1, got {get(key)}", "set a positive value")
@@ -237,8 +213,45 @@ def check_batch(cfg: RootConfig) -> BatchPlan:
     return plan
 
 
-def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> RootConfig:
-    """Every check, in order; returns the typed config. ``world_size`` defaults to $WORLD_SIZE when set."""
+def check_vocabulary(cfg: RootConfig) -> None:
+    """``model.vocab_size`` holds every id of ``data.tokenizer`` (read from the tokenizer file, no data built)."""
+    vocab = vocab_size_of(cfg.data.tokenizer)
+    if vocab > cfg.model.vocab_size:
+        raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                          f"({vocab}, {cfg.data.tokenizer})", f"set model.vocab_size >= {vocab}")
+
+
+class Validated(NamedTuple):
+    """What ``validate()`` returns: ``cfg, plan = validate(...)``.
+
+    Reading any other attribute reads the config (``validate(...).model`` is ``validate(...).cfg.model``), so
+    code that takes "a validated config" takes this object and finds the batch plan on it."""
+
+    cfg: RootConfig
+    plan: BatchPlan
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.cfg, name)
+
+
+def planned_world_size(cfg: DictConfig) -> Optional[int]:
+    """``cluster.nodes * cluster.gpus_per_node`` of a composed config (``lmforge plan``, ``jobctl prepare``);
+    None when either is not a number (``validate()`` then names the bad key)."""
+    try:
+        return int(OmegaConf.select(cfg, "cluster.nodes")) * int(OmegaConf.select(cfg, "cluster.gpus_per_node"))
+    except (TypeError, ValueError):
+        return None
+
+
+def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> Validated:
+    """Every check that needs no process group, in order; returns the typed config and its batch plan.
+
+    ``world_size`` defaults to $WORLD_SIZE when set (the layout is checked against it when known). ``lmforge
+    train`` (every rank), ``lmforge plan`` and ``jobctl prepare`` all run exactly this function."""
+    if isinstance(cfg, Validated):
+        cfg = cfg.cfg
     if isinstance(cfg, DictConfig):
         check_structure(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
@@ -253,8 +266,11 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_model(typed)
     check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)
-    check_batch(typed)
-    return typed
+    plan = check_batch(typed)
+    if typed.parallelism.engine == "deepspeed":
+        check_deepspeed(typed, plan)
+    check_vocabulary(typed)
+    return Validated(typed, plan)
 
 
 def check_override_keys(overrides) -> None:

@@ -12,6 +12,9 @@ Specs understood by :func:`load_tokenizer`:
   takes the first id the ranks leave free: 50256 for GPT-2's file);
 - ``tiktoken:NAME``: a named tiktoken encoding whose file is already in ``$TIKTOKEN_CACHE_DIR``
   (network access is blocked while loading, so a missing file is an error, never a download).
+
+The files are read by ``lmforge.config.tokenizer_files``, which also gives ``vocab_size_of(spec)``: the
+vocabulary ``validate()`` checks against ``model.vocab_size`` before any data or process group exists.
 """
 from __future__ import annotations
 
@@ -23,8 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-EOD_TOKEN = "<|endoftext|>"
-EMBEDDED_VOCAB = 8192
+from lmforge.config.tokenizer_files import (EMBEDDED_VOCAB, EOD_TOKEN, end_of_text_id, named_tiktoken,
+                                            read_tiktoken_ranks, read_tokenizer_json, tiktoken_file_of,
+                                            vocab_size_of)
+
+__all__ = ["EMBEDDED_VOCAB", "EOD_TOKEN", "Tokenizer", "build_embedded_tokenizer", "embedded_tokenizer_path",
+           "export_tiktoken", "load_tokenizer", "train_bpe", "vocab_size_of"]
+
 # GPT-2 / r50k pre-tokenisation, the same split HF's ByteLevel pre-tokenizer applies.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -86,22 +94,10 @@ def _sha(data: bytes) -> str:
 
 
 def _from_tokenizer_json(path: Path) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-
-    if not path.is_file():
-        raise FileNotFoundError(f"data.tokenizer: no tokenizer.json at {path}. Fix: give an existing path, "
-                                "'embedded', or 'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'")
-    try:
-        backend = HFTokenizer.from_file(str(path))
-    except Exception as e:  # the Rust side raises plain Exceptions for malformed files
-        raise ValueError(f"data.tokenizer: {path} is not a valid tokenizer.json ({str(e).splitlines()[0][:200]}). "
-                         "Fix: point at a file saved by HF tokenizers (Tokenizer.save)") from None
-    eod = backend.token_to_id(EOD_TOKEN)
-    if eod is None:
-        raise ValueError(f"data.tokenizer: {path} has no '{EOD_TOKEN}' token to end documents with. "
-                         "Fix: add it as a special token when training the tokenizer")
+    backend = read_tokenizer_json(path)
     digest = _sha(backend.to_str().encode())
-    return Tokenizer(backend, "hf", eod, backend.get_vocab_size(with_added_tokens=True), digest, str(path))
+    return Tokenizer(backend, "hf", backend.token_to_id(EOD_TOKEN), backend.get_vocab_size(with_added_tokens=True),
+                     digest, str(path))
 
 
 def _tiktoken_identity(ranks: Dict[bytes, int], pattern: str, special: Dict[str, int]) -> str:
@@ -114,23 +110,9 @@ def _tiktoken_identity(ranks: Dict[bytes, int], pattern: str, special: Dict[str,
 
 def _tiktoken_from_file(path: Path) -> Tokenizer:
     import tiktoken
-    from tiktoken.load import read_file
 
-    if not path.is_file():
-        raise FileNotFoundError(f"data.tokenizer: no tiktoken file at {path}. Fix: give an existing *.tiktoken "
-                                "file (e.g. gpt2.tiktoken from the openai-whisper sdist, see docs/data.md)")
-    ranks: Dict[bytes, int] = {}
-    for n, line in enumerate(read_file(str(path)).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            tok, rank = line.split()
-            ranks[base64.b64decode(tok, validate=True)] = int(rank)
-        except ValueError:
-            raise ValueError(f"data.tokenizer: {path}:{n} is not a '<base64 token> <rank>' line. "
-                             "Fix: give a tiktoken rank file") from None
-    used = set(ranks.values())
-    eod = next(i for i in range(len(used) + 1) if i not in used)  # the first id the ranks leave free
+    ranks = read_tiktoken_ranks(path)
+    eod = end_of_text_id(ranks)
     special = {EOD_TOKEN: eod}
     enc = tiktoken.Encoding(path.stem, pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=special)
     return Tokenizer(enc, "tiktoken", eod, enc.n_vocab, _tiktoken_identity(ranks, GPT2_PATTERN, special),
@@ -138,28 +120,7 @@ def _tiktoken_from_file(path: Path) -> Tokenizer:
 
 
 def _tiktoken_named(name: str) -> Tokenizer:
-    import tiktoken
-    import tiktoken.load as tl
-
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
-        raise ValueError(f"data.tokenizer: tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set "
-                         "(lmforge never downloads). Fix: use tiktoken:/path/to/FILE.tiktoken, or set "
-                         "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)")
-    original = tl.read_file
-
-    def offline(blobpath: str) -> bytes:
-        if "://" in blobpath:
-            raise FileNotFoundError(f"{blobpath} is not cached in $TIKTOKEN_CACHE_DIR")
-        return original(blobpath)
-
-    tl.read_file = offline  # read_file_cached looks it up at call time: nothing reaches the network
-    try:
-        enc = tiktoken.get_encoding(name)
-    except Exception as e:  # noqa: BLE001 - tiktoken raises plain exceptions
-        raise ValueError(f"data.tokenizer: tiktoken encoding '{name}' could not be loaded offline ({e}). Fix: put "
-                         f"its file in $TIKTOKEN_CACHE_DIR or use tiktoken:/path/to/FILE.tiktoken") from None
-    finally:
-        tl.read_file = original
+    enc = named_tiktoken(name)
     special = dict(enc._special_tokens)
     digest = _tiktoken_identity(enc._mergeable_ranks, enc._pat_str, special)
     return Tokenizer(enc, "tiktoken", enc.eot_token, enc.n_vocab, digest, f"tiktoken:{name}")
@@ -232,8 +193,6 @@ def load_tokenizer(spec: str, cache_dir: Optional[Path] = None) -> Tokenizer:
             raise ValueError("the embedded tokenizer needs a cache_dir to live in")
         return _from_tokenizer_json(build_embedded_tokenizer(cache_dir))
     if spec.startswith("tiktoken:"):
-        rest = spec.split(":", 1)[1]
-        if "/" in rest or rest.endswith(".tiktoken"):
-            return _tiktoken_from_file(Path(rest).expanduser())
-        return _tiktoken_named(rest)
+        path = tiktoken_file_of(spec)
+        return _tiktoken_named(spec.split(":", 1)[1]) if path is None else _tiktoken_from_file(path)
     return _from_tokenizer_json(Path(spec).expanduser())

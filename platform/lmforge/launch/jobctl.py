@@ -86,18 +86,18 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
 
     Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
     from lmforge.config.compose import compose
-    from lmforge.config.validate import check_parallel_layout, validate
+    from lmforge.config.validate import planned_world_size, validate
     from lmforge.parallel.planner import check_fits, make_plan
     from lmforge.runtime.device_contract import check as check_device_contract
 
     extra = nodes_override(overrides, env)
-    cfg = validate(compose(list(overrides) + ([extra] if extra else [])))
+    composed = compose(list(overrides) + ([extra] if extra else []))
+    cfg = validate(composed, world_size=planned_world_size(composed))  # lmforge train's checks, this job's world
     c = cfg.cluster
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     check_device_contract(cfg.train.device, c.name, c.device, c.gpus_per_node, env=env,
                           where=f"node {node} (job {env.get('SLURM_JOB_ID', '-')} prepare)")
     world = c.nodes * c.gpus_per_node
-    check_parallel_layout(cfg, world)  # validate checked the batch arithmetic (it does not depend on the world)
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
     from lmforge.data.epochs import check_run

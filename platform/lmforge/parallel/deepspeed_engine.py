@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.deepspeed_config import build_config
@@ -61,7 +60,7 @@ class DeepSpeedEngine:
             deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl")
         else:
             deepspeed.init_distributed(dist_backend=dist.get_backend())
-        self.plan = check_batch(cfg)
+        self.plan = cfg.plan  # validate()'s batch plan: cfg is the Validated config (config/validate.py)
         self.ds_config: Dict[str, Any] = build_config(cfg, self.plan, self.precision,
                                                       pin_memory=device.type == "cuda")
         with torch.device("meta"):

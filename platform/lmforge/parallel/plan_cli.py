@@ -3,7 +3,8 @@
     lmforge plan +exp=gpt_1b cluster.nodes=4
     lmforge plan +exp=gpt_7b cluster.nodes=2 parallelism.tp=2 parallelism.dp_shard=8
 
-Composes the config exactly as ``lmforge train`` does, runs the trainer's validation with the world size
+Composes the config exactly as ``lmforge train`` does, runs the same ``validate()`` (every check that needs
+no process group: layout, batch, DeepSpeed, tokenizer vocabulary, ...) with the world size
 ``cluster.nodes * cluster.gpus_per_node``, prints the mesh, parameters, FLOPs, memory per device and a
 step-time estimate, and exits 2 with the reason and a fix when the layout is impossible or does not fit.
 """
@@ -13,28 +14,19 @@ import json
 import sys
 from typing import Callable, Optional, Sequence
 
-from omegaconf import OmegaConf
-
 from lmforge.config.errors import ConfigError
-
-
-def _world_size(cfg) -> Optional[int]:
-    try:
-        return int(OmegaConf.select(cfg, "cluster.nodes")) * int(OmegaConf.select(cfg, "cluster.gpus_per_node"))
-    except (TypeError, ValueError):
-        return None  # validate() names the bad key
 
 
 def plan_from_overrides(overrides: Sequence[str]):
     """Compose, validate and plan; raises ConfigError for an impossible or out-of-memory layout."""
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.config.validate import planned_world_size, validate
     from lmforge.parallel.planner import make_plan
 
     cfg = compose(list(overrides))
-    world = _world_size(cfg)
-    typed = validate(cfg, world_size=world if world is not None else 0)
-    return make_plan(typed, world)
+    world = planned_world_size(cfg)
+    validated = validate(cfg, world_size=world if world is not None else 0)  # exactly lmforge train's checks
+    return make_plan(validated, world)
 
 
 def plan_json(plan) -> dict:

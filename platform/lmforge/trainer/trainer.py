@@ -36,10 +36,8 @@ from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe
 from lmforge.comm.vote import LaggedVote
-from lmforge.config.batch import BatchPlan
-from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import check_batch
+from lmforge.config.validate import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
@@ -78,8 +76,8 @@ def config_dict(cfg: RootConfig) -> dict:
 
 
 class Trainer:
-    def __init__(self, cfg: RootConfig, run_dir: Path):
-        self.cfg = cfg
+    def __init__(self, cfg: Validated, run_dir: Path):
+        self.cfg, self.plan = cfg  # validate()'s typed config and batch plan (cfg.<group> reads the config)
         self.paths = RunPaths(Path(run_dir))
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
@@ -91,7 +89,6 @@ class Trainer:
         self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)
         self.rank = self.world.rank
         seed_everything(cfg.train.seed)
-        self.plan: BatchPlan = check_batch(cfg)
         startup_memory_check(cfg, self.device, self.rank)  # the planner's memory estimate (warning only)
         if self.rank == 0:
             self.paths.make()
@@ -100,10 +97,6 @@ class Trainer:
         # Data
         cache = default_cache_dir(cfg.data, cfg.run.root)
         self.tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
-        if self.tokenizer.vocab_size > cfg.model.vocab_size:
-            raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                              f"({self.tokenizer.vocab_size}, {cfg.data.tokenizer})",
-                              f"set model.vocab_size >= {self.tokenizer.vocab_size}")
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
         try:
