@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.checkpoint import fault_injection
 from lmforge.checkpoint.layout import COMPLETE, SIDECAR, complete_checkpoints, step_of, tmp_dir
 from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
 from lmforge.checkpoint.retention import plan_retention
@@ -62,17 +63,21 @@ def test_partial_save_is_never_resolved(tmp_path):
         mgr.resolve(str(partial))
 
 
-def test_before_commit_failure_leaves_previous_latest(tmp_path):
+def test_crash_before_commit_leaves_previous_latest(tmp_path):
     model = torch.nn.Linear(4, 4)
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=3))
     mgr.save(1, model, None, {"world_size": 1})
 
-    def crash(path):
-        raise KeyboardInterrupt("killed between shards and commit")
+    def crash(stage, step, final):
+        if stage == "shards" and step == 2:
+            raise KeyboardInterrupt("killed between shards and commit")
 
-    mgr.before_commit = crash
-    with pytest.raises(KeyboardInterrupt):
-        mgr.save(2, model, None, {"world_size": 1})
+    fault_injection.install_commit_hook(crash)  # the test's own hook (production reads no test setting)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mgr.save(2, model, None, {"world_size": 1})
+    finally:
+        fault_injection.install_commit_hook(None)
     assert (tmp_dir(tmp_path, 2) / ".metadata").exists() and not (tmp_dir(tmp_path, 2) / COMPLETE).exists()
     assert mgr.resolve("auto") == tmp_path / "step-00000001"
 

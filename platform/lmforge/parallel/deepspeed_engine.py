@@ -25,6 +25,7 @@ from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
+from lmforge.parallel.contract import DEEPSPEED, StateLayout
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.engine import StepGuard, StepResult, resolve_precision
 from lmforge.parallel.mesh import ParallelDims
@@ -233,6 +234,17 @@ class DeepSpeedEngine:
             self.ds.destroy()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+    # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
+    @property
+    def replica_group(self) -> None:
+        """No replica comparison: ZeRO partitions are not replicated the way fault/consistency.py compares."""
+        return None
+
+    def state_layout(self) -> StateLayout:
+        """DeepSpeed's own per-rank files (``save_checkpoint``/``load_checkpoint``), recorded with the ZeRO stage
+        and data-parallel size they were written at (a different size on resume goes through the universal form)."""
+        return StateLayout(DEEPSPEED, sidecar={"zero_stage": int(self.stage), "dp_size": int(self.dp_size)})
 
 
 def _shutdown(engine: DeepSpeedEngine) -> None:
