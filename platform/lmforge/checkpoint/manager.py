@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -41,23 +41,23 @@ from lmforge.checkpoint.layout import (COMPLETE, SIDECAR, STEP_RE, aside_dir, co
                                        step_dir, step_of, tmp_dir)
 from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.safe_io import read_json
-from lmforge.checkpoint.state_io import CheckpointError, DcpStateIO, check_model_fits, model_mismatches  # noqa: F401
+from lmforge.checkpoint.state_io import CheckpointError, DcpStateIO, StateIO
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.model import ModelConfig
-from lmforge.parallel.contract import DCP, DEEPSPEED, Engine
+from lmforge.parallel.contract import DCP, DEEPSPEED, Engine, StateLayout
 from lmforge.runtime.dist import barrier, is_distributed, rank, world_size
 
-StateIO = Union[DcpStateIO, DeepSpeedStateIO]
 # The state IO for each StateLayout.format an engine reports (parallel/contract.py): the one place a format is chosen.
-STATE_IO: Dict[str, Callable[[Engine], StateIO]] = {
-    DCP: lambda engine: DcpStateIO(engine.inner, engine.optimizer, engine.state_layout().pipeline_stage),
-    DEEPSPEED: lambda engine: DeepSpeedStateIO(engine, engine.state_layout().sidecar),
+STATE_IO: Dict[str, Callable[[Engine, StateLayout], StateIO]] = {
+    DCP: lambda engine, layout: DcpStateIO(engine.inner, engine.optimizer, layout.pipeline_stage),
+    DEEPSPEED: lambda engine, layout: DeepSpeedStateIO(engine, layout.sidecar),
 }
 
 
 def state_io_for(engine: Engine) -> StateIO:
-    return STATE_IO[engine.state_layout().format](engine)
+    layout = engine.state_layout()
+    return STATE_IO[layout.format](engine, layout)
 
 
 @dataclass

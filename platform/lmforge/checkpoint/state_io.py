@@ -4,15 +4,14 @@ Model and optimizer go in as state dicts keyed by global parameter name (``get_s
 layout reads any other's checkpoint; this rank's RNG states go in the same DCP save under ``rng/rank<r>/``
 (checkpoint/rng.py). Loading reads through ``safe_io.load_dcp`` (nothing unpickled) after checking that every
 model tensor is in the checkpoint with its global shape (``check_model_fits``; a pipeline stage expects the
-other stages' tensors as extras). The DeepSpeed format is ``checkpoint/deepspeed_io.py``; both offer
-``sidecar_fields()``, ``save(directory, writer, async_kind, group)`` (None when written, else a future) and
-``load(path, sidecar, restore_rng)``, which is all ``CheckpointManager`` calls.
+other stages' tensors as extras). The DeepSpeed format is ``checkpoint/deepspeed_io.py``; both are a ``StateIO``,
+which is all ``CheckpointManager`` calls.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -27,6 +26,19 @@ from lmforge.runtime.dist import rank, world_size
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class StateIO(Protocol):
+    """How one state format is written into and read from a checkpoint directory (what the manager calls)."""
+
+    def sidecar_fields(self) -> Dict[str, Any]:
+        """What the sidecar records about the format (merged into ``state.json``)."""
+
+    def save(self, directory: Path, writer: Any, async_kind: Any = None, group: Any = None) -> Optional[Any]:
+        """Every rank writes its part into ``directory``; None when written, else a future (async DCP save)."""
+
+    def load(self, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
+        """Every rank reads its part of checkpoint ``path`` (``sidecar``: its state.json)."""
 
 
 class DcpStateIO:
