@@ -37,8 +37,8 @@ import torch.distributed as dist
 from lmforge.checkpoint import fault_injection, retention
 from lmforge.checkpoint.commit import commit, make_dir, restore_asides
 from lmforge.checkpoint.deepspeed_io import DeepSpeedStateIO
-from lmforge.checkpoint.layout import (COMPLETE, SIDECAR, STEP_RE, aside_dir, complete_checkpoints, is_complete, latest,
-                                       step_dir, step_of, tmp_dir)
+from lmforge.checkpoint.layout import (COMPLETE, SIDECAR, aside_dir, complete_checkpoints, is_aside, is_complete, latest,
+                                       parse_step, step_dir, step_of, tmp_dir)
 from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.safe_io import read_json
 from lmforge.checkpoint.state_io import CheckpointError, DcpStateIO, StateIO
@@ -257,8 +257,9 @@ def resolve_resume(root: Path, resume: str) -> Optional[Path]:
         inner = latest(path)
         if inner is not None:
             return inner
-    if not path.exists() and STEP_RE.match(path.name):
-        aside = aside_dir(path.parent, step_of(path))
+    step = parse_step(path.name)
+    if not path.exists() and step is not None and not is_aside(path):
+        aside = aside_dir(path.parent, step)
         if is_complete(aside):
             return aside
     if not path.exists():
