@@ -4,6 +4,9 @@ A DeepSpeed checkpoint is a normal lmforge checkpoint directory (``step-N/`` wit
 ``COMPLETE``, committed atomically by ``CheckpointManager``, same retention and resume rules) whose tensors
 are DeepSpeed's own per-rank files under ``step-N/deepspeed/`` plus the per-rank RNG states as DCP in
 ``step-N/``; the sidecar says ``"format": "deepspeed"`` and records the ZeRO stage and data-parallel size.
+``DeepSpeedStateIO`` is this format's ``StateIO`` (checkpoint/state_io.py), chosen by ``CheckpointManager`` when
+the engine's ``StateLayout.format`` is ``"deepspeed"``; it talks to the engine only through
+``parallel.contract.OwnFilesState`` (``save_checkpoint``, ``load_checkpoint``, ``load_full_state``).
 
 DeepSpeed saves with ``torch.save`` and loads with ``torch.load(weights_only=False)``. Every load here runs
 inside ``safe_io.weights_only_loads()``, which forces ``weights_only=True`` for every ``torch.load`` call and
