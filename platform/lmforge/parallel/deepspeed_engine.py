@@ -25,7 +25,6 @@ from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
-from lmforge.parallel.contract import DEEPSPEED, StateLayout
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.engine import StepGuard, StepResult, resolve_precision
 from lmforge.parallel.mesh import ParallelDims
@@ -241,9 +240,11 @@ class DeepSpeedEngine:
         """No replica comparison: ZeRO partitions are not replicated the way fault/consistency.py compares."""
         return None
 
-    def state_layout(self) -> StateLayout:
+    def state_layout(self) -> "StateLayout":
         """DeepSpeed's own per-rank files (``save_checkpoint``/``load_checkpoint``), recorded with the ZeRO stage
         and data-parallel size they were written at (a different size on resume goes through the universal form)."""
+        from lmforge.parallel.contract import DEEPSPEED, StateLayout
+
         return StateLayout(DEEPSPEED, sidecar={"zero_stage": int(self.stage), "dp_size": int(self.dp_size)})
 
 

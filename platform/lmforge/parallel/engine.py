@@ -17,7 +17,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT, cross_entropy_loss
-from lmforge.parallel.contract import DCP, StateLayout
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
@@ -185,8 +184,10 @@ class NativeEngine:
             part.eval()
 
     # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
-    def state_layout(self) -> StateLayout:
+    def state_layout(self) -> "StateLayout":
         """Model and optimizer state dicts through DCP; with pp > 1 ``inner`` holds only this rank's stages."""
+        from lmforge.parallel.contract import DCP, StateLayout
+
         return StateLayout(DCP, pipeline_stage=self.dims.pp > 1)
 
 
