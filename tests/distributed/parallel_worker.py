@@ -147,8 +147,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig
 
-        CheckpointManager(Path(save_to), CheckpointConfig()).save(steps, engine.inner, engine.optimizer,
-                                                                  {"world_size": dist.get_world_size()})
+        CheckpointManager(Path(save_to), CheckpointConfig(), engine).save(steps,
+                                                                          sidecar={"world_size": dist.get_world_size()})
     dist.barrier()
     return out
 
@@ -170,8 +170,8 @@ def resume_case(overrides: List[str], samples: List[List[int]], steps: int, chec
 
     cfg = build_config(overrides)
     engine = build_engine(cfg)
-    manager = CheckpointManager(Path(checkpoint), CheckpointConfig())
-    manager.load(latest(Path(checkpoint)), engine.inner, engine.optimizer)
+    manager = CheckpointManager(Path(checkpoint), CheckpointConfig(), engine)  # the engine reports its state layout
+    manager.load(latest(Path(checkpoint)))
     data = FixedSamples(samples)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
     stream.state.consumed_samples = steps * cfg.train.global_batch_size

@@ -1,8 +1,9 @@
 """A save killed half-way never becomes a checkpoint: the restarted job loads the previous one.
 
 Two real gloo ranks (``python -m lmforge.train`` with RANK/WORLD_SIZE/MASTER_* set, DDP over 2 ranks) train
-4 steps, checkpointing every 2. ``LMFORGE_CKPT_PAUSE_SAVE=step=4,after_shards=1`` freezes the save of step
-4 after rank 0 wrote its shard and before rank 1 writes its own. The test asserts the partial
+4 steps, checkpointing every 2. Each rank of the first launch runs ``pausing_train.py 4 1``, which installs
+``checkpoint.fault_injection.install_save_pause(4, 1)`` and then calls ``lmforge.train.main``: the save of step
+4 freezes after rank 0 wrote its shard and before rank 1 writes its own. The test asserts the partial
 ``.tmp-step-00000004`` (1 shard file, no metadata, no COMPLETE) and the complete ``step-00000002`` exist,
 SIGKILLs both ranks, restarts them without the hook, and checks that step 2 is the checkpoint loaded, the
 partial directory is cleaned up, and the run finishes with a complete step-4 checkpoint.
@@ -21,20 +22,24 @@ import pytest
 
 from harness import free_port
 
+PAUSING_TRAIN = Path(__file__).resolve().parent / "pausing_train.py"
+
 ARGS = ["model=tiny", "parallelism=ddp", "train.max_steps=4", "train.micro_batch_size=2", "train.global_batch_size=8",
         "train.eval_every=0", "train.threads=1", "train.device=cpu", "logging.every_steps=1", "logging.console=plain",
         "checkpoint.every_steps=2", "checkpoint.keep_last=3"]
 
 
-def start_ranks(root: Path, tag: str, env_extra=None, world: int = 2):
+def start_ranks(root: Path, tag: str, pause=None, world: int = 2):
+    """``pause=(step, after_shards)``: every rank installs that save pause (pausing_train.py) before training."""
     port = free_port()
     procs = []
+    entry = ["-m", "lmforge.train"] if pause is None else [str(PAUSING_TRAIN), *map(str, pause)]
     for rank in range(world):
-        env = {**os.environ, **(env_extra or {}), "RANK": str(rank), "WORLD_SIZE": str(world),
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "LMFORGE_RUN_ID": "crash"}
         log = open(root / f"{tag}-rank{rank}.log", "w")
-        cmd = [sys.executable, "-m", "lmforge.train", f"run.root={root}", "run.name=crash", *ARGS]
+        cmd = [sys.executable, *entry, f"run.root={root}", "run.name=crash", *ARGS]
         procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
     return procs
@@ -57,7 +62,7 @@ def logs(root: Path) -> str:
 def test_kill_mid_save_then_restart_loads_previous_checkpoint(tmp_path, data_cache):
     ckpts = tmp_path / "crash" / "checkpoints"
     partial = ckpts / ".tmp-step-00000004"
-    procs = start_ranks(tmp_path, "first", {"LMFORGE_CKPT_PAUSE_SAVE": "step=4,after_shards=1"})
+    procs = start_ranks(tmp_path, "first", pause=(4, 1))
     try:
         deadline = time.monotonic() + 200
         while not ((partial / "PAUSED.rank1").exists() and (partial / "__0_0.distcp").exists()):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.checkpoint import fault_injection
 from lmforge.checkpoint.layout import COMPLETE, SIDECAR, complete_checkpoints, step_of, tmp_dir
 from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
 from lmforge.checkpoint.retention import plan_retention
@@ -62,17 +63,21 @@ def test_partial_save_is_never_resolved(tmp_path):
         mgr.resolve(str(partial))
 
 
-def test_before_commit_failure_leaves_previous_latest(tmp_path):
+def test_crash_before_commit_leaves_previous_latest(tmp_path):
     model = torch.nn.Linear(4, 4)
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=3))
     mgr.save(1, model, None, {"world_size": 1})
 
-    def crash(path):
-        raise KeyboardInterrupt("killed between shards and commit")
+    def crash(stage, step, final):
+        if stage == "shards" and step == 2:
+            raise KeyboardInterrupt("killed between shards and commit")
 
-    mgr.before_commit = crash
-    with pytest.raises(KeyboardInterrupt):
-        mgr.save(2, model, None, {"world_size": 1})
+    fault_injection.install_commit_hook(crash)  # the test's own hook (production reads no test setting)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mgr.save(2, model, None, {"world_size": 1})
+    finally:
+        fault_injection.install_commit_hook(None)
     assert (tmp_dir(tmp_path, 2) / ".metadata").exists() and not (tmp_dir(tmp_path, 2) / COMPLETE).exists()
     assert mgr.resolve("auto") == tmp_path / "step-00000001"
 
@@ -165,3 +170,66 @@ def test_resume_load_never_unpickles_arbitrary_objects(tmp_path):
     ok.seek(0)
     planner.load_bytes(item, ok)
     assert planner.state_dict["k"] == {"lr": 0.1, "betas": (0.9, 0.95), "params": ["a.weight"]}
+
+
+def _stage_of(model: GPT) -> GPT:
+    """What parallel/pipeline.prune_to_rank leaves of ``model`` for the first of two stages: layer 0 and the
+    embedding, no final norm or output projection; the remaining weights zeroed."""
+    del model.layers["1"]
+    model.norm = None
+    model.output = None
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model
+
+
+def test_pipeline_stage_layout_loads_its_tensors_and_expects_the_other_stages(tmp_path):
+    from lmforge.checkpoint.safe_io import read_json
+    from lmforge.checkpoint.state_io import DcpStateIO
+
+    full = tiny_gpt()
+    path = CheckpointManager(tmp_path, CheckpointConfig()).save(1, full, None, {"world_size": 1}).path
+    sidecar = read_json(path / SIDECAR)
+    stage = _stage_of(tiny_gpt())
+    DcpStateIO(stage, None, pipeline_stage=True).load(path, sidecar)  # what a pp > 1 engine's StateLayout says
+    ref = full.state_dict()
+    assert set(stage.state_dict()) and all(torch.equal(v, ref[k]) for k, v in stage.state_dict().items())
+    with pytest.raises(CheckpointError, match=r"layers\.1\..*in the checkpoint but not in the model"):
+        DcpStateIO(_stage_of(tiny_gpt()), None, pipeline_stage=False).load(path, sidecar)  # negative control
+
+
+def _contract_members(protocol) -> set:
+    names = set(getattr(protocol, "__annotations__", {}))
+    names |= {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    return names
+
+
+def _missing_members(cls, protocol) -> list:
+    """Members of ``protocol`` that ``cls`` neither defines nor assigns in its methods (``self.<name> = ...``, also
+    as one target of a tuple assignment)."""
+    import inspect
+    import re
+
+    source = inspect.getsource(cls)
+    target = r"(?:self\.\w+|_)"
+    assigned = {n for n in _contract_members(protocol)
+                if re.search(rf"^\s*(?:{target}\s*,\s*)*self\.{n}\s*(?:,\s*{target}\s*)*=(?!=)", source, re.M)}
+    return sorted(n for n in _contract_members(protocol) if not hasattr(cls, n) and n not in assigned)
+
+
+def test_both_engines_offer_every_member_of_the_engine_contract():
+    from lmforge.checkpoint.manager import STATE_IO
+    from lmforge.parallel.contract import FORMATS, Engine, OwnFilesState, StateLayout
+    from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
+    from lmforge.parallel.engine import NativeEngine
+
+    assert {"train_step", "eval_loss", "state_layout", "dp_group", "dp_rank", "inner", "optimizer"} <= \
+        _contract_members(Engine)
+    assert _missing_members(NativeEngine, Engine) == []
+    assert _missing_members(DeepSpeedEngine, Engine) == []
+    assert _missing_members(DeepSpeedEngine, OwnFilesState) == []
+    assert "state_layout" in _missing_members(torch.nn.Linear, Engine)  # negative control: not an engine
+    assert set(STATE_IO) == set(FORMATS)  # the checkpoint layer reads every format an engine may report
+    with pytest.raises(ValueError, match="StateLayout.format='zarr'"):
+        StateLayout("zarr")

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
-from lmforge.checkpoint.layout import ASIDE_RE, COMPLETE, SIDECAR, aside_dir, is_complete, stale_asides, step_dir, step_of
+from lmforge.checkpoint.layout import COMPLETE, SIDECAR, aside_dir, is_aside, is_complete, stale_asides, step_dir, step_of
 from lmforge.runtime.rundir import RUN_DIR_MODE
 
 FILE_MODE = 0o640  # owner read/write, group read, others nothing
@@ -126,7 +126,7 @@ def restore_asides(root: Path) -> None:
     ``step-N`` exists (the old copy is the checkpoint of that step again), deleted when ``step-N`` is complete."""
     if not root.is_dir():
         return
-    for aside in [p for p in root.iterdir() if ASIDE_RE.match(p.name) and is_complete(p)]:
+    for aside in [p for p in root.iterdir() if is_aside(p) and is_complete(p)]:
         final = step_dir(root, step_of(aside))
         if not final.exists():
             os.replace(aside, final)

@@ -4,6 +4,9 @@ A DeepSpeed checkpoint is a normal lmforge checkpoint directory (``step-N/`` wit
 ``COMPLETE``, committed atomically by ``CheckpointManager``, same retention and resume rules) whose tensors
 are DeepSpeed's own per-rank files under ``step-N/deepspeed/`` plus the per-rank RNG states as DCP in
 ``step-N/``; the sidecar says ``"format": "deepspeed"`` and records the ZeRO stage and data-parallel size.
+``DeepSpeedStateIO`` is this format's ``StateIO`` (checkpoint/state_io.py), chosen by ``CheckpointManager`` when
+the engine's ``StateLayout.format`` is ``"deepspeed"``; it talks to the engine only through
+``parallel.contract.OwnFilesState`` (``save_checkpoint``, ``load_checkpoint``, ``load_full_state``).
 
 DeepSpeed saves with ``torch.save`` and loads with ``torch.load(weights_only=False)``. Every load here runs
 inside ``safe_io.weights_only_loads()``, which forces ``weights_only=True`` for every ``torch.load`` call and
@@ -20,44 +23,44 @@ import io
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
 from lmforge.checkpoint.safe_io import load_dcp, tensor_metadata, weights_only_loads
+from lmforge.parallel.contract import DEEPSPEED, OwnFilesState
 from lmforge.parallel.deepspeed_engine import DS_TAG  # the sub-directory holding DeepSpeed's files
+from lmforge.runtime.dist import barrier, rank, world_size
 
-FORMAT = "deepspeed"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+FORMAT = DEEPSPEED
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+class DeepSpeedStateIO:
+    """The DeepSpeed format for an engine that writes its own files (``parallel.contract.OwnFilesState``)."""
+
+    def __init__(self, engine: OwnFilesState, sidecar: Optional[Dict[str, Any]] = None):
+        self.engine = engine
+        self.layout_fields = dict(sidecar or {})  # the engine's StateLayout.sidecar: zero_stage, dp_size
+
+    def sidecar_fields(self) -> Dict[str, Any]:
+        return {"format": FORMAT, **self.layout_fields}
+
+    def save(self, directory: Path, writer: Any = None, async_kind: Any = None, group: Any = None) -> None:
+        """Synchronous (DeepSpeed writes with ``torch.save``); the DCP writer and async mode do not apply."""
+        save(self.engine, directory)
+
+    def load(self, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
+        """A DeepSpeed checkpoint at any data-parallel size, or a native one continued by DeepSpeed."""
+        reader = load if sidecar.get("format") == FORMAT else load_native
+        reader(self.engine, path, sidecar, restore_rng)
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def is_deepspeed_engine(engine: Any) -> bool:
-    return engine is not None and hasattr(engine, "save_checkpoint") and hasattr(engine, "ds")
-
-
-def sidecar_fields(engine: Any) -> Dict[str, Any]:
-    return {"format": FORMAT, "zero_stage": int(engine.stage), "dp_size": int(engine.dp_size)}
-
-
-def save(engine: Any, tmp: Path) -> None:
+def save(engine: OwnFilesState, tmp: Path) -> None:
     """Every rank: DeepSpeed's partitions into ``tmp/deepspeed/`` and this rank's RNG states (DCP) into ``tmp``."""
     engine.save_checkpoint(tmp)
-    dcp.save(rng_state_tensors(_rank()), checkpoint_id=str(tmp))
+    dcp.save(rng_state_tensors(rank()), checkpoint_id=str(tmp))
 
 
 def to_universal(src: Path, dst: Path) -> Path:
@@ -75,37 +78,37 @@ def to_universal(src: Path, dst: Path) -> Path:
 
 
 def _restore_rng(path: Path) -> None:
-    state, missing = loadable_rng_state(_rank(), tensor_metadata(path))
+    state, missing = loadable_rng_state(rank(), tensor_metadata(path))
     announce_missing(path, missing)
     load_dcp(state, path)
-    set_rng_state_tensors(state, _rank())
+    set_rng_state_tensors(state, rank())
 
 
-def load(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
+def load(engine: OwnFilesState, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
     """Load a DeepSpeed checkpoint into ``engine`` at any data-parallel size."""
     path = Path(path)
-    same_world = sidecar.get("world_size") == _world()
+    same_world = sidecar.get("world_size") == world_size()
     if sidecar.get("dp_size", sidecar.get("world_size")) == engine.dp_size:
         with weights_only_loads():
             engine.load_checkpoint(path)
     else:
         universal = path.parent / f".universal-{path.name}"
-        if _rank() == 0:
+        if rank() == 0:
             shutil.rmtree(universal, ignore_errors=True)
             to_universal(path, universal)
-        _barrier()
+        barrier()
         try:
             with weights_only_loads():
                 engine.load_checkpoint(universal, universal=True)
         finally:
-            _barrier()
-            if _rank() == 0:
+            barrier()
+            if rank() == 0:
                 shutil.rmtree(universal, ignore_errors=True)
     if restore_rng and same_world:
         _restore_rng(path)
 
 
-def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
+def load_native(engine: OwnFilesState, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
     """Continue a DeepSpeed run from a native (DCP) checkpoint: every rank reads the full parameters and
     AdamW moments by name and keeps its ZeRO fragment (``DeepSpeedEngine.load_full_state``)."""
     meta = tensor_metadata(path)
@@ -122,5 +125,5 @@ def load_native(engine: Any, path: Path, sidecar: dict, restore_rng: bool = True
     engine.load_full_state({n: flat[f"model.{n}"] for n in names},
                            {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
                            steps.pop())
-    if restore_rng and sidecar.get("world_size") == _world():
+    if restore_rng and sidecar.get("world_size") == world_size():
         _restore_rng(path)

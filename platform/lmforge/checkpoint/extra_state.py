@@ -1,13 +1,13 @@
-"""Non-tensor training state that travels in the JSON sidecar: the LR schedule position and the gradient scaler.
+"""Non-tensor training state that travels in the JSON sidecar: the LR schedule position.
 
 The LR schedule is a pure function of (step, optim config, max_steps) (see ``lmforge.optim.schedule``), so its
 state is the step plus the inputs of that function; on resume a change of those inputs is reported, since it
-bends the LR curve from the saved step on. A gradient scaler (fp16 training) keeps a few floats and ints,
-stored as JSON; bf16/fp32 runs have none.
+bends the LR curve from the saved step on. There is no fp16 path (``train.precision``: fp32, bf16-mixed, bf16),
+so no gradient scaler is saved; a ``grad_scaler`` key in an older sidecar (always null) is ignored.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from lmforge.config.optim import OptimConfig
 
@@ -24,14 +24,3 @@ def scheduler_changes(saved: Optional[dict], cfg: OptimConfig, max_steps: int) -
         return []
     now = {"max_steps": max_steps, **{k: getattr(cfg, k) for k in _SCHEDULE_KEYS}}
     return [f"{k}: checkpoint {saved[k]!r} -> now {v!r}" for k, v in now.items() if k in saved and saved[k] != v]
-
-
-def grad_scaler_state(scaler: Any) -> Optional[dict]:
-    if scaler is None or not hasattr(scaler, "state_dict"):
-        return None
-    return {k: (float(v) if hasattr(v, "item") else v) for k, v in scaler.state_dict().items()}
-
-
-def restore_grad_scaler(scaler: Any, state: Optional[dict]) -> None:
-    if scaler is not None and state:
-        scaler.load_state_dict(dict(state))

@@ -1,39 +1,42 @@
-"""Test seams into a checkpoint save: freeze it half-way, or run a hook at each stage of its commit.
+"""Test seams into a checkpoint save, installed in Python by a test's own process (never by configuration or
+the environment): freeze a save half-way, or run a hook at each stage of its commit.
 
-Set ``LMFORGE_CKPT_PAUSE_SAVE="step=<S>,after_shards=<k>"`` in the environment of every rank. When the
-save of step ``S`` writes its DCP shard files, ranks ``0..k-1`` write theirs normally and the other ranks
-write ``PAUSED.rank<r>`` into the temporary directory and sleep forever instead of writing their shard. The
-save therefore never completes: the temporary ``.tmp-step-<S>`` directory holds exactly ``k`` shard files
-and no ``COMPLETE`` marker, which is what a crash mid-save leaves behind. Unset, this module does nothing.
+``install_save_pause(step, after_shards)``: when the save of ``step`` writes its DCP shard files, ranks
+``0..after_shards-1`` write theirs normally and the other ranks write ``PAUSED.rank<r>`` into the temporary
+directory and sleep forever instead of writing their shard. The save therefore never completes: the temporary
+``.tmp-step-<S>`` directory holds exactly ``after_shards`` shard files and no ``COMPLETE`` marker, which is what a
+crash mid-save leaves behind. Each rank's process installs it (tests/distributed/pausing_train.py: an entry
+script that installs it, then calls ``lmforge.train.main``). Not installed, ``storage_writer`` is DCP's own.
 
-``install_commit_hook(fn)`` (Python, not configuration) runs ``fn(stage, step, final_dir)`` after each stage
-of the commit protocol (``checkpoint/commit.py``); tests/distributed/test_commit_kill.py kills the writer there.
+``install_commit_hook(fn)`` runs ``fn(stage, step, final_dir)`` after each stage of the commit protocol
+(``checkpoint/commit.py``, stages ``commit.STAGES``); tests/distributed/test_commit_kill.py kills the writer
+there, tests/unit/test_checkpoint_manager.py raises at ``shards`` (a crash between the shards and the commit).
 """
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
-import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 
-ENV = "LMFORGE_CKPT_PAUSE_SAVE"
+from lmforge.runtime.dist import rank
+
+_pause: Optional[Tuple[int, int]] = None  # (step, after_shards)
 
 
-def pause_spec(step: int) -> Optional[int]:
-    """``after_shards`` if the environment asks to pause the save of ``step``, else None."""
-    raw = os.environ.get(ENV, "")
-    if not raw:
-        return None
-    fields = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
-    try:
-        if int(fields["step"]) != step:
-            return None
-        return int(fields.get("after_shards", "1"))
-    except (KeyError, ValueError):
-        raise ValueError(f"{ENV}={raw!r}: expected 'step=<int>,after_shards=<int>'") from None
+def install_save_pause(step: Optional[int], after_shards: int = 1) -> None:
+    """Freeze the save of ``step`` in this process after ``after_shards`` ranks wrote their shard; None removes it."""
+    global _pause
+    _pause = None if step is None else (int(step), int(after_shards))
+
+
+def storage_writer(directory: Path, step: int) -> FileSystemWriter:
+    """The DCP writer for the save of ``step`` into ``directory``: DCP's own unless a pause is installed for it."""
+    if _pause is not None and _pause[0] == step:
+        return PausingWriter(directory, _pause[1])
+    return FileSystemWriter(str(directory))
 
 
 class PausingWriter(FileSystemWriter):
@@ -45,15 +48,14 @@ class PausingWriter(FileSystemWriter):
         self.dir = Path(path)
 
     def write_data(self, plan, planner):
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        if rank >= self.after_shards:
-            (self.dir / f"PAUSED.rank{rank}").write_text(str(os.getpid()))
+        r = rank()
+        if r >= self.after_shards:
+            (self.dir / f"PAUSED.rank{r}").write_text(str(os.getpid()))
             while True:  # until the test kills the job
                 time.sleep(3600)
         return super().write_data(plan, planner)
 
 
-# ---- commit-stage hook (installed by a test's worker process, never by configuration) ----------------
 CommitHook = Callable[[str, int, Path], None]
 _commit_hook: Optional[CommitHook] = None
 

@@ -35,12 +35,19 @@ def aside_dir(root: Path, step: int) -> Path:
     return root / f".old-step-{step:08d}"
 
 
-def _step_match(name: str) -> Optional[re.Match]:
-    return STEP_RE.match(name) or ASIDE_RE.match(name)
+def parse_step(name: str) -> Optional[int]:
+    """The step a checkpoint directory name (``step-N`` or ``.old-step-N``) holds, or None: the one place a step
+    number is read from a name."""
+    m = STEP_RE.match(name) or ASIDE_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_aside(path: Path) -> bool:
+    return bool(ASIDE_RE.match(path.name))
 
 
 def is_complete(path: Path) -> bool:
-    return bool(_step_match(path.name)) and (path / COMPLETE).is_file() and (path / SIDECAR).is_file()
+    return parse_step(path.name) is not None and (path / COMPLETE).is_file() and (path / SIDECAR).is_file()
 
 
 def complete_checkpoints(root: Path) -> List[Path]:
@@ -52,7 +59,7 @@ def complete_checkpoints(root: Path) -> List[Path]:
     for p in root.iterdir():
         if p.is_dir() and is_complete(p):
             step = step_of(p)
-            if step not in by_step or STEP_RE.match(p.name):
+            if step not in by_step or not is_aside(p):
                 by_step[step] = p
     return [by_step[s] for s in sorted(by_step)]
 
@@ -61,16 +68,17 @@ def stale_asides(root: Path) -> List[Path]:
     """Aside copies whose step has a complete ``step-N`` again: left by a crash, safe to delete."""
     if not root.is_dir():
         return []
-    return [p for p in root.iterdir() if ASIDE_RE.match(p.name) and is_complete(step_dir(root, step_of(p)))]
+    return [p for p in root.iterdir() if is_aside(p) and is_complete(step_dir(root, step_of(p)))]
 
 
-def latest(root: Path) -> Optional[Path]:
-    done = complete_checkpoints(root)
+def latest(root: Path, at_or_before: Optional[int] = None) -> Optional[Path]:
+    """The newest complete checkpoint under ``root`` (with step <= ``at_or_before`` if given), or None."""
+    done = [p for p in complete_checkpoints(root) if at_or_before is None or step_of(p) <= at_or_before]
     return done[-1] if done else None
 
 
 def step_of(path: Path) -> int:
-    m = _step_match(path.name)
-    if not m:
+    step = parse_step(path.name)
+    if step is None:
         raise ValueError(f"{path} is not a checkpoint directory (expected step-NNNNNNNN)")
-    return int(m.group(1))
+    return step

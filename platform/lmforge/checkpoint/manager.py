@@ -1,8 +1,14 @@
-"""Save and load training state with torch.distributed.checkpoint (DCP).
+"""Save and load an engine's training state as atomic checkpoints, and resolve ``train.resume``.
 
-Tensors (model, optimizer, per-rank RNG states) go through DCP, which reshards between parallel layouts.
-Everything else (step, data position, scheduler, gradient scaler, config, W&B run id, counters) goes into
-the JSON sidecar ``state.json``. Nothing is unpickled on load: every file is read through ``safe_io`` (DCP
+The manager is built after the engine and holds it only through the Engine contract (parallel/contract.py):
+the engine reports its ``StateLayout`` and ``STATE_IO`` below picks the state IO for that format, the native one
+(``checkpoint/state_io.py``: model, optimizer and per-rank RNG tensors through DCP, which reshards between
+parallel layouts) or DeepSpeed's own files (``checkpoint/deepspeed_io.py``); save and load never ask which
+engine it is. Everything else (step, data position, scheduler, config, W&B run id, counters) goes into
+the JSON sidecar ``state.json``. ``find_resume`` resolves ``train.resume`` before the engine exists and reads
+the sidecar once (the data position sizes the data index). Nothing is unpickled on load: every file is read
+through ``safe_io`` (DCP tensors and allow-listed metadata types, the sidecar as JSON); a crafted file raises
+``UnsafeCheckpointError``. Nothing is unpickled on load: every file is read through ``safe_io`` (DCP
 tensors and allow-listed metadata types, the sidecar as JSON); a crafted file raises ``UnsafeCheckpointError``.
 
 A save writes into ``.tmp-step-N/``; only when every rank has finished writing (for an async save: when every
@@ -10,7 +16,7 @@ rank's background write has completed) does rank 0 run the commit protocol (``ch
 fsynced, sidecar, ``COMPLETE``, atomic rename to ``step-N/``, an existing ``step-N/`` replaced without a
 window in which neither copy is loadable). ``checkpoint.async_mode``:
 
-- ``none``: ``dcp.save``; the loop is blocked for the whole write.
+- ``none``: ``dcp.save``; the loop is blocked for the whole write (always so for the DeepSpeed format).
 - ``thread`` / ``process``: ``dcp.async_save``; the loop is blocked only while the state is copied to CPU
   (the *stall*, returned by ``save``), then the write runs in a thread (over a dedicated gloo group, so it
   never interleaves with the training collectives) or a separate process. ``poll()`` (called once per step)
@@ -27,41 +33,31 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_state_dict)
 
-from lmforge.checkpoint import deepspeed_io, fault_injection
+from lmforge.checkpoint import fault_injection, retention
 from lmforge.checkpoint.commit import commit, make_dir, restore_asides
-from lmforge.checkpoint.fault_injection import PausingWriter, pause_spec
-from lmforge.checkpoint.layout import (COMPLETE, PINNED, SIDECAR, STEP_RE, aside_dir, complete_checkpoints, is_complete,
-                                       latest, step_dir, step_of, tmp_dir)
-from lmforge.checkpoint.retention import plan_retention
-from lmforge.checkpoint.safe_io import CheckpointException, UnsafeCheckpointError, load_dcp, read_json, tensor_metadata
-from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_state_tensors, set_rng_state_tensors
+from lmforge.checkpoint.deepspeed_io import DeepSpeedStateIO
+from lmforge.checkpoint.layout import (COMPLETE, SIDECAR, aside_dir, complete_checkpoints, is_aside, is_complete, latest,
+                                       parse_step, step_dir, step_of, tmp_dir)
+from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
+from lmforge.checkpoint.safe_io import read_json
+from lmforge.checkpoint.state_io import CheckpointError, DcpStateIO, StateIO
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.checkpoint import CheckpointConfig
+from lmforge.config.model import ModelConfig
+from lmforge.parallel.contract import DCP, DEEPSPEED, Engine, StateLayout
+from lmforge.runtime.dist import barrier, is_distributed, rank, world_size
+
+# The state IO for each StateLayout.format an engine reports (parallel/contract.py): the one place a format is chosen.
+STATE_IO: Dict[str, Callable[[Engine, StateLayout], StateIO]] = {
+    DCP: lambda engine, layout: DcpStateIO(engine.inner, engine.optimizer, layout.pipeline_stage),
+    DEEPSPEED: lambda engine, layout: DeepSpeedStateIO(engine, layout.sidecar),
+}
 
 
-class CheckpointError(RuntimeError):
-    pass
-
-
-def _dist() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _barrier() -> None:
-    if _dist() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
-def _rank() -> int:
-    return dist.get_rank() if _dist() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if _dist() else 1
+def state_io_for(engine: Engine) -> StateIO:
+    layout = engine.state_layout()
+    return STATE_IO[layout.format](engine, layout)
 
 
 @dataclass
@@ -82,69 +78,67 @@ class _Pending:
     started: float
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run resumes from and its sidecar, read once (``find_resume``)."""
+
+    path: Path
+    sidecar: dict
+
+
 class CheckpointManager:
-    def __init__(self, root: Path, cfg: CheckpointConfig, engine: Any = None):
+    """Saves and loads ``engine``'s state (any ``parallel.contract.Engine``); without an engine, ``save``/``load``
+    take a bare model and optimizer (native format), e.g. for conversion, import and tests."""
+
+    def __init__(self, root: Path, cfg: CheckpointConfig, engine: Optional[Engine] = None):
         self.root = Path(root)
         self.cfg = cfg
-        self.attach_engine(engine)
-        # Called on rank 0 between writing the DCP shards and committing (in-process tests).
-        self.before_commit: Optional[Callable[[Path], None]] = None
+        self.state: Optional[StateIO] = state_io_for(engine) if engine is not None else None
         # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
         self.on_commit: Optional[Callable[[int, Path, float], None]] = None
         self.pending: Optional[_Pending] = None
         self._write_vote: Optional[LaggedVote] = None  # "has every rank finished the async write?" (poll)
         self._async_group = None
-        if cfg.async_mode in ("thread", "process") and _dist():
+        if cfg.async_mode in ("thread", "process") and is_distributed():
             # Collective call: every rank constructs the manager at the same point of Trainer.__init__. A gloo group
             # because async_save needs a CPU backend (an NCCL-only default group is refused) and so that the
             # background thread never interleaves its collectives with the training ones.
             self._async_group = dist.new_group(backend="gloo")
 
+    def _state_io(self, model: Optional[torch.nn.Module], optimizer: Optional[torch.optim.Optimizer]) -> StateIO:
+        if model is not None:
+            return DcpStateIO(model, optimizer)
+        if self.state is None:
+            raise ValueError("CheckpointManager built without an engine: pass the model (and optimizer)")
+        return self.state
+
+    def _async_kind(self) -> Any:
+        if self.cfg.async_mode not in ("thread", "process"):
+            return None
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        return AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
+
     # ---- save -------------------------------------------------------------------------------------
-
-    def attach_engine(self, engine: Any) -> None:
-        """A DeepSpeed engine writes its own files (checkpoint/deepspeed_io.py); the native engine goes through DCP."""
-        self.deepspeed = engine if deepspeed_io.is_deepspeed_engine(engine) else None
-    def tensor_state(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, Any]:
-        if optimizer is not None:
-            msd, osd = get_state_dict(model, optimizer)
-        else:
-            msd, osd = get_state_dict(model, [])[0], {}
-        state: Dict[str, Any] = {"model": msd, "optim": osd}
-        state.update(rng_state_tensors(_rank()))
-        return state
-
-    def save(self, step: int, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-             sidecar: dict) -> SaveResult:
+    def save(self, step: int, model: Optional[torch.nn.Module] = None,
+             optimizer: Optional[torch.optim.Optimizer] = None, sidecar: Optional[dict] = None) -> SaveResult:
+        """Save the engine's state (or ``model``/``optimizer``) and ``sidecar`` as checkpoint ``step``."""
         t0 = time.perf_counter()
+        io = self._state_io(model, optimizer)
         self.wait()  # at most one save in flight; commits the previous one first
         final = step_dir(self.root, step)
         tmp = tmp_dir(self.root, step)
-        if _rank() == 0:
+        if rank() == 0:
             make_dir(self.root)
             if tmp.exists():
                 shutil.rmtree(tmp)
             make_dir(tmp)
-        _barrier()
-        side = json.loads(json.dumps({"step": step, **sidecar}))  # a snapshot, JSON-clean
-        if self.deepspeed is not None:  # DeepSpeed's save is synchronous; same commit, sidecar and retention
-            side.update(deepspeed_io.sidecar_fields(self.deepspeed))
-            deepspeed_io.save(self.deepspeed, tmp)
-            self._commit(_Pending(step, tmp, final, None, side, t0))
-            return SaveResult(step, final, time.perf_counter() - t0, committed=True)
-        state = self.tensor_state(model, optimizer)
-        pause_after = pause_spec(step)
-        writer = PausingWriter(tmp, pause_after) if pause_after is not None else FileSystemWriter(str(tmp))
-        if self.cfg.async_mode in ("thread", "process"):
-            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-            kind = AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
-            future = dcp.async_save(state, storage_writer=writer, async_checkpointer_type=kind,
-                                    process_group=self._async_group)
-            future = getattr(future, "upload_completion", future)
+        barrier()
+        side = json.loads(json.dumps({"step": step, **(sidecar or {}), **io.sidecar_fields()}))  # a JSON-clean snapshot
+        future = io.save(tmp, fault_injection.storage_writer(tmp, step), self._async_kind(), self._async_group)
+        if future is not None:
             self.pending = _Pending(step, tmp, final, future, side, time.perf_counter())
             return SaveResult(step, final, time.perf_counter() - t0, committed=False)
-        dcp.save(state, storage_writer=writer)
         self._commit(_Pending(step, tmp, final, None, side, t0))
         return SaveResult(step, final, time.perf_counter() - t0, committed=True)
 
@@ -153,7 +147,7 @@ class CheckpointManager:
         if self.pending is None:
             return None
         done = self.pending.future.done()
-        if _world() > 1:
+        if world_size() > 1:
             if self._write_vote is None:
                 self._write_vote = LaggedVote(_collective_device(), "all")
             done = self._write_vote.exchange(done)  # every rank done, agreed a poll later without a stall
@@ -172,21 +166,19 @@ class CheckpointManager:
             pending.future.result()
         except Exception as e:  # noqa: BLE001 - a failed write must not become a checkpoint
             raise CheckpointError(f"async checkpoint save of step {pending.step} into {pending.tmp} failed on "
-                                  f"rank {_rank()}: {e}. The previous complete checkpoint stays the latest") from e
+                                  f"rank {rank()}: {e}. The previous complete checkpoint stays the latest") from e
         self._commit(pending)
         return pending.final
 
     def _commit(self, p: _Pending) -> None:
-        _barrier()  # every rank has finished writing its shards
-        if _rank() == 0:
-            if self.before_commit is not None:
-                self.before_commit(p.tmp)
+        barrier()  # every rank has finished writing its shards
+        if rank() == 0:
             commit(p.tmp, p.final, p.step, p.sidecar,
                    on_stage=lambda stage: fault_injection.commit_stage(stage, p.step, p.final))
             self.apply_retention()
             if self.on_commit is not None:
                 self.on_commit(p.step, p.final, time.perf_counter() - p.started)
-        _barrier()
+        barrier()
 
     def apply_retention(self) -> List[Path]:
         """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned. Returns deleted.
@@ -195,8 +187,8 @@ class CheckpointManager:
         no ``step-N`` is renamed back, one whose ``step-N`` is complete again is deleted."""
         restore_asides(self.root)
         done = {step_of(p): p for p in complete_checkpoints(self.root)}
-        pinned = [s for s, p in done.items() if (p / PINNED).exists()]
-        _, delete = plan_retention(done, self.cfg.keep_last, self.cfg.keep_every, pinned)
+        pinned = [s for s, p in done.items() if retention.is_pinned(p)]
+        _, delete = retention.plan_retention(done, self.cfg.keep_last, self.cfg.keep_every, pinned)
         for step in sorted(delete):
             shutil.rmtree(done[step], ignore_errors=True)
         in_flight = self.pending.tmp if self.pending is not None else None
@@ -205,71 +197,48 @@ class CheckpointManager:
                 shutil.rmtree(stale, ignore_errors=True)
         return [done[s] for s in sorted(delete)]
 
-    # ---- pins (the loss guard and users protect checkpoints from retention) ------------------------
-    @staticmethod
-    def pin(path: Path, reason: str) -> None:
-        if _rank() == 0:
-            (Path(path) / PINNED).write_text(reason)
-
-    @staticmethod
-    def unpin(path: Path) -> None:
-        if _rank() == 0:
-            (Path(path) / PINNED).unlink(missing_ok=True)
+    # ---- pins (checkpoint/retention.py: the loss guard, the replica check and users protect checkpoints) ----
+    pin = staticmethod(retention.pin)
+    unpin = staticmethod(retention.unpin)
 
     def pin_latest(self, reason: str, at_or_before: Optional[int] = None) -> Optional[Path]:
-        """Pin the newest complete checkpoint (with step <= ``at_or_before`` if given), e.g. the last good
-        one before a loss spike. Returns it, or None when there is none."""
-        candidates = [p for p in complete_checkpoints(self.root)
-                      if at_or_before is None or step_of(p) <= at_or_before]
-        if not candidates:
-            return None
-        self.pin(candidates[-1], reason)
-        return candidates[-1]
+        """Pin the newest complete checkpoint (with step <= ``at_or_before`` if given). Returns it, or None."""
+        return retention.pin_last_good(self.root, reason, at_or_before)
 
     def pinned(self) -> Dict[int, str]:
-        return {step_of(p): (p / PINNED).read_text() for p in complete_checkpoints(self.root) if (p / PINNED).exists()}
+        return retention.pinned(self.root)
 
     # ---- load -------------------------------------------------------------------------------------
     def resolve(self, resume: str) -> Optional[Path]:
         """``auto``: newest complete checkpoint or None; ``none``: None; else an explicit directory."""
         return resolve_resume(self.root, resume)
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-             restore_rng: bool = True) -> dict:
-        sidecar = read_json(path / SIDECAR)
-        fmt = sidecar.get("format", "dcp")
-        if self.deepspeed is None and fmt == deepspeed_io.FORMAT:
-            raise CheckpointError(f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
-                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
-                                  f"OUT, or set parallelism.engine=deepspeed")
-        if self.deepspeed is not None:  # a DeepSpeed checkpoint, or a native one continued by DeepSpeed
-            load = deepspeed_io.load if fmt == deepspeed_io.FORMAT else deepspeed_io.load_native
-            load(self.deepspeed, path, sidecar, restore_rng)
-            return sidecar
-        state = self.tensor_state(model, optimizer)
-        check_model_fits(path, state["model"], partial=is_pipeline_stage(model))
-        same_world = sidecar.get("world_size") == _world()
-        for k in [k for k in state if k.startswith("rng/")]:
-            state.pop(k)
-        if restore_rng and same_world:
-            rng, missing = loadable_rng_state(_rank(), tensor_metadata(path))
-            announce_missing(path, missing)
-            state.update(rng)
-        try:
-            load_dcp(state, path)
-        except UnsafeCheckpointError:
-            raise  # already one line naming the file, the reason and the fix
-        except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures
-            raise CheckpointError(f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
-                                  f"config the checkpoint was saved with, or start fresh (train.resume=none)") from None
-        opts = StateDictOptions(strict=True)
-        if optimizer is not None:
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts)
-        else:
-            set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=opts)
-        if restore_rng and same_world:
-            set_rng_state_tensors(state, _rank())
+    def load(self, path: Path, model: Optional[torch.nn.Module] = None,
+             optimizer: Optional[torch.optim.Optimizer] = None, restore_rng: bool = True,
+             sidecar: Optional[dict] = None) -> dict:
+        """Load checkpoint ``path`` into the engine (or ``model``/``optimizer``); returns its sidecar (read here
+        unless given, e.g. a ``ResumePoint``'s)."""
+        io = self._state_io(model, optimizer)
+        sidecar = read_json(Path(path) / SIDECAR) if sidecar is None else sidecar
+        io.load(Path(path), sidecar, restore_rng)
         return sidecar
+
+    def resume(self, point: "ResumePoint", restore_rng: bool = True) -> dict:
+        """Load the engine's state from ``point`` (``find_resume``); returns the sidecar read there."""
+        return self.load(point.path, restore_rng=restore_rng, sidecar=point.sidecar)
+
+
+def find_resume(root: Path, resume: str, model: ModelConfig, tokenizer_identity: dict) -> Optional[ResumePoint]:
+    """Resolve ``train.resume`` under ``root`` (a run's ``checkpoints/``), check that the checkpoint fits this
+    model and tokenizer, and read its sidecar once. None: start fresh. A bad target is one ConfigError line."""
+    try:
+        path = resolve_resume(root, resume)
+    except CheckpointError:
+        check_resume_target(resume)  # says why in one line (exit 2)
+        raise
+    if path is None:
+        return None
+    return ResumePoint(path, check_resume_fits(path, model, tokenizer_identity))  # the sidecar, read once
 
 
 def resolve_resume(root: Path, resume: str) -> Optional[Path]:
@@ -288,8 +257,9 @@ def resolve_resume(root: Path, resume: str) -> Optional[Path]:
         inner = latest(path)
         if inner is not None:
             return inner
-    if not path.exists() and STEP_RE.match(path.name):
-        aside = aside_dir(path.parent, step_of(path))
+    step = parse_step(path.name)
+    if not path.exists() and step is not None and not is_aside(path):
+        aside = aside_dir(path.parent, step)
         if is_complete(aside):
             return aside
     if not path.exists():
@@ -299,45 +269,6 @@ def resolve_resume(root: Path, resume: str) -> Optional[Path]:
         raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
                               f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto")
     return path
-
-
-def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = False) -> List[str]:
-    """Differences between the model tensors in checkpoint ``path`` and ``model_state`` (global shapes).
-
-    ``partial``: the model is one pipeline stage, so checkpoint tensors of other stages are expected extras."""
-    meta = tensor_metadata(path)
-    saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
-    problems = []
-    for name, tensor in model_state.items():
-        if not hasattr(tensor, "shape"):
-            continue
-        if name not in saved:
-            problems.append(f"{name}: missing from the checkpoint (model has {list(tensor.shape)})")
-        elif tuple(saved[name]) != tuple(tensor.shape):
-            problems.append(f"{name}: checkpoint {list(saved[name])} vs model {list(tensor.shape)}")
-    for name in sorted(set(saved) - set(model_state)) if not partial else ():
-        problems.append(f"{name}: in the checkpoint but not in the model (checkpoint {list(saved[name])})")
-    return problems
-
-
-def is_pipeline_stage(model: torch.nn.Module) -> bool:
-    """A pipeline stage lacks the embedding (later stages) or the final norm (earlier stages)."""
-    return getattr(model, "tok_embeddings", True) is None or getattr(model, "norm", True) is None
-
-
-def check_model_fits(path: Path, model_state: Dict[str, Any], partial: bool = False) -> None:
-    problems = model_mismatches(path, model_state, partial)
-    if problems:
-        shown = "\n  ".join(problems[:40]) + (f"\n  ... and {len(problems) - 40} more" if len(problems) > 40 else "")
-        saved_model = ""
-        try:
-            saved_model = f" (saved with model={json.loads((path / SIDECAR).read_text())['config']['model']})"
-        except (OSError, KeyError, ValueError, TypeError):
-            pass
-        raise CheckpointError(
-            f"checkpoint {path} does not fit this model: {len(problems)} mismatched tensor(s):\n  {shown}\n"
-            f"Fix: resume with the model config the checkpoint was saved with{saved_model}, "
-            f"or start a new run (train.resume=none or another run.name)")
 
 
 def _collective_device() -> torch.device:

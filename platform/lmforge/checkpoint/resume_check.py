@@ -2,7 +2,8 @@
 
 * ``check_resume_target`` (when resolution failed): an explicit path that does not exist, an uncommitted
   ``.tmp-step-*`` save, a directory holding no complete checkpoint;
-* ``check_resume_fits`` (on the resolved checkpoint, reading only its JSON sidecar and DCP metadata): a
+* ``check_resume_fits`` (on the resolved checkpoint, reading only its JSON sidecar, which it returns, and DCP
+  metadata): a
   checkpoint of another model shape or vocabulary, of another tokenizer, or missing a rank's shard file.
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ def check_resume_target(resume: str) -> None:
                           "point at a step-NNNNNNNN directory with a COMPLETE marker, or its parent")
 
 
-def check_resume_fits(path: Path, model: ModelConfig, tokenizer_identity: dict) -> None:
+def check_resume_fits(path: Path, model: ModelConfig, tokenizer_identity: dict) -> dict:
+    """The checks above on checkpoint ``path``; returns its sidecar (the one read of it at resume)."""
     try:
         sidecar = json.loads((path / SIDECAR).read_text())
     except (OSError, ValueError) as e:
@@ -72,6 +74,7 @@ def check_resume_fits(path: Path, model: ModelConfig, tokenizer_identity: dict) 
                           f"set data.tokenizer to the checkpoint's tokenizer {FRESH}")
     if sidecar.get("format", "dcp") == "dcp":
         _check_shard_files(path)
+    return sidecar
 
 
 def _check_shard_files(path: Path) -> None:

@@ -17,8 +17,7 @@ from typing import Optional
 
 import torch
 
-from lmforge.checkpoint.layout import PINNED, complete_checkpoints, step_of
-from lmforge.checkpoint.manager import CheckpointManager
+from lmforge.checkpoint.retention import pin_last_good, unpin
 from lmforge.config.schema import RootConfig
 from lmforge.fault.consistency import Mismatch, ReplicaCheck
 from lmforge.fault.drills import Drills
@@ -194,29 +193,23 @@ class FaultHooks:
 
     def _hold_last_good(self, step: int) -> None:
         """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""
-        done = complete_checkpoints(self.paths.checkpoints)
-        if not done or (done[-1] / PINNED).exists():
-            return
-        self._held = done[-1]
-        if self.rank == 0:
-            CheckpointManager.pin(self._held, f"loss guard: newest checkpoint before the skipped step {step}")
+        self._held = pin_last_good(self.paths.checkpoints, f"loss guard: newest checkpoint before the skipped step "
+                                   f"{step}", unless_pinned=True)
 
     def _release_held(self) -> None:
-        if self.rank == 0 and self._held is not None:
-            (self._held / PINNED).unlink(missing_ok=True)
+        if self._held is not None:
+            unpin(self._held)
         self._held = None
 
     def stop_diverged(self, step: int) -> None:
         g = self.loss_guard
         first_bad = g.first_bad_step or step
-        before = [p for p in complete_checkpoints(self.paths.checkpoints) if step_of(p) < first_bad]
-        if before:
-            ref = before[-1]
-            if self.rank == 0:
-                CheckpointManager.pin(ref, f"last checkpoint before divergence at step {first_bad}")
+        ref = pin_last_good(self.paths.checkpoints, f"last checkpoint before divergence at step {first_bad}",
+                            at_or_before=first_bad - 1)
+        if ref is not None:
             where = f"resume from {ref} (pinned) with a lower optim.lr or a fixed data source"
         else:
-            ref, where = None, "no checkpoint precedes the divergence; restart with a lower optim.lr"
+            where = "no checkpoint precedes the divergence; restart with a lower optim.lr"
         msg = (f"training diverged: {g.consecutive} skipped steps in a row since step {first_bad} "
                f"(last cause: {g.last_cause}); {where}")
         self.events.emit("diverged", step, msg, checkpoint=str(ref) if ref else None, first_bad_step=first_bad)
@@ -228,15 +221,13 @@ class FaultHooks:
         A checkpoint taken after the last agreeing check may already hold the corrupt weights, so the reference
         is the newest one at or before that check (nothing new is saved)."""
         good = self.replicas.last_good_step
-        before = [p for p in complete_checkpoints(self.paths.checkpoints) if step_of(p) <= good]
-        if before:
-            ref = before[-1]
-            if self.rank == 0:
-                CheckpointManager.pin(ref, f"last checkpoint before the replica mismatch found at step {mismatch.step}")
+        ref = pin_last_good(self.paths.checkpoints, f"last checkpoint before the replica mismatch found at step "
+                            f"{mismatch.step}", at_or_before=good)
+        if ref is not None:
             where = (f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
                      f"train.resume={ref}")
         else:
-            ref, where = None, f"no checkpoint precedes step {good}; restart from scratch"
+            where = f"no checkpoint precedes step {good}; restart from scratch"
         ranks = ", ".join(map(str, mismatch.suspects))
         if mismatch.tensors and self.rank == min(r for r in mismatch.group if r in mismatch.suspects):
             self.events.emit("replica_mismatch", mismatch.step, mismatch.describe(), ranks=mismatch.suspects,

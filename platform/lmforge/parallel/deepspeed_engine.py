@@ -237,6 +237,19 @@ class DeepSpeedEngine:
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 
+    # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
+    @property
+    def replica_group(self) -> None:
+        """No replica comparison: ZeRO partitions are not replicated the way fault/consistency.py compares."""
+        return None
+
+    def state_layout(self) -> "StateLayout":
+        """DeepSpeed's own per-rank files (``save_checkpoint``/``load_checkpoint``), recorded with the ZeRO stage
+        and data-parallel size they were written at (a different size on resume goes through the universal form)."""
+        from lmforge.parallel.contract import DEEPSPEED, StateLayout
+
+        return StateLayout(DEEPSPEED, sidecar={"zero_stage": int(self.stage), "dp_size": int(self.dp_size)})
+
 
 def _shutdown(engine: DeepSpeedEngine) -> None:
     """At interpreter exit: release the engine, then tear the process groups down explicitly, while every

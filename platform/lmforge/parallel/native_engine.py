@@ -161,4 +161,11 @@ class NativeEngine:
         for part in {id(m): m for m in [self.model, *self.parts]}.values():
             part.eval()
 
+    # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
+    def state_layout(self) -> "StateLayout":
+        """Model and optimizer state dicts through DCP; with pp > 1 ``inner`` holds only this rank's stages."""
+        from lmforge.parallel.contract import DCP, StateLayout
+
+        return StateLayout(DCP, pipeline_stage=self.dims.pp > 1)
+
 

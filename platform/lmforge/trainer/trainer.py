@@ -25,12 +25,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from lmforge.checkpoint.extra_state import (grad_scaler_state, restore_grad_scaler, scheduler_changes,
-                                            scheduler_state)
-from lmforge.checkpoint.layout import SIDECAR
-from lmforge.checkpoint.manager import CheckpointError, CheckpointManager
-from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
-from lmforge.checkpoint.safe_io import read_json
+from lmforge.checkpoint.extra_state import scheduler_changes, scheduler_state
+from lmforge.checkpoint.manager import CheckpointManager, find_resume
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
@@ -98,15 +94,8 @@ class Trainer:
         cache = default_cache_dir(cfg.data, cfg.run.root)
         self.tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
-        self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint)
-        try:
-            resume_from = self.resume_from = self.checkpoints.resolve(cfg.train.resume)  # resolved once, used twice
-        except CheckpointError:
-            check_resume_target(cfg.train.resume)  # says why in one line (exit 2)
-            raise
-        if resume_from is not None:
-            check_resume_fits(resume_from, cfg.model, self.tokenizer.identity)
-        prior = read_json(resume_from / SIDECAR).get("data") if resume_from else None
+        self.resume_point = find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, self.tokenizer.identity)
+        prior = self.resume_point.sidecar.get("data") if self.resume_point else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)
         self.mixture = build_mixture(cfg.data, self.tokenizer, cfg.model.seq_len, cfg.train.seed,
@@ -116,7 +105,7 @@ class Trainer:
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device)
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers)
-        self.checkpoints.attach_engine(self.engine)
+        self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         peak = peak_tflops(self.device, dtype, warn=print if self.rank == 0 else (lambda _line: None))
@@ -163,14 +152,13 @@ class Trainer:
                 "wandb_run_id": self.wandb_run_id, "config": config_dict(self.cfg),
                 "tokenizer": self.tokenizer.identity,
                 "scheduler": scheduler_state(self.cfg.optim, self.cfg.train.max_steps, self.step, self.cfg.optim.lr
-                                             * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps)),
-                "grad_scaler": grad_scaler_state(getattr(self.engine, "grad_scaler", None))}
+                                             * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps))}
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
         if self.faults is not None:
             self.faults.book_verdicts(force=True)  # a skip streak pins the last good checkpoint before this save
         self._flush_source_counts()
-        result = self.checkpoints.save(self.step, self.engine.inner, self.engine.optimizer, self.sidecar())
+        result = self.checkpoints.save(self.step, sidecar=self.sidecar())
         if getattr(self, "logger", None) is not None:
             self.logger.event("checkpoint_save", step=self.step, stall_s=result.stall_s,
                               async_mode=self.cfg.checkpoint.async_mode, path=str(result.path))
@@ -179,16 +167,14 @@ class Trainer:
         return result.path
 
     def maybe_resume(self) -> Optional[int]:
-        path = self.resume_from
-        if path is None:
+        if self.resume_point is None:
             if self.cfg.train.init_from:  # weights only (e.g. from `lmforge import hf`); see checkpoint/weights.py
                 load_model_weights(Path(self.cfg.train.init_from), self.engine.inner, self.cfg.model)
             return None
-        state = self.checkpoints.load(path, self.engine.inner, self.engine.optimizer)
+        state = self.checkpoints.resume(self.resume_point)
         self.step = int(state["step"])
         self.data.load_state_dict(state["data"])
         self.wandb_run_id = state.get("wandb_run_id")
-        restore_grad_scaler(getattr(self.engine, "grad_scaler", None), state.get("grad_scaler"))
         changed = scheduler_changes(state.get("scheduler"), self.cfg.optim, self.cfg.train.max_steps)
         if changed and self.rank == 0:
             print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
