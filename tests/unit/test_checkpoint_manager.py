@@ -222,7 +222,7 @@ def test_both_engines_offer_every_member_of_the_engine_contract():
     from lmforge.checkpoint.manager import STATE_IO
     from lmforge.parallel.contract import FORMATS, Engine, OwnFilesState, StateLayout
     from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
-    from lmforge.parallel.engine import NativeEngine
+    from lmforge.parallel.native_engine import NativeEngine
 
     assert {"train_step", "eval_loss", "state_layout", "dp_group", "dp_rank", "inner", "optimizer"} <= \
         _contract_members(Engine)

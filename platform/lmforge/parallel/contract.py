@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # the step's result and guard types live with the native engine
-    from lmforge.parallel.engine import StepGuard, StepResult
+    from lmforge.parallel.native_engine import StepGuard, StepResult
     from lmforge.parallel.mesh import ParallelDims
 
 DCP = "dcp"
