@@ -8,7 +8,6 @@ live here too, so ``lmforge train`` and ``lmforge plan`` run exactly the same ch
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import fields, is_dataclass
 from typing import Any, List, Optional
 
@@ -20,6 +19,7 @@ from lmforge.config.comm_checks import check_comm
 from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
+from lmforge.runtime.env import launch_world_size
 
 CHOICES = {
     "model.mlp": ("swiglu", "gelu"),
@@ -246,8 +246,8 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
         typed: RootConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), container))
     else:
         typed = cfg
-    if world_size is None and "WORLD_SIZE" in os.environ:
-        world_size = int(os.environ["WORLD_SIZE"])
+    if world_size is None:
+        world_size = launch_world_size()
     check_values(typed)
     check_paths(typed)
     check_model(typed)

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
+from lmforge.runtime.env import read
 
 EOD_TOKEN = "<|endoftext|>"
 EMBEDDED_VOCAB = 8192
@@ -141,7 +142,7 @@ def _tiktoken_named(name: str) -> Tokenizer:
     import tiktoken
     import tiktoken.load as tl
 
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+    if not read("TIKTOKEN_CACHE_DIR"):
         raise ValueError(f"data.tokenizer: tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set "
                          "(lmforge never downloads). Fix: use tiktoken:/path/to/FILE.tiktoken, or set "
                          "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)")

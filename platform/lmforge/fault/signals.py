@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from typing import Optional
+from lmforge.runtime.env import under_torchrun
 
 REQUEUE_EXIT_CODE = 42
 
@@ -53,7 +54,4 @@ def preemption_exit_code() -> int:
     time limit. Under torchrun the worker therefore exits 0 without the DONE marker, and the launch script
     (slurm/train.sh, lmforge launch) sees "clean exit, run not done" and requeues (lmforge.fault.retry).
     """
-    import os
-
-    rid = os.environ.get("TORCHELASTIC_RUN_ID")
-    return 0 if rid and rid != "none" else REQUEUE_EXIT_CODE
+    return 0 if under_torchrun() else REQUEUE_EXIT_CODE
