@@ -217,7 +217,7 @@ def model_wrapping(tree: ast.AST) -> list[str]:
 
 def test_no_model_wrapping_outside_parallel():
     bad = check_sources(model_wrapping, exclude_dirs=("parallel",))
-    assert not bad, "a model wrapped outside parallel/ (parallel/parallelize.py assembles the model):\n" + "\n".join(bad)
+    assert not bad, "a model wrapped outside parallel/ (parallelize assembles the model):\n" + "\n".join(bad)
 
 
 def test_wrapping_rule_flags_wrappers():

@@ -25,6 +25,7 @@ import sys
 import zlib
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence
+
 from lmforge.runtime.env import read
 
 PACKAGES: Dict[str, str] = {"kjv": "sword-text-kjv", "fortunes": "fortunes"}

@@ -230,8 +230,3 @@ def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:
     if env:
         return Path(env).absolute()
     return (Path(run_root).expanduser().absolute().parent / ".cache" / "lmforge-data")
-
-
-def sample_source_ids(sample: dict) -> Optional[int]:
-    ds = sample.get("dataset_id")
-    return None if ds is None else int(np.asarray(ds))

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import List, Sequence
+
 from lmforge.runtime.env import read
 
 

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
+
 from lmforge.runtime.env import read
 
 EOD_TOKEN = "<|endoftext|>"

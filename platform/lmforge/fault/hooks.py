@@ -1,6 +1,6 @@
 """The trainer's fault hooks in one object, so the loop needs only a few calls, each named for what it does:
 
-    faults = FaultHooks(cfg, paths, rank, device, logger, preemption, engine=engine).start()
+    faults = FaultHooks(cfg, paths, rank, device, logger, preemption, engine, start_step).start()
     faults.start_compute_clock()             # this rank's compute window opens (straggler detection)
     batches = data.step_batches()
     guard = faults.before_step(step)         # watchdog beat, before-step drills, the clock's entry mark -> loss guard
@@ -68,8 +68,7 @@ class Corrupted(FaultStop):
 
 class FaultHooks:
     def __init__(self, cfg: RootConfig, paths: RunPaths, rank: int, device: torch.device,
-                 logger: Optional[MetricsLogger], preemption: Optional[PreemptionFlag] = None,
-                 engine=None, start_step: int = 0):
+                 logger: Optional[MetricsLogger], preemption: PreemptionFlag, engine, start_step: int = 0):
         self.cfg = cfg
         self.paths = paths
         self.engine = engine
@@ -86,8 +85,8 @@ class FaultHooks:
         self.clock = ComputeClock(device) if cfg.metrics.straggler_every > 0 else None
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
-                             stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False),
-                             parameters=(lambda: engine.inner.named_parameters()) if engine is not None else None)
+                             stop_requested=lambda: preemption.requested,
+                             parameters=lambda: engine.inner.named_parameters())
         self.replicas = self._replica_check(engine, start_step)
         self.last_straggler: dict = {}
         self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
@@ -104,9 +103,9 @@ class FaultHooks:
     def _replica_check(self, engine, start_step: int) -> Optional[ReplicaCheck]:
         """The replica consistency check, or None (announced when a multi-rank run has nothing to compare)."""
         every = self.cfg.fault.consistency_every
-        group = getattr(engine, "replica_group", None) if engine is not None else None
-        if every <= 0 or engine is None:
+        if every <= 0:
             return None
+        group = getattr(engine, "replica_group", None)  # the native engine's; None: no replicas (DeepSpeed)
         if group is None:
             if self.rank == 0 and world_size() > 1:
                 why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
@@ -118,7 +117,7 @@ class FaultHooks:
         return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
 
     def start(self) -> "FaultHooks":
-        if self.clock is not None and self.engine is not None:
+        if self.clock is not None:
             self.clock.attach(self.engine, self.cfg.parallelism)
         self.watchdog.start()
         self.watchdog.write_heartbeat()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from typing import Optional
+
 from lmforge.runtime.env import under_torchrun
 
 REQUEUE_EXIT_CODE = 42
@@ -19,13 +20,12 @@ class PreemptionFlag:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self.count = 0
-        self._previous = {}
 
     def install(self, signals=(signal.SIGUSR1, signal.SIGTERM)) -> "PreemptionFlag":
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
@@ -40,11 +40,6 @@ class PreemptionFlag:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
-
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous = {}
 
 
 def preemption_exit_code() -> int:

@@ -66,8 +66,7 @@ class Watchdog:
     def beat(self, step: int) -> None:
         self.step = step
         self.last_beat = time.monotonic()
-        if not self.first_beat_seen:
-            self.first_beat_seen = True
+        self.first_beat_seen = True
         self._arm_backstop(self.timeout_s)
 
     def pause(self) -> None:

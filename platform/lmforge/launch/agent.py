@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
+
 from lmforge.runtime.env import read
 
 RUN_DIR_ENV = "LMFORGE_RUN_DIR"

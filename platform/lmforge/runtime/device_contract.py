@@ -19,11 +19,11 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
+
 from lmforge.runtime.env import environment
 
 CPU_KINDS = ("auto", "cpu", "")
 NO_DEVICES = ("", "-1", "none", "nodevfiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
-EXIT_CODE = 2  # a config/environment error: retrying cannot help
 
 
 class DeviceContractError(RuntimeError):

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+
 from lmforge.runtime import env
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -62,7 +64,6 @@ PEAK_TFLOPS: Dict[str, Dict[str, float]] = {**{s.kind: s.peaks for s in GPU_SPEC
                                             **{a: _BY_KIND[k].peaks for a, k in KIND_ALIASES.items()}}
 DEVICE_MEMORY_GIB: Dict[str, float] = {**{s.kind: s.nominal_gib for s in GPU_SPECS},
                                        **{a: _BY_KIND[k].nominal_gib for a, k in KIND_ALIASES.items()}}
-MEASURED_GPU_MATMUL_TFLOPS = {"h200": 790.0}  # bf16 4096^3 matmul rate measured on this project's H200
 
 
 def match_gpu(name: str, total_memory: int) -> Optional[GpuSpec]:

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
+
 from lmforge.runtime.env import environment
 
 _FRESH_ID: Optional[str] = None

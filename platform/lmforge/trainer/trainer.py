@@ -1,13 +1,16 @@
 """The Trainer: builds data, engine, checkpointing and metrics from a validated config and runs the loop.
 
-Each part lives in its own module; this file only wires them and owns the loop:
+Each part lives in its own module; this file only wires them and owns the loop (``fit``), where every call of a
+step is named for what it does and every collective is marked "collective:":
 
     for step in range(start, max_steps):
-        batches = data.step_batches()                 # data/loader.py
-        result  = engine.train_step(batches, lr)       # parallel/engine.py
-        metrics.log(...)                              # metrics/
-        maybe evaluate, maybe checkpoint              # checkpoint/
-        stop cleanly on preemption                    # fault/
+        batches = data.step_batches()                    # data/loader.py
+        guard = faults.before_step(step)                 # fault/hooks.py: watchdog beat, drills -> the loss guard
+        result = engine.train_step(batches, lr, guard)   # parallel/: the layout's collectives
+        faults.after_step(step); stop_on_fault()         # stragglers, replica check; Diverged/Corrupted raised here
+        log_step / evaluate                              # metrics/ (token counts all-reduced on logging steps)
+        commit_checkpoint(); vote_stop()                 # checkpoint/ async commit, the preemption vote (comm/vote.py)
+        maybe save a checkpoint                          # checkpoint/
 """
 from __future__ import annotations
 
@@ -255,19 +258,19 @@ class Trainer:
                         values = self.evaluate()  # collectives: the engine's eval forwards and loss all-reduces
                     log.log({"kind": "eval", "step": self.step,
                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **values})
-                self.commit_checkpoint()
-                if self.vote_stop():
-                    self.save_after_verdicts(blocking=True)
+                self.commit_checkpoint()  # collective while an async save is in flight: its vote, then the commit
+                if self.vote_stop():  # collective: async all-reduce of the preemption flag, read a step later
+                    self.save_after_verdicts(blocking=True)  # collective: the save's barriers
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
                         and self.step < last_step:
-                    self.save_after_verdicts()
+                    self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
             if cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
-                self.save_after_verdicts(blocking=True)
+                self.save_after_verdicts(blocking=True)  # collective: the save's barriers
             self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
@@ -281,7 +284,7 @@ class Trainer:
     def stop_on_fault(self) -> None:
         """The one place a fault verdict ends training: ``Diverged`` (the loss guard) or ``Corrupted`` (the replica
         check), found by ``FaultHooks.after_step``/``book_verdicts``. Every rank holds the same verdict."""
-        if self.faults is not None and self.faults.stop is not None:
+        if self.faults.stop is not None:
             raise self.faults.stop
 
     def save_after_verdicts(self, blocking: bool = False) -> Path:
