@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -16,6 +15,7 @@ from omegaconf import DictConfig
 from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.runtime.env import launch_world_size
 from lmforge.runtime.rundir import register_resolvers
 
 
@@ -29,7 +29,7 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
     # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
     with VerdictRecorder(run_dir) as verdict:
-        typed = validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # the processes actually started
+        typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
         from lmforge.data.epochs import check_run
 
         check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from lmforge.config.errors import ActionableError
+from lmforge.runtime.env import read
 
 TRUST_FIX = ("load only checkpoints written by lmforge (tensors + JSON); re-save a checkpoint of unknown origin "
              "in an isolated, trusted environment first")
@@ -197,7 +198,7 @@ def weights_only_loads(allowed: Sequence[str] = DEEPSPEED_GLOBALS) -> Iterator[N
                                         f"refused: {_one_line(e)}; only tensors, primitives and the allow-listed "
                                         f"types ({', '.join(allowed) or 'none'}) are loaded") from None
 
-    saved_env = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    saved_env = read("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
     with torch.serialization.safe_globals(allowed_globals(allowed)):
         torch.load = safe_load
         os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"

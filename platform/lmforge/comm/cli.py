@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from lmforge.config.errors import ConfigError
+from lmforge.runtime.env import local_rank
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,8 +49,6 @@ def bench_main(argv: Sequence[str]) -> int:
     from lmforge.config.comm_checks import check_comm
     from lmforge.config.compose import compose
     from lmforge.runtime.hardware import select_device
-    import os
-
     try:
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         unknown = [o for o in ops if o not in OPS]
@@ -63,7 +62,7 @@ def bench_main(argv: Sequence[str]) -> int:
     except (ConfigError, ValueError) as e:
         print(f"lmforge comm bench: {e}", file=sys.stderr)
         return 2
-    device = select_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
+    device = select_device(args.device, local_rank())
     world = init_process_group(comm, device, run_dir=Path(args.run_dir) if args.run_dir else None)
     try:
         result = run_bench(ops, sizes, args.iters, args.warmup, device)

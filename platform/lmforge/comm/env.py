@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from lmforge.config.comm import CommConfig
+from lmforge.runtime.env import already_set, matching
 from lmforge.runtime.secrets import redact
 
 # Environment prefixes that matter to collectives; recorded (redacted) in comm_env.json even when not set by us.
@@ -38,9 +39,11 @@ def comm_environment(cfg: CommConfig, dump_dir: Optional[Path] = None) -> Dict[s
 def export_comm_env(cfg: CommConfig, dump_dir: Optional[Path] = None) -> Dict[str, Dict[str, str]]:
     """Export the preset's variables (user env wins). Returns {name: {"value", "source": preset|inherited}}."""
     applied: Dict[str, Dict[str, str]] = {}
-    for key, value in comm_environment(cfg, dump_dir).items():
-        if key in os.environ:
-            applied[key] = {"value": os.environ[key], "source": "inherited", "preset_value": value}
+    preset = comm_environment(cfg, dump_dir)
+    inherited = already_set(preset)  # a value the user set wins
+    for key, value in preset.items():
+        if key in inherited:
+            applied[key] = {"value": inherited[key], "source": "inherited", "preset_value": value}
         else:
             os.environ[key] = value
             applied[key] = {"value": value, "source": "preset"}
@@ -50,7 +53,7 @@ def export_comm_env(cfg: CommConfig, dump_dir: Optional[Path] = None) -> Dict[st
 
 
 def comm_env_record(cfg: CommConfig, applied: Dict[str, Dict[str, str]], backend: str, world_size: int) -> dict:
-    other = {k: v for k, v in os.environ.items() if k.startswith(RELEVANT_PREFIXES) and k not in applied}
+    other = {k: v for k, v in matching(RELEVANT_PREFIXES).items() if k not in applied}
     return redact({"preset": cfg.name, "backend": backend, "transport": cfg.transport, "world_size": world_size,
                    "collective_timeout_s": cfg.collective_timeout_s, "variables": applied, "other_environment": other})
 

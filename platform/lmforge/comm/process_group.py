@@ -8,7 +8,6 @@ recorded by rank 0 in ``<run>/comm_env.json``.
 from __future__ import annotations
 
 import datetime
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from lmforge.comm.env import comm_env_record, export_comm_env, write_comm_env
 from lmforge.config.comm import CommConfig
 from lmforge.config.errors import ConfigError
+from lmforge.runtime.env import launched, local_rank, local_world_size
 from lmforge.runtime.rundir import RunPaths
 
 __all__ = ["WorldInfo", "choose_backend", "export_comm_env", "init_process_group", "destroy_process_group"]
@@ -49,7 +49,7 @@ def init_process_group(cfg: CommConfig, device: torch.device, run_dir: Optional[
     applied = export_comm_env(cfg, paths.dumps if paths is not None else None)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=max(cfg.init_timeout_s, cfg.collective_timeout_s))
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if launched():
             kwargs = {"device_id": device} if backend == "nccl" else {}
             dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
         else:
@@ -58,8 +58,7 @@ def init_process_group(cfg: CommConfig, device: torch.device, run_dir: Optional[
                                     timeout=timeout)
     world = WorldInfo(
         rank=dist.get_rank(), world_size=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), backend=backend,
+        local_rank=local_rank(), local_world_size=local_world_size(), backend=backend,
     )
     if paths is not None and world.rank == 0:
         write_comm_env(paths.comm_env, comm_env_record(cfg, applied, backend, world.world_size))

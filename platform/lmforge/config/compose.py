@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -12,6 +11,7 @@ from omegaconf import DictConfig
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import _closest, _schema_at, _valid_keys, check_override_keys
+from lmforge.runtime.env import read
 from lmforge.runtime.rundir import register_resolvers
 
 
@@ -27,7 +27,7 @@ register_schema()  # on import: ``lmforge.train`` imports this module before ``@
 
 def conf_dir() -> Path:
     """The ``conf/`` tree: $LMFORGE_CONF_DIR, else the one beside ``platform/`` in the source checkout."""
-    env = os.environ.get("LMFORGE_CONF_DIR")
+    env = read("LMFORGE_CONF_DIR")
     if env:
         return Path(env).resolve()
     here = Path(__file__).resolve()

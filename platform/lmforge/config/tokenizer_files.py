@@ -12,11 +12,11 @@ construction (tests/unit/test_tokenizer_vocab.py checks them against each other)
 from __future__ import annotations
 
 import base64
-import os
 from pathlib import Path
 from typing import Dict
 
 from lmforge.config.errors import ConfigError
+from lmforge.runtime.env import read
 
 EOD_TOKEN = "<|endoftext|>"
 EMBEDDED_VOCAB = 8192  # the vocabulary the embedded BPE is trained to (data/tokenizer.py build_embedded_tokenizer)
@@ -82,7 +82,7 @@ def named_tiktoken(name: str):
     import tiktoken
     import tiktoken.load as tl
 
-    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+    if not read("TIKTOKEN_CACHE_DIR"):
         raise TokenizerFileError(f"tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set "
                                  "(lmforge never downloads)", "use tiktoken:/path/to/FILE.tiktoken, or set "
                                  "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)")

@@ -9,7 +9,6 @@ and the tokenizer's vocabulary (``config/tokenizer_files.py``), and returns the 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import fields, is_dataclass
 from typing import Any, List, NamedTuple, Optional
 
@@ -24,6 +23,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
+from lmforge.runtime.env import launch_world_size
 
 POSITIVE = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
@@ -259,8 +259,8 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
         typed: RootConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), container))
     else:
         typed = cfg
-    if world_size is None and "WORLD_SIZE" in os.environ:
-        world_size = int(os.environ["WORLD_SIZE"])
+    if world_size is None:
+        world_size = launch_world_size()
     check_values(typed)
     check_paths(typed)
     check_model(typed)

@@ -26,6 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence
 
+from lmforge.runtime.env import read
+
 PACKAGES: Dict[str, str] = {"kjv": "sword-text-kjv", "fortunes": "fortunes"}
 
 
@@ -115,11 +117,11 @@ def build(out: Path, names: Sequence[str], tokenizer_spec: str, cache_dir: Path,
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmforge data debian", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.environ.get("LMFORGE_CORPORA", ".cache/lmforge-corpora"),
+    ap.add_argument("--out", default=read("LMFORGE_CORPORA", ".cache/lmforge-corpora"),
                     help="directory for the .deb files, JSONL and shards (default $LMFORGE_CORPORA)")
     ap.add_argument("--corpora", nargs="+", default=list(PACKAGES), choices=list(PACKAGES))
     ap.add_argument("--tokenizer", default="embedded", help="the tokenizer the run will use (default: embedded)")
-    ap.add_argument("--cache-dir", default=os.environ.get("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
+    ap.add_argument("--cache-dir", default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
                     help="data cache holding the embedded tokenizer (default $LMFORGE_DATA_CACHE)")
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     args = ap.parse_args(argv)

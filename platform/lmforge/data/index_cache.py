@@ -45,12 +45,6 @@ ARRAYS: Dict[str, List[str]] = {
 }
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def sweep_torn(index_dir: Path) -> List[str]:
     """Delete every cache set that is incomplete or unreadable; returns the hashes removed."""
     removed = []
@@ -84,8 +78,10 @@ def sweep_torn(index_dir: Path) -> List[str]:
 def build_guard(index_dir: Path, lock: bool = True) -> Iterator[None]:
     """Wrap megatron-core's build on every rank: rank 0 builds under the lock (``lock=False``: the caller holds
     it already), after sweeping torn sets."""
+    from lmforge.runtime.dist import rank  # here: importing lmforge.data does not import torch
+
     index_dir.mkdir(parents=True, exist_ok=True)
-    if _rank() != 0:
+    if rank() != 0:
         yield
         return
     with file_lock(index_dir / ".build.lock") if lock else contextlib.nullcontext():
@@ -97,20 +93,22 @@ def check_visible(index_dir: Path) -> None:
     """Fail fast when the cache dir is not shared: every rank must see a file rank 0 just wrote."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    from lmforge.runtime.dist import barrier, rank, world_size
+
+    if world_size() == 1:
         return
-    token = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    token = [uuid.uuid4().hex if rank() == 0 else None]
     dist.broadcast_object_list(token, src=0)
     probe = index_dir / f".visible-{token[0]}"
-    if dist.get_rank() == 0:
+    if rank() == 0:
         index_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text("probe")
-    dist.barrier()
+    barrier()
     seen = probe.exists()
-    flags = [None] * dist.get_world_size()
+    flags = [None] * world_size()
     dist.all_gather_object(flags, seen)
-    dist.barrier()
-    if dist.get_rank() == 0:
+    barrier()
+    if rank() == 0:
         probe.unlink(missing_ok=True)
     blind = [r for r, f in enumerate(flags) if not f]
     if blind:
@@ -160,13 +158,12 @@ def build_for(cfg, prior_state: Optional[dict] = None) -> BuildReport:
     concurrent caller waits on the lock and then loads the same files. ``prior_state`` is a checkpoint's data
     state (its ``num_train_samples`` fixes the index size on resume). Writes nothing to stdout (the prepare
     step's stdout is evaluated by the shell)."""
-    import torch.distributed as dist
-
     from lmforge.config.validate import check_batch
     from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
     from lmforge.data.tokenizer import load_tokenizer
+    from lmforge.runtime.dist import is_distributed
 
-    if dist.is_initialized():
+    if is_distributed():
         raise RuntimeError("index_cache.build_for runs before the process group exists (it must not wait in a "
                            "collective); call it from the job's prepare step")
     plan = check_batch(cfg)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -31,6 +30,7 @@ from lmforge.data.checks import check_shard, check_splits, normalise_weights, sp
 from lmforge.data.epochs import check_epochs
 from lmforge.data.prepare import prepare
 from lmforge.data.tokenizer import Tokenizer
+from lmforge.runtime.env import read
 
 
 class MegatronTokenizerAdapter:
@@ -146,12 +146,6 @@ def stream_sizes(train: TrainConfig, tokens_per_step: int, global_batch: int, se
     return n, max(n, train.max_steps * global_batch)
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
                   num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None,
                   guard: bool = True) -> Mixture:
@@ -163,7 +157,9 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
         raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
     names, weights, note = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
     notes = [note] if note else []
-    if note and _rank() == 0:
+    from lmforge.runtime.dist import rank  # here: importing lmforge.data does not import torch
+
+    if note and rank() == 0:
         print(note, flush=True)
     workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
     paths = [resolve_source(n, cfg.sources[n].path, tokenizer, cache_dir, workers) for n in names]
@@ -230,12 +226,7 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
 def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser().absolute()
-    env = os.environ.get("LMFORGE_DATA_CACHE")
+    env = read("LMFORGE_DATA_CACHE")
     if env:
         return Path(env).absolute()
     return (Path(run_root).expanduser().absolute().parent / ".cache" / "lmforge-data")
-
-
-def sample_source_ids(sample: dict) -> Optional[int]:
-    ds = sample.get("dataset_id")
-    return None if ds is None else int(np.asarray(ds))

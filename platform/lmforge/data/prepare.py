@@ -27,6 +27,7 @@ import numpy as np
 from lmforge.data.formats import ON_ERROR, MalformedInput, ReadReport, input_bytes, iter_file, list_files
 from lmforge.data.shards import ensure_shard, write_shard
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
+from lmforge.runtime.env import read, read_int
 
 CHUNK_CHARS = 1 << 20  # text per worker task
 
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "an output directory (shards + manifest.json)")
     ap.add_argument("--tokenizer", default="embedded",
                     help="embedded | path/to/tokenizer.json | tiktoken:/path/NAME.tiktoken | tiktoken:NAME")
-    ap.add_argument("--cache-dir", default=os.environ.get("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
+    ap.add_argument("--cache-dir", default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
                     help="where the embedded tokenizer lives (default $LMFORGE_DATA_CACHE)")
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                     help="tokenizer processes (default: half the cores, at most 8)")
@@ -287,17 +288,12 @@ def _run(args: argparse.Namespace) -> int:
         print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
         return 0
     task = args.task_index if args.task_index is not None else _env_int("SLURM_ARRAY_TASK_ID")
-    tasks = args.num_tasks if args.num_tasks is not None else _env_int("SLURM_ARRAY_TASK_COUNT")
+    tasks = args.num_tasks if args.num_tasks is not None else read_int("SLURM_ARRAY_TASK_COUNT")
     status = sharded.build_shards(out, plan, tok, args.workers, task or 0, tasks or 1, args.progress)
     print(json.dumps(status, indent=1))
     if task is None:  # a local run does all the shards, then marks the directory complete
         print(json.dumps(_summary(sharded.finalize(out)), indent=1))
     return 0
-
-
-def _env_int(name: str) -> Optional[int]:
-    value = os.environ.get(name)
-    return int(value) if value else None
 
 
 def _summary(manifest: dict) -> dict:

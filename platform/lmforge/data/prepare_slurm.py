@@ -7,15 +7,16 @@ before writing OUT/manifest.json. A task that fails leaves the prefix incomplete
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
+from lmforge.runtime.env import read
+
 
 def array_script() -> Path:
-    repo = os.environ.get("LMFORGE_REPO")
+    repo = read("LMFORGE_REPO")
     root = Path(repo) if repo else Path(__file__).resolve().parents[3]
     script = root / "slurm" / "prepare_array.sh"
     if not script.is_file():

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Tuple
+from typing import Callable, Iterable, Tuple
 
 import torch
 
@@ -34,11 +34,11 @@ class DrillCrash(RuntimeError):
 
 
 class Drills:
-    """Called by the trainer after every step (``FaultHooks.after_step``)."""
+    """Called by the trainer around every step (``FaultHooks.before_step`` and ``after_step``)."""
 
     def __init__(self, cfg: DrillConfig, rank: int, ledger: Path, on_event: Callable[..., None],
-                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool] = lambda: False,
-                 parameters: Optional[Callable[[], Iterable[Tuple[str, torch.Tensor]]]] = None):
+                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool],
+                 parameters: Callable[[], Iterable[Tuple[str, torch.Tensor]]]):
         self.cfg = cfg
         self.parameters = parameters
         self.ledger = ledger
@@ -77,7 +77,7 @@ class Drills:
                 time.sleep(0.05)
 
         if cfg.bitflip_step and step == cfg.bitflip_step and self.rank == cfg.bitflip_rank \
-                and self.parameters is not None and self._first_time("bitflip"):
+                and self._first_time("bitflip"):
             name = flip_bit(self.parameters(), cfg.bitflip_param, cfg.bitflip_bit)
             self.on_event("drill", step, f"drill: rank {self.rank} flipped bit {cfg.bitflip_bit} of {name}[0] "
                           f"after step {step}")

@@ -1,12 +1,17 @@
-"""The trainer's fault hooks in one object, so the loop needs only a few calls:
+"""The trainer's fault hooks in one object, so the loop needs only a few calls, each named for what it does:
 
-    faults = FaultHooks(cfg, paths, rank, device, logger, preemption).start(engine)
-    faults.step_begins()                 # the compute clock starts (straggler detection)
+    faults = FaultHooks(cfg, paths, rank, device, logger, preemption, engine, start_step).start()
+    faults.start_compute_clock()             # this rank's compute window opens (straggler detection)
     batches = data.step_batches()
-    faults.entering_step(step)           # drills that act before a step; the clock's entry mark
-    result = engine.train_step(batches, lr, guard=faults.guard_for(step))
-    faults.after_step(step, step_time)   # heartbeat, stragglers, loss guard verdicts, drills, replica check
+    guard = faults.before_step(step)         # watchdog beat, before-step drills, the clock's entry mark -> loss guard
+    result = engine.train_step(batches, lr, guard=guard)
+    metrics = faults.after_step(step + 1, step_time)   # may run collectives; may record a stop (below)
+    if faults.stop is not None: raise faults.stop      # Diverged / Corrupted: the trainer raises it, in one place
     faults.close()
+
+The hooks never raise a fault verdict themselves: a verdict that ends training (:class:`Diverged`, :class:`Corrupted`)
+is recorded in ``stop`` (the first one wins) and the trainer raises it. Drills are the exception by design: they
+inject real faults (SIGKILL, an exception, a hang) where the loop would meet them.
 """
 from __future__ import annotations
 
@@ -29,33 +34,40 @@ from lmforge.fault.straggler import ComputeClock, StragglerDetector
 from lmforge.fault.verdict import VerdictKind, record_exit
 from lmforge.fault.watchdog import Watchdog
 from lmforge.metrics.logger import MetricsLogger
+from lmforge.runtime.dist import world_size
+from lmforge.runtime.env import slurm_restart_count, torchrun_restart_count, watched_by_launcher
 from lmforge.runtime.rundir import RunPaths
 
 
-class Diverged(SystemExit):
-    """Training stopped: too many skipped steps in a row. Not retried (exit code 45, verdict ``diverged``)."""
+class FaultStop(SystemExit):
+    """Training stopped by a fault verdict a retry cannot fix: a SystemExit carrying its verdict kind
+    (``fault/verdict.py`` reads ``verdict_kind`` and ``message``) and its exit code."""
 
-    verdict_kind = "diverged"
+    verdict_kind = ""
+    exit_code = 1
 
     def __init__(self, message: str):
-        super().__init__(DIVERGED_EXIT_CODE)
+        super().__init__(self.exit_code)
         self.message = message
 
 
-class Corrupted(SystemExit):
+class Diverged(FaultStop):
+    """Too many skipped steps in a row. Not retried (exit code 45, verdict ``diverged``)."""
+
+    verdict_kind = "diverged"
+    exit_code = DIVERGED_EXIT_CODE
+
+
+class Corrupted(FaultStop):
     """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 47, verdict ``corrupted``)."""
 
     verdict_kind = "corrupted"
-
-    def __init__(self, message: str):
-        super().__init__(CORRUPTED_EXIT_CODE)
-        self.message = message
+    exit_code = CORRUPTED_EXIT_CODE
 
 
 class FaultHooks:
     def __init__(self, cfg: RootConfig, paths: RunPaths, rank: int, device: torch.device,
-                 logger: Optional[MetricsLogger], preemption: Optional[PreemptionFlag] = None,
-                 engine=None, start_step: int = 0):
+                 logger: Optional[MetricsLogger], preemption: PreemptionFlag, engine, start_step: int = 0):
         self.cfg = cfg
         self.paths = paths
         self.engine = engine
@@ -63,20 +75,20 @@ class FaultHooks:
         self.device = device
         self.events = FaultEvents(paths.metrics, rank, logger, jsonl=cfg.logging.jsonl)
         fc = cfg.fault
-        under_launcher = "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_STEP_ID" in os.environ
         self.watchdog = Watchdog(rank, fc.watchdog_timeout_s, paths.dumps, paths.heartbeats,
                                  startup_s=fc.watchdog_startup_s, poll_s=fc.watchdog_poll_s,
-                                 orphan_check=fc.orphan_check and under_launcher, on_event=self.events.emit,
+                                 orphan_check=fc.orphan_check and watched_by_launcher(), on_event=self.events.emit,
                                  flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0,
                                  exit=self._exit)
         self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
         self.clock = ComputeClock(device) if cfg.metrics.straggler_every > 0 else None
         self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
         self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
-                             stop_requested=(lambda: preemption.requested) if preemption is not None else (lambda: False),
-                             parameters=(lambda: engine.inner.named_parameters()) if engine is not None else None)
+                             stop_requested=lambda: preemption.requested,
+                             parameters=lambda: engine.inner.named_parameters())
         self.replicas = self._replica_check(engine, start_step)
         self.last_straggler: dict = {}
+        self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
         self._held = None
 
     def _exit(self, code: int) -> None:
@@ -90,11 +102,11 @@ class FaultHooks:
     def _replica_check(self, engine, start_step: int) -> Optional[ReplicaCheck]:
         """The replica consistency check, or None (announced when a multi-rank run has nothing to compare)."""
         every = self.cfg.fault.consistency_every
-        group = getattr(engine, "replica_group", None) if engine is not None else None
-        if every <= 0 or engine is None:
+        if every <= 0:
             return None
+        group = getattr(engine, "replica_group", None)  # the native engine's; None: no replicas (DeepSpeed)
         if group is None:
-            if self.rank == 0 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            if self.rank == 0 and world_size() > 1:
                 why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
                        if self.cfg.parallelism.engine == "native" else f"the {self.cfg.parallelism.engine} engine "
                        "shards the optimizer state across data-parallel ranks")
@@ -104,31 +116,30 @@ class FaultHooks:
         return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
 
     def start(self) -> "FaultHooks":
-        if self.clock is not None and self.engine is not None:
-            self.clock.attach(self.engine)
+        if self.clock is not None:
+            self.clock.attach(self.engine, self.cfg.parallelism)
         self.watchdog.start()
         self.watchdog.write_heartbeat()
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        requeue = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        restart, requeue = torchrun_restart_count(), slurm_restart_count()
         # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
         if restart or (requeue and self.rank == 0):
             self.events.emit("restart", self.watchdog.step, f"torchrun restart {restart}, Slurm requeue {requeue}",
                              torchrun_restart=restart, slurm_restart=requeue)
         return self
 
-    def step_begins(self) -> None:
+    def start_compute_clock(self) -> None:
         """The top of the loop: the previous step's collectives are behind; this rank's compute time starts."""
         if self.clock is not None:
             self.clock.begin()
 
-    def entering_step(self, step: int) -> None:
-        """Right before ``train_step`` for step ``step + 1`` (its batches are loaded)."""
+    def before_step(self, step: int) -> Optional[LossGuard]:
+        """Right before ``train_step`` for step ``step + 1`` (its batches are loaded): the before-step drills
+        (``slow_s``), the compute clock's entry mark and a watchdog beat. No collective.
+
+        Returns the engine's loss guard for that step (None: the guard is off)."""
         self.drills.before_step(step + 1)
         if self.clock is not None:
             self.clock.entering_step()
-
-    def guard_for(self, step: int):
-        """The engine's guard callable for the step about to run (None: guard off)."""
         self.watchdog.beat(step)
         if self.loss_guard is None:
             return None
@@ -136,7 +147,12 @@ class FaultHooks:
         return self.loss_guard
 
     def after_step(self, step: int, step_time_s: float) -> dict:
-        """Heartbeat, skipped-step accounting, straggler gather and drills. Returns extra metrics.
+        """After step ``step``, in this order: a watchdog beat, the compute clock's end, the loss guard's readable
+        verdicts (skipped-step events, the pin of the last good checkpoint; divergence), the straggler gather
+        (collective: ``all_gather`` every ``metrics.straggler_every`` steps), the after-step drills (sleep,
+        SIGKILL, an exception, a hang, a bit flip), the replica check (collectives: ``all_gather`` over the replica
+        group + ``all_reduce`` over the world every ``fault.consistency_every`` steps), a watchdog beat.
+        Returns extra metrics. A verdict that ends training is left in ``stop`` and the rest is skipped.
 
         The loss guard's verdicts are booked as they become readable on the host: at once on the CPU, a step
         late at most on a GPU (see ``fault/loss_guard.py``), so the accounting never stalls the device.
@@ -147,6 +163,8 @@ class FaultHooks:
         extra: dict = {}
         if self.loss_guard is not None:
             self.book_verdicts(force=False)
+            if self.stop is not None:
+                return extra
             extra["skipped_steps"] = self.loss_guard.skipped_total
         found = self.stragglers.observe(step, step_time_s, self.clock)
         if found is not None:
@@ -167,17 +185,18 @@ class FaultHooks:
             t0 = time.perf_counter()
             mismatch = self.replicas.check(step)
             if mismatch is not None:
-                self.stop_corrupted(mismatch)
+                self.stop = self.corrupted(mismatch)
+                return extra
             extra["replica_check_s"] = time.perf_counter() - t0
         self.watchdog.beat(step)
         return extra
 
     def book_verdicts(self, force: bool = True) -> None:
-        """Events, the pin of the last good checkpoint and the divergence stop, for every readable verdict.
-
-        ``force`` reads all of them (before a checkpoint is written and at the end of training)."""
+        """Events, the pin of the last good checkpoint and the divergence verdict (into ``stop``), for every
+        readable loss-guard verdict. ``force`` reads all of them (before a checkpoint is written and at the end of
+        training). No collective: every rank holds the same verdicts (from the step's global loss)."""
         g = self.loss_guard
-        if g is None:
+        if g is None or self.stop is not None:
             return
         for verdict in g.resolve(force=force):
             if not verdict.skipped:
@@ -189,7 +208,8 @@ class FaultHooks:
             self.events.emit("skipped_step", verdict.step, verdict.cause, skipped_total=g.skipped_total,
                              consecutive=g.consecutive)
             if g.diverged:
-                self.stop_diverged(verdict.step)
+                self.stop = self.diverged(verdict.step)
+                return
 
     def _hold_last_good(self, step: int) -> None:
         """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""
@@ -201,7 +221,8 @@ class FaultHooks:
             unpin(self._held)
         self._held = None
 
-    def stop_diverged(self, step: int) -> None:
+    def diverged(self, step: int) -> Diverged:
+        """Too many skips in a row: pin the last checkpoint before the first one, record the event."""
         g = self.loss_guard
         first_bad = g.first_bad_step or step
         ref = pin_last_good(self.paths.checkpoints, f"last checkpoint before divergence at step {first_bad}",
@@ -213,9 +234,9 @@ class FaultHooks:
         msg = (f"training diverged: {g.consecutive} skipped steps in a row since step {first_bad} "
                f"(last cause: {g.last_cause}); {where}")
         self.events.emit("diverged", step, msg, checkpoint=str(ref) if ref else None, first_bad_step=first_bad)
-        raise Diverged(msg)
+        return Diverged(msg)
 
-    def stop_corrupted(self, mismatch: Mismatch) -> None:
+    def corrupted(self, mismatch: Mismatch) -> Corrupted:
         """Replicas disagree: name them, pin the newest checkpoint from before the corruption, exit 47.
 
         A checkpoint taken after the last agreeing check may already hold the corrupt weights, so the reference
@@ -239,7 +260,7 @@ class FaultHooks:
                              checkpoint=str(ref) if ref else None, last_good_step=good)
         else:
             print(f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True)
-        raise Corrupted(msg)
+        return Corrupted(msg)
 
     def close(self) -> None:
         if self.clock is not None:

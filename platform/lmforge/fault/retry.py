@@ -29,6 +29,7 @@ from lmforge.fault import verdict as verdicts
 from lmforge.fault.exitcodes import (BAD_INPUT_EXIT_CODE, CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, REPEATED_CRASH_EXIT_CODE,
                                     REQUEUE_EXIT_CODE)
 from lmforge.runtime.rundir import RunPaths
+from lmforge.runtime.env import slurm_job_id, slurm_restart_count
 
 STATE_FILE = "requeues.json"
 
@@ -102,8 +103,8 @@ def record(run_dir: Path, exit_code: int, signalled: bool, max_failures: int, ma
     decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions)
     if decision.action == "requeue":
         state["preemptions" if decision.kind == "preempted" else "failures"] += 1
-    entry = {"time": time.time(), "job": os.environ.get("SLURM_JOB_ID"),
-             "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0), "exit_code": exit_code,
+    entry = {"time": time.time(), "job": slurm_job_id(),
+             "slurm_restart": slurm_restart_count(), "exit_code": exit_code,
              "signalled": signalled, "action": decision.action, "kind": decision.kind, "reason": decision.reason,
              "nodes": nodes or [], "excluded": excluded or [],
              "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)]}

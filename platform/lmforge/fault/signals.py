@@ -11,6 +11,8 @@ import signal
 import threading
 from typing import Optional
 
+from lmforge.runtime.env import under_torchrun
+
 REQUEUE_EXIT_CODE = 42
 
 
@@ -18,13 +20,12 @@ class PreemptionFlag:
     def __init__(self) -> None:
         self.signum: Optional[int] = None
         self.count = 0
-        self._previous = {}
 
     def install(self, signals=(signal.SIGUSR1, signal.SIGTERM)) -> "PreemptionFlag":
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
@@ -40,11 +41,6 @@ class PreemptionFlag:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous = {}
-
 
 def preemption_exit_code() -> int:
     """42 for a plain process (the launch script requeues on it); 0 under torchrun.
@@ -53,7 +49,4 @@ def preemption_exit_code() -> int:
     time limit. Under torchrun the worker therefore exits 0 without the DONE marker, and the launch script
     (slurm/train.sh, lmforge launch) sees "clean exit, run not done" and requeues (lmforge.fault.retry).
     """
-    import os
-
-    rid = os.environ.get("TORCHELASTIC_RUN_ID")
-    return 0 if rid and rid != "none" else REQUEUE_EXIT_CODE
+    return 0 if under_torchrun() else REQUEUE_EXIT_CODE

@@ -30,6 +30,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from lmforge.config.parallelism import ParallelismConfig
+from lmforge.runtime.dist import world_size
+
 
 # A rank is named only when its excess over the median is also at least this share of the median wall step
 # time: under FSDP/TP the window can be a few milliseconds, where scheduling noise alone doubles it.
@@ -64,18 +67,22 @@ class ComputeClock:
         # in the second forward with a blocking broadcast (the fast ranks would wait inside the window).
         self._warmup = self.WARMUP_STEPS
 
-    def attach(self, engine) -> "ComputeClock":
-        """Install the marks for the engine's layout (duck-typed: ``dims``, ``parts``/``model``, ``inner``)."""
-        dims = getattr(engine, "dims", None)
-        if dims is None or getattr(engine, "pipeline", None) is not None or dims.pp > 1 \
-                or not hasattr(engine, "parts"):
-            self.mode = self.ENTRY
-        elif dims.dp_shard > 1 or dims.tp > 1:
-            self.mode = self.FORWARD
-            root = engine.model
-            self._handles.append(root.register_forward_pre_hook(lambda *_: self._first_mark(), prepend=True))
-        else:
-            self.mode = self.GRADS
+    @classmethod
+    def mode_for(cls, parallelism: ParallelismConfig) -> str:
+        """Where the layout's first blocking collective of a step is (see the module doc), from the config."""
+        if parallelism.engine != "native" or parallelism.pp > 1:
+            return cls.ENTRY
+        if parallelism.dp_shard > 1 or parallelism.tp > 1:
+            return cls.FORWARD
+        return cls.GRADS
+
+    def attach(self, engine, parallelism: ParallelismConfig) -> "ComputeClock":
+        """Install the marks for the layout: on the engine's ``model`` (the wrapped root module, whose forward
+        pre-hook runs before the first all-gather) or on the parameters of its ``inner`` model."""
+        self.mode = self.mode_for(parallelism)
+        if self.mode == self.FORWARD:
+            self._handles.append(engine.model.register_forward_pre_hook(lambda *_: self._first_mark(), prepend=True))
+        elif self.mode == self.GRADS:
             for p in engine.inner.parameters():
                 if p.requires_grad:
                     self._handles.append(p.register_post_accumulate_grad_hook(lambda _p: self._latest_mark()))
@@ -159,9 +166,9 @@ class StragglerDetector:
         wall = self._wall / n
         compute = sum(computes) / len(computes) if computes else wall
         self._wall, self._n = 0.0, 0
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if world_size() > 1:
             mine = torch.tensor([compute, wall], dtype=torch.float64, device=self.device)
-            out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+            out = [torch.zeros_like(mine) for _ in range(world_size())]
             dist.all_gather(out, mine)
             pairs = [t.tolist() for t in out]
         else:

@@ -33,6 +33,7 @@ from typing import Callable, List, Optional
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.runtime.env import read, read_int, slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
 
@@ -97,15 +98,12 @@ def crashes_dir(run_dir: Path) -> Path:
     return RunPaths(Path(run_dir)).crashes
 
 
-def _env_int(name: str) -> int:
+def env_rank() -> int:
+    """RANK as the launcher set it (0 when unset or not a number: a verdict is written whatever the environment)."""
     try:
-        return int(os.environ.get(name, "0") or 0)
+        return read_int("RANK", 0)
     except ValueError:
         return 0
-
-
-def env_rank() -> int:
-    return _env_int("RANK")
 
 
 def write(run_dir: Path, verdict: Verdict) -> Path:
@@ -216,8 +214,8 @@ def verdict_for(run_dir: Path, exc: BaseException, rank: int, step: int, started
     tracebacks: List[str] = []
     if kind is VerdictKind.CRASH:
         text = (f"rank {rank} step {step} pid {os.getpid()} host {socket.gethostname()} "
-                f"torchrun restart {_env_int('TORCHELASTIC_RESTART_COUNT')} slurm restart "
-                f"{_env_int('SLURM_RESTART_COUNT')}\n" + "".join(traceback.format_exception(exc)))
+                f"torchrun restart {torchrun_restart_count()} slurm restart "
+                f"{slurm_restart_count()}\n" + "".join(traceback.format_exception(exc)))
         error = "".join(c for c in type(exc).__name__ if c.isalnum() or c == "_")
         path, earlier = record_crash(run_dir, rank, step, error, text, started)
         tracebacks = [str(p) for p in earlier[:1]] + [str(path)]
@@ -225,8 +223,8 @@ def verdict_for(run_dir: Path, exc: BaseException, rank: int, step: int, started
             kind, code = VerdictKind.REPEATED_CRASH, REPEATED_CRASH_EXIT_CODE
             message = (f"the crash at step {step} happened before, in an earlier attempt ({earlier[0].name}): not "
                        f"retried; {message}; tracebacks: {', '.join(tracebacks)}")
-    v = Verdict(kind, rank, step, message, code, torchrun_restart=_env_int("TORCHELASTIC_RESTART_COUNT"),
-                slurm_restart=_env_int("SLURM_RESTART_COUNT"), tracebacks=tracebacks)
+    v = Verdict(kind, rank, step, message, code, torchrun_restart=torchrun_restart_count(),
+                slurm_restart=slurm_restart_count(), tracebacks=tracebacks)
     write(run_dir, v)
     return v
 
@@ -237,7 +235,7 @@ class VerdictRecorder:
 
     def __init__(self, run_dir: Path, rank: Optional[int] = None):
         self.run_dir = Path(run_dir)
-        watched = os.environ.get("LMFORGE_RUN_DIR")
+        watched = read("LMFORGE_RUN_DIR")
         if watched and Path(watched).absolute() != self.run_dir.absolute():
             print(f"lmforge: warning: the launcher reads verdicts in {watched} (LMFORGE_RUN_DIR) but this run writes "
                   f"them to {self.run_dir}: a deterministic failure would be retried; launch without overriding "
@@ -267,8 +265,8 @@ def record_exit(run_dir: Path, kind: VerdictKind, rank: int, step: int, message:
     """For paths that leave with ``os._exit`` (the watchdog): write the verdict, never raise."""
     try:
         write(run_dir, Verdict(kind, rank, step, message, exit_code,
-                               torchrun_restart=_env_int("TORCHELASTIC_RESTART_COUNT"),
-                               slurm_restart=_env_int("SLURM_RESTART_COUNT")))
+                               torchrun_restart=torchrun_restart_count(),
+                               slurm_restart=slurm_restart_count()))
     except OSError:
         pass
 

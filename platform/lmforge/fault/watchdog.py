@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from lmforge.fault.exitcodes import ORPHAN_EXIT_CODE, WATCHDOG_EXIT_CODE
+from lmforge.runtime.env import slurm_job_id, torchrun_restart_count
 
 
 class Watchdog:
@@ -65,8 +66,7 @@ class Watchdog:
     def beat(self, step: int) -> None:
         self.step = step
         self.last_beat = time.monotonic()
-        if not self.first_beat_seen:
-            self.first_beat_seen = True
+        self.first_beat_seen = True
         self._arm_backstop(self.timeout_s)
 
     def pause(self) -> None:
@@ -137,7 +137,7 @@ class Watchdog:
             tmp = self.heartbeat_dir / f".rank{self.rank}.json.tmp"
             tmp.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
                                        "step": self.step, "time": time.time(),
-                                       "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}))
+                                       "restart": torchrun_restart_count()}))
             os.replace(tmp, self.heartbeat_dir / f"rank{self.rank}.json")
         except OSError:
             pass
@@ -145,8 +145,8 @@ class Watchdog:
     def dump(self, reason: str) -> Path:
         """All Python stacks of this process (and the NCCL flight recorder on CUDA) into the dumps folder."""
         self.dumps_dir.mkdir(parents=True, exist_ok=True)
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        job = os.environ.get("SLURM_JOB_ID", "local")
+        attempt = torchrun_restart_count()
+        job = slurm_job_id() or "local"
         path = self.dumps_dir / f"watchdog-rank{self.rank}-step{self.step}-job{job}-attempt{attempt}.txt"
         with open(path, "w") as fh:
             fh.write(f"lmforge watchdog: rank {self.rank} pid {os.getpid()} host {socket.gethostname()}\n"

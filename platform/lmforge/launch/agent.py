@@ -22,10 +22,11 @@ until its timeout, and a 0 exit would read as success.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
+
+from lmforge.runtime.env import read
 
 RUN_DIR_ENV = "LMFORGE_RUN_DIR"
 
@@ -64,7 +65,7 @@ def exit_code_of(failures: dict, run_dir: Path) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    run_dir = os.environ.get(RUN_DIR_ENV, "")
+    run_dir = read(RUN_DIR_ENV, "")
     if not run_dir:
         print(f"lmforge agent: ${RUN_DIR_ENV} is not set: the agent reads the workers' verdicts there. Fix: "
               f"export {RUN_DIR_ENV}=<the run directory> (slurm/train.sh and lmforge launch do)", file=sys.stderr)

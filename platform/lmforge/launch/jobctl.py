@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from lmforge.config.errors import ConfigError
 from lmforge.launch.allocation import check_allocation, nodes_override
 from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.runtime.env import environment, read, read_int, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
 BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")
@@ -107,7 +107,7 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
 
 
 def cmd_prepare(overrides: Sequence[str]) -> int:
-    cfg, extra = check_job(overrides, os.environ)
+    cfg, extra = check_job(overrides, environment())
     env = launch_env(cfg)
     env["LMFORGE_NODES_OVERRIDE"] = extra or ""
     run_dir = Path(env["LMFORGE_RUN_DIR"])
@@ -118,14 +118,14 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     from lmforge.data.index_cache import build_for
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    restart = slurm_restart_count()
     if restart > 0:
         from lmforge.fault.events import FaultEvents
         from lmforge.fault.retry import last_step
 
-        nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
-            "requeued", last_step(run_dir), f"job {os.environ.get('SLURM_JOB_ID')} run {restart + 1} starts on "
+            "requeued", last_step(run_dir), f"job {slurm_job_id()} run {restart + 1} starts on "
             f"{','.join(nodes)}", slurm_restart=restart, nodes=nodes)
     for key, value in env.items():
         print(f"export {key}={shlex.quote(value)}")
@@ -137,13 +137,13 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
 
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
-    nodes = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
     decision = record(run_dir, exit_code, signalled, cfg.cluster.max_requeues, nodes=nodes)
     excluded: List[str] = []
-    job = os.environ.get("SLURM_JOB_ID")
+    job = slurm_job_id()
     if decision.action == "requeue" and decision.kind == "failure" and job:
         excluded = failed_nodes(nodes)
-        total = int(os.environ.get("SLURM_JOB_NUM_NODES", str(len(nodes))) or 0)
+        total = read_int("SLURM_JOB_NUM_NODES", len(nodes))
         if excluded and len(excluded) < total + 1:
             subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"],
                            capture_output=True, text=True)

@@ -16,13 +16,13 @@
 from __future__ import annotations
 
 import netrc
-import os
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
 from urllib.parse import urlparse
 
 from lmforge.config.logging import WandbConfig
+from lmforge.runtime.env import environment
 from lmforge.runtime.secrets import redact
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"
@@ -61,7 +61,7 @@ def server_reachable(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[b
 def resolve_mode(requested: str, env: Optional[Mapping[str, str]] = None,
                  timeout: float = PROBE_TIMEOUT_S) -> Tuple[str, Optional[str]]:
     """The mode to use and, if it differs from the request, the one warning to print."""
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     if requested != "online":
         return requested, None
     base_url = env.get("WANDB_BASE_URL") or DEFAULT_BASE_URL

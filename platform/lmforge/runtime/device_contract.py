@@ -16,14 +16,14 @@ Layer 0: plain arguments, no Hydra.
 """
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from lmforge.runtime.env import environment
+
 CPU_KINDS = ("auto", "cpu", "")
 NO_DEVICES = ("", "-1", "none", "nodevfiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
-EXIT_CODE = 2  # a config/environment error: retrying cannot help
 
 
 class DeviceContractError(RuntimeError):
@@ -86,7 +86,7 @@ def check(device: str, cluster_name: str, cluster_device: str, nproc_per_node: i
           env: Optional[Mapping[str, str]] = None, facts: Optional[DeviceFacts] = None,
           where: str = "") -> Optional[str]:
     """Raise DeviceContractError when the job wants GPUs it cannot use. Returns why GPUs are wanted (None: CPU)."""
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     reason = gpu_reason(device, cluster_name, cluster_device, env)
     if reason is None:
         return None

@@ -19,6 +19,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from lmforge.runtime import env
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU product: how ``torch.cuda.get_device_properties`` names it, its memory, dense peaks by dtype."""
@@ -61,7 +64,6 @@ PEAK_TFLOPS: Dict[str, Dict[str, float]] = {**{s.kind: s.peaks for s in GPU_SPEC
                                             **{a: _BY_KIND[k].peaks for a, k in KIND_ALIASES.items()}}
 DEVICE_MEMORY_GIB: Dict[str, float] = {**{s.kind: s.nominal_gib for s in GPU_SPECS},
                                        **{a: _BY_KIND[k].nominal_gib for a, k in KIND_ALIASES.items()}}
-MEASURED_GPU_MATMUL_TFLOPS = {"h200": 790.0}  # bf16 4096^3 matmul rate measured on this project's H200
 
 
 def match_gpu(name: str, total_memory: int) -> Optional[GpuSpec]:
@@ -92,7 +94,7 @@ def physical_cores() -> int:
 def pin_threads(threads: int = 0, local_world_size: Optional[int] = None) -> int:
     """Set intra-op threads: ``threads`` if > 0, else cores / local ranks (at least 1). Returns the count."""
     if local_world_size is None:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local_world_size = env.local_world_size()
     n = threads if threads > 0 else max(1, physical_cores() // max(1, local_world_size))
     torch.set_num_threads(n)
     return n
@@ -145,7 +147,7 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 0, 
 
 def cpu_peak_tflops(dtype: torch.dtype = torch.float32, cache: Optional[Path] = None) -> float:
     """Measured (and cached) CPU GEMM peak at the current thread count."""
-    cache = cache or Path(os.environ.get("LMFORGE_CACHE", Path.home() / ".cache" / "lmforge")) / "cpu_peak.json"
+    cache = cache or Path(env.read("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge") / "cpu_peak.json"
     # v2: best-of-repeats on 2048^3 (v1 took the median of 1024^3 and could cache a value measured under load).
     key = f"v2|{_cpu_model()}|threads={torch.get_num_threads()}|{dtype_key(dtype)}|torch={torch.__version__}"
     try:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
+from lmforge.runtime.env import environment
+
 _FRESH_ID: Optional[str] = None
 RUN_DIR_MODE = 0o750
 
@@ -78,7 +80,7 @@ def _fresh_id(root: Path) -> str:
 
 def resolve_run_dir(root: str | os.PathLike, name: Optional[str] = None, sweep_point: Optional[str] = None,
                     env: Optional[Mapping[str, str]] = None) -> Path:
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     root_path = Path(root).expanduser().absolute()
     for key, candidate in (("run.name", name), ("run.sweep_point", sweep_point)):
         if candidate not in (None, "", "null", "None"):

@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from lmforge.runtime.env import read
 from lmforge.scaling.errors import ScalingError
 
 
@@ -194,7 +194,7 @@ def cmd_fit(argv: Sequence[str]) -> int:
     ap.add_argument("--huber-delta", type=float, default=1e-3, help="<= 0: plain least squares")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: <results dir>/fit)")
-    ap.add_argument("--wandb", default=os.environ.get("LMFORGE_SCALING_WANDB", "disabled"),
+    ap.add_argument("--wandb", default=read("LMFORGE_SCALING_WANDB", "disabled"),
                     choices=["disabled", "offline", "online"])
     ap.add_argument("--wandb-project", default="lmforge")
     ap.add_argument("--group", default=None, help="W&B group (default: the sweep name)")

@@ -1,19 +1,21 @@
 """The Trainer: builds data, engine, checkpointing and metrics from a validated config and runs the loop.
 
-Each part lives in its own module; this file only wires them and owns the loop:
+Each part lives in its own module; this file only wires them and owns the loop (``fit``), where every call of a
+step is named for what it does and every collective is marked "collective:":
 
     for step in range(start, max_steps):
-        batches = data.step_batches()                 # data/loader.py
-        result  = engine.train_step(batches, lr)       # parallel/native_engine.py
-        metrics.log(...)                              # metrics/
-        maybe evaluate, maybe checkpoint              # checkpoint/
-        stop cleanly on preemption                    # fault/
+        batches = data.step_batches()                    # data/loader.py
+        guard = faults.before_step(step)                 # fault/hooks.py: watchdog beat, drills -> the loss guard
+        result = engine.train_step(batches, lr, guard)   # parallel/native_engine.py: the layout's collectives
+        faults.after_step(step); stop_on_fault()         # stragglers, replica check; Diverged/Corrupted raised here
+        log_step / evaluate                              # metrics/ (token counts all-reduced on logging steps)
+        commit_checkpoint(); vote_stop()                 # checkpoint/ async commit, the preemption vote (comm/vote.py)
+        maybe save a checkpoint                          # checkpoint/
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from dataclasses import asdict
@@ -22,7 +24,6 @@ from typing import List, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from lmforge.checkpoint.extra_state import scheduler_changes, scheduler_state
@@ -47,8 +48,9 @@ from lmforge.model.flops import flops_per_token
 from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.planner import startup_memory_check
-from lmforge.runtime import provenance
+from lmforge.runtime import env, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
+from lmforge.runtime.dist import barrier, is_distributed
 from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
@@ -80,15 +82,15 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         # Before any collective: a job that wants GPUs it cannot use stops here, on every rank (exit 2).
         check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device,
-                              int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        self.device = select_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+                              env.local_world_size())
+        self.device = select_device(cfg.train.device, env.local_rank())
         self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)
         self.rank = self.world.rank
         seed_everything(cfg.train.seed)
         startup_memory_check(cfg, self.device, self.rank)  # the planner's memory estimate (warning only)
         if self.rank == 0:
             self.paths.make()
-        self._barrier()
+        barrier()
 
         # Data
         cache = default_cache_dir(cfg.data, cfg.run.root)
@@ -115,15 +117,12 @@ class Trainer:
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
         self.faults: Optional[FaultHooks] = None  # started by fit()
+        self.stop_vote: Optional[LaggedVote] = None  # "did any rank get a preemption signal?" (fit)
         self.history: List[dict] = []
         self.overlap = OverlapProbe(cfg.metrics.profile_every, self.paths.traces, self.device)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _barrier(self) -> None:
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
-
     def _write_run_files(self) -> None:
         if self.rank != 0:
             return
@@ -155,8 +154,6 @@ class Trainer:
                                              * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps))}
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
-        if self.faults is not None:
-            self.faults.book_verdicts(force=True)  # a skip streak pins the last good checkpoint before this save
         self._flush_source_counts()
         result = self.checkpoints.save(self.step, sidecar=self.sidecar())
         if getattr(self, "logger", None) is not None:
@@ -194,6 +191,10 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------------
     def fit(self) -> List[dict]:
+        """Train from the resumed step to ``train.max_steps`` (or ``train.stop_at_step``).
+
+        Every rank runs the same calls in the same order; each collective of a step is named below ("collective:").
+        """
         resumed = self.maybe_resume()
         self._write_run_files()
         log = self.logger = self._make_logger()
@@ -208,57 +209,48 @@ class Trainer:
         self.engine.train()
         faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption,
                                           engine=self.engine, start_step=self.step).start()
-        stop_vote = LaggedVote(self.device, "any")
+        self.stop_vote = LaggedVote(self.device, "any")
         try:
-            run_preflight(cfg.comm, self.device, self.paths, log, self.step)
+            run_preflight(cfg.comm, self.device, self.paths, log, self.step)  # collective: comm.preflight's bench
             self.meter.start()  # throughput is measured over logging intervals (metrics/meter.py)
             while self.step < last_step:
-                faults.step_begins()
+                faults.start_compute_clock()
                 t0 = time.perf_counter()
-                batches = self.data.step_batches()
+                batches = self.data.step_batches()  # this rank's micro-batches (no collective)
                 t_data = time.perf_counter() - t0
                 lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
-                faults.entering_step(self.step)
+                guard = faults.before_step(self.step)  # watchdog beat, before-step drills; the loss guard (None: off)
                 with self.overlap.step(self.step + 1, log):
-                    result = self.engine.train_step(batches, lr, guard=faults.guard_for(self.step))
+                    # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
+                    result = self.engine.train_step(batches, lr, guard=guard)
                 self.step += 1
                 self.meter.step_done(t_data)
+                # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
+                # side effects: watchdog beats, skipped-step events and pins, drills (may SIGKILL or raise)
                 fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)
+                self.stop_on_fault()
                 self._accumulate_sources(batches)
-                log_now = self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1
-                if log_now:
-                    self._flush_source_counts()
-                    throughput = self.meter.measure()  # syncs the device: the interval since the last log
-                    loss = float(result.loss)  # the only host reads of the step, on logging steps
-                    record = {"kind": "train", "step": self.step, "loss": loss, "lr": lr,
-                              "grad_norm": float(result.grad_norm),
-                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len,
-                              "flops_seen": self.data.state.consumed_samples * cfg.model.seq_len * self.flops_per_token,
-                              "consumed_samples": self.data.state.consumed_samples,
-                              **throughput,
-                              **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
-                              **self.data.share_metrics(),
-                              **self._memory(), **fault_metrics}
-                    self.history.append(record)
-                    log.log(record)
+                if self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1:
+                    self.log_step(result, lr, fault_metrics)  # collective: per-source token counts all-reduced
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
                     with self.meter.excluded():  # evaluation time is not training throughput
-                        values = self.evaluate()
+                        values = self.evaluate()  # collectives: the engine's eval forwards and loss all-reduces
                     log.log({"kind": "eval", "step": self.step,
                              "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **values})
-                self.checkpoints.poll()  # commits a finished async save
-                if stop_vote.exchange(self.preemption.requested):  # agreed one step after the signal (no stall)
-                    self.save_checkpoint(blocking=True)
+                self.commit_checkpoint()  # collective while an async save is in flight: its vote, then the commit
+                if self.vote_stop():  # collective: async all-reduce of the preemption flag, read a step later
+                    self.save_after_verdicts(blocking=True)  # collective: the save's barriers
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
                         and self.step < last_step:
-                    self.save_checkpoint()
-            stop_vote.collect()
+                    self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
+            self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
+            self.stop_on_fault()
             if cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
-                self.save_checkpoint(blocking=True)
-            self.checkpoints.wait()
+                self.save_after_verdicts(blocking=True)  # collective: the save's barriers
+            self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
         finally:
@@ -266,6 +258,50 @@ class Trainer:
             faults.close()
             log.close()
         return self.history
+
+    # ---- the loop's named steps --------------------------------------------------------------------------
+    def stop_on_fault(self) -> None:
+        """The one place a fault verdict ends training: ``Diverged`` (the loss guard) or ``Corrupted`` (the replica
+        check), found by ``FaultHooks.after_step``/``book_verdicts``. Every rank holds the same verdict."""
+        if self.faults.stop is not None:
+            raise self.faults.stop
+
+    def save_after_verdicts(self, blocking: bool = False) -> Path:
+        """Book every pending loss-guard verdict (a skip streak pins the last good checkpoint first; divergence stops
+        here, before anything is saved), then save. Collectives: the save's barriers (and DCP's)."""
+        self.faults.book_verdicts(force=True)
+        self.stop_on_fault()
+        return self.save_checkpoint(blocking=blocking)
+
+    def commit_checkpoint(self) -> Optional[Path]:
+        """Commit the async save in flight once every rank has written it; never blocks on I/O.
+        Collectives while a save is in flight: a lagged all-reduce vote ("written on every rank?"); once agreed,
+        the commit's barriers (rank 0 renames, applies retention and logs ``checkpoint_commit``)."""
+        return self.checkpoints.poll()
+
+    def vote_stop(self) -> bool:
+        """Collective: this rank's preemption flag joins an async all-reduce (MAX); returns the previous step's
+        agreed answer, so every rank stops at the same step, one step after the signal, without a stall."""
+        return self.stop_vote.exchange(self.preemption.requested)
+
+    def log_step(self, result, lr: float, fault_metrics: dict) -> None:
+        """A logging step's record (rank 0's sinks). Collective: the per-source token counts are all-reduced over
+        the data-parallel group; the only host reads of the step's device values happen here."""
+        cfg = self.cfg
+        self._flush_source_counts()
+        throughput = self.meter.measure()  # syncs the device: the interval since the last log
+        consumed = self.data.state.consumed_samples
+        record = {"kind": "train", "step": self.step, "loss": float(result.loss), "lr": lr,
+                  "grad_norm": float(result.grad_norm),
+                  "tokens_seen": consumed * cfg.model.seq_len,
+                  "flops_seen": consumed * cfg.model.seq_len * self.flops_per_token,
+                  "consumed_samples": consumed,
+                  **throughput,
+                  **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
+                  **self.data.share_metrics(),
+                  **self._memory(), **fault_metrics}
+        self.history.append(record)
+        self.logger.log(record)
 
     def _accumulate_sources(self, batches) -> None:
         """Count this rank's consumed tokens per source locally; summed over ranks by _flush_source_counts."""
@@ -275,8 +311,8 @@ class Trainer:
 
     def _flush_source_counts(self) -> None:
         counts = torch.tensor(self._pending_source_tokens, dtype=torch.int64, device=self.device)
-        if dist.is_initialized() and self.engine.dp_size > 1:
-            dist.all_reduce(counts, group=self.engine.dp_group)
+        if is_distributed() and self.engine.dp_size > 1:
+            torch.distributed.all_reduce(counts, group=self.engine.dp_group)
         self.data.count_tokens({s: int(c) for s, c in zip(self.mixture.sources, counts.tolist())})
         self._pending_source_tokens = [0] * len(self.mixture.sources)
 
