@@ -444,6 +444,8 @@ def build_engine(name: str):
     from lmforge.config.schema import RootConfig
     from lmforge.config.train import TrainConfig
     from lmforge.fault.loss_guard import LossGuard
+    from lmforge.config.batch import batch_plan
+    from lmforge.config.validated import Validated
     from lmforge.parallel.native_engine import NativeEngine
 
     cfg, batch = S.presets[name]
@@ -452,7 +454,7 @@ def build_engine(name: str):
                                         seed=0),
                       optim=OptimConfig(lr=1e-4, fused=True))
     ensure_process_group()
-    engine = NativeEngine(root, S.device)
+    engine = NativeEngine(Validated(root, batch_plan(batch, batch, 1, cfg.seq_len)), S.device)
     assert engine.precision == "bf16-mixed", engine.precision
     fused = all(g.get("fused") for g in engine.optimizer.param_groups)
     assert fused, "the engine's AdamW is not fused"

@@ -1,4 +1,4 @@
-"""Pipeline parts built by the GPT constructor, their stages, and the engines' build-time refusals (one process).
+"""Pipeline parts built by the GPT constructor, and their stages (one process).
 
 A pipeline rank's part is ``GPT(cfg, layers, embedding, head)`` (``parallel/pipeline.rank_part``); its stages are
 ``GPTStage`` modules over the part's own submodules (``GPT.stage``). The name-keyed init makes a part's parameters
@@ -9,10 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import ParallelismConfig
-from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT
 from lmforge.parallel.pipeline import build_stages, plan_stages, rank_part
 
@@ -70,12 +68,3 @@ def test_a_part_without_embedding_or_head_has_none():
     last = GPT(cfg, [3], embedding=False, head=True)
     assert sorted(n for n, _ in last.named_parameters() if not n.startswith("layers.")) == ["norm.weight",
                                                                                             "output.weight"]
-
-
-def test_deepspeed_engine_refuses_compile_at_build():
-    from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
-
-    cfg = RootConfig(model=tiny(), parallelism=ParallelismConfig(engine="deepspeed", compile=True, zero_stage=1))
-    with pytest.raises(ConfigError) as err:
-        DeepSpeedEngine(cfg, torch.device("cpu"))
-    assert str(err.value).startswith("config key 'parallelism.compile': the deepspeed engine does not compile")

@@ -10,7 +10,7 @@ and the tokenizer's vocabulary (``config/tokenizer_files.py``), and returns the 
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -23,6 +23,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
+from lmforge.config.validated import Validated
 from lmforge.runtime.env import launch_world_size
 
 POSITIVE = (
@@ -189,13 +190,6 @@ def dp_size(cfg: RootConfig) -> int:
     return cfg.parallelism.dp_replicate * cfg.parallelism.dp_shard
 
 
-def pipeline_microbatches(cfg: RootConfig) -> int:
-    """Microbatches one pipeline step runs: parallelism.pp_microbatches, else the gradient-accumulation steps."""
-    t = cfg.train
-    plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
-    return cfg.parallelism.pp_microbatches or plan.grad_accum
-
-
 def check_batch(cfg: RootConfig) -> BatchPlan:
     t = cfg.train
     plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
@@ -219,21 +213,6 @@ def check_vocabulary(cfg: RootConfig) -> None:
     if vocab > cfg.model.vocab_size:
         raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
                           f"({vocab}, {cfg.data.tokenizer})", f"set model.vocab_size >= {vocab}")
-
-
-class Validated(NamedTuple):
-    """What ``validate()`` returns: ``cfg, plan = validate(...)``.
-
-    Reading any other attribute reads the config (``validate(...).model`` is ``validate(...).cfg.model``), so
-    code that takes "a validated config" takes this object and finds the batch plan on it."""
-
-    cfg: RootConfig
-    plan: BatchPlan
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.cfg, name)
 
 
 def planned_world_size(cfg: DictConfig) -> Optional[int]:

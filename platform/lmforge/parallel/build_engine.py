@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.config.schema import RootConfig
+from lmforge.config.validated import Validated
 
 
-def build_engine(cfg: RootConfig, device: torch.device):
+def build_engine(cfg: Validated, device: torch.device):
+    """``cfg``: what ``config.validate.validate()`` returns (the typed config and its batch plan)."""
     if cfg.parallelism.engine == "deepspeed":
         from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
 

@@ -21,8 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from lmforge.config.errors import ConfigError
-from lmforge.config.schema import RootConfig
+from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.deepspeed_config import build_config
@@ -46,11 +45,7 @@ def import_deepspeed(device: torch.device):
 
 
 class DeepSpeedEngine:
-    def __init__(self, cfg: RootConfig, device: torch.device):
-        if cfg.parallelism.compile:
-            raise ConfigError("parallelism.compile", "the deepspeed engine does not compile the model "
-                              "(DeepSpeed's hooks wrap the eager modules)",
-                              "set parallelism.compile=false, or parallelism.engine=native to compile")
+    def __init__(self, cfg: Validated, device: torch.device):
         self.cfg = cfg
         self.device = device
         self.dims = ParallelDims.from_config(cfg.parallelism)
@@ -60,12 +55,12 @@ class DeepSpeedEngine:
             deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl")
         else:
             deepspeed.init_distributed(dist_backend=dist.get_backend())
-        self.plan = cfg.plan  # validate()'s batch plan: cfg is the Validated config (config/validate.py)
+        self.plan = cfg.plan  # validate()'s batch plan (cfg: its typed config and plan, config/validate.py)
         self.ds_config: Dict[str, Any] = build_config(cfg, self.plan, self.precision,
                                                       pin_memory=device.type == "cuda")
         with torch.device("meta"):
             model = GPT(cfg.model)
-        model = parallelize(model, cfg, None, device).model  # activation checkpointing, materialize (fp32)
+        model = parallelize(model, cfg.cfg, None, device).model  # activation checkpointing, materialize (fp32)
         optimizer = build_optimizer(model, cfg.optim, device)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
                                                              dist_init_required=False)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.parallelism import fsdp_grad_sync_mode
-from lmforge.config.schema import RootConfig
+from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
@@ -57,15 +57,15 @@ def optimizer_step(optimizer: torch.optim.Optimizer, skip: Optional[torch.Tensor
 
 
 class NativeEngine:
-    def __init__(self, cfg: RootConfig, device: torch.device):
-        self.cfg = cfg
+    def __init__(self, cfg: Validated, device: torch.device):
+        self.cfg = cfg  # validate()'s result: the typed config (cfg.<group>) and its batch plan (cfg.plan)
         self.device = device
         self.dims = ParallelDims.from_config(cfg.parallelism)
         self.mesh: DeviceMesh = build_mesh(self.dims, device)
         self.precision = resolve_precision(cfg.train.precision, device)
         with torch.device("meta"):
             model = GPT(cfg.model)
-        par = parallelize(model, cfg, self.mesh, device)
+        par = parallelize(model, cfg.cfg, self.mesh, device, batch=cfg.plan)
         self.inner = par.model  # owns this rank's parameters: optimizer, checkpoints, clipping
         self.model = par.module
         self.parts = par.parts

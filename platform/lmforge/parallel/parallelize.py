@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from lmforge.config.batch import BatchPlan
 from lmforge.config.parallelism import ParallelismConfig
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT
@@ -54,24 +55,27 @@ class ParallelModel:
 
 
 def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device: torch.device,
-                fsdp: Optional[bool] = None) -> ParallelModel:
+                batch: Optional[BatchPlan] = None, fsdp: Optional[bool] = None) -> ParallelModel:
     """Steps 1-5, then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
 
-    ``mesh`` is None only for the DeepSpeed engine. ``fsdp``: None applies FSDP2 exactly when
-    ``dp_shard > 1``; True also over a one-rank ``dp_shard`` dim (the GPU check's one-device FSDP2 run)."""
+    ``mesh`` is None only for the DeepSpeed engine. ``batch``: validate()'s batch plan, needed for pp > 1 (a
+    pipeline step runs ``parallelism.pp_microbatches``, else ``batch.grad_accum``, micro batches). ``fsdp``:
+    None applies FSDP2 exactly when ``dp_shard > 1``; True also over a one-rank ``dp_shard`` dim (the GPU check's one-device FSDP2 run)."""
     p = cfg.parallelism
     if mesh is None and (p.pp > 1 or p.tp > 1 or p.dp_shard > 1 or uses_ddp(p)):
         raise ValueError(f"parallelize: layout pp={p.pp} tp={p.tp} dp_shard={p.dp_shard} needs a device mesh")
-    plan = plan_stages(model.cfg.n_layers, p) if p.pp > 1 else None
-    if plan is not None:
+    if p.pp > 1 and batch is None:
+        raise ValueError("parallelize: pp > 1 needs validate()'s batch plan (batch=...)")
+    stages = plan_stages(model.cfg.n_layers, p) if p.pp > 1 else None
+    if stages is not None:
         with torch.device("meta"):
-            model = rank_part(model.cfg, plan, mesh["pp"].get_local_rank())
+            model = rank_part(model.cfg, stages, mesh["pp"].get_local_rank())
     if p.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
     apply_activation_checkpointing(model, p.activation_checkpointing)
     if p.compile:
         apply_compile(model)
-    parts = build_stages(model, plan, mesh["pp"].get_local_rank()) if plan is not None else [model]
+    parts = build_stages(model, stages, mesh["pp"].get_local_rank()) if stages is not None else [model]
     if (p.dp_shard > 1) if fsdp is None else fsdp:
         for part in parts:
             apply_fsdp(part, mesh, p)
@@ -80,10 +84,8 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
         keep_grads_in_param_layout(model)  # vocab-parallel embedding grads: Shard(0), not the full table
     module = apply_ddp(model, mesh, p) if uses_ddp(p) else model
     pipeline = None
-    if plan is not None:
-        from lmforge.config.validate import pipeline_microbatches
-
-        pipeline = PipelineRunner(parts, plan, mesh["pp"], device, p, pipeline_microbatches(cfg))
+    if stages is not None:
+        pipeline = PipelineRunner(parts, stages, mesh["pp"], device, p, p.pp_microbatches or batch.grad_accum)
     return ParallelModel(model, module, parts, pipeline, uses_manual_allreduce(p))
 
 

@@ -34,7 +34,7 @@ from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import Validated
+from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
