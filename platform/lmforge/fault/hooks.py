@@ -104,7 +104,7 @@ class FaultHooks:
         every = self.cfg.fault.consistency_every
         if every <= 0:
             return None
-        group = getattr(engine, "replica_group", None)  # the native engine's; None: no replicas (DeepSpeed)
+        group = engine.replica_group  # the ranks holding a replica of this shard; None: none (parallel/contract.py)
         if group is None:
             if self.rank == 0 and world_size() > 1:
                 why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
