@@ -287,7 +287,7 @@ def _run(args: argparse.Namespace) -> int:
 
         print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
         return 0
-    task = args.task_index if args.task_index is not None else _env_int("SLURM_ARRAY_TASK_ID")
+    task = args.task_index if args.task_index is not None else read_int("SLURM_ARRAY_TASK_ID")
     tasks = args.num_tasks if args.num_tasks is not None else read_int("SLURM_ARRAY_TASK_COUNT")
     status = sharded.build_shards(out, plan, tok, args.workers, task or 0, tasks or 1, args.progress)
     print(json.dumps(status, indent=1))
