@@ -8,11 +8,8 @@ one sequence of ``seq_len + 1`` tokens.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -20,6 +17,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from lmforge.config.errors import ConfigError
+from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.shards import IndexInfo, ShardFormatError, max_token_id, read_index, read_meta
 from lmforge.data.tokenizer import Tokenizer
 
@@ -124,16 +122,6 @@ def split_string(valid_fraction: float) -> str:
     """megatron-core's split string for a train/valid split of each source's documents."""
     valid = max(1, round(valid_fraction * 10000))
     return f"{10000 - valid},{valid},0"
-
-
-@contextlib.contextmanager
-def quiet_megatron_import():
-    """Import megatron-core without its INFO lines and its warnings that Transformer Engine / Apex are missing
-    (about its own optimizer and FSDP code, which lmforge never runs): a refusal stays one line."""
-    logging.getLogger("megatron").setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-        yield
 
 
 def split_bounds(num_docs: int, split: str) -> Dict[str, Tuple[int, int]]:

@@ -28,6 +28,7 @@ from lmforge.config.train import TrainConfig
 from lmforge.data import index_cache
 from lmforge.data.checks import check_shard, check_splits, normalise_weights, split_string
 from lmforge.data.epochs import check_epochs
+from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.prepare import prepare
 from lmforge.data.tokenizer import Tokenizer
 from lmforge.runtime.env import read
@@ -173,8 +174,9 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
         first += len(group)
     check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, known)
     # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    with quiet_megatron_import():
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefixes, blend_weights, blend_source = [], [], []
     for k, (weight, group) in enumerate(zip(weights, members)):

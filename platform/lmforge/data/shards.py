@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.tokenizer import Tokenizer
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -107,7 +108,8 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
 
     ``stats["chars"]``, when the producer fills it, gives the text throughput recorded in the sidecar.
     """
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    with quiet_megatron_import():
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{prefix}.tmp{os.getpid()}")
