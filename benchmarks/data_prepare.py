@@ -11,7 +11,8 @@ each format and worker count W, two cases run interleaved (raw, prepare, raw, pr
 - prepare: the sharded preparation (plan, read + decode the format, tokenize in W processes, write the
   .bin/.idx shards, sha256 of the inputs, the final manifest check), from files to a complete directory.
 
-Rate = text MB (UTF-8 bytes of the documents) / seconds, the median of the repeats; ratio = prepare / raw.
+Rate = text MB (UTF-8 bytes of the documents) / seconds, the median of the repeats; ratio = prepare / raw
+(of the medians); the spread is the range of each repeat's back-to-back raw / prepare ratio.
 TOKENIZERS_PARALLELISM=false throughout, so W processes use W threads in both cases. JSON goes to
 benchmarks/results/data_prepare.json.
 """
@@ -131,13 +132,18 @@ def main(argv=None) -> int:
                     raw.append(raw_rate(docs, tok, w))
                     prep.append(prepare_time(src, tok, w, args.files_per_shard, root))
                 r, p = statistics.median(raw), statistics.median(prep)
+                pairs = sorted(a / b for a, b in zip(raw, prep))  # each repeat's raw / prepare, run back to back
                 row = {"format": fmt, "workers": w, "text_mb": round(mb, 2), "raw_mb_per_s": round(mb / r, 3),
                        "prepare_mb_per_s": round(mb / p, 3), "prepare_mb_per_s_per_worker": round(mb / p / w, 3),
-                       "ratio": round(r / p, 3)}
+                       "ratio": round(r / p, 3), "pair_ratio_median": round(statistics.median(pairs), 3),
+                       "pair_ratio_min": round(pairs[0], 3), "pair_ratio_max": round(pairs[-1], 3),
+                       "raw_s": [round(x, 3) for x in raw], "prepare_s": [round(x, 3) for x in prep],
+                       "load_average": [round(x, 2) for x in os.getloadavg()]}
                 rows.append(row)
                 print(f"{fmt:14s} workers={w}  raw {row['raw_mb_per_s']:7.2f} MB/s  prepare "
                       f"{row['prepare_mb_per_s']:7.2f} MB/s ({row['prepare_mb_per_s_per_worker']:.2f}/worker)  "
-                      f"ratio {row['ratio']:.2f}", flush=True)
+                      f"ratio {row['ratio']:.2f} (pairs {pairs[0]:.2f}-{pairs[-1]:.2f}, median "
+                      f"{row['pair_ratio_median']:.2f}; load {row['load_average'][0]})", flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "data_prepare.json").write_text(json.dumps(
         {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args), "rows": rows},
