@@ -301,9 +301,10 @@ def _check_cut(name: str, metas: List[dict], indexes: list, limit: int) -> Optio
         if meta["tokens"] > limit and meta["documents"] != 1:
             return f"{part_name(name, k)}: {meta['tokens']} tokens in {meta['documents']} documents, over the " \
                    f"shard size {limit}"
-        if k + 1 < len(indexes) and meta["tokens"] + int(indexes[k + 1].lengths[0]) <= limit:
-            return f"{part_name(name, k)}: {meta['tokens']} tokens, the next document ({int(indexes[k + 1].lengths[0])}" \
-                   f" tokens) would have fit in the shard size {limit}"
+        following = int(indexes[k + 1].lengths[0]) if k + 1 < len(indexes) else None
+        if following is not None and meta["tokens"] + following <= limit:
+            return (f"{part_name(name, k)}: {meta['tokens']} tokens, the next document ({following} tokens) would "
+                    f"have fit in the shard size {limit}")
     return None
 
 
