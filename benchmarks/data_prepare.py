@@ -11,7 +11,11 @@ each format and worker count W, two cases run interleaved (raw, prepare, raw, pr
 - prepare: the sharded preparation (plan, read + decode the format, tokenize in W processes, write the
   .bin/.idx shards, sha256 of the inputs, the final manifest check), from files to a complete directory.
 
-Rate = text MB (UTF-8 bytes of the documents) / seconds, the median of the repeats; ratio = prepare / raw.
+Rate = text MB (UTF-8 bytes of the documents) / seconds, the median of the repeats; ratio = prepare / raw
+(of the medians); the spread is the range of each repeat's back-to-back raw / prepare ratio. The CPU ratio
+(raw CPU seconds / prepare CPU seconds, this process's threads plus its reaped worker processes) measures the
+extra work prepare does, which a loaded machine's scheduling does not move much; wall ratios above 1 come from
+the reader thread's work overlapping the tokenizer's.
 TOKENIZERS_PARALLELISM=false throughout, so W processes use W threads in both cases. JSON goes to
 benchmarks/results/data_prepare.json.
 """
@@ -73,10 +77,18 @@ def write_format(fmt: str, docs: List[str], files: int, root: Path) -> Path:
     return out
 
 
-def raw_rate(docs: List[str], tok, workers: int) -> float:
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads) and of its reaped children (pool workers)."""
+    import resource
+
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
+
+
+def raw_rate(docs: List[str], tok, workers: int) -> tuple:
     from lmforge.data.prepare import CHUNK_CHARS, _chunks, _encode_chunk, _init_worker
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     if workers <= 1:
         for chunk in _chunks(iter(docs), CHUNK_CHARS):
             tok.encode_batch(chunk)
@@ -86,21 +98,21 @@ def raw_rate(docs: List[str], tok, workers: int) -> float:
         with mp.get_context("spawn").Pool(workers, _init_worker, (tok.source,)) as pool:
             for _ in pool.imap(_encode_chunk, _chunks(iter(docs), CHUNK_CHARS)):
                 pass
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_seconds() - c0
 
 
-def prepare_time(src: Path, tok, workers: int, files_per_shard: int, scratch: Path) -> float:
+def prepare_time(src: Path, tok, workers: int, files_per_shard: int, scratch: Path) -> tuple:
     from lmforge.data import sharded
 
     out = scratch / "out"
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     plan = sharded.write_or_check_plan(out, sharded.make_plan([str(src)], tok, files_per_shard, "text", "stop"))
     sharded.build_shards(out, plan, tok, workers)
     manifest = sharded.finalize(out)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     assert manifest["complete"] and manifest["empty_rows"] == 0
-    return seconds
+    return seconds, cpu
 
 
 def main(argv=None) -> int:
@@ -126,18 +138,31 @@ def main(argv=None) -> int:
         for fmt in args.formats:
             src = write_format(fmt, docs, args.files, root / "in")
             for w in args.workers:
-                raw, prep = [], []
+                raw, prep, raw_cpu, prep_cpu = [], [], [], []
                 for _ in range(args.repeats):  # interleaved: drift of a shared machine hits both alike
-                    raw.append(raw_rate(docs, tok, w))
-                    prep.append(prepare_time(src, tok, w, args.files_per_shard, root))
+                    for times, cpus, (wall, cpu) in ((raw, raw_cpu, raw_rate(docs, tok, w)),
+                                                     (prep, prep_cpu, prepare_time(src, tok, w, args.files_per_shard,
+                                                                                   root))):
+                        times.append(wall)
+                        cpus.append(cpu)
                 r, p = statistics.median(raw), statistics.median(prep)
+                pairs = sorted(a / b for a, b in zip(raw, prep))  # each repeat's raw / prepare, run back to back
                 row = {"format": fmt, "workers": w, "text_mb": round(mb, 2), "raw_mb_per_s": round(mb / r, 3),
                        "prepare_mb_per_s": round(mb / p, 3), "prepare_mb_per_s_per_worker": round(mb / p / w, 3),
-                       "ratio": round(r / p, 3)}
+                       "ratio": round(r / p, 3), "pair_ratio_median": round(statistics.median(pairs), 3),
+                       "pair_ratio_min": round(pairs[0], 3), "pair_ratio_max": round(pairs[-1], 3),
+                       "raw_s": [round(x, 3) for x in raw], "prepare_s": [round(x, 3) for x in prep],
+                       # CPU seconds (all threads and worker processes): the work done, whatever the load
+                       "cpu_ratio": round(statistics.median(raw_cpu) / statistics.median(prep_cpu), 3),
+                       "raw_cpu_s": [round(x, 3) for x in raw_cpu], "prepare_cpu_s": [round(x, 3) for x in prep_cpu],
+                       "load_average": [round(x, 2) for x in os.getloadavg()]}
                 rows.append(row)
                 print(f"{fmt:14s} workers={w}  raw {row['raw_mb_per_s']:7.2f} MB/s  prepare "
                       f"{row['prepare_mb_per_s']:7.2f} MB/s ({row['prepare_mb_per_s_per_worker']:.2f}/worker)  "
-                      f"ratio {row['ratio']:.2f}", flush=True)
+                      f"ratio {row['ratio']:.2f} (pairs {pairs[0]:.2f}-{pairs[-1]:.2f}, median "
+                      f"{row['pair_ratio_median']:.2f}; cpu ratio {row['cpu_ratio']:.2f}; "
+                      f"load {row['load_average'][0]})",
+                      flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "data_prepare.json").write_text(json.dumps(
         {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args), "rows": rows},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,3 +167,100 @@ def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its
     last = train[-1]
     assert last["tokens/books"] + last["tokens/code"] == last["tokens_seen"] == 3 * 4 * 64
     assert last["tokens/code"] > 0 and last["tokens/books"] > 0 and last.get("tokens/reference", 0) == 0
+
+
+TOKENS = 8000  # --shard-size 8K: the big files (4, 5) cut into several shards; file 5 opens with a 9158-token document
+
+
+def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_resume_after_kill_9(
+        tmp_path, inputs, data_cache, capsys):
+    tok = load_tokenizer("embedded", data_cache)
+    args = [str(inputs), "--shard-size", "8K", "--cache-dir", str(data_cache)]
+    ref = tmp_path / "ref"
+    assert prepare_main([*args, "--out", str(ref), "--workers", "2"]) == 0
+    manifest = json.loads((ref / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["shard_tokens"] == TOKENS and manifest["empty_rows"] == FILES // 2
+    # The cut: per input file, its documents' ids (each + EOD) in order, split greedily at TOKENS.
+    want = []
+    for i, path in enumerate(sorted(inputs.glob("*.jsonl"))):
+        docs = [json.loads(line)["text"] for line in path.read_text().splitlines()]
+        parts, part = [], []
+        for ids in (tok.encode(d) + [tok.eod] for d in docs if d):
+            if part and sum(map(len, part)) + len(ids) > TOKENS:
+                parts.append(part)
+                part = []
+            part.append(ids)
+        want += [(f"shard-{i:05d}-{k:05d}", p, str(path)) for k, p in enumerate(parts + [part])]
+    assert [s["name"] for s in manifest["shards"]] == [n for n, _, _ in want]
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    for s, (name, part, path) in zip(manifest["shards"], want):
+        ds = IndexedDataset(str(ref / name))
+        assert [np.asarray(ds[j]).tolist() for j in range(len(ds))] == part, name  # exact ids, exact cut
+        assert (s["documents"], s["tokens"], s["inputs"]) == (len(part), sum(map(len, part)), [path])
+        assert s["tokens"] <= TOKENS or s["documents"] == 1
+    assert max(s["tokens"] for s in manifest["shards"]) > TOKENS  # the one-document shard over the limit
+    assert len([s for s in manifest["shards"] if s["name"].startswith("shard-00004-")]) >= 3
+
+    # Two tasks by hand (as a Slurm array runs them, from the plan), then the final check: byte-identical.
+    split = tmp_path / "split"
+    assert prepare_main([*args, "--out", str(split), "--task-index", "1", "--num-tasks", "2", "--workers", "1"]) == 0
+    assert prepare_main(["--out", str(split), "--task-index", "0", "--num-tasks", "2", "--cache-dir",
+                         str(data_cache), "--workers", "1"]) == 0
+    assert prepare_main(["--finalize", "--out", str(split)]) == 0
+    assert outputs(split) == outputs(ref)
+
+    # kill -9 while a file's middle shard is being written (an earlier shard of the same file finished).
+    parts = {}
+    for s in manifest["shards"]:
+        parts.setdefault(s["name"][:-6], []).append(s["name"])
+    middle = {n for names in parts.values() for n in names[1:-1]}
+    assert middle, parts
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    proc = subprocess.Popen([sys.executable, "-m", "lmforge.data.prepare", *args, "--out", str(out), "--workers", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, seen = time.monotonic() + 240, False
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not seen:
+            seen = any(p.name.split(".")[0] in middle and p.stat().st_size for p in out.glob("shard-*-*.tmp*.bin"))
+            time.sleep(0.002)
+        assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert not (out / "manifest.json").exists()
+    finished = {p.name: os.stat(p) for p in out.glob("shard-*-*.bin") if (out / f"{p.name[:-4]}.meta.json").exists()}
+    partial = [g for g in parts if not (out / f"{g}.parts.json").exists() and any(n.startswith(g) for n in finished)]
+    assert len(partial) == 1, (partial, sorted(finished))  # one file left half done: its finished shards are kept
+    assert prepare_main(["--finalize", "--out", str(out)]) == 2
+    assert f"lmforge data prepare: {out} is not complete: " in capsys.readouterr().err
+    # Another shard size over the same directory is refused.
+    assert prepare_main([str(inputs), "--shard-size", "9000tokens", "--cache-dir", str(data_cache), "--out",
+                         str(out)]) == 2
+    assert f"{out / 'plan.json'} was made for other work (shard_tokens differ)" in capsys.readouterr().err
+    assert prepare_main([*args, "--out", str(out), "--workers", "1"]) == 0
+    status = json.loads(capsys.readouterr().out.split("\n}\n")[0] + "\n}")
+    assert status[partial[0]] == "built"
+    assert [g for g, st in status.items() if st == "done before"] == [g for g in parts if g < partial[0]]
+    for name, st in finished.items():  # untouched: same file, same mtime
+        now = os.stat(out / name)
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
+    assert not list(out.glob("*.tmp*")), "the killed build's partial files are removed"
+    assert outputs(out) == outputs(ref)  # byte-identical .bin/.idx/manifest.json
+
+    # The final check verifies the cut: a shard size the shards were not cut at is refused (negative control).
+    plan = json.loads((out / "plan.json").read_text())
+    (out / "plan.json").write_text(json.dumps({**plan, "shard_tokens": 2 * TOKENS}))
+    assert prepare_main(["--finalize", "--out", str(out)]) == 2
+    assert re.search(r"shard-00001-00000: 7668 tokens, the next document \(2768 tokens\) would have fit in the shard "
+                     r"size 16000", capsys.readouterr().err)
+    # A bad --shard-size fails in one line, exit 2.
+    for bad, why in (("5X", "is not a shard size"), ("0", "is too small")):
+        assert prepare_main([str(inputs), "--out", str(tmp_path / "bad"), "--shard-size", bad]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"lmforge data prepare: --shard-size '{bad}' {why}. Fix: " + (
+                "give input files per shard (8 or 8files) or tokens per shard (500M, 2G, 100000tokens; K/M/G/T = "
+                "10^3/10^6/10^9/10^12)" if bad == "5X" else
+                "at least 1 file, or 2 tokens (a document and its end-of-document token), per shard")]
+    assert not (tmp_path / "bad").exists()

@@ -2,8 +2,9 @@
 
 Inputs (read by :mod:`lmforge.data.formats`): Parquet, JSONL / .jsonl.gz / .jsonl.zst, ``datasets``
 save_to_disk directories, text files; directories and globs of them; or ``embedded:NAME``. The text is the
-``--text-key`` field/column. With ``--shard-size N`` the output is a directory of shards, one per N input
-files, with a manifest, resumable, and splittable across a Slurm array (:mod:`lmforge.data.sharded`).
+``--text-key`` field/column. With ``--shard-size`` the output is a directory of shards, one per N input
+files (``8``) or of at most N tokens each (``500M``), with a manifest, resumable, and splittable across a
+Slurm array (:mod:`lmforge.data.sharded`).
 Documents are tokenized in worker processes (``--workers``), reassembled in input order, given an
 end-of-document token, and written with megatron-core's ``IndexedDatasetBuilder`` as PREFIX.bin/.idx
 (uint16 when the vocabulary fits, else int32) plus PREFIX.meta.json recording the tokenizer identity.
@@ -30,6 +31,7 @@ from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.runtime.env import read, read_int
 
 CHUNK_CHARS = 1 << 20  # text per worker task
+FIRST_CHUNK_CHARS = 1 << 16  # the first chunks ramp up from here: tokenizing starts before 1 MiB is read
 
 
 def iter_inputs(inputs: Sequence[str], text_key: str = "text", on_error: str = "stop",
@@ -45,15 +47,19 @@ def iter_inputs(inputs: Sequence[str], text_key: str = "text", on_error: str = "
             yield from iter_file(f, text_key, on_error, report)
 
 
-def _chunks(docs: Iterator[str], chunk_chars: int) -> Iterator[List[str]]:
+def _chunks(docs: Iterator[str], chunk_chars: int, first_chars: int = FIRST_CHUNK_CHARS) -> Iterator[List[str]]:
+    """Lists of documents of about ``chunk_chars`` characters; the first ones are smaller (``first_chars``,
+    doubling), so the tokenizer is busy while the reader is still filling the next chunk."""
     buf: List[str] = []
     size = 0
+    limit = min(first_chars, chunk_chars)
     for doc in docs:
         buf.append(doc)
         size += len(doc)
-        if size >= chunk_chars:
+        if size >= limit:
             yield buf
             buf, size = [], 0
+            limit = min(2 * limit, chunk_chars)
     if buf:
         yield buf
 
@@ -119,7 +125,8 @@ def _encode_chunk(texts: List[str]) -> List[np.ndarray]:
 def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, progress: bool = False,
                   total_chars: Optional[int] = None, stats: Optional[dict] = None,
                   pool: Optional[object] = None) -> Iterator[np.ndarray]:
-    """Token ids of each document, in input order; ``workers`` > 1 tokenizes in that many processes.
+    """Token ids of each document (a list or an array), in input order; ``workers`` > 1 tokenizes in that many
+    processes.
 
     ``pool`` (from :func:`worker_pool`) reuses one pool across calls; otherwise one is started here.
     """
@@ -132,8 +139,7 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
     try:
         if workers <= 1:
             for chunk in read_ahead(_chunks(docs, CHUNK_CHARS)):
-                for ids in tokenizer.encode_batch(chunk):
-                    yield np.asarray(ids)
+                yield from tokenizer.encode_batch(chunk)  # id lists: write_shard converts each once
                 n = sum(len(d) for d in chunk)
                 stats["chars"] += n
                 bar.update(n)
@@ -215,8 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the JSONL field / Parquet or Arrow column holding the document text")
     ap.add_argument("--on-error", choices=ON_ERROR, default="stop",
                     help="a malformed file or row: stop with its name and row (default), or skip it and report it")
-    ap.add_argument("--shard-size", type=_shard_size, default=None, metavar="NFILES",
-                    help="write one shard per NFILES input files under the --out directory, with a manifest; "
+    ap.add_argument("--shard-size", default=None, metavar="SIZE",
+                    help="write shards under the --out directory, with a manifest: SIZE input files per shard (8, "
+                    "8files) or at most SIZE tokens per shard, each file cut in order (500M, 2G, 100000tokens); "
                     "re-running resumes (finished shards are kept)")
     ap.add_argument("--launcher", choices=("local", "slurm-array"), default="local",
                     help="slurm-array: submit slurm/prepare_array.sh as an array job plus a finalize job")
@@ -239,17 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _shard_size(text: str) -> int:
-    value = text[:-len("files")] if text.endswith("files") else text
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of files >= 1 (e.g. 8 or 8files)")
-    return int(value)
-
-
 def _run(args: argparse.Namespace) -> int:
     from lmforge.data import sharded
 
     out = Path(args.out)
+    size = sharded.ShardSize.parse(args.shard_size) if args.shard_size is not None else None
     if args.finalize:
         print(json.dumps(_summary(sharded.finalize(out)), indent=1))
         return 0
@@ -278,9 +279,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.force:
             for name in (sharded.PLAN, sharded.MANIFEST):
                 (out / name).unlink(missing_ok=True)
-            for meta in out.glob("shard-*.meta.json"):
-                meta.unlink()
-        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, args.shard_size, args.text_key,
+            for done in [*out.glob("shard-*.meta.json"), *out.glob("shard-*.parts.json")]:
+                done.unlink()
+        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, size, args.text_key,
                                                                   args.on_error))
     if args.launcher == "slurm-array":
         from lmforge.data.prepare_slurm import submit_array

@@ -118,11 +118,12 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
     n_docs = n_tokens = 0
     top = -1
     t0 = time.perf_counter()
-    eod = np.array([tokenizer.eod], dtype=np.int64)
     for ids in token_docs:
-        arr = np.concatenate([np.asarray(ids, dtype=np.int64), eod])
+        arr = np.empty(len(ids) + 1, dtype=dtype)  # the ids and the EOD, converted once, into the shard's dtype
+        arr[:-1] = ids
+        arr[-1] = tokenizer.eod
         top = max(top, int(arr.max()))
-        builder.add_document(arr, [len(arr)])  # numpy goes straight through numpy.array(..., dtype)
+        builder.add_document(arr, [len(arr)])
         n_docs += 1
         n_tokens += len(arr)
     if n_docs == 0:
