@@ -139,13 +139,8 @@ def env_reads(tree: ast.AST) -> list[str]:
     return bad
 
 
-# The checkpoint test hook (LMFORGE_CKPT_PAUSE_SAVE) goes when tests inject it ("contract"): the lead drops this
-# entry when merging that change.
-ENV_READ_ALLOWED = {"checkpoint/fault_injection.py": "reads os.environ.get"}
-
-
 def test_no_environment_reads_outside_runtime():
-    bad = check_sources(env_reads, exclude_dirs=("runtime",), allowed=ENV_READ_ALLOWED)
+    bad = check_sources(env_reads, exclude_dirs=("runtime",))
     assert not bad, "environment reads outside runtime/ (use lmforge.runtime.env):\n" + "\n".join(bad)
 
 
