@@ -11,8 +11,6 @@ local_addr=$(lmforge_node_addr "${SLURMD_NODENAME:-$(hostname)}")
 # lmforge.launch.agent is torchrun that reads the workers' verdicts ($LMFORGE_RUN_DIR/verdicts) before a
 # restart: a deterministic failure (config/layout/data error, divergence, repeated crash, corrupted
 # replicas) is not restarted.
-exec "$LMFORGE_PYTHON" -m lmforge.launch.agent \
-  --nnodes="$SLURM_NNODES" --nproc_per_node="$LMFORGE_NPROC_PER_NODE" \
-  --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="$SLURM_JOB_ID" \
-  --local_addr="$local_addr" --max_restarts="$LMFORGE_MAX_RESTARTS" \
-  -m lmforge.train "$@"
+# The command line is launchers/common.sh's, shared with launchers/torchrun_*.sh.
+lmforge_exec_agent "$SLURM_NNODES" "$LMFORGE_NPROC_PER_NODE" "$MASTER_ADDR:$MASTER_PORT" "$SLURM_JOB_ID" \
+  "$LMFORGE_MAX_RESTARTS" --local_addr="$local_addr" -- "$@"

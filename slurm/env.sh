@@ -1,4 +1,5 @@
-# Shared environment for lmforge's Slurm scripts (sourced by train.sh, agent.sh and sweep_array.sh).
+# Shared environment for lmforge's Slurm scripts (sourced by train.sh, agent.sh and sweep_array.sh); the part
+# every launcher shares is launchers/common.sh, sourced here.
 #
 #   LMFORGE_REPO    the lmforge checkout (default: the submit directory)
 #   LMFORGE_PYTHON  the Python with lmforge installed (default: $LMFORGE_REPO/.venv/bin/python, else python3)
@@ -15,14 +16,9 @@
 #                            trips over the previous run's socket)
 
 LMFORGE_REPO=${LMFORGE_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}
-if [ -z "${LMFORGE_PYTHON:-}" ]; then
-  if [ -x "$LMFORGE_REPO/.venv/bin/python" ]; then LMFORGE_PYTHON="$LMFORGE_REPO/.venv/bin/python"
-  else LMFORGE_PYTHON=python3; fi
-fi
-export LMFORGE_REPO LMFORGE_PYTHON
-export PYTHONUNBUFFERED=1
-# Elastic restarts on CPU/gloo fail intermittently with the shared rendezvous store (pytorch#135712).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# The Python, PYTHONUNBUFFERED, TORCH_DISABLE_SHARE_RDZV_TCP_STORE and the torchrun command line
+# (lmforge_exec_agent) are those of every lmforge launcher.
+source "$LMFORGE_REPO/launchers/common.sh"
 
 lmforge_head_node() {
   scontrol show hostnames "${SLURM_JOB_NODELIST:?not inside a Slurm job}" | head -n1

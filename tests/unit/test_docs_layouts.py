@@ -3,7 +3,7 @@
 The commands are read from ``docs/*.md`` and ``README.md`` (fenced code lines and inline code spans that
 start with one):
 ``lmforge train|plan|launch``, ``python -m lmforge.train``, ``torchrun ... -m lmforge.train`` and
-``sbatch ... slurm/train.sh``. Each is parsed with the real argument parsers (torchrun's, ``lmforge launch``'s),
+``sbatch ... slurm/train.sh``, ``launchers/torchrun_{local,multinode}.sh``. Each is parsed with the real argument parsers (torchrun's, ``lmforge launch``'s),
 composed with Hydra exactly as the trainer composes it, and passed to ``config.validate.validate`` with the
 world size the command starts:
 
@@ -12,6 +12,8 @@ world size the command starts:
     lmforge launch --nproc P                     P (default cluster.gpus_per_node, as the launcher does)
     lmforge launch --slurm [--nodes N]           (N or cluster.nodes) * cluster.gpus_per_node; N sets cluster.nodes
     sbatch [--nodes=N] slurm/train.sh            the same (the prepare step's SLURM_NNODES -> cluster.nodes)
+    launchers/torchrun_local.sh --nproc P        P (default cluster.gpus_per_node)
+    launchers/torchrun_multinode.sh --nnodes N --nproc P   N * P (default P: cluster.gpus_per_node)
     lmforge plan                                 cluster.nodes * cluster.gpus_per_node (as plan_cli does)
 
 Templates with placeholders (``<overrides>``, ``...``, ``[more overrides]``, ``+exp=NAME``) are left out.
@@ -33,7 +35,8 @@ from lmforge.config.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
-START = re.compile(r"^(?:\$ )?((?:\S*/)?lmforge (?:train|plan|launch)(?=\s|$)|python -m lmforge\.train(?=\s|$)|torchrun\s.*-m lmforge\.train\b|sbatch\s)")
+START = re.compile(r"^(?:\$ )?((?:\S*/)?lmforge (?:train|plan|launch)(?=\s|$)|python -m lmforge\.train(?=\s|$)|torchrun\s.*-m lmforge\.train\b|sbatch\s"
+                   r"|(?:\S*/)?launchers/torchrun_(?:local|multinode)\.sh\s)")
 # <overrides>, ..., [more overrides], $VAR, +exp=NAME / +exp=X
 PLACEHOLDER = re.compile(r"<|>|…|\.\.\.|\[|\]|\$|=[A-Z]+(?:\s|$)")
 
@@ -86,6 +89,11 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
             return None
         nodes = [a.split("=", 1)[1] for a in argv[1:script] if a.startswith("--nodes=")]
         return DocCommand(where, text, argv[script + 1:], None, int(nodes[0]) if nodes else None)
+    if head.startswith("torchrun_") and head.endswith(".sh"):  # launchers/: options, then -- and the overrides
+        split = argv.index("--") if "--" in argv else len(argv)
+        opts = dict(zip(argv[1:split:2], argv[2:split:2]))
+        nproc = int(opts.get("--nproc", -1))  # -1: cluster.gpus_per_node per node, as the prepare step does
+        return DocCommand(where, text, argv[split + 1:], nproc * int(opts.get("--nnodes", 1)))
     if head == "python":
         return DocCommand(where, text, argv[3:], 1)
     verb, rest = argv[1], argv[2:]
@@ -115,8 +123,8 @@ def doc_commands() -> List[DocCommand]:
 
 def world_size(cmd: DocCommand, cfg) -> int:
     per_node = int(OmegaConf.select(cfg, "cluster.gpus_per_node"))
-    if cmd.processes == -1:
-        return per_node
+    if cmd.processes is not None and cmd.processes < 0:  # -N: N nodes of cluster.gpus_per_node
+        return -cmd.processes * per_node
     if cmd.processes is not None:
         return cmd.processes
     nodes = cmd.nodes if cmd.nodes is not None else int(OmegaConf.select(cfg, "cluster.nodes"))
@@ -143,7 +151,8 @@ def test_the_docs_show_layout_commands():
     texts = " | ".join(c.text for c in COMMANDS)
     assert len(COMMANDS) >= 20, texts
     for needle in ("parallelism=3d", "parallelism=zero3_offload", "lmforge plan", "sbatch", "lmforge launch --slurm",
-                   "lmforge launch --nproc 2"):
+                   "lmforge launch --nproc 2",
+                   "launchers/torchrun_local.sh", "launchers/torchrun_multinode.sh"):
         assert needle in texts, f"no documented command with {needle!r}: {texts}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -50,21 +51,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lmforge.launch import local
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.runtime.rundir import resolve_run_dir
 
     cfg = validate(compose(list(overrides)))
     nproc = args.nproc or cfg.cluster.gpus_per_node
     launch = local.LocalLaunch(nproc=nproc, overrides=list(overrides),
                                max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,
                                run_id=local.new_run_id(), port=local.free_port())
-    run_dir = resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point,
-                              env={"TORCHELASTIC_RUN_ID": launch.run_id})
-    if args.dry_run:
-        print(f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 LMFORGE_RUN_DIR={shlex.quote(str(run_dir))} "
-              + shlex.join(launch.command()))
-        return 0
-    return local.run(launch, cfg.cluster.max_requeues, run_dir)
-
+    if args.dry_run:  # the script line, then the torchrun line it runs (its own --dry-run)
+        print(shlex.join(launch.command()[3:]), flush=True)
+        return subprocess.run(launch.command(dry_run=True)).returncode
+    return local.run(launch, cfg.cluster.max_requeues, local.run_dir_of(cfg, launch.run_id))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -46,11 +46,11 @@ def run_dir_for(cfg) -> Path:
     return resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point)
 
 
-def launch_env(cfg) -> Dict[str, str]:
-    """What the batch script exports before ``srun torchrun``."""
+def launch_env(cfg, run_dir: Optional[Path] = None) -> Dict[str, str]:
+    """What the batch script (and launchers/common.sh's prepare) exports before torchrun."""
     env = {str(k): str(v) for k, v in cfg.comm.env.items()}
     env.update({
-        "LMFORGE_RUN_DIR": str(run_dir_for(cfg)),
+        "LMFORGE_RUN_DIR": str(run_dir_for(cfg) if run_dir is None else run_dir),
         "LMFORGE_NPROC_PER_NODE": str(cfg.cluster.gpus_per_node),
         "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts),
         "LMFORGE_MAX_REQUEUES": str(cfg.cluster.max_requeues),
@@ -127,9 +127,23 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             "requeued", last_step(run_dir), f"job {slurm_job_id()} run {restart + 1} starts on "
             f"{','.join(nodes)}", slurm_restart=restart, nodes=nodes)
+    print_exports(env)
+    return 0
+
+
+def print_exports(env: Mapping[str, str]) -> None:
+    """``export`` lines for a launch script to ``eval`` (jobctl prepare, launch.local prepare)."""
     for key, value in env.items():
         print(f"export {key}={shlex.quote(value)}")
-    return 0
+
+
+def split_overrides(argv: Sequence[str]):
+    """``[options...] -- [hydra overrides...]`` -> (options, overrides)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
 
 
 def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
@@ -158,11 +172,7 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides: List[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, overrides = argv[:i], argv[i + 1:]
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m lmforge.launch.jobctl")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare")
