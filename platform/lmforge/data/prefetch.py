@@ -23,14 +23,18 @@ over from that position; :meth:`StepPrefetcher.drop` does the same explicitly.
 Errors and shutdown. A worker's exception is stored in the micro batch's future and raised, with the worker's
 traceback and a note naming the samples, in the training loop when that step is taken, never earlier (a
 prefetched step past the end of the data only fails if the trainer asks for it). ``close()`` cancels what has
-not started, stops the threads and joins them; the threads are daemons, so an interpreter exit never waits on
-them even if ``close()`` is never called.
+not started, stops the threads and joins them. A pool nobody closed is stopped the same way at interpreter exit
+(an ``atexit`` hook, bounded wait): left running into finalization, a daemon thread inside numpy/torch code can
+abort the process ("terminate called without an active exception"). The threads are daemons, so a worker stuck
+past that wait still never keeps the process alive.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import warnings
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Deque, Generic, List, Optional, Sequence, Tuple, TypeVar
@@ -46,6 +50,8 @@ def _describe(part: Sequence[int]) -> str:
 class WorkerPool:
     """``num_workers`` daemon threads running submitted calls in FIFO order; results come back as futures."""
 
+    live: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()  # pools not closed yet (stopped at exit)
+
     def __init__(self, num_workers: int, name: str = "lmforge-data"):
         if num_workers < 1:
             raise ValueError(f"a worker pool needs at least one thread, got {num_workers}")
@@ -54,6 +60,7 @@ class WorkerPool:
                         for i in range(num_workers)]
         for t in self.threads:
             t.start()
+        WorkerPool.live.add(self)
 
     def submit(self, fn: Callable[..., T], *args, note: str = "") -> "Future[T]":
         fut: "Future[T]" = Future()
@@ -79,13 +86,30 @@ class WorkerPool:
                 fut.set_result(result)
             del fut, fn, args
 
-    def close(self, timeout: float = 30.0) -> bool:
-        """Stop every thread after its current call; True when all of them ended within ``timeout``."""
+    def close(self, timeout: float = 30.0, cancel_queued: bool = False) -> bool:
+        """Stop every thread after its current call (``cancel_queued``: calls not started are cancelled rather
+        than run first); True when all of them ended within ``timeout``."""
+        WorkerPool.live.discard(self)
+        while cancel_queued:
+            try:
+                item = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[0].cancel()
         for _ in self.threads:
             self._tasks.put(_STOP)
         for t in self.threads:
             t.join(timeout)
         return not any(t.is_alive() for t in self.threads)
+
+
+@atexit.register
+def _stop_pools_left_open() -> None:
+    """At interpreter exit, while the interpreter is still whole: stop every pool nobody closed (a stream
+    dropped without ``close()``), so no worker is inside numpy/torch code when finalization begins."""
+    for pool in list(WorkerPool.live):
+        pool.close(timeout=10.0, cancel_queued=True)
 
 
 class StepPrefetcher(Generic[T]):
