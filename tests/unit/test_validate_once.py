@@ -45,6 +45,17 @@ def test_plan_refuses_an_impossible_zero_stage_like_train(capsys):
     assert plan(capsys, *DS, "parallelism.zero_stage=3") == (0, [])  # control: a possible stage plans
 
 
+def test_plan_refuses_deepspeed_keys_the_native_engine_would_ignore(capsys):
+    rc, lines = plan(capsys, "model=tiny", "parallelism.offload_optimizer=cpu")
+    assert rc == 2 and lines == ["lmforge plan: refused: config key 'parallelism.offload_optimizer': 'cpu' is a "
+                                 "DeepSpeed setting, and parallelism.engine=native would ignore it. Fix: set "
+                                 "parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key (native "
+                                 "sharding: parallelism.dp_shard)"]
+    rc, lines = plan(capsys, "model=tiny", "parallelism.zero_stage=3")
+    assert rc == 2 and lines[0].startswith("lmforge plan: refused: config key 'parallelism.zero_stage': 3 is a DeepSpeed")
+    assert plan(capsys, "model=tiny") == (0, [])  # control: the native defaults plan
+
+
 def test_plan_refuses_a_vocabulary_smaller_than_the_tokenizer(capsys, small_tokenizer):
     rc, lines = plan(capsys, "model=tiny", "model.vocab_size=100")
     assert rc == 2 and lines == ["lmforge plan: refused: config key 'model.vocab_size': 100 is smaller than the "

@@ -160,6 +160,20 @@ def load_user_json(path: str) -> Dict[str, Any]:
     return data
 
 
+DEEPSPEED_ONLY = {"zero_stage": 0, "offload_optimizer": "none", "offload_params": "none", "deepspeed_config": ""}
+
+
+def check_native(cfg: RootConfig) -> None:
+    """The native engine would silently ignore DeepSpeed's own keys: a value other than its default is refused."""
+    p = cfg.parallelism
+    for key, default in DEEPSPEED_ONLY.items():
+        if getattr(p, key) != default:
+            raise ConfigError(f"parallelism.{key}", f"{getattr(p, key)!r} is a DeepSpeed setting, and "
+                              "parallelism.engine=native would ignore it",
+                              f"set parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key "
+                              f"(native sharding: parallelism.dp_shard)")
+
+
 def check(cfg: RootConfig, plan: BatchPlan) -> None:
     """The checks of a DeepSpeed run (``validate()`` runs them when ``parallelism.engine=deepspeed``, after the
     layout, which ``check_parallel_layout`` restricts to dp_replicate): ZeRO stage, offload, compile, user JSON."""

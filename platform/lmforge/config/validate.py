@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.comm_checks import check_comm
-from lmforge.config.deepspeed import check as check_deepspeed
+from lmforge.config.deepspeed import check as check_deepspeed, check_native
 from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
@@ -248,6 +248,8 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     plan = check_batch(typed)
     if typed.parallelism.engine == "deepspeed":
         check_deepspeed(typed, plan)
+    else:
+        check_native(typed)
     check_vocabulary(typed)
     return Validated(typed, plan)
 
