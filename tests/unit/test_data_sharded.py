@@ -28,6 +28,14 @@ FILES, PER_SHARD = 8, 2
 DOCS = [8, 8, 24, 8]  # documents per shard
 
 
+def _size(path: Path) -> int:
+    """A temporary shard's size; 0 once it is gone (renamed into place between the glob and this stat)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """8 JSONL files of real chapters, every other one with an empty row; the third shard's two files hold 12
@@ -223,7 +231,7 @@ def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_res
     deadline, seen = time.monotonic() + 240, False
     try:
         while time.monotonic() < deadline and proc.poll() is None and not seen:
-            seen = any(p.name.split(".")[0] in middle and p.stat().st_size for p in out.glob("shard-*-*.tmp*.bin"))
+            seen = any(p.name.split(".")[0] in middle and _size(p) for p in out.glob("shard-*-*.tmp*.bin"))
             time.sleep(0.002)
         assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
         proc.send_signal(signal.SIGKILL)
