@@ -92,7 +92,7 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            partial = [p for p in out.glob("shard-00002.tmp*.bin") if p.stat().st_size > 0]
+            partial = [p for p in out.glob("shard-00002.tmp*.bin") if _size(p) > 0]
             if partial and (out / "shard-00001.meta.json").exists():
                 break
             time.sleep(0.002)
