@@ -28,12 +28,22 @@ FILES, PER_SHARD = 8, 2
 DOCS = [8, 8, 24, 8]  # documents per shard
 
 
-def _size(path: Path) -> int:
-    """A temporary shard's size; 0 once it is gone (renamed into place between the glob and this stat)."""
+def kill_9_while_writing(out: Path, shard: str, argv: list, env: dict) -> None:
+    """Run ``lmforge data prepare ARGV`` (tests/unit/pausing_prepare.py) and ``kill -9`` it while it writes ``shard``,
+    after the shard's first document went into its temporary file (and every earlier shard was finished)."""
+    ready = out.parent / f"{out.name}.writing"
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("pausing_prepare.py")), shard, str(ready),
+                             *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
     try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+        while time.monotonic() < deadline and proc.poll() is None and not ready.exists():
+            time.sleep(0.01)
+        assert ready.exists() and proc.poll() is None, f"prepare did not reach {shard}: {proc.stderr.read().decode()}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+        ready.unlink(missing_ok=True)
+    assert list(out.glob(f"{shard}.tmp*.bin")), f"no temporary file of {shard} was left by the kill"
 
 
 @pytest.fixture(scope="module")
@@ -87,19 +97,7 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     # kill -9 while the third shard is being written.
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
-    proc = subprocess.Popen([sys.executable, "-m", "lmforge.data.prepare", *args, "--out", str(out), "--workers", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            partial = [p for p in out.glob("shard-00002.tmp*.bin") if _size(p) > 0]
-            if partial and (out / "shard-00001.meta.json").exists():
-                break
-            time.sleep(0.002)
-        assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(30)
+    kill_9_while_writing(out, "shard-00002", [*args, "--out", str(out), "--workers", "1"], env)
     assert not (out / "shard-00002.meta.json").exists() and not (out / "manifest.json").exists()
     finished = {n: os.stat(out / n) for n in ("shard-00000.bin", "shard-00000.idx", "shard-00001.bin")}
     # The incomplete directory is refused by the final check, with what is missing.
@@ -226,17 +224,7 @@ def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_res
     assert middle, parts
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
-    proc = subprocess.Popen([sys.executable, "-m", "lmforge.data.prepare", *args, "--out", str(out), "--workers", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline, seen = time.monotonic() + 240, False
-    try:
-        while time.monotonic() < deadline and proc.poll() is None and not seen:
-            seen = any(p.name.split(".")[0] in middle and _size(p) for p in out.glob("shard-*-*.tmp*.bin"))
-            time.sleep(0.002)
-        assert proc.poll() is None, f"prepare ended before it could be killed: {proc.stderr.read().decode()}"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(30)
+    kill_9_while_writing(out, min(middle), [*args, "--out", str(out), "--workers", "1"], env)
     assert not (out / "manifest.json").exists()
     finished = {p.name: os.stat(p) for p in out.glob("shard-*-*.bin") if (out / f"{p.name[:-4]}.meta.json").exists()}
     partial = [g for g in parts if not (out / f"{g}.parts.json").exists() and any(n.startswith(g) for n in finished)]
