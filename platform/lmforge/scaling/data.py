@@ -21,15 +21,18 @@ class Observations:
     d: np.ndarray
     loss: np.ndarray
     ids: List[str] = field(default_factory=list)
+    # Each run's own budget when ``budget`` holds a group label (Approach 2's log-spaced budget bins).
+    true_budget: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         self.budget = np.asarray(self.budget, dtype=float)
         self.n = np.asarray(self.n, dtype=float)
         self.d = np.asarray(self.d, dtype=float)
         self.loss = np.asarray(self.loss, dtype=float)
+        self.true_budget = self.budget.copy() if self.true_budget is None else np.asarray(self.true_budget, dtype=float)
         if not self.ids:
             self.ids = [f"row{i}" for i in range(len(self.loss))]
-        sizes = {len(self.budget), len(self.n), len(self.d), len(self.loss), len(self.ids)}
+        sizes = {len(self.budget), len(self.n), len(self.d), len(self.loss), len(self.ids), len(self.true_budget)}
         if len(sizes) != 1:
             raise ScalingError("observations", f"columns have different lengths {sorted(sizes)}", "pass equal-length columns")
 
@@ -38,7 +41,8 @@ class Observations:
 
     def subset(self, idx: Sequence[int]) -> "Observations":
         idx = np.asarray(idx, dtype=int)
-        return Observations(self.budget[idx], self.n[idx], self.d[idx], self.loss[idx], [self.ids[i] for i in idx])
+        return Observations(self.budget[idx], self.n[idx], self.d[idx], self.loss[idx], [self.ids[i] for i in idx],
+                            self.true_budget[idx])
 
     def budgets(self) -> List[float]:
         return sorted(set(self.budget.tolist()))
