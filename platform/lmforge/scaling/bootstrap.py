@@ -103,7 +103,8 @@ def _block_idx(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([groups[i] for i in picks])
 
 
-def _check_method(obs: Observations, method: str, bins: int) -> None:
+def check_method(obs: Observations, method: str, bins: int) -> None:
+    """Refuse a method this table cannot support (``obs``: as the approach sees it, binned for Approach 2)."""
     if method not in METHODS[1:]:
         raise ScalingError(f"--bootstrap-method {method}", "is not a bootstrap method", f"choose one of {', '.join(METHODS)}")
     if method == "within-budget" and all((obs.budget == b).sum() < 2 for b in obs.budgets()):
@@ -162,7 +163,7 @@ def bootstrap_approach3_many(tables: Sequence[Observations], point_laws: Sequenc
     for obs, law, s in zip(tables, point_laws, seeds):
         design = design_of(obs)
         m = default_method(design, "3") if method == "auto" else method
-        _check_method(obs, m, bins)
+        check_method(obs, m, bins)
         y, w = _approach3_draws(obs, m, replicates, law, bins, np.random.default_rng(s))
         pad = width - len(obs)
         ln_n.append(np.broadcast_to(np.pad(np.log(obs.n), (0, pad)), (replicates, width)))
@@ -215,7 +216,7 @@ def bootstrap(obs: Observations, approach: str, replicates: int = 200, targets: 
     if design == SCATTERED:
         obs = binned(obs, bins)
     method = default_method(design, approach) if method == "auto" else method
-    _check_method(obs, method, bins)
+    check_method(obs, method, bins)
     rng = np.random.default_rng(seed)
     samples: Dict[str, List[float]] = {}
     keys = [f"{c:.6g}" for c in targets]

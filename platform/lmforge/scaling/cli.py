@@ -5,6 +5,7 @@
     lmforge sweep status runs/demo
     lmforge sweep collect runs/demo                       # -> runs/demo/results.csv
     lmforge scaling fit runs/demo [--targets 1e21,1e22] [--bootstrap 200] [--wandb offline]
+    lmforge scaling fit table.csv --n-col params --d-col tokens --loss-col loss [--drop-highest-loss 3] [--bins 6]
 """
 from __future__ import annotations
 
@@ -177,19 +178,66 @@ def cmd_collect(argv: Sequence[str]) -> int:
     return 0
 
 
-def cmd_fit(argv: Sequence[str]) -> int:
+def _read_observations(args) -> tuple:
+    """(observations, the table's path, fit.json 'source' record) for ``scaling fit``'s input."""
+    from lmforge.scaling.approach3 import MIN_POINTS
     from lmforge.scaling.collect import RESULTS_FILE
-    from lmforge.scaling.data import observations_from_rows, read_csv
+    from lmforge.scaling.data import (TableColumns, drop_highest_losses, observations_from_rows,
+                                      observations_from_table, read_csv, read_table)
+
+    src = args.results / RESULTS_FILE if args.results.is_dir() else args.results
+    external = any(v is not None for v in (args.n_col, args.d_col, args.c_col, args.loss_col)) or src.suffix == ".jsonl"
+    if external:
+        if args.n_col is None or args.loss_col is None:
+            raise ScalingError("scaling fit", "an external table needs --n-col and --loss-col (and --d-col or --c-col)",
+                               "e.g. --n-col params --d-col tokens --loss-col loss")
+        cols = TableColumns(args.n_col, args.loss_col, args.d_col, args.c_col, args.id_col, args.n_scale, args.d_scale,
+                            args.c_scale)
+        obs = observations_from_table(read_table(src), cols, str(src))
+        source = {"table": str(src), "columns": cols.describe()}
+    else:
+        if not src.is_file():
+            raise ScalingError(str(src), "no results file", "run `lmforge sweep collect SWEEP_DIR` first, or pass a "
+                               "CSV/JSONL table with --n-col, --d-col or --c-col, and --loss-col")
+        obs = observations_from_rows(read_csv(src), args.loss, args.n, source=src)
+        source = {"table": str(src), "columns": {"n": args.n, "loss": args.loss, "d": "tokens", "c": "budget"}}
+    source["filters"] = []
+    if args.drop_highest_loss:
+        obs, dropped = drop_highest_losses(obs, args.drop_highest_loss)
+        source["filters"].append({"filter": f"drop_highest_loss={args.drop_highest_loss}", "dropped": dropped})
+    if len(obs) < MIN_POINTS:
+        raise ScalingError(str(src), f"has {len(obs)} usable run(s) after filters; a fit needs at least {MIN_POINTS} "
+                           "(the law has 5 free parameters)", "add runs, or drop fewer (--drop-highest-loss)")
+    return obs, src, source
+
+
+def cmd_fit(argv: Sequence[str]) -> int:
+    from lmforge.scaling.bootstrap import METHODS
     from lmforge.scaling.report import fit_all, log_to_wandb, summary_text
 
     ap = argparse.ArgumentParser(prog="lmforge scaling fit", description="Approach 2 and 3 fits, predictions, plots.")
-    ap.add_argument("results", type=Path, help="results.csv or a sweep directory holding one")
+    ap.add_argument("results", type=Path, help="results.csv or a sweep directory holding one, or any CSV/JSONL "
+                    "table of runs (with --n-col, --d-col or --c-col, --loss-col)")
     ap.add_argument("--loss", default="final_val_loss",
                     help="final_val_loss | smoothed_val_loss | final_train_loss | smoothed_train_loss")
     ap.add_argument("--n", default="n_flops", help="size column: n_flops (C = 6ND exactly) | n_params | n_matmul")
+    ap.add_argument("--n-col", default=None, help="external table: the parameters column (unit: parameters)")
+    ap.add_argument("--d-col", default=None, help="external table: the training-tokens column (unit: tokens)")
+    ap.add_argument("--c-col", default=None, help="external table: the training-FLOPs column (unit: FLOPs); "
+                    "without --d-col, D = C / (6N); without --c-col, C = 6ND")
+    ap.add_argument("--loss-col", default=None, help="external table: the final loss column (unit: nats/token)")
+    ap.add_argument("--id-col", default=None, help="external table: a run name column (default: row numbers)")
+    for what, unit in (("n", "parameters"), ("d", "tokens"), ("c", "FLOPs")):
+        ap.add_argument(f"--{what}-scale", type=float, default=1.0,
+                        help=f"multiply the {what.upper()} column by this to get {unit} (e.g. 1e6 for millions)")
+    ap.add_argument("--drop-highest-loss", type=int, default=0, metavar="K",
+                    help="leave out the K highest-loss runs (recorded in fit.json)")
+    ap.add_argument("--bins", type=int, default=6, help="scattered tables: Approach 2's log-spaced budget bins")
     ap.add_argument("--targets", default=None, help="budgets to predict for (default: the preset's targets.txt)")
     ap.add_argument("--approach", default="2,3")
     ap.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates (0: none)")
+    ap.add_argument("--bootstrap-method", default="auto", choices=METHODS,
+                    help="auto: within-budget on an IsoFLOP grid, runs (Approach 3) on a scattered table")
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--huber-delta", type=float, default=1e-3, help="<= 0: plain least squares")
     ap.add_argument("--seed", type=int, default=0)
@@ -199,16 +247,20 @@ def cmd_fit(argv: Sequence[str]) -> int:
     ap.add_argument("--wandb-project", default="lmforge")
     ap.add_argument("--group", default=None, help="W&B group (default: the sweep name)")
     args = ap.parse_args(argv)
-    src = args.results / RESULTS_FILE if args.results.is_dir() else args.results
-    if not src.is_file():
-        raise ScalingError(str(src), "no results file", "run `lmforge sweep collect SWEEP_DIR` first")
-    rows = read_csv(src)
-    obs = observations_from_rows(rows, args.loss, args.n, source=src)
+    obs, src, source = _read_observations(args)
+    if args.bootstrap and args.bootstrap_method != "auto":  # an explicit method the table cannot support: refused now
+        from lmforge.scaling.approach2 import binned
+        from lmforge.scaling.bootstrap import SCATTERED, check_method, design_of
+
+        check_method(obs, args.bootstrap_method, args.bins)
+        if design_of(obs) == SCATTERED:
+            check_method(binned(obs, args.bins), args.bootstrap_method, args.bins)
     targets_file = src.parent / "targets.txt"
     targets = _floats(args.targets) if args.targets else (_floats(targets_file.read_text()) if targets_file.exists() else [])
     out = args.out or src.parent / "fit"
     report = fit_all(obs, targets, [a.strip() for a in args.approach.split(",")], args.bootstrap, args.level,
-                     args.seed, args.huber_delta if args.huber_delta > 0 else None, out)
+                     args.seed, args.huber_delta if args.huber_delta > 0 else None, out, args.bootstrap_method,
+                     args.bins, source)
     print(summary_text(report))
     group = args.group or src.parent.name
     wandb_dir = log_to_wandb(report, obs, args.wandb, args.wandb_project, group, out)
