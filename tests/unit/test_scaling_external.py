@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lmforge.cli import main as lmforge
+from lmforge.scaling.downstream import SigmoidLink
 from lmforge.scaling.laws import CHINCHILLA_LAW as LAW
 
 RUNS, DIVERGED = 40, ("run03", "run17", "run29")
@@ -83,15 +84,25 @@ def test_scattered_table_gets_non_degenerate_intervals_that_contain_the_law(tmp_
     assert rc == 2 and len(err.splitlines()) == 1 and "zero width" in err
 
 
-def test_jsonl_with_flops_column_and_bad_input_fail_with_one_line(tmp_path, capsys):
+def test_jsonl_with_flops_column_downstream_metric_and_bad_input_fail_with_one_line(tmp_path, capsys):
     rows = published_table(seed=6)
+    link = SigmoidLink(0.25, 0.8, -12.0, 2.45, "loss")  # a 4-way task's accuracy, a sigmoid of the loss
+    for r in rows:
+        r["acc"] = float(link(r["loss"]))
     jsonl = tmp_path / "runs.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # C given, D derived as C / (6N); no bootstrap: the point fit alone.
+    # C given, D derived as C / (6N); no bootstrap: the point fits alone, the metric's link among them.
     assert lmforge(["scaling", "fit", str(jsonl), "--n-col", "params_M", "--n-scale", "1e6", "--c-col", "flops",
-                    "--loss-col", "loss", "--approach", "3", "--bootstrap", "0", "--out", str(tmp_path / "j")]) == 0
+                    "--loss-col", "loss", "--approach", "3", "--bootstrap", "0", "--targets", "1e21",
+                    "--metric-col", "acc", "--metric-chance", "0.25", "--out", str(tmp_path / "j")]) == 0
+    out = capsys.readouterr().out
     fit = json.loads((tmp_path / "j" / "fit.json").read_text())
     assert fit["approach3"]["a"] == pytest.approx(LAW.a, abs=0.08) and fit["source"]["columns"]["d"] == "C / (6 N)"
+    ds = fit["downstream"]
+    assert ds["metric"] == "acc" and ds["floor"] == 0.25 and ds["slope"] == pytest.approx(-12.0, rel=0.05)
+    assert ds["mid"] == pytest.approx(2.45, abs=0.01) and ds["predictions"][0]["x"] == pytest.approx(
+        fit["predictions"][0]["loss_opt"])
+    assert "Downstream acc: 0.25 + (0.8 - 0.25) * sigmoid(-12" in out
     capsys.readouterr()
     csv = write_csv(rows, tmp_path / "runs.csv")
     five = write_csv(rows[:5], tmp_path / "five.csv")

@@ -193,14 +193,17 @@ def _read_observations(args) -> tuple:
                                "e.g. --n-col params --d-col tokens --loss-col loss")
         cols = TableColumns(args.n_col, args.loss_col, args.d_col, args.c_col, args.id_col, args.n_scale, args.d_scale,
                             args.c_scale)
-        obs = observations_from_table(read_table(src), cols, str(src))
+        rows = read_table(src)
+        obs = observations_from_table(rows, cols, str(src))
         source = {"table": str(src), "columns": cols.describe()}
     else:
         if not src.is_file():
             raise ScalingError(str(src), "no results file", "run `lmforge sweep collect SWEEP_DIR` first, or pass a "
                                "CSV/JSONL table with --n-col, --d-col or --c-col, and --loss-col")
-        obs = observations_from_rows(read_csv(src), args.loss, args.n, source=src)
+        rows = read_csv(src)
+        obs = observations_from_rows(rows, args.loss, args.n, source=src)
         source = {"table": str(src), "columns": {"n": args.n, "loss": args.loss, "d": "tokens", "c": "budget"}}
+    ids = list(obs.ids)  # row order, before filters
     source["filters"] = []
     if args.drop_highest_loss:
         obs, dropped = drop_highest_losses(obs, args.drop_highest_loss)
@@ -208,12 +211,25 @@ def _read_observations(args) -> tuple:
     if len(obs) < MIN_POINTS:
         raise ScalingError(str(src), f"has {len(obs)} usable run(s) after filters; a fit needs at least {MIN_POINTS} "
                            "(the law has 5 free parameters)", "add runs, or drop fewer (--drop-highest-loss)")
-    return obs, src, source
+    metric = None
+    if args.metric_col:
+        by_id = {}
+        for i, r in enumerate(rows):
+            if args.metric_col not in r:
+                raise ScalingError(f"--metric-col {args.metric_col}", f"is not a column of {src}",
+                                   f"columns: {', '.join(rows[0])}")
+            try:
+                by_id[ids[i]] = float(r[args.metric_col]) if r[args.metric_col] not in (None, "") else float("nan")
+            except (TypeError, ValueError):
+                raise ScalingError(f"{src} row {i + 1}", f"column '{args.metric_col}' holds {r[args.metric_col]!r}, "
+                                   "not a number", "fix or remove that row") from None
+        metric = [by_id[i] for i in obs.ids]
+    return obs, src, source, metric
 
 
 def cmd_fit(argv: Sequence[str]) -> int:
     from lmforge.scaling.bootstrap import METHODS
-    from lmforge.scaling.report import fit_all, log_to_wandb, summary_text
+    from lmforge.scaling.report import fit_all, log_to_wandb, summary_text, write_report
 
     ap = argparse.ArgumentParser(prog="lmforge scaling fit", description="Approach 2 and 3 fits, predictions, plots.")
     ap.add_argument("results", type=Path, help="results.csv or a sweep directory holding one, or any CSV/JSONL "
@@ -233,6 +249,10 @@ def cmd_fit(argv: Sequence[str]) -> int:
     ap.add_argument("--drop-highest-loss", type=int, default=0, metavar="K",
                     help="leave out the K highest-loss runs (recorded in fit.json)")
     ap.add_argument("--bins", type=int, default=6, help="scattered tables: Approach 2's log-spaced budget bins")
+    ap.add_argument("--metric-col", default=None, help="downstream: an eval metric column (e.g. one sweep collect "
+                    "copied from the runs' last evaluation) to fit with a sigmoidal link")
+    ap.add_argument("--metric-against", default="loss", choices=["loss", "compute"])
+    ap.add_argument("--metric-chance", type=float, default=None, help="fix the link's floor (e.g. 0.25 for 4-way choice)")
     ap.add_argument("--targets", default=None, help="budgets to predict for (default: the preset's targets.txt)")
     ap.add_argument("--approach", default="2,3")
     ap.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates (0: none)")
@@ -247,7 +267,7 @@ def cmd_fit(argv: Sequence[str]) -> int:
     ap.add_argument("--wandb-project", default="lmforge")
     ap.add_argument("--group", default=None, help="W&B group (default: the sweep name)")
     args = ap.parse_args(argv)
-    obs, src, source = _read_observations(args)
+    obs, src, source, metric = _read_observations(args)
     if args.bootstrap and args.bootstrap_method != "auto":  # an explicit method the table cannot support: refused now
         from lmforge.scaling.approach2 import binned
         from lmforge.scaling.bootstrap import SCATTERED, check_method, design_of
@@ -261,6 +281,13 @@ def cmd_fit(argv: Sequence[str]) -> int:
     report = fit_all(obs, targets, [a.strip() for a in args.approach.split(",")], args.bootstrap, args.level,
                      args.seed, args.huber_delta if args.huber_delta > 0 else None, out, args.bootstrap_method,
                      args.bins, source)
+    if metric is not None:
+        from lmforge.scaling.report import add_downstream
+
+        add_downstream(report, obs, metric, args.metric_col, args.metric_against, args.metric_chance,
+                       min(args.bootstrap, 100), args.level, args.seed)
+        if out is not None:
+            write_report(report, out)
     print(summary_text(report))
     group = args.group or src.parent.name
     wandb_dir = log_to_wandb(report, obs, args.wandb, args.wandb_project, group, out)

@@ -41,10 +41,11 @@ class FitReport:
     design: str = ""
     bins: Optional[int] = None  # Approach 2's log-spaced budget bins (scattered tables only)
     source: Dict = field(default_factory=dict)  # where the table came from: columns, units, row filters
+    downstream: Optional[dict] = None  # an eval metric's sigmoidal link to loss or compute (downstream.py)
 
     def as_dict(self) -> dict:
         return {"points": self.points, "design": self.design, "approach2_bins": self.bins, "source": self.source,
-                "budgets": self.budgets, "targets": self.targets,
+                "budgets": self.budgets, "targets": self.targets, "downstream": self.downstream,
                 "approach2": self.approach2.as_dict() if self.approach2 else None,
                 "approach3": self.approach3.as_dict() if self.approach3 else None,
                 "errors": self.errors, "warnings": self.warnings, "bootstrap": self.bootstrap, "predictions": self.predictions,
@@ -115,8 +116,34 @@ def fit_all(obs: Observations, targets: Sequence[float] = (), approaches: Sequen
     if out_dir is not None:
         out_dir = Path(out_dir)
         report.plots = {k: str(v) for k, v in make_plots(obs2, report.approach2, report.approach3, targets, out_dir).items()}
-        (out_dir / FIT_FILE).write_text(json.dumps(report.as_dict(), indent=1, default=float))
+        write_report(report, out_dir)
     return report
+
+
+def write_report(report: FitReport, out_dir: Path) -> Path:
+    """fit.json, written atomically (a temporary file renamed into place)."""
+    path = Path(out_dir) / FIT_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report.as_dict(), indent=1, default=float))
+    tmp.replace(path)
+    return path
+
+
+def add_downstream(report: FitReport, obs: Observations, values: Sequence[float], metric: str, against: str,
+                   floor: Optional[float], replicates: int, level: float, seed: int) -> None:
+    """Fit ``metric`` (one value per run of ``obs``) against the runs' loss or compute; predict it at the
+    targets (against loss: at Approach 3's compute-optimal loss L*(C)). Stored in ``report.downstream``."""
+    from lmforge.scaling.downstream import bootstrap_link, fit_link
+
+    x = obs.loss if against == "loss" else obs.true_budget
+    fit = fit_link(x, values, against, floor, metric)
+    at: List[float] = list(report.targets) if against == "compute" else [
+        r["loss_opt"] for r in report.predictions if r["approach"] == "3"]
+    if replicates:
+        fit = bootstrap_link(fit, x, values, replicates, level, seed, at)
+    else:
+        fit.predictions = [{"x": float(v), "value": float(fit.link(v))} for v in at]
+    report.downstream = fit.as_dict()
 
 
 def budget_summary(report: FitReport) -> str:
@@ -160,6 +187,15 @@ def summary_text(report: FitReport) -> str:
                      f"{ci_['d_opt']['high']:.3g}, L* {ci_['loss_opt']['low']:.4f}..{ci_['loss_opt']['high']:.4f})")
         lines.append(f"  C={row['budget']:.3g} [A{row['approach']}]: N*={row['n_opt']:.4g} D*={row['d_opt']:.4g} "
                      f"L*={row['loss_opt']:.4f}{extra}")
+    if report.downstream:
+        ds = report.downstream
+        axis = "loss" if ds["against"] == "loss" else "ln C"
+        lines.append(f"Downstream {ds['metric']}: {ds['floor']:.3g} + ({ds['ceiling']:.3g} - {ds['floor']:.3g}) * "
+                     f"sigmoid({ds['slope']:.3g} ({axis} - {ds['mid']:.4g})), rms {ds['rms']:.3g} over {ds['runs']} runs")
+        for p in ds["predictions"]:
+            ci_ = f" [{p['low']:.3g}, {p['high']:.3g}]" if "low" in p else ""
+            lines.append(f"  {ds['metric']} at {'loss' if ds['against'] == 'loss' else 'C'}={p['x']:.4g}: "
+                         f"{p['value']:.3g}{ci_}")
     for k, v in report.plots.items():
         lines.append(f"  plot {k}: {v}")
     return "\n".join(lines)
