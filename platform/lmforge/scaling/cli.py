@@ -64,7 +64,7 @@ def _embedded_tokenizer(vocab: int, run_root: str, extra: Sequence[str]) -> str:
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
-    from lmforge.scaling.plan import Rules, plan, summary_table, validate_points, write_sweep
+    from lmforge.scaling.plan import Rules, optimum_check, plan, summary_table, time_estimate, validate_points, write_sweep
     from lmforge.scaling.shapes import ShapeFamily
 
     argv = list(argv)
@@ -115,6 +115,11 @@ def cmd_plan(argv: Sequence[str]) -> int:
     print(summary_table(sweep))
     total = sum(p.planned_flops for p in sweep.points)
     print(f"\n{len(sweep.points)} runs, {total:.3g} FLOPs in total. Sweep file: {path}")
+    for line in optimum_check(sweep):
+        print(line)
+    estimate = time_estimate(sweep)
+    if estimate:
+        print(estimate)
     print(f"Hydra overrides per run: {out / 'overrides.txt'}; next: lmforge sweep run {out}")
     return 0
 
