@@ -64,7 +64,7 @@ def coverage(make, seed) -> tuple[dict, int, set]:
             {(r.method, r.design) for r in results})
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_95_percent_intervals_cover_the_truth_in_90_to_99_percent_of_tables(capsys):
     table = {}
     for name, make, seed, method in (("IsoFLOP grid", grid_table, 1, ("within-budget", "isoflop-grid")),

@@ -1,7 +1,7 @@
 """Bootstrap intervals for both approaches and for compute-optimal predictions, honest for any table design.
 
-A table is an **IsoFLOP grid** when every budget holds >= 3 distinct model sizes (each budget is a profile)
-and **scattered** otherwise (e.g. every run at its own budget, as in published tables). Resampling only
+A table is an **IsoFLOP grid** when its median budget holds >= 3 runs (budgets are profiles) and
+**scattered** otherwise (e.g. every run at its own budget, as in published tables). Resampling only
 within budgets on a scattered table resamples each run onto itself and every interval collapses to a
 point, so the method follows the design (``auto``):
 
@@ -74,11 +74,10 @@ class BootstrapResult:
 
 
 def design_of(obs: Observations) -> str:
-    """``isoflop-grid`` when every budget holds >= 3 distinct sizes, else ``scattered``."""
-    for b in obs.budgets():
-        if len(set(obs.n[obs.budget == b].tolist())) < MIN_SIZES_PER_PROFILE:
-            return SCATTERED
-    return ISOFLOP
+    """``isoflop-grid`` when the median budget holds >= 3 runs (profiles; a grid with one broken budget stays
+    a grid, so Approach 2 names that budget), else ``scattered``."""
+    counts = [int((obs.budget == b).sum()) for b in obs.budgets()]
+    return ISOFLOP if float(np.median(counts)) >= MIN_SIZES_PER_PROFILE else SCATTERED
 
 
 def default_method(design: str, approach: str) -> str:
