@@ -20,7 +20,7 @@ def test_final_and_smoothed_losses_use_the_mixture_weights():
                         "flops_seen": step * 100 * 7})
     for step, books, code in ((50, 4.0, 3.0), (95, 3.6, 2.6), (100, 3.5, 2.5)):
         records.append({"kind": "eval", "step": step, "tokens_seen": step * 100, "val/books/loss": books,
-                        "val/code/loss": code, "val/books/ppl": 1.0})
+                        "val/code/loss": code, "val/books/ppl": 1.0, "eval/arc/acc": step / 200})
     out = summarise_run(records, {"books": 0.75, "code": 0.25}, smooth_fraction=0.1)
     assert out["final_step"] == 100 and out["flops_seen"] == 70000
     assert out["final_val_loss"] == pytest.approx(0.75 * 3.5 + 0.25 * 2.5)
@@ -29,6 +29,7 @@ def test_final_and_smoothed_losses_use_the_mixture_weights():
     assert out["final_train_loss"] == pytest.approx(4.0)
     assert out["smoothed_train_loss"] == pytest.approx(np.mean([4.1, 4.0]))
     assert out["val/code/loss"] == 2.5
+    assert out["eval/arc/acc"] == 0.5  # the last evaluation's other metrics ride along (downstream fits)
 
 
 def test_rows_without_a_loss_column_or_with_bad_values_are_refused():

@@ -140,3 +140,22 @@ def test_plan_errors_name_the_budget_and_the_fix(tmp_path):
         plan("x", [1e10], fam, Rules(tpp_min=50, tpp_max=10), str(tmp_path))
     with pytest.raises(ScalingError, match="odd"):
         plan("x", [1e10], ShapeFamily(head_dim=7), Rules(), str(tmp_path))
+
+
+def test_cpu_hour_preset_puts_the_expected_optimum_inside_every_budget_and_fits_the_hour(tmp_path):
+    from lmforge.scaling.cli import load_preset
+    from lmforge.scaling.plan import optimum_check, time_estimate
+
+    preset = load_preset("cpu_hour")
+    family, rules = ShapeFamily(**preset["family"]), Rules(**preset["rules"])
+    sweep = plan("cpu_hour", preset["budgets"], family, rules, str(tmp_path))
+    assert len(sweep.points) == 4 * 7 and all(abs(p.budget_error) < 0.01 for p in sweep.points)
+    assert max(p.tokens for p in sweep.points) < 5e6  # about one pass over the embedded corpora at 512 tokens
+    lines = optimum_check(sweep)
+    assert len(lines) == 4 and all(line.endswith(": interior") for line in lines), lines
+    minutes = float(time_estimate(sweep).split()[2])
+    assert 25 <= minutes <= 65, time_estimate(sweep)
+    # Negative control: expecting the optimum at 1 token per parameter puts it past the largest sizes.
+    rules.expected_tpp = 1.0
+    off = optimum_check(plan("cpu_hour", preset["budgets"], family, rules, str(tmp_path)))
+    assert not any(line.endswith(": interior") for line in off), off

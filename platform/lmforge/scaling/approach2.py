@@ -10,6 +10,15 @@ and likewise in ln D for D*(C). The minima across budgets then give power laws b
 
 A parabola needs 3 points (the planner gives >= 5); its vertex must lie inside the budget's grid, because a
 vertex outside is an extrapolation the data cannot support.
+
+**Scattered tables** (runs at their own budgets, as in published tables) have no IsoFLOP profiles: their
+budgets are grouped into ``bins`` log-spaced bins (``binned``), each labelled by the geometric mean C_b of its
+runs' budgets, and each bin's profile carries a first-order correction for the spread of budgets inside it,
+
+    L ~ p2 (ln N)^2 + p1 ln N + p0 + q ln(C_i / C_b),
+
+so the vertex is the minimum at C_b (q is fitted; with one budget per bin the term is absent). The
+correction is first order only: wide bins still bias N*, so prefer more, narrower bins when runs allow.
 """
 from __future__ import annotations
 
@@ -33,6 +42,11 @@ class IsoFlopMinimum:
     n_coef: List[float]  # parabola coefficients in ln N (highest power first)
     d_coef: List[float]
     points: int
+    budget_coef: float = 0.0  # q: d loss / d ln(C_i / C_b) inside a budget bin (0 on an IsoFLOP grid)
+
+    def predict(self, obs: Observations, sel: np.ndarray) -> np.ndarray:
+        """The profile's fitted losses for the runs ``sel`` (of this budget)."""
+        return np.polyval(self.n_coef, np.log(obs.n[sel])) + self.budget_coef * np.log(obs.true_budget[sel] / self.budget)
 
 
 @dataclass
@@ -65,8 +79,13 @@ def _fmt_c(c: float) -> str:
     return f"{c:.3g}"
 
 
-def _vertex(x: np.ndarray, y: np.ndarray, budget: float, axis: str) -> tuple[float, List[float]]:
-    coef = np.polyfit(x, y, 2)
+def _vertex(x: np.ndarray, y: np.ndarray, budget: float, axis: str, u: Optional[np.ndarray] = None
+            ) -> tuple[float, List[float], float]:
+    if u is None:
+        coef, q = np.polyfit(x, y, 2), 0.0
+    else:
+        sol = np.linalg.lstsq(np.stack([x * x, x, np.ones_like(x), u], axis=1), y, rcond=None)[0]
+        coef, q = sol[:3], float(sol[3])
     p2, p1, _ = coef
     lo, hi = float(np.exp(x.min())), float(np.exp(x.max()))
     if not p2 > 0:
@@ -89,7 +108,7 @@ def _vertex(x: np.ndarray, y: np.ndarray, budget: float, axis: str) -> tuple[flo
             f"extend the grid for this budget towards {side} {axis} (sweep plan: widen --tpp or the shape family's "
             f"layer range) so the minimum is bracketed",
         )
-    return float(xv), [float(c) for c in coef]
+    return float(xv), [float(c) for c in coef], q
 
 
 def isoflop_minimum(obs: Observations, budget: float, min_points: int = MIN_POINTS_PER_BUDGET) -> IsoFlopMinimum:
@@ -104,9 +123,32 @@ def isoflop_minimum(obs: Observations, budget: float, min_points: int = MIN_POIN
             "(lmforge sweep run lists failed runs)",
         )
     ln_n, ln_d, y = np.log(obs.n[sel]), np.log(obs.d[sel]), obs.loss[sel]
-    xn, ncoef = _vertex(ln_n, y, budget, "N")
-    xd, dcoef = _vertex(ln_d, y, budget, "D")
-    return IsoFlopMinimum(budget, float(np.exp(xn)), float(np.exp(xd)), float(np.polyval(ncoef, xn)), ncoef, dcoef, k)
+    u = np.log(obs.true_budget[sel] / budget)
+    u = u if np.ptp(u) > 1e-9 and k > min_points else None  # a spread of budgets inside a bin: correct for it
+    xn, ncoef, q = _vertex(ln_n, y, budget, "N", u)
+    xd, dcoef, _ = _vertex(ln_d, y, budget, "D", u)
+    return IsoFlopMinimum(budget, float(np.exp(xn)), float(np.exp(xd)), float(np.polyval(ncoef, xn)), ncoef, dcoef, k, q)
+
+
+def budget_bins(obs: Observations, bins: int) -> np.ndarray:
+    """Each run's bin label: ``bins`` log-spaced bins over the table's budgets, each labelled by the geometric
+    mean of the budgets it holds."""
+    if bins < 2:
+        raise ScalingError(f"--bins {bins}", "Approach 2 needs at least 2 budget bins to fit a power law", "use --bins 6")
+    c = obs.true_budget
+    ln_c = np.log(c)
+    edges = np.linspace(ln_c.min(), ln_c.max(), bins + 1)
+    which = np.clip(np.searchsorted(edges, ln_c, side="right") - 1, 0, bins - 1)
+    labels = np.empty_like(c)
+    for b in set(which.tolist()):
+        sel = which == b
+        labels[sel] = float(np.exp(ln_c[sel].mean()))
+    return labels
+
+
+def binned(obs: Observations, bins: int) -> Observations:
+    """The table with each run's budget replaced by its log-spaced bin's label (``true_budget`` keeps its own)."""
+    return Observations(budget_bins(obs, bins), obs.n, obs.d, obs.loss, list(obs.ids), obs.true_budget)
 
 
 def fit_power_law(c: np.ndarray, y: np.ndarray) -> PowerLaw:

@@ -7,7 +7,9 @@ realised (final step, tokens_seen, flops_seen, flops_error = flops_seen / budget
   (per-source values are kept as ``val/<source>/loss``);
 - ``smoothed_val_loss``: the mean of that average over the evaluations in the last ``smooth_fraction`` of the
   run's tokens (equal to the final value when only the final evaluation falls there);
-- ``final_train_loss`` / ``smoothed_train_loss``: the same for the logged training loss.
+- ``final_train_loss`` / ``smoothed_train_loss``: the same for the logged training loss;
+- every other number of the last evaluation record (e.g. eval-task accuracies), under its own name, for
+  ``lmforge scaling fit --metric-col NAME`` (the downstream link).
 
 Only runs with a DONE marker are collected (an unfinished run's loss is not its final loss); the rest are
 reported. ``collect_wandb`` reads the same numbers from W&B's public API when online (see docs).
@@ -99,6 +101,8 @@ def summarise_run(records: List[dict], weights: Dict[str, float], smooth_fractio
         for k, v in last_eval.items():
             if k.startswith("val/") and k.endswith("/loss"):
                 out[k] = _float(v)
+            elif k not in ("kind", "step", "tokens_seen") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = float(v)  # any other metric of the last evaluation (eval tasks): `scaling fit --metric-col`
         end_tokens = _float(last_eval.get("tokens_seen"))
         tail = [_val_average(r, weights) for r in evals
                 if _float(r.get("tokens_seen")) >= (1 - smooth_fraction) * end_tokens]

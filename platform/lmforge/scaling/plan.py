@@ -57,6 +57,13 @@ class Rules:
     log_points: int = 50
     budget_tolerance: float = 0.05
     seed: int = 1234
+    # Planning aids only (they change no run): the tokens per parameter at which the optimum is expected
+    # (Hoffmann et al.: ~20), and a throughput model for the time estimate (0: no estimate): training FLOPs
+    # per second of one worker, fixed seconds per run (start-up, evaluations), and parallel workers.
+    expected_tpp: float = 20.0
+    flops_per_second: float = 0.0
+    seconds_per_run: float = 0.0
+    jobs: int = 1
 
     def check(self) -> "Rules":
         if not 0 < self.tpp_min < self.tpp_max:
@@ -300,6 +307,38 @@ def load_sweep(path: Path) -> Sweep:
         raise ScalingError(str(path), f"is not a JSON sweep plan ({type(e).__name__})",
                            "re-plan it with `lmforge sweep plan ... --out DIR`") from None
     return Sweep.from_json(data)
+
+
+def optimum_check(sweep: Sweep) -> List[str]:
+    """Per budget: the grid's N range and where the expected optimum N_exp lies in it, with C = 6 N D and
+    D = expected_tpp * N, i.e. N_exp = sqrt(C / (6 expected_tpp)); 'interior' when it is inside the grid
+    and at least 15% of the grid's ln-N span from either edge."""
+    tpp = float(sweep.rules.get("expected_tpp", 20.0))
+    lines = []
+    for c in sweep.budgets:
+        ns = [p.n_flops for p in sweep.points if p.budget == c]
+        lo, hi = min(ns), max(ns)
+        n_exp = math.sqrt(c / (6 * tpp))
+        pos = (math.log(n_exp) - math.log(lo)) / (math.log(hi) - math.log(lo)) if hi > lo else float("nan")
+        where = "interior" if 0.15 <= pos <= 0.85 else ("NEAR THE EDGE" if 0 <= pos <= 1 else "OUTSIDE THE GRID")
+        lines.append(f"C={budget_label(c)}: N {lo:.3g}..{hi:.3g}; expected optimum (tpp {tpp:g}) N={n_exp:.3g} at "
+                     f"{pos:.0%} of the ln-N span: {where}")
+    return lines
+
+
+def time_estimate(sweep: Sweep) -> Optional[str]:
+    """Estimated wall time from the rules' throughput model, or None when it has no throughput."""
+    rate = float(sweep.rules.get("flops_per_second", 0.0))
+    if rate <= 0:
+        return None
+    jobs = max(1, int(sweep.rules.get("jobs", 1)))
+    per_run = float(sweep.rules.get("seconds_per_run", 0.0))
+    work = [p.planned_flops / rate + per_run for p in sorted(sweep.points, key=lambda p: -p.planned_flops)]
+    lanes = [0.0] * jobs
+    for w in work:  # largest first onto the least-loaded worker
+        lanes[lanes.index(min(lanes))] += w
+    return (f"estimated time: {max(lanes) / 60:.0f} min with {jobs} worker(s) ({sum(work) / 60:.0f} worker-minutes; "
+            f"{rate:.3g} training FLOP/s and {per_run:g} s per run per worker, rules.flops_per_second/seconds_per_run)")
 
 
 def summary_table(sweep: Sweep) -> str:
