@@ -197,3 +197,19 @@ def test_validate_refuses_pipeline_parallelism_and_flex_where_it_cannot_train():
              world_size=1)
     validate(compose(base + ["parallelism=ddp"]), world_size=2)
     validate(compose(sizes + ["parallelism=pp2", "data.document_attention=flex"]), world_size=2)  # masking off
+
+
+def test_meter_uses_the_steps_own_flops_when_they_report_them():
+    from lmforge.metrics.meter import IntervalMeter
+
+    now = [0.0]
+    meter = IntervalMeter(flops_per_token=100, peak_tflops_per_device=1.0, world_size=1, tokens_per_step=10**12,
+                          clock=lambda: now[0])
+    meter.start()
+    for flops in (40.0, 60.0):  # two document-masked steps, one second each
+        now[0] += 1.0
+        meter.step_done(0.0, flops)
+    assert meter.measure()["tflops_per_device"] == pytest.approx(50.0)  # their mean, not the unmasked 100
+    now[0] += 1.0
+    meter.step_done(0.0)  # control: a step that reports nothing uses the formula
+    assert meter.measure()["tflops_per_device"] == pytest.approx(100.0)
