@@ -154,9 +154,10 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_docmask")])
+@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask")])
 def test_document_masking_parity(request, references, runs, case):
-    """data.document_masking under FSDP and TP + sequence parallel: the single-process masked losses within 1e-5;
+    """data.document_masking under FSDP and TP + sequence parallel + activation checkpointing: the single-process
+    masked losses within 1e-5;
     control: masking changes the losses (the masked reference is not the unmasked one)."""
     assert_parity(case, request.getfixturevalue(runs), references["docmask"])
     masked, plain = references["docmask"]["losses"], references["untied"]["losses"]
@@ -168,7 +169,8 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
     cases = {"tp2": {"overrides": ["parallelism=tp2"]},
              "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
              "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
-             "tp2_sp_docmask": docmask_case(["parallelism=tp2_sp"], parity_samples)}
+             "tp2_sp_ac_docmask": docmask_case(["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"],
+                                               parity_samples)}
     return _run(2, cases, parity_samples, timeout=240)
 
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.document_masking import check_document_masking
+from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.optim.adamw import build_optimizer
