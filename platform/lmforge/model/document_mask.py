@@ -15,8 +15,9 @@ carried, and the [B, 1, T, T] mask is built once per forward, on the device, nev
 - ``sdpa``: ``scaled_dot_product_attention`` with the exact boolean block-diagonal causal mask (key <= query
   and same document). Any device; the reference. Its CPU kernels compute the full T x T square.
 - ``flex``: ``flex_attention`` with a ``BlockMask`` from the same predicate: blocks outside every document are
-  skipped. Runs eagerly on CPU (torch's unfused reference path, which torch announces with a warning) and
-  fused under ``torch.compile`` (``parallelism.compile=true``) on CPU and CUDA.
+  skipped. Trains on CUDA under ``torch.compile`` (``parallelism.compile=true``; eager is torch's unfused
+  path, which it announces with a warning). On the CPU torch 2.13 runs its forward only, eager or compiled (no
+  backward), so ``config/document_masking.py`` refuses it for training there.
 
 Varlen/flash (THD) kernels are not built here: no GPU was available to measure them.
 """

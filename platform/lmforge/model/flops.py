@@ -1,4 +1,5 @@
-"""The one FLOPs formula. Everything that shows FLOPs (MFU, planner, sweeps) calls ``flops_per_token``.
+"""The one FLOPs formula. Everything that shows FLOPs (MFU, planner, sweeps) calls ``flops_per_token`` (the
+MFU of a document-masked run: ``document_flops_per_token``, below).
 
 Training FLOPs per token (forward + backward, no activation recompute counted: this is *model* FLOPs,
 the MFU convention of PaLM, nanoGPT, torchtitan):
