@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     class MB:
         tokens = x
         targets = x
+        positions = None  # no document masking (lmforge.data.loader.MicroBatch)
 
     engine.train_step([MB], 1e-4)  # AdamW state exists before the check is timed
     check = ReplicaCheck(1000, engine.inner, engine.optimizer, dist.group.WORLD, device)

@@ -49,6 +49,7 @@ def worker(args) -> None:
     class MB:
         def __init__(self):
             self.tokens, self.targets = tokens[:, :-1], tokens[:, 1:]
+            self.positions = None  # no document masking (lmforge.data.loader.MicroBatch)
 
     times = []
     for i in range(args.steps + 2):

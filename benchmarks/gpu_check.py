@@ -435,6 +435,7 @@ def check_bare(name: str, compile_blocks: bool) -> dict:
 class _MicroBatch:  # the fields NativeEngine.train_step reads (lmforge.data.loader.MicroBatch has source ids too)
     tokens: torch.Tensor
     targets: torch.Tensor
+    positions: None = None  # no document masking
 
 
 def build_engine(name: str):

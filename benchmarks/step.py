@@ -66,6 +66,7 @@ def engine_step(overrides, batch: int):
     class MB:
         tokens = x
         targets = x
+        positions = None  # no document masking (lmforge.data.loader.MicroBatch)
 
     return lambda: engine.train_step([MB], 1e-4)
 

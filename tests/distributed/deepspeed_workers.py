@@ -20,6 +20,7 @@ BASE = ["model=tiny", "train.device=cpu", "train.threads=1", f"train.global_batc
 class MicroBatch:
     def __init__(self, tokens: torch.Tensor):
         self.tokens, self.targets, self.source_ids = tokens[:, :-1], tokens[:, 1:], []
+        self.positions = None  # no document masking (lmforge.data.loader.MicroBatch)
 
 
 def real_text_batches(cache: str, seq_len: int) -> torch.Tensor:

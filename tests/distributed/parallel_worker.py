@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -25,8 +26,9 @@ LR = 3e-3
 class FixedSamples:
     """The part of a data Mixture that BatchStream reads, over a fixed list of tokenized real text."""
 
-    def __init__(self, samples: List[List[int]]):
+    def __init__(self, samples: List[List[int]], eod: Optional[int] = None):
         self.samples = samples
+        self.tokenizer = SimpleNamespace(eod=eod)  # the document-end id of data.document_masking cases
         self.sources = ["books"]
         self.num_train_samples = len(samples)
         self.consumed: List[int] = []
@@ -106,17 +108,19 @@ def unsharded_grad_bytes(parts) -> int:
 
 
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
-             save_to: Optional[str] = None, count_reduce_scatters: bool = False) -> dict:
+             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
+    from lmforge.model.document_mask import document_positions
 
     cfg = build_config(overrides)
     engine = build_engine(cfg)
     if not grad_sync:  # negative control: no DDP wrapper and no manual all-reduce
         assert not cfg.parallelism.overlap_grad_reduce and engine.manual_grad_sync
         engine.manual_grad_sync = False
-    data = FixedSamples(samples)
-    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
+    data = FixedSamples(samples, eod)
+    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
+                         document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
     losses, norms, reduce_scatters, held_grad_bytes = [], [], [], []
     if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
         def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
@@ -136,7 +140,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
         norms.append(float(result.grad_norm))
     engine.eval()
     held_out = torch.tensor(samples[-4:])
-    eval_loss = float(engine.eval_loss(held_out[:, :-1], held_out[:, 1:]))
+    positions = document_positions(held_out[:, :-1], eod) if cfg.data.document_masking else None
+    eval_loss = float(engine.eval_loss(held_out[:, :-1], held_out[:, 1:], positions))
     engine.train()
     out = {"losses": losses, "grad_norms": norms, "consumed": data.consumed, "eval_loss": eval_loss,
            "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),

@@ -9,6 +9,7 @@ Several layouts share one launch (each builds its own mesh); each launch has its
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Dict, List
 
 import pytest
@@ -29,10 +30,21 @@ def _run(world: int, cases: Dict[str, dict], samples, timeout: int) -> List[dict
     return [r.value for r in results]
 
 
+def stand_in_eod(samples) -> int:
+    """The document end of the data.document_masking cases: the parity samples are one continuous text (no EOD),
+    so their most frequent token stands in for it and every sample holds several documents."""
+    return Counter(t for sample in samples for t in sample).most_common(1)[0][0]
+
+
+def docmask_case(overrides: List[str], samples) -> dict:
+    return {"overrides": overrides + ["data.document_masking=true"], "eod": stand_in_eod(samples)}
+
+
 @pytest.fixture(scope="module")
 def references(parity_samples) -> dict:
-    """Single-process runs: untied embeddings (tiny's default) and tied embeddings."""
+    """Single-process runs: untied embeddings (tiny's default), tied embeddings, document-masked."""
     return _run(1, {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
+                    "docmask": docmask_case([], parity_samples),
                     # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
                     "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
                     "fp32_init": {"overrides": [], "steps": 0}},
@@ -84,6 +96,7 @@ def data_parallel_runs(parity_samples) -> List[dict]:
                                 "count_reduce_scatters": True},
         "fsdp_zero2_ac": {"overrides": ["parallelism=fsdp_zero2", "parallelism.activation_checkpointing=full"]},
         "no_grad_sync": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"], "grad_sync": False},
+        "fsdp_docmask": docmask_case(["parallelism=fsdp"], parity_samples),
     }
     return _run(2, cases, parity_samples, timeout=240)
 
@@ -140,11 +153,24 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
     assert max(abs(a - b) for a, b in zip(r0["losses"], reference["losses"])) > 1e-4
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask")])
+def test_document_masking_parity(request, references, runs, case):
+    """data.document_masking under FSDP and TP + sequence parallel + activation checkpointing: the single-process
+    masked losses within 1e-5;
+    control: masking changes the losses (the masked reference is not the unmasked one)."""
+    assert_parity(case, request.getfixturevalue(runs), references["docmask"])
+    masked, plain = references["docmask"]["losses"], references["untied"]["losses"]
+    assert max(abs(a - b) for a, b in zip(masked, plain)) > 1e-3
+
+
 @pytest.fixture(scope="module")
 def tensor_parallel_runs(parity_samples) -> List[dict]:
     cases = {"tp2": {"overrides": ["parallelism=tp2"]},
              "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
-             "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]}}
+             "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
+             "tp2_sp_ac_docmask": docmask_case(["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"],
+                                               parity_samples)}
     return _run(2, cases, parity_samples, timeout=240)
 
 

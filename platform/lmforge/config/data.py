@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Annotated, Dict, Literal, Optional
 
 
 @dataclass
@@ -30,3 +30,12 @@ class DataConfig:
     # Refuse a run that would read any source more than this many times (planned tokens x weight / the
     # source's train tokens; see lmforge/data/epochs.py). 0: no limit.
     max_epochs: float = 4.0
+    # Document-masked packing (docs/data.md): attention causal within each document of a packed sample only and
+    # RoPE positions restarting after every EOD token. Off: today's packing (attention across documents).
+    document_masking: bool = False
+    # The attention kernel of a document-masked run: ``sdpa`` (exact boolean-mask SDPA, any device; the
+    # reference) or ``flex`` (FlexAttention with a block mask: skips blocks outside every document).
+    document_attention: Annotated[str, Literal["sdpa", "flex"]] = "sdpa"
+    # The loss of the token after an EOD (predicted from the EOD, i.e. the next document's first token):
+    # ``keep`` it (today's behaviour) or ``mask`` it out of the loss (megatron's eod_mask_loss).
+    loss_after_eod: Annotated[str, Literal["keep", "mask"]] = "keep"

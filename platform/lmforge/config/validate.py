@@ -19,6 +19,7 @@ from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.deepspeed import check as check_deepspeed, check_native
+from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
@@ -245,6 +246,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_model(typed)
     check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)
+    check_document_masking(typed)  # data.document_masking with this layout and device
     plan = check_batch(typed)
     if typed.parallelism.engine == "deepspeed":
         check_deepspeed(typed, plan)

@@ -13,12 +13,17 @@ Prefetch (``data.num_workers >= 1``): the micro batches of the next two steps ar
 (:mod:`lmforge.data.prefetch`) while the current step trains; the stream handed to the trainer, its
 ``state_dict()`` and a resume are bit-identical to ``num_workers=0``. On CUDA the host batches are pinned
 and copied on a side stream that the compute stream waits for. Call :meth:`BatchStream.close` when done.
+
+Documents (``data.document_masking``): each micro batch also carries ``positions`` [m, T], every token's
+position inside its document, restarting after each of the tokenizer's EOD tokens
+(:func:`lmforge.model.document_mask.document_positions`); the model masks attention and restarts RoPE from it.
+``data.loss_after_eod=mask`` sets the target after each EOD to -100, which the cross-entropy ignores.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -26,6 +31,9 @@ import torch
 from lmforge.config.batch import BatchPlan
 from lmforge.data.mixture import Mixture
 from lmforge.data.prefetch import StepPrefetcher
+from lmforge.model.document_mask import document_positions, document_square_sum
+
+IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: a target the loss skips
 
 
 @dataclass
@@ -33,6 +41,19 @@ class MicroBatch:
     tokens: torch.Tensor  # [m, T] int64
     targets: torch.Tensor  # [m, T] int64
     source_ids: List[int]
+    positions: Optional[torch.Tensor] = None  # [m, T] int64 with data.document_masking, else None
+    document_square_sum: int = 0  # sum of its documents' length^2 (FLOPs, model/flops.py), counted on the host
+
+
+def document_fields(tokens: torch.Tensor, targets: torch.Tensor, eod: Optional[int], document_masking: bool,
+                    loss_after_eod: str) -> Optional[torch.Tensor]:
+    """The batch's document positions (None when masking is off); masks the targets after EODs in place.
+    ``eod``: the tokenizer's end-of-document id (read only when masking or ``loss_after_eod=mask``)."""
+    if not document_masking and loss_after_eod == "keep":
+        return None  # today's batch, untouched
+    if loss_after_eod == "mask":
+        targets[tokens == eod] = IGNORE_INDEX
+    return document_positions(tokens, eod) if document_masking else None
 
 
 @dataclass
@@ -43,8 +64,10 @@ class DataState:
 
 class BatchStream:
     def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device,
-                 num_workers: int = 0, prefetch_steps: int = 2):
+                 num_workers: int = 0, prefetch_steps: int = 2, document_masking: bool = False,
+                 loss_after_eod: str = "keep"):
         self.mixture = mixture
+        self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
         self.plan = plan
         self.dp_rank = dp_rank
         self.device = device
@@ -54,6 +77,12 @@ class BatchStream:
             self.prefetcher = StepPrefetcher(self._host_batch, self._step_ranges, plan.global_batch_size,
                                              num_workers, depth=prefetch_steps)
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
+
+    def _eod(self) -> Optional[int]:
+        """The EOD id the documents end with, when the batches need it (the tokenizer megatron-core packed with)."""
+        if not self.document_masking and self.loss_after_eod == "keep":
+            return None
+        return self.mixture.tokenizer.eod
 
     def sample_indices(self, consumed: int, micro: int) -> range:
         p = self.plan
@@ -72,7 +101,12 @@ class BatchStream:
         targets = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=pin)
         tokens.copy_(text[:, :-1])
         targets.copy_(text[:, 1:])
-        return MicroBatch(tokens, targets, list(ids))
+        positions = document_fields(tokens, targets, self._eod(), self.document_masking,
+                                    self.loss_after_eod)
+        if positions is None:
+            return MicroBatch(tokens, targets, list(ids))
+        pairs = document_square_sum(positions)
+        return MicroBatch(tokens, targets, list(ids), positions.pin_memory() if pin else positions, pairs)
 
     def _to_device(self, batches: List[MicroBatch]) -> List[MicroBatch]:
         """Copy host batches to the GPU on a side stream; the compute stream waits for the copies."""
@@ -83,11 +117,15 @@ class BatchStream:
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._copy_stream):
             moved = [MicroBatch(mb.tokens.to(self.device, non_blocking=True),
-                                mb.targets.to(self.device, non_blocking=True), mb.source_ids) for mb in batches]
+                                mb.targets.to(self.device, non_blocking=True), mb.source_ids,
+                                None if mb.positions is None else mb.positions.to(self.device, non_blocking=True),
+                                mb.document_square_sum)
+                     for mb in batches]
         compute.wait_stream(self._copy_stream)  # kernels queued from now on see the copied batches
         for mb in moved:  # allocated on the copy stream, used on the compute stream: not reused before it is done
-            mb.tokens.record_stream(compute)
-            mb.targets.record_stream(compute)
+            for t in (mb.tokens, mb.targets, mb.positions):
+                if t is not None:
+                    t.record_stream(compute)
         return moved
 
     def step_batches(self) -> List[MicroBatch]:
@@ -111,8 +149,8 @@ class BatchStream:
         for k, v in per_source_global.items():
             self.state.tokens_per_source[k] = self.state.tokens_per_source.get(k, 0) + int(v)
 
-    def valid_batches(self, source: str, n_batches: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Fixed held-out batches of one source, sharded over data-parallel ranks."""
+    def valid_batches(self, source: str, n_batches: int) -> Iterator[MicroBatch]:
+        """Fixed held-out batches of one source, sharded over data-parallel ranks (with their document fields)."""
         ds = self.mixture.valid[source]
         m, dp = self.plan.micro_batch_size, self.plan.dp_size
         for b in range(n_batches):
@@ -121,7 +159,9 @@ class BatchStream:
             samples = [ds[i] for i in idx]
             tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long().to(self.device)
             targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long().to(self.device)
-            yield tokens, targets
+            positions = document_fields(tokens, targets, self._eod(), self.document_masking,
+                                        self.loss_after_eod)
+            yield MicroBatch(tokens, targets, [], positions)
 
     def share_metrics(self) -> Dict[str, float]:
         """Realised vs requested weight per source, from the tokens actually consumed."""

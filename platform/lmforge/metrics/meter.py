@@ -13,7 +13,9 @@ loop waited for batches. Time excluded with :meth:`IntervalMeter.excluded` (eval
 
 MFU = achieved model FLOP/s per device / peak FLOP/s per device, where model FLOP/s =
 tokens/s per device * ``lmforge.model.flops.flops_per_token`` (recompute from activation checkpointing is
-not counted) and the peak comes from ``lmforge.runtime.hardware.peak_tflops``.
+not counted) and the peak comes from ``lmforge.runtime.hardware.peak_tflops``. A step may report its own
+FLOPs per token (document masking: attention within documents only, ``document_flops_per_token`` of this
+rank's batches); the interval then uses the mean of the steps' values.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class IntervalMeter:
     _steps: int = field(default=0, init=False)
     _data_wait: float = field(default=0.0, init=False)
     _excluded: float = field(default=0.0, init=False)
+    _step_flops: list = field(default_factory=list, init=False)  # per-step FLOPs per token, when reported
 
     def start(self) -> None:
         """Open the first interval (before the first step of this launch)."""
@@ -46,12 +49,14 @@ class IntervalMeter:
         self._mark = self.clock()
         self._steps, self._data_wait, self._excluded = 0, 0.0, 0.0
 
-    def step_done(self, data_wait_s: float = 0.0) -> None:
-        """One optimizer step was issued (no device sync)."""
+    def step_done(self, data_wait_s: float = 0.0, flops_per_token: Optional[float] = None) -> None:
+        """One optimizer step was issued (no device sync); ``flops_per_token``: this step's own, if it differs."""
         if self._mark is None:
             self.start()
         self._steps += 1
         self._data_wait += data_wait_s
+        if flops_per_token is not None:
+            self._step_flops.append(flops_per_token)
 
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:
@@ -76,7 +81,8 @@ class IntervalMeter:
         tokens = steps * self.tokens_per_step
         tps = tokens / seconds
         tps_dev = tps / self.world_size
-        tflops_dev = tps_dev * self.flops_per_token / 1e12
+        per_token = sum(self._step_flops) / len(self._step_flops) if self._step_flops else self.flops_per_token
+        tflops_dev = tps_dev * per_token / 1e12
         record = {
             "step_time_s": seconds / steps,
             "data_wait_s": self._data_wait / steps,
@@ -88,6 +94,7 @@ class IntervalMeter:
             "mfu": tflops_dev / self.peak_tflops_per_device if self.peak_tflops_per_device > 0 else 0.0,
         }
         self._mark, self._steps, self._data_wait, self._excluded = now, 0, 0.0, 0.0
+        self._step_flops = []
         return record
 
 

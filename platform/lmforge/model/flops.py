@@ -1,4 +1,5 @@
-"""The one FLOPs formula. Everything that shows FLOPs (MFU, planner, sweeps) calls ``flops_per_token``.
+"""The one FLOPs formula. Everything that shows FLOPs (MFU, planner, sweeps) calls ``flops_per_token`` (the
+MFU of a document-masked run: ``document_flops_per_token``, below).
 
 Training FLOPs per token (forward + backward, no activation recompute counted: this is *model* FLOPs,
 the MFU convention of PaLM, nanoGPT, torchtitan):
@@ -12,6 +13,17 @@ the MFU convention of PaLM, nanoGPT, torchtitan):
   forward + backward. The **full square is counted** (no causal halving), as torch's FlopCounterMode
   does for SDPA's math kernel; Megatron's newer formula halves it, which lowers its MFU by
   ~ 6*L*d*T / (6N + 12*L*d*T).
+
+Document masking (``data.document_masking``, model/document_mask.py): attention runs within each document
+only, so the attention term of a batch is the sum over its documents of their own full squares:
+
+    attention FLOPs (fwd + bwd) = 12 * n_layers * n_heads * head_dim * sum_docs len_doc^2
+
+per token: that / the batch's tokens (``document_flops_per_token``); a sample that is one document gives
+the formula above exactly. This is the work a block-skipping kernel does with exact (1 x 1) blocks, the
+*model* FLOPs of the masked computation, reported whatever the backend: SDPA with a boolean mask (the
+``sdpa`` backend) computes the whole T x T square on CPU, and FlexAttention skips only whole blocks (128 x
+128), so the hardware does more than this; counting it would raise MFU for wasted work.
 """
 from __future__ import annotations
 
@@ -39,3 +51,14 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
     return flops_per_token(cfg, seq_len) // 3
+
+
+def document_attention_flops(cfg: ModelConfig, square_sum: int) -> int:
+    """Forward + backward attention-score FLOPs of a document-masked batch whose documents' length^2 sum to
+    ``square_sum`` (``lmforge.model.document_mask.document_square_sum(positions)``)."""
+    return 12 * cfg.n_layers * cfg.d_model * square_sum
+
+
+def document_flops_per_token(cfg: ModelConfig, square_sum: int, tokens: int) -> float:
+    """Training FLOPs per token of a document-masked batch of ``tokens`` tokens: the attention of its documents."""
+    return 6 * matmul_params(cfg) + document_attention_flops(cfg, square_sum) / tokens

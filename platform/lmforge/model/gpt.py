@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config.model import ModelConfig
+from lmforge.model.document_mask import DocumentMask
 
 
 def ffn_hidden_dim(cfg: ModelConfig) -> int:
@@ -74,12 +75,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, kv_heads(cfg) * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                doc: Optional[DocumentMask] = None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        if doc is not None:  # document masking (model/document_mask.py): per-document RoPE positions and mask
+            return self.wo(doc.attention(q, k, v, self.n_rep))
         cos, sin = cos[:seqlen], sin[:seqlen]  # full-length tables (a sequence-parallel block gets T/tp inputs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.n_rep > 1:
@@ -116,8 +120,9 @@ class Block(nn.Module):
         self.ffn_norm = make_norm(cfg, cfg.d_model)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                doc: Optional[DocumentMask] = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, doc=doc)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -165,13 +170,16 @@ class DecoderStack(nn.Module):
     norm: Optional[nn.Module]
     output: Optional[OutputHead]
     rope: RotaryTables
+    document_attention: str = "sdpa"  # the backend of document-masked forwards (data.document_attention)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V]."""
+    def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V].
+        ``positions`` [B, T]: document-masked attention (model/document_mask.py); None: causal over the sample."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope.cos, self.rope.sin
+        doc = None if positions is None else DocumentMask.build(positions, cos, sin, self.document_attention)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin) if doc is None else layer(h, cos, sin, doc=doc)
         if self.norm is None:
             return h
         return self.output(self.norm(h), self.tok_embeddings.weight if self.output.tied else None)

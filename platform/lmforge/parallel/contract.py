@@ -71,7 +71,9 @@ class Engine(Protocol):
     def train_step(self, micro_batches: Sequence, lr: float,
                    guard: Optional["StepGuard"] = None) -> "StepResult": ...
 
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``positions``: the batch's document positions (data.document_masking; lmforge.data.loader)."""
 
     def train(self) -> None: ...
 

@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from lmforge.config.document_masking import check_document_masking
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.optim.adamw import build_optimizer
@@ -60,6 +61,8 @@ class DeepSpeedEngine:
                                                       pin_memory=device.type == "cuda")
         with torch.device("meta"):
             model = GPT(cfg.model)
+        check_document_masking(cfg.cfg, device.type)  # train.device=auto resolved: the backend's device check
+        model.document_attention = cfg.data.document_attention  # used by batches with document positions
         model = parallelize(model, cfg.cfg, None, device).model  # activation checkpointing, materialize (fp32)
         optimizer = build_optimizer(model, cfg.optim, device)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
@@ -81,8 +84,11 @@ class DeepSpeedEngine:
     def dp_size(self) -> int:
         return dist.get_world_size(self.dp_group)
 
-    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return cross_entropy_loss(self.ds(tokens), targets)
+    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
+        logits = self.ds(tokens) if positions is None else self.ds(tokens, positions=positions)
+        return cross_entropy_loss(logits, targets)
 
     def train_step(self, micro_batches: Sequence, lr: float,
                    guard: Optional[StepGuard] = None) -> StepResult:
@@ -101,7 +107,7 @@ class DeepSpeedEngine:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
         for mb in micro_batches:
-            loss = self.forward_loss(mb.tokens, mb.targets)
+            loss = self.forward_loss(mb.tokens, mb.targets, mb.positions)
             self.ds.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
             total += loss.detach().float() / n
             if self.ds.is_gradient_accumulation_boundary():
@@ -117,8 +123,9 @@ class DeepSpeedEngine:
         return StepResult(total, grad_norm, skip)
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_loss(tokens, targets).float()
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        loss = self.forward_loss(tokens, targets, positions).float()
         if self.dp_size > 1:
             loss = loss.clone()
             dist.all_reduce(loss, group=self.dp_group)

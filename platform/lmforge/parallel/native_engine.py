@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from lmforge.config.document_masking import check_document_masking
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
@@ -65,6 +66,8 @@ class NativeEngine:
         self.precision = resolve_precision(cfg.train.precision, device)
         with torch.device("meta"):
             model = GPT(cfg.model)
+        check_document_masking(cfg.cfg, device.type)  # train.device=auto resolved: the backend's device check
+        model.document_attention = cfg.data.document_attention  # used by batches with document positions
         par = parallelize(model, cfg.cfg, self.mesh, device, batch=cfg.plan)
         self.inner = par.model  # owns this rank's parameters: optimizer, checkpoints, clipping
         self.model = par.module
@@ -97,9 +100,11 @@ class NativeEngine:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
         with autocast_context(self.precision, self.device):
-            logits = self.model(tokens)
+            logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
 
     def train_step(self, micro_batches: Sequence, lr: float,
@@ -114,7 +119,7 @@ class NativeEngine:
             total = torch.zeros((), device=self.device)
             for j, mb in enumerate(micro_batches):
                 with self._grad_sync(last=j == n - 1):
-                    loss = self.forward_loss(mb.tokens, mb.targets) / n
+                    loss = self.forward_loss(mb.tokens, mb.targets, mb.positions) / n
                     loss.backward()
                 total += loss.detach()
         if self.manual_grad_sync:
@@ -131,12 +136,13 @@ class NativeEngine:
         return StepResult(total, grad_norm, skip)
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.pipeline is not None:
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.pipeline is not None:  # document masking is refused with pp > 1 (config/document_masking.py)
             with autocast_context(self.precision, self.device):
                 loss = self.pipeline.eval_loss(tokens, targets)
         else:
-            loss = self.forward_loss(tokens, targets)
+            loss = self.forward_loss(tokens, targets, positions)
         self._reshard()
         if self.dims.dp > 1:
             loss = loss.clone()

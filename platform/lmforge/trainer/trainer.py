@@ -44,7 +44,7 @@ from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import IntervalMeter, device_synchronizer
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
-from lmforge.model.flops import flops_per_token
+from lmforge.model.flops import document_flops_per_token, flops_per_token
 from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.planner import startup_memory_check
@@ -106,7 +106,8 @@ class Trainer:
 
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device)
-        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers)
+        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers,
+                                document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
@@ -177,12 +178,20 @@ class Trainer:
             print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
         return self.step
 
+    def _document_flops(self, batches) -> Optional[float]:
+        """FLOPs per token of this rank's step when document-masked (attention within documents only)."""
+        if not self.cfg.data.document_masking:
+            return None
+        return document_flops_per_token(self.cfg.model, sum(b.document_square_sum for b in batches),
+                                        sum(b.tokens.numel() for b in batches))
+
     # ---- evaluation ----------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         self.engine.eval()
         out = {}
         for source in self.mixture.sources:
-            losses = [float(self.engine.eval_loss(x, y)) for x, y in self.data.valid_batches(source, self.cfg.train.eval_batches)]
+            losses = [float(self.engine.eval_loss(b.tokens, b.targets, b.positions))
+                      for b in self.data.valid_batches(source, self.cfg.train.eval_batches)]
             loss = sum(losses) / len(losses)
             out[f"val/{source}/loss"] = loss
             out[f"val/{source}/ppl"] = math.exp(min(loss, 50.0))
@@ -224,7 +233,7 @@ class Trainer:
                     # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
                     result = self.engine.train_step(batches, lr, guard=guard)
                 self.step += 1
-                self.meter.step_done(t_data)
+                self.meter.step_done(t_data, self._document_flops(batches))
                 # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
                 # side effects: watchdog beats, skipped-step events and pins, drills (may SIGKILL or raise)
                 fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)

@@ -1,0 +1,111 @@
+"""Document masking for packed sequences: attention causal within a document only, RoPE positions restarting
+at every document.
+
+A packed training sample holds pieces of several documents, each ending with the tokenizer's EOD token
+(megatron-core's GPTDataset concatenates the documents of a shard, EOD included, and cuts samples out of the
+stream). A batch carries one compact tensor, ``positions`` [B, T] int64 (:func:`document_positions`): each
+token's position inside its document, 0 at the sample's first token and at the token after each EOD (the
+EOD closes the document it ends). Document ids follow from it (:func:`document_ids`), so nothing else is
+carried, and the [B, 1, T, T] mask is built once per forward, on the device, never in the loader.
+
+``DecoderStack.forward(tokens, positions)`` builds a :class:`DocumentMask` once and hands it to every layer;
+``Attention.forward`` then calls :meth:`DocumentMask.attention` instead of its causal SDPA. Backends
+(``data.document_attention``):
+
+- ``sdpa``: ``scaled_dot_product_attention`` with the exact boolean block-diagonal causal mask (key <= query
+  and same document). Any device; the reference. Its CPU kernels compute the full T x T square.
+- ``flex``: ``flex_attention`` with a ``BlockMask`` from the same predicate: blocks outside every document are
+  skipped. Trains on CUDA under ``torch.compile`` (``parallelism.compile=true``; eager is torch's unfused
+  path, which it announces with a warning). On the CPU torch 2.13 runs its forward only, eager or compiled (no
+  backward), so ``config/document_masking.py`` refuses it for training there.
+
+Varlen/flash (THD) kernels are not built here: no GPU was available to measure them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa", "flex")
+
+
+def document_positions(tokens: torch.Tensor, eod: int) -> torch.Tensor:
+    """[B, T] int64: position of each token inside its document; restarts at 0 after every ``eod`` token."""
+    bsz, seqlen = tokens.shape
+    start = torch.zeros_like(tokens, dtype=torch.bool)
+    start[:, 0] = True
+    start[:, 1:] = tokens[:, :-1] == eod
+    index = torch.arange(seqlen, device=tokens.device).expand(bsz, seqlen)
+    last_start = torch.where(start, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - last_start
+
+
+def document_ids(positions: torch.Tensor) -> torch.Tensor:
+    """[B, T] int64: 0 for the sample's first document, +1 at each document start (``positions == 0``)."""
+    return (positions == 0).cumsum(dim=1) - 1
+
+
+def document_square_sum(positions: torch.Tensor) -> int:
+    """Sum over the batch's documents of length^2: the query-key pairs of the per-document full squares."""
+    ids = document_ids(positions)
+    flat = (ids + torch.arange(ids.shape[0], device=ids.device)[:, None] * ids.shape[1]).flatten()
+    return int((torch.bincount(flat).to(torch.int64) ** 2).sum())
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, H, D]; cos/sin: [B, T, D] (per token, gathered at its document position)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, :, None, :].to(x.dtype) + rotated * sin[:, :, None, :].to(x.dtype)
+
+
+@dataclass
+class DocumentMask:
+    """What every layer's attention needs for one forward: per-token RoPE tables and the mask of the backend."""
+
+    cos: torch.Tensor  # [B, T, head_dim]
+    sin: torch.Tensor
+    backend: str
+    mask: Optional[torch.Tensor] = None  # sdpa: [B, 1, T, T] bool, True = attend
+    block_mask: Optional[object] = None  # flex: torch's BlockMask
+
+    @classmethod
+    def build(cls, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str) -> "DocumentMask":
+        """``positions`` [B, T] (see :func:`document_positions`); ``cos``/``sin`` the model's [seq_len, D] tables."""
+        if backend not in BACKENDS:
+            raise ValueError(f"document attention backend {backend!r}: expected one of {BACKENDS}")
+        ids = document_ids(positions)
+        bsz, seqlen = positions.shape
+        out = cls(cos[positions], sin[positions], backend)
+        if backend == "sdpa":
+            causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=positions.device).tril()
+            out.mask = (causal & (ids[:, :, None] == ids[:, None, :]))[:, None]
+        else:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def same_document_causal(b, h, q, k):
+                return (k <= q) & (ids[b, q] == ids[b, k])
+
+            out.block_mask = create_block_mask(same_document_causal, bsz, None, seqlen, seqlen,
+                                               device=positions.device)
+        return out
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
+        """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] before RoPE -> [B, T, Hq * D] (rotated, masked attention)."""
+        bsz, seqlen = q.shape[:2]
+        q, k = _rope(q, self.cos, self.sin), _rope(k, self.cos, self.sin)
+        if self.backend == "sdpa":
+            if n_rep > 1:
+                k = k.repeat_interleave(n_rep, dim=2)
+                v = v.repeat_interleave(n_rep, dim=2)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        else:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            out = flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=n_rep > 1)
+        return out.transpose(1, 2).reshape(bsz, seqlen, -1)
