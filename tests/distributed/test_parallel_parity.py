@@ -24,24 +24,13 @@ WORKER = "distributed.parallel_worker:run_cases"
 pytestmark = pytest.mark.distributed
 
 
-def _run(world: int, cases: Dict[str, dict], samples, timeout: int) -> List[dict]:
-    results = run_ranks(WORKER, world, {"cases": cases, "samples": samples, "steps": STEPS}, timeout=timeout)
+def _run(world: int, cases: Dict[str, dict], samples, timeout: int, worker: str = WORKER) -> List[dict]:
+    results = run_ranks(worker, world, {"cases": cases, "samples": samples, "steps": STEPS}, timeout=timeout)
     return [r.value for r in results]
 
 
-@pytest.fixture(scope="module")
-def references(parity_samples) -> dict:
-    """Single-process runs: untied embeddings (tiny's default) and tied embeddings."""
-    return _run(1, {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
-                    # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
-                    "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
-                    "fp32_init": {"overrides": [], "steps": 0}},
-                parity_samples, timeout=150)[0]
-
-
-@pytest.fixture(scope="module")
-def reference(references) -> dict:
-    return references["untied"]
+# The single-process reference runs (``references`` / ``reference``) are session fixtures in conftest.py, shared
+# with test_context_parallel.py.
 
 
 def assert_parity(name: str, per_rank: List[dict], ref: dict, norm_rtol: float = NORM_RTOL) -> None:
