@@ -10,11 +10,13 @@ must fail parity. cp2 x FSDP 2, cp2 x TP+SP 2 and the cp4 kernel run in test_par
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List
 
 import pytest
 
-from distributed.test_parallel_parity import WQ, assert_parity, placement, _run
+from distributed.test_parallel_parity import STEPS, WQ, assert_parity, placement, _run
+from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
 CP_WORKER = "distributed.context_parallel_worker:run_cases"
@@ -22,9 +24,15 @@ KERNEL_TOL = 1e-5  # fp32 attention values and gradients of unit-normal inputs (
 
 
 @pytest.fixture(scope="module")
-def two_rank_runs(parity_samples) -> List[dict]:
+def cp2_checkpoint(tmp_path_factory) -> Path:
+    """Where the cp2 ring case saves its state after the 5 steps (test_cp2_checkpoint_resumes_...)."""
+    return tmp_path_factory.mktemp("cp2") / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(parity_samples, cp2_checkpoint) -> List[dict]:
     cases = {"kernel": {"kernel": True},
-             "cp2_ring": {"overrides": ["parallelism=cp2"]},
+             "cp2_ring": {"overrides": ["parallelism=cp2"], "save_to": str(cp2_checkpoint)},
              "cp2_allgather_ac": {"overrides": ["parallelism=cp2", "parallelism.cp_kv_exchange=allgather",
                                                 "parallelism.activation_checkpointing=full"]},
              "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True}}
@@ -57,3 +65,23 @@ def test_negative_control_wrong_kv_exchange_fails_parity(two_rank_runs, referenc
     for out in two_rank_runs:  # wrong from the first forward on, not by rounding
         r = out["cp2_wrong_exchange"]
         assert abs(r["losses"][0] - reference["losses"][0]) > 1e-3, f"rank {r['rank']}: {r['losses'][0]}"
+
+
+@pytest.mark.timeout(500)
+def test_cp2_checkpoint_resumes_under_cp2_and_dp2(two_rank_runs, cp2_checkpoint, parity_samples, reference):
+    """DCP reshards across cp sizes: the cp2 run's checkpoint (FSDP over cp) loads under cp2 and under dp2 (DDP,
+    cp1), and the next step's loss is the same on both, after the samples of the 5 saved steps."""
+    assert (cp2_checkpoint / f"step-{STEPS:08d}").is_dir()
+    resumed = run_ranks("distributed.parallel_worker:resume_cases", 2,
+                        {"samples": parity_samples, "steps": STEPS, "checkpoint": str(cp2_checkpoint),
+                         "cases": {"cp2": {"overrides": ["parallelism=cp2"]},
+                                   "dp2": {"overrides": ["parallelism=ddp"]}}}, timeout=240)
+    same_layout = resumed[0].value["cp2"]["loss"]
+    for r in resumed:
+        for name, out in r.value.items():
+            assert abs(out["loss"] - same_layout) < 1e-6, f"{name} rank {r.rank}: next-step loss {out['loss']} " \
+                f"after loading the cp2 checkpoint vs {same_layout} under cp2"
+    expected = list(range(STEPS * 8, STEPS * 8 + 8))
+    assert sorted(resumed[0].value["cp2"]["consumed"]) == expected  # cp ranks read the whole step's samples
+    assert sorted(i for r in resumed for i in r.value["dp2"]["consumed"]) == expected
+    assert same_layout < reference["losses"][0] - 0.1  # trained weights were loaded, not the initial ones
