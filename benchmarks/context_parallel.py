@@ -6,8 +6,9 @@
 Each row trains the same model (untied embeddings, fp32, micro batch 1, one sequence per step) through the
 real NativeEngine on random token ids. Activation memory per rank is what autograd keeps for backward at the
 end of one forward (every tensor saved through ``torch.autograd.graph.saved_tensors_hooks``, counted once per
-storage), measured on rank 0; the step time is the median over the measured steps after one warm-up step,
-with this machine's cores split evenly between the ranks (cp1 gets all of them). Writes
+storage, weights excluded), measured on rank 0; the step time is the median over the measured steps after one
+warm-up step, with ``--threads`` intra-op threads per rank (default 1, so cp2 uses two cores where cp1 uses
+one: the step-time ratio is what a second device buys, net of the exchange). Writes
 benchmarks/results/context_parallel.json.
 """
 from __future__ import annotations
@@ -35,18 +36,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _storage(t):
+    from torch.distributed.tensor import DTensor
+
+    return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+
+
 def weight_storages(engine) -> set:
     """Storages of the weights (sharded parameters and FSDP2's gathered copies): state, not activations."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    ptrs = {p.untyped_storage().data_ptr() for p in engine.inner.parameters()}
+    ptrs = {_storage(p).data_ptr() for p in engine.inner.parameters()}
     for module in engine.inner.modules():
         if isinstance(module, FSDPModule):
             for group in fully_shard.state(module)._fsdp_param_groups:
                 for fp in group.fsdp_params:
                     unsharded = getattr(fp, "_unsharded_param", None)
                     if unsharded is not None:
-                        ptrs.add(unsharded.untyped_storage().data_ptr())
+                        ptrs.add(_storage(unsharded).data_ptr())
     return ptrs
 
 
@@ -59,7 +66,7 @@ def saved_activation_bytes(engine, tokens, targets) -> int:
 
     def pack(t):
         if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
+            s = _storage(t)
             storages[s.data_ptr()] = s
         return t
 
@@ -84,7 +91,7 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, th
     from lmforge.parallel.native_engine import NativeEngine
     from lmforge.runtime.hardware import pin_threads
 
-    pin_threads(max(1, threads // world) if threads else 0, world)
+    pin_threads(threads, world)
     cfg = validate(compose(overrides), world_size=world)
     device = torch.device("cpu")
     init_process_group(cfg.comm, device)
@@ -113,7 +120,14 @@ def run(model: str, layout: str, seq_len: int, steps: int, threads: int) -> dict
     procs = [ctx.Process(target=_rank, args=(r, world, port, overrides, steps, threads, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=1800)
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=5)
+        except Exception:  # queue.Empty: stop waiting once a rank has died
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{layout} seq_len {seq_len}: a rank exited with {failed}")
     for p in procs:
         p.join(timeout=120)
     return {"world": world, "median_step_s": statistics.median(result["step_times"]), **result}
@@ -125,7 +139,9 @@ def main() -> None:
     ap.add_argument("--seq-lens", default="512,1024,2048,4096")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="total intra-op threads per row (0: all cores)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads per rank (default 1: on a shared machine, OpenMP teams on oversubscribed "
+                         "cores stall; 0: the cores split evenly between the ranks)")
     ap.add_argument("--out", default="benchmarks/results/context_parallel.json")
     args = ap.parse_args()
     layouts = args.layouts.split(",")

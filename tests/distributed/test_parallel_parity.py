@@ -202,22 +202,24 @@ def four_rank_runs(parity_samples) -> List[dict]:
                                              "train.micro_batch_size=1"], "count_reduce_scatters": True},
              # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
              "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0},
-             # context parallelism (test_context_parallel.py): cp2 x FSDP 2, cp2 x TP+SP 2, the cp4 attention kernel
-             "cp2_dp2": {"overrides": ["parallelism=cp2_dp2"]},
+             # context parallelism (test_context_parallel.py): cp2 x FSDP 2 (all-gather exchange, full AC),
+             # cp2 x TP+SP 2 (ring), the cp4 attention kernel
+             "cp2_dp2_allgather_ac": {"overrides": ["parallelism=cp2_dp2", "parallelism.cp_kv_exchange=allgather",
+                                                    "parallelism.activation_checkpointing=full"]},
              "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
              "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"}}
     return _run(4, cases, parity_samples, timeout=360)
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred", "cp2_dp2",
-                                  "cp2_tp2_sp"])
+@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
+                                  "cp2_dp2_allgather_ac", "cp2_tp2_sp"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
     runs = four_rank_runs
     assert_parity(case, runs, reference)
     if case.startswith("cp2"):  # cp ranks hold replicas: FSDP shards over dp_shard x cp (4 ways, or 2 x TP)
         p = placement(runs, case, WQ)
-        assert p["mesh"] == (["dp_shard_cp"] if case == "cp2_dp2" else ["dp_shard_cp", "tp"]) and p["local"] == [16, 64]
+        assert p["mesh"] == (["dp_shard_cp", "tp"] if case == "cp2_tp2_sp" else ["dp_shard_cp"]) and p["local"] == [16, 64]
     elif case == "tp2_dp2":
         # FSDP over dp_shard on top of TP: dim 0 of q split 4 ways (strided shard over dp, then tp).
         p = placement(runs, case, WQ)
