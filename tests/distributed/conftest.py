@@ -7,6 +7,7 @@ import pytest
 
 N_SAMPLES = 48  # 5 steps x global batch 8, plus held-out rows for the eval loss
 SAMPLE_TOKENS = 33  # seq_len 32 + 1 (inputs and shifted targets)
+PARITY_STEPS = 5  # optimizer steps of every parity case (test_parallel_parity.STEPS)
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +23,24 @@ def parity_samples(data_cache) -> List[List[int]]:
         if len(ids) >= N_SAMPLES * SAMPLE_TOKENS:
             break
     return [ids[i * SAMPLE_TOKENS:(i + 1) * SAMPLE_TOKENS] for i in range(N_SAMPLES)]
+
+
+@pytest.fixture(scope="session")
+def references(parity_samples) -> dict:
+    """Single-process runs of the parity harness (test_parallel_parity.py, test_context_parallel.py): untied
+    embeddings (tiny's default), tied embeddings and document-masked, 5 steps each."""
+    from distributed.parity_cases import docmask_case
+    from harness import run_ranks
+
+    cases = {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
+             "docmask": docmask_case([], parity_samples),
+             # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
+             "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
+             "fp32_init": {"overrides": [], "steps": 0}}
+    args = {"cases": cases, "samples": parity_samples, "steps": PARITY_STEPS}
+    return run_ranks("distributed.parallel_worker:run_cases", 1, args, timeout=150)[0].value
+
+
+@pytest.fixture(scope="session")
+def reference(references) -> dict:
+    return references["untied"]

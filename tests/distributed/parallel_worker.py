@@ -160,9 +160,19 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
 
 def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> Dict[str, dict]:
     """Several layouts, one after another, in one launch (each builds its own mesh on the same world);
-    a case may set its own ``steps`` (0: evaluate the initial weights only)."""
+    a case may set its own ``steps`` (0: evaluate the initial weights only), or be ``{"call": "module:function"}``:
+    another check run in the same launch (e.g. context_parallel_worker's attention kernel check)."""
+    import importlib
+
     init_world()
-    return {name: run_case(samples=samples, **{"steps": steps, **case}) for name, case in cases.items()}
+    out = {}
+    for name, case in cases.items():
+        if "call" in case:
+            module, function = case["call"].split(":")
+            out[name] = getattr(importlib.import_module(module), function)()
+        else:
+            out[name] = run_case(samples=samples, **{"steps": steps, **case})
+    return out
 
 
 def resume_case(overrides: List[str], samples: List[List[int]], steps: int, checkpoint: str) -> dict:

@@ -9,11 +9,11 @@ Several layouts share one launch (each builds its own mesh); each launch has its
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Dict, List
 
 import pytest
 
+from distributed.parity_cases import docmask_case
 from harness import run_ranks
 
 STEPS = 5
@@ -25,35 +25,13 @@ WORKER = "distributed.parallel_worker:run_cases"
 pytestmark = pytest.mark.distributed
 
 
-def _run(world: int, cases: Dict[str, dict], samples, timeout: int) -> List[dict]:
-    results = run_ranks(WORKER, world, {"cases": cases, "samples": samples, "steps": STEPS}, timeout=timeout)
+def _run(world: int, cases: Dict[str, dict], samples, timeout: int, worker: str = WORKER) -> List[dict]:
+    results = run_ranks(worker, world, {"cases": cases, "samples": samples, "steps": STEPS}, timeout=timeout)
     return [r.value for r in results]
 
 
-def stand_in_eod(samples) -> int:
-    """The document end of the data.document_masking cases: the parity samples are one continuous text (no EOD),
-    so their most frequent token stands in for it and every sample holds several documents."""
-    return Counter(t for sample in samples for t in sample).most_common(1)[0][0]
-
-
-def docmask_case(overrides: List[str], samples) -> dict:
-    return {"overrides": overrides + ["data.document_masking=true"], "eod": stand_in_eod(samples)}
-
-
-@pytest.fixture(scope="module")
-def references(parity_samples) -> dict:
-    """Single-process runs: untied embeddings (tiny's default), tied embeddings, document-masked."""
-    return _run(1, {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
-                    "docmask": docmask_case([], parity_samples),
-                    # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
-                    "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
-                    "fp32_init": {"overrides": [], "steps": 0}},
-                parity_samples, timeout=150)[0]
-
-
-@pytest.fixture(scope="module")
-def reference(references) -> dict:
-    return references["untied"]
+# The single-process reference runs (``references`` / ``reference``) are session fixtures in conftest.py, shared
+# with test_context_parallel.py.
 
 
 def assert_parity(name: str, per_rank: List[dict], ref: dict, norm_rtol: float = NORM_RTOL) -> None:
@@ -238,16 +216,26 @@ def four_rank_runs(parity_samples) -> List[dict]:
              "hsdp_deferred": {"overrides": ["parallelism=hsdp", "parallelism.fsdp_grad_sync=last_microbatch",
                                              "train.micro_batch_size=1"], "count_reduce_scatters": True},
              # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
-             "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0}}
-    return _run(4, cases, parity_samples, timeout=300)
+             "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0},
+             # context parallelism (test_context_parallel.py): cp2 x FSDP 2 (all-gather exchange, full AC),
+             # cp2 x TP+SP 2 (ring), the cp4 attention kernel
+             "cp2_dp2_allgather_ac": {"overrides": ["parallelism=cp2_dp2", "parallelism.cp_kv_exchange=allgather",
+                                                    "parallelism.activation_checkpointing=full"]},
+             "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
+             "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"}}
+    return _run(4, cases, parity_samples, timeout=360)
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred"])
+@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
+                                  "cp2_dp2_allgather_ac", "cp2_tp2_sp"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
     runs = four_rank_runs
     assert_parity(case, runs, reference)
-    if case == "tp2_dp2":
+    if case.startswith("cp2"):  # cp ranks hold replicas: FSDP shards over dp_shard x cp (4 ways, or 2 x TP)
+        p = placement(runs, case, WQ)
+        assert p["mesh"] == (["dp_shard_cp", "tp"] if case == "cp2_tp2_sp" else ["dp_shard_cp"]) and p["local"] == [16, 64]
+    elif case == "tp2_dp2":
         # FSDP over dp_shard on top of TP: dim 0 of q split 4 ways (strided shard over dp, then tp).
         p = placement(runs, case, WQ)
         assert p["mesh"] == ["dp_shard", "tp"] and p["placements"][1] == "S(0)" and p["local"] == [16, 64]
@@ -266,6 +254,16 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
             assert all(out[case]["micro_batches"] == 2 and out[case]["reduce_scatters"] == [5] * STEPS for out in runs)
         p = placement(runs, case, WQ, rank=3)
         assert p["mesh"] == ["dp_replicate", "dp_shard"] and p["placements"] == ["R", "S(0)"] and p["local"] == [32, 64]
+
+
+@pytest.mark.timeout(500)
+def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
+    """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
+    from distributed.test_context_parallel import KERNEL_TOL
+
+    for out in four_rank_runs:
+        for exchange, err in out["cp4_kernel"].items():
+            assert err < KERNEL_TOL, f"cp4 {exchange}: max |difference| from full SDPA {err}"
 
 
 # The same bf16 weights evaluated by one process (train.precision=bf16) and by two pipeline stages under FSDP

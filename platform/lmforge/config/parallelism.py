@@ -11,10 +11,15 @@ PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "I
 class ParallelismConfig:
     name: str = "single"
     engine: Annotated[str, Literal["native", "deepspeed"]] = "native"
-    # Mesh dims. world size = dp_replicate * dp_shard * tp * pp.
+    # Mesh dims. world size = dp_replicate * dp_shard * cp * tp * pp.
     dp_replicate: int = 1  # DDP-style replication (HSDP outer dim when dp_shard > 1)
     dp_shard: int = 1  # FSDP2 sharding degree
     reshard_after_forward: bool = True  # True: ZeRO-3-like, False: ZeRO-2-like
+    # Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
+    # causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); K/V exchanged by a ring of point-to-point
+    # sends overlapped with compute, or by one all-gather. cp ranks hold weight replicas: FSDP shards over dp_shard x cp.
+    cp: int = 1
+    cp_kv_exchange: Annotated[str, Literal["ring", "allgather"]] = "ring"
     tp: int = 1
     sequence_parallel: bool = False
     pp: int = 1
@@ -51,4 +56,4 @@ def fsdp_grad_sync_mode(p: ParallelismConfig) -> str:
     """
     if p.fsdp_grad_sync != "auto":
         return p.fsdp_grad_sync
-    return "every_microbatch" if p.dp_shard > 1 and p.pp == 1 else "last_microbatch"
+    return "every_microbatch" if p.dp_shard * p.cp > 1 and p.pp == 1 else "last_microbatch"

@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.comm_checks import check_comm
+from lmforge.config.context_parallel import check_context_parallel
 from lmforge.config.deepspeed import check as check_deepspeed, check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
@@ -29,7 +30,7 @@ from lmforge.runtime.env import launch_world_size
 
 POSITIVE = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
-    "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.tp", "parallelism.pp",
+    "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.cp", "parallelism.tp", "parallelism.pp",
     "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size", "train.global_batch_size",
     "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node", "logging.every_steps", "checkpoint.keep_last",
 )
@@ -131,12 +132,15 @@ def check_model(cfg: RootConfig) -> None:
 def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> None:
     p, m = cfg.parallelism, cfg.model
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
-    layout = p.dp_replicate * p.dp_shard * p.tp * p.pp
+    layout = p.dp_replicate * p.dp_shard * p.cp * p.tp * p.pp
+    # The cp term is named only when used, so the cp=1 message stays the one users and docs know.
+    names, sizes = (("dp_replicate", "dp_shard", "cp", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp)) \
+        if p.cp > 1 else (("dp_replicate", "dp_shard", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.tp, p.pp))
+    product = f"{'*'.join(names)} = {'*'.join(str(n) for n in sizes)} = {layout}"
     if world_size is not None and layout > world_size:
         raise ConfigError(
             "parallelism",
-            f"dp_replicate*dp_shard*tp*pp = {p.dp_replicate}*{p.dp_shard}*{p.tp}*{p.pp} = {layout} but the job has "
-            f"world size {world_size}",
+            f"{product} but the job has world size {world_size}",
             f"start {layout} processes: lmforge launch --nproc {layout} <same overrides> (torchrun --nproc_per_node={layout} -m "
             f"lmforge.train <same overrides>), or choose a layout of {world_size}"
             + (" (parallelism=single)" if world_size == 1 else ""),
@@ -144,9 +148,8 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     if world_size is not None and layout != world_size:
         raise ConfigError(
             "parallelism",
-            f"dp_replicate*dp_shard*tp*pp = {p.dp_replicate}*{p.dp_shard}*{p.tp}*{p.pp} = {layout} but the job has "
-            f"world size {world_size}",
-            f"make the product equal {world_size} (e.g. parallelism.dp_shard={max(1, world_size // (p.dp_replicate * p.tp * p.pp))})",
+            f"{product} but the job has world size {world_size}",
+            f"make the product equal {world_size} (e.g. parallelism.dp_shard={max(1, world_size // (p.dp_replicate * p.cp * p.tp * p.pp))})",
         )
     if m.n_heads % p.tp or kv % p.tp:
         raise ConfigError("parallelism.tp", f"n_heads ({m.n_heads}) and n_kv_heads ({kv}) must both be divisible by tp ({p.tp})",
@@ -177,7 +180,7 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
                           "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
                           "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
                           "set parallelism.compile=false for tp > 1")
-    if p.fsdp_grad_sync == "every_microbatch" and (p.dp_shard == 1 or p.pp > 1):
+    if p.fsdp_grad_sync == "every_microbatch" and (p.dp_shard * p.cp == 1 or p.pp > 1):
         why = ("pipeline schedules reduce FSDP gradients once per step, after the last microbatch" if p.pp > 1
                else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step")
         raise ConfigError("parallelism.fsdp_grad_sync", f"every_microbatch is not possible here: {why}",
@@ -247,6 +250,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)
     check_document_masking(typed)  # data.document_masking with this layout and device
+    check_context_parallel(typed)
     plan = check_batch(typed)
     if typed.parallelism.engine == "deepspeed":
         check_deepspeed(typed, plan)

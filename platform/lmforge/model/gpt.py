@@ -65,7 +65,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over [B, H, T, D] q/k/v (the single-device kernel)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
+    # The attention kernel over [B, H, T, D]; a context-parallel rank gets its own (parallel/context_parallel.py).
+    attend = staticmethod(causal_attention)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_heads
@@ -90,7 +98,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.attend(q, k, v)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 

@@ -24,7 +24,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dp_mesh = mesh["dp_shard"] if cfg.dp_replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    shard = "dp_shard_cp" if cfg.cp > 1 else "dp_shard"  # cp ranks hold replicas: shard (and reduce) over them too
+    dp_mesh = mesh[shard] if cfg.dp_replicate == 1 else mesh["dp_replicate", shard]
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)

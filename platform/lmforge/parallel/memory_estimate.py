@@ -37,6 +37,11 @@ block stays gathered from forward to backward. The root module (embedding, final
 gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) and more than one micro batch,
 every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
 reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+
+Context parallelism (``parallelism.cp``): a rank holds N/cp tokens of every micro batch, so every activation
+term above is divided by cp; FSDP shards over dp_shard x cp; the all-gather exchange additionally keeps the
+other ranks' K/V (2 * N * (cp-1)/cp * d per layer, /tp), the ring one received K/V block and one fp32 dK/dV
+block at a time (transient).
 """
 from __future__ import annotations
 
@@ -84,7 +89,7 @@ class Dtypes:
 def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
     p = cfg.parallelism
     param = 2 if precision == "bf16" else 4
-    fsdp_bf16 = p.dp_shard > 1 and p.param_dtype == "bf16"
+    fsdp_bf16 = fsdp_degree(p) > 1 and p.param_dtype == "bf16"
     compute = 2 if (precision in ("bf16", "bf16-mixed") or fsdp_bf16) else 4
     residual = 4 if (precision == "bf16-mixed" and not fsdp_bf16) else compute
     fsdp_param = dtype_bytes(p.param_dtype) if precision != "bf16" else 2
@@ -167,8 +172,8 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
             elif name.endswith(ROWWISE):
                 shape[1] = chunk_size(shape[1], p.tp, tp_rank)
         tp_numel = math.prod(shape)
-        if p.dp_shard > 1:
-            shape[0] = chunk_size(shape[0], p.dp_shard, dp_shard_rank)
+        if fsdp_degree(p) > 1:  # FSDP shards over dp_shard x cp (cp ranks hold replicas)
+            shape[0] = chunk_size(shape[0], fsdp_degree(p), dp_shard_rank)
         return tuple(shape), tp_numel
 
     held: List[Tuple[str, Tuple[int, ...]]] = []
@@ -205,10 +210,11 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
 
 @dataclass(frozen=True)
 class ActivationShape:
-    tokens: int  # N = micro_batch_size * seq_len
+    tokens: int  # N = micro_batch_size * seq_len / cp (a cp rank's share of each sequence)
     tp: int
     sp: bool
     dt: Dtypes
+    gathered_kv_tokens: int = 0  # cp all-gather: other ranks' tokens whose K/V each block keeps for backward
 
 
 def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
@@ -224,10 +230,10 @@ def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int
     lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
     if mode == "selective":
         mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
-        return block_input + mm_out + n * d * e // tp + lse
+        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * d * e // tp
     norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
     norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    attention = 4 * n * d * e // tp + lse
+    attention = 4 * n * d * e // tp + lse + 2 * s.gathered_kv_tokens * d * e // tp
     mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
     return norms + attention + mlp
 
@@ -253,8 +259,24 @@ def saved_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, layers
 
 def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
     p = cfg.parallelism
-    return ActivationShape(tokens=micro_batch_size * cfg.model.seq_len, tp=p.tp, sp=p.sequence_parallel,
-                           dt=dtypes_for(cfg, precision))
+    local = micro_batch_size * cfg.model.seq_len // p.cp
+    gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
+    return ActivationShape(tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision),
+                           gathered_kv_tokens=gathered)
+
+
+def fsdp_degree(p) -> int:
+    """Ranks FSDP shards over: dp_shard, times cp (cp ranks hold replicas; parallel/data_parallel.py)."""
+    return p.dp_shard * p.cp
+
+
+def cp_ring_buffer_bytes(cfg: RootConfig, shape: ActivationShape) -> int:
+    """The ring's blocks in flight (one layer at a time): a received K/V block and, in backward, a received fp32
+    dK/dV accumulator (K/V after the GQA repeat: d_model features per token)."""
+    p, d = cfg.parallelism, cfg.model.d_model
+    if p.cp == 1 or p.cp_kv_exchange != "ring":
+        return 0
+    return 2 * shape.tokens * d * (shape.dt.compute + 4) // p.tp
 
 
 def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float:
@@ -305,7 +327,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
     fsdp = fsdp_grads = 0
-    if p.dp_shard > 1:
+    if fsdp_degree(p) > 1:
         gathered = 2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
         unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
         accumulated = n_micro if p.pp > 1 else plan.grad_accum
@@ -313,9 +335,10 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
             unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
         fsdp_grads = unsharded_grads * dt.fsdp_reduce
         fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param + fsdp_grads
-    autocast = st.matmul_numel_unsharded * 2 if precision == "bf16-mixed" and not (p.dp_shard > 1 and p.param_dtype == "bf16") else 0
+    autocast = st.matmul_numel_unsharded * 2 if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16") else 0
     transient = shape.tokens * m.vocab_size * dt.compute // p.tp if st.last else 0
-    if p.dp_replicate > 1 and p.dp_shard == 1 and not p.overlap_grad_reduce:
+    transient += cp_ring_buffer_bytes(cfg, shape)
+    if p.dp_replicate > 1 and fsdp_degree(p) == 1 and not p.overlap_grad_reduce:
         transient += st.grads  # the flat all-reduce buffer
     return MemoryEstimate(pp_rank, st, by_mode[p.activation_checkpointing], by_mode, fsdp, autocast, transient, dt,
                           fsdp_unsharded_grads=fsdp_grads)

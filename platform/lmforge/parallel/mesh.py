@@ -1,8 +1,11 @@
 """The DeviceMesh, built from the parallelism config with named dims.
 
-Dims, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp`` (room is left for ``cp`` and ``ep``
-between dp_shard and tp, as torchtitan orders them). Every dim exists, size 1 when unused, so code can
-always ask ``mesh["tp"]``. Data loading is sharded by the flattened data-parallel rank only.
+Dims, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp`` (room is left for ``ep``, as
+torchtitan orders them). Every dim exists, size 1 when unused, so code can always ask ``mesh["tp"]``.
+Flattened dims: ``dp`` (dp_replicate x dp_shard: data loading is sharded by this rank only, so the cp ranks of
+a group read the same samples) and, when cp > 1, ``dp_shard_cp`` (what FSDP shards over when cp > 1: cp ranks hold weight
+replicas, so their gradients are reduced with the data-parallel ones) and ``dp_cp`` (every rank holding a
+part of the global batch: losses are averaged over it).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lmforge.config.parallelism import ParallelismConfig
 
-DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass
@@ -22,14 +25,15 @@ class ParallelDims:
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
 
     @classmethod
     def from_config(cls, cfg: ParallelismConfig) -> "ParallelDims":
-        return cls(cfg.pp, cfg.dp_replicate, cfg.dp_shard, cfg.tp)
+        return cls(cfg.pp, cfg.dp_replicate, cfg.dp_shard, cfg.tp, cfg.cp)
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -37,13 +41,16 @@ class ParallelDims:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
 
 def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
     mesh = init_device_mesh(device.type, dims.shape, mesh_dim_names=DIM_NAMES)
     # A flattened data-parallel dim for loss averaging and FSDP over (replicate x shard) when needed.
     mesh[("dp_replicate", "dp_shard")]._flatten(mesh_dim_name="dp")
+    if dims.cp > 1:  # (only then: each flattened dim is a new process group)
+        mesh[("dp_shard", "cp")]._flatten(mesh_dim_name="dp_shard_cp")
+        mesh[("dp_replicate", "dp_shard", "cp")]._flatten(mesh_dim_name="dp_cp")
     return mesh
 
 

@@ -74,13 +74,17 @@ class NativeEngine:
         self.parts = par.parts
         self.pipeline = par.pipeline
         self.manual_grad_sync = par.manual_grad_sync
+        self.context = par.context  # cp > 1: each rank's share of every sequence (parallel/context_parallel.py)
         self.optimizer = build_optimizer(self.inner, cfg.optim, device)
         self.dp_group = self.mesh["dp"].get_group()
+        # Losses are means over each rank's tokens: averaged over every rank holding a part of the batch (dp x cp).
+        self.loss_group = self.mesh["dp_cp"].get_group() if self.dims.cp > 1 else self.dp_group
+        self.loss_ranks = self.dims.dp * self.dims.cp
         # Ranks holding a replica of this rank's shard (fault/consistency.py compares them); None: no replicas.
         self.replica_group = self.mesh["dp_replicate"].get_group() if self.dims.dp_replicate > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
         # FSDP without pipelining, deferring: no reduce-scatter until the last micro batch's backward.
-        self.defer_fsdp_sync = (self.dims.dp_shard > 1 and self.pipeline is None
+        self.defer_fsdp_sync = (self.dims.dp_shard * self.dims.cp > 1 and self.pipeline is None
                                 and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch")
 
     @property
@@ -103,6 +107,8 @@ class NativeEngine:
     def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
+        if self.context is not None:  # this cp rank's two chunks of every sequence (document masking is refused)
+            tokens, targets = self.context.shard(tokens), self.context.shard(targets)
         with autocast_context(self.precision, self.device):
             logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
@@ -124,9 +130,9 @@ class NativeEngine:
                 total += loss.detach()
         if self.manual_grad_sync:
             allreduce_gradients(self.inner, self.dp_group)
-        if self.dims.dp > 1:
-            dist.all_reduce(total, group=self.dp_group)
-            total /= self.dims.dp
+        if self.loss_ranks > 1:
+            dist.all_reduce(total, group=self.loss_group)
+            total /= self.loss_ranks
         grad_norm = clip_grad_norm(self.inner.parameters(), self.cfg.optim.grad_clip, self.pp_group)
         skip = guard.skip_tensor(total, grad_norm) if guard is not None else None
         for group in self.optimizer.param_groups:
@@ -144,10 +150,10 @@ class NativeEngine:
         else:
             loss = self.forward_loss(tokens, targets, positions)
         self._reshard()
-        if self.dims.dp > 1:
+        if self.loss_ranks > 1:
             loss = loss.clone()
-            dist.all_reduce(loss, group=self.dp_group)
-            loss /= self.dims.dp
+            dist.all_reduce(loss, group=self.loss_group)
+            loss /= self.loss_ranks
         return loss
 
     def _reshard(self) -> None:

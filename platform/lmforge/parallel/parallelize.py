@@ -3,9 +3,10 @@ finished, wrapped model. Parallelism is applied in this order, each step in its 
 
     1. pipeline stage split       (parallel/pipeline.py: this rank's part by the GPT constructor)
     2. tensor + sequence parallel (parallel/tensor_parallel.py)
+    2b. context parallel          (parallel/context_parallel.py: this rank's RoPE positions, the K/V exchange)
     3. activation checkpointing   (parallel/activation_checkpoint.py)
     4. torch.compile              (parallel/compile.py)
-    5. FSDP2                      (parallel/data_parallel.py; per pipeline stage)
+    5. FSDP2                      (parallel/data_parallel.py; per pipeline stage; over dp_shard x cp when cp > 1)
 
 then the model is finished: ``materialize`` moves meta tensors to the device and initialises them by name
 (identically for every layout) in the parameter dtype, tensor-parallel gradients keep their parameters'
@@ -32,6 +33,7 @@ from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.compile import apply_compile
+from lmforge.parallel.context_parallel import ContextLayout, apply_context_parallel
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp
 from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
 from lmforge.parallel.precision import resolve_precision
@@ -52,6 +54,7 @@ class ParallelModel:
     parts: List[nn.Module]
     pipeline: Optional[PipelineRunner]
     manual_grad_sync: bool
+    context: Optional[ContextLayout] = None  # cp > 1: the sequence layout each batch is sharded by
 
 
 def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device: torch.device,
@@ -62,7 +65,7 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
     pipeline step runs ``parallelism.pp_microbatches``, else ``batch.grad_accum``, micro batches). ``fsdp``:
     None applies FSDP2 exactly when ``dp_shard > 1``; True also over a one-rank ``dp_shard`` dim (the GPU check's one-device FSDP2 run)."""
     p = cfg.parallelism
-    if mesh is None and (p.pp > 1 or p.tp > 1 or p.dp_shard > 1 or uses_ddp(p)):
+    if mesh is None and (p.pp > 1 or p.tp > 1 or p.dp_shard > 1 or p.cp > 1 or uses_ddp(p)):
         raise ValueError(f"parallelize: layout pp={p.pp} tp={p.tp} dp_shard={p.dp_shard} needs a device mesh")
     if p.pp > 1 and batch is None:
         raise ValueError("parallelize: pp > 1 needs validate()'s batch plan (batch=...)")
@@ -72,11 +75,12 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
             model = rank_part(model.cfg, stages, mesh["pp"].get_local_rank())
     if p.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
+    context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
     apply_activation_checkpointing(model, p.activation_checkpointing)
     if p.compile:
         apply_compile(model)
     parts = build_stages(model, stages, mesh["pp"].get_local_rank()) if stages is not None else [model]
-    if (p.dp_shard > 1) if fsdp is None else fsdp:
+    if uses_fsdp(p) if fsdp is None else fsdp:
         for part in parts:
             apply_fsdp(part, mesh, p)
     materialize(model, device, cfg.train.seed, parameter_dtype(cfg, device))
@@ -86,7 +90,7 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
     pipeline = None
     if stages is not None:
         pipeline = PipelineRunner(parts, stages, mesh["pp"], device, p, p.pp_microbatches or batch.grad_accum)
-    return ParallelModel(model, module, parts, pipeline, uses_manual_allreduce(p))
+    return ParallelModel(model, module, parts, pipeline, uses_manual_allreduce(p), context)
 
 
 def parameter_dtype(cfg: RootConfig, device: torch.device) -> torch.dtype:
@@ -115,13 +119,20 @@ def materialize(model: GPT, device: torch.device, seed: int, dtype: torch.dtype 
         model.to(dtype)
 
 
+def uses_fsdp(cfg: ParallelismConfig) -> bool:
+    """FSDP2 for dp_shard > 1, and for cp > 1 (cp ranks hold replicas: FSDP over dp_shard x cp reduces their
+    gradients, the layout torchtitan uses)."""
+    return cfg.dp_shard > 1 or cfg.cp > 1
+
+
 def uses_ddp(cfg: ParallelismConfig) -> bool:
     """DDP for pure replication of an unsplit, untensor-parallel model on the native engine (DeepSpeed owns
     its data parallelism)."""
     return (cfg.engine == "native" and cfg.dp_replicate > 1 and cfg.dp_shard == 1 and cfg.tp == 1
-            and cfg.pp == 1)
+            and cfg.pp == 1 and cfg.cp == 1)
 
 
 def uses_manual_allreduce(cfg: ParallelismConfig) -> bool:
     """Replication without FSDP where DDP is off (no overlap) or does not apply (TP / PP)."""
-    return cfg.dp_replicate > 1 and cfg.dp_shard == 1 and (not cfg.overlap_grad_reduce or cfg.tp > 1 or cfg.pp > 1)
+    return (cfg.dp_replicate > 1 and not uses_fsdp(cfg)
+            and (not cfg.overlap_grad_reduce or cfg.tp > 1 or cfg.pp > 1))

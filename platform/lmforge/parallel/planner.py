@@ -25,8 +25,8 @@ from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import param_count_from_config
-from lmforge.parallel.memory_estimate import (AC_MODES, GIB, MemoryEstimate, bytes_table, estimate_memory, gib,
-                                              resolve_precision)
+from lmforge.parallel.memory_estimate import (AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
+                                              estimate_memory, gib, resolve_precision)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
@@ -142,6 +142,29 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.usable_memory
+
+    @property
+    def cp_exchange_bytes(self) -> int:
+        return cp_exchange_bytes(self.cfg, self.batch, self.precision)
+
+
+def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
+    """Bytes of K/V one cp rank sends per optimizer step (0 without cp), all its layers and micro batches.
+
+    Per layer and micro batch a rank's K/V block is 2 * (micro * seq_len / cp) * d_model / tp values (after the
+    GQA repeat). Ring: forward passes cp-1 blocks on; backward cp-1 blocks again plus cp fp32 dK/dV blocks.
+    All-gather: cp-1 blocks in forward, cp-1 gradient blocks (reduce-scatter) in backward. Full activation
+    checkpointing repeats the forward exchange."""
+    p, m = cfg.parallelism, cfg.model
+    if p.cp == 1:
+        return 0
+    values = 2 * batch.micro_batch_size * m.seq_len // p.cp * m.d_model // p.tp
+    e = dtypes_for(cfg, precision).compute
+    forward = (p.cp - 1) * values * e * (2 if p.activation_checkpointing == "full" else 1)
+    backward = (p.cp - 1) * values * e + p.cp * values * 4 if p.cp_kv_exchange == "ring" else (p.cp - 1) * values * e
+    layers = m.n_layers // p.pp  # the most loaded pipeline rank's layers (pp > 1 with cp is refused today)
+    n_micro = p.pp_microbatches or batch.grad_accum
+    return layers * n_micro * (forward + backward)
 
 
 def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
@@ -262,10 +285,10 @@ def _si(x: float, unit: str) -> str:
 
 
 def mesh_placement(cfg: RootConfig) -> str:
-    """Where each mesh dim's groups fall: ranks are laid out row-major over (pp, dp_replicate, dp_shard, tp)."""
+    """Where each mesh dim's groups fall: ranks are laid out row-major over (pp, dp_replicate, dp_shard, cp, tp)."""
     p, per_node = cfg.parallelism, cfg.cluster.gpus_per_node
     stride, parts = 1, []
-    for name in ("tp", "dp_shard", "dp_replicate", "pp"):
+    for name in ("tp", "cp", "dp_shard", "dp_replicate", "pp"):
         size = getattr(p, name)
         if size > 1:
             span = stride * size
@@ -281,7 +304,8 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
         f"(world size {plan.world_size}), precision {plan.precision}",
-        f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} x tp={p.tp}"
+        f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard}"
+        + (f" x cp={p.cp}" if p.cp > 1 else "") + f" x tp={p.tp}"
         f"  ({mesh_placement(cfg)})",
         f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
         f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
@@ -290,6 +314,12 @@ def format_plan(plan: Plan) -> str:
         f"d_model {m.d_model}, heads {m.n_heads}/{m.n_kv_heads or m.n_heads} kv, seq_len {m.seq_len}",
         f"batch      {b.global_batch_size} sequences = micro {b.micro_batch_size} x grad_accum {b.grad_accum} "
         f"x dp {b.dp_size}; {b.tokens_per_step:,} tokens/step" + (f"; {plan.n_micro} pipeline micro batches" if p.pp > 1 else ""),
+    ]
+    if p.cp > 1:
+        lines.append(f"cp         {p.cp} ranks per sequence ({p.cp_kv_exchange}): {m.seq_len // p.cp} of {m.seq_len} tokens "
+                     f"per rank (chunks of {m.seq_len // (2 * p.cp)}); K/V exchange {gib(plan.cp_exchange_bytes):.3f} GiB "
+                     f"per rank and step")
+    lines += [
         f"FLOPs      {_si(plan.flops_per_token, 'FLOP')}/token (6N + attention), {_si(plan.flops_per_step, 'FLOP')}/step",
         f"memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",
     ]

@@ -47,6 +47,7 @@ from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import document_flops_per_token, flops_per_token
 from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
+from lmforge.parallel.mesh import DIM_NAMES
 from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import env, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
@@ -129,7 +130,7 @@ class Trainer:
             return
         self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
         layout = {"world_size": self.world.world_size, "backend": self.world.backend,
-                  "mesh": {k: v for k, v in zip(("pp", "dp_replicate", "dp_shard", "tp"), self.engine.dims.shape)},
+                  "mesh": {k: v for k, v in zip(DIM_NAMES, self.engine.dims.shape)},
                   "batch": asdict(self.plan), "threads": self.threads, "device": str(self.device),
                   "precision": self.engine.precision}
         provenance.write(self.paths.provenance, provenance.collect(layout=layout))

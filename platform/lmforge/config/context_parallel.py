@@ -1,0 +1,42 @@
+"""The checks of ``parallelism.cp`` (context parallelism) that need no process group.
+
+Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), full
+activation checkpointing, GQA/MQA, ring or all-gather K/V exchange, on the native engine (not yet with
+``data.document_masking``). Everything else is
+refused here with one line (``parallel/context_parallel.py`` holds the implementation).
+"""
+from __future__ import annotations
+
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+
+
+def check_context_parallel(cfg: RootConfig) -> None:
+    p, m = cfg.parallelism, cfg.model
+    if p.cp == 1:
+        return
+    chunks = 2 * p.cp
+    if m.seq_len % chunks:
+        raise ConfigError("parallelism.cp", f"seq_len ({m.seq_len}) is not divisible by 2*cp ({chunks}): the "
+                          "load-balanced layout splits each sequence into 2*cp equal chunks",
+                          f"choose a seq_len divisible by {chunks} (or a cp dividing seq_len/2)")
+    if p.engine != "native":
+        raise ConfigError("parallelism.cp", "context parallelism runs on the native engine only",
+                          "set parallelism.engine=native (or parallelism.cp=1 with DeepSpeed)")
+    if p.pp > 1:
+        raise ConfigError("parallelism.cp", "cp with pipeline parallelism (pp > 1) is not supported yet",
+                          "set parallelism.pp=1, or parallelism.cp=1 for a pipelined run")
+    if cfg.data.document_masking:
+        raise ConfigError("data.document_masking", "document masking with context parallelism (cp > 1) is not "
+                          "supported yet: the cp attention and RoPE tables use global positions",
+                          "set data.document_masking=false, or parallelism.cp=1")
+    if p.compile:
+        raise ConfigError("parallelism.compile", "torch.compile of the context-parallel attention (a custom autograd "
+                          "Function with point-to-point sends) is not supported", "set parallelism.compile=false for cp > 1")
+    if p.activation_checkpointing == "selective":
+        raise ConfigError("parallelism.activation_checkpointing", "selective checkpointing would recompute the "
+                          "context-parallel K/V exchange op by op", "use activation_checkpointing=full (or none) with cp > 1")
+    if p.sequence_parallel and (m.seq_len // p.cp) % p.tp:
+        raise ConfigError("parallelism.sequence_parallel", f"a cp rank's sequence ({m.seq_len}/{p.cp} = "
+                          f"{m.seq_len // p.cp} tokens) is not divisible by tp ({p.tp})",
+                          "choose a seq_len divisible by cp*tp")
