@@ -164,3 +164,11 @@ def test_shipped_tasks_are_rebuilt_identically(tmp_path):
         assert len(task.docs) == 200 and all(len(task.choices(d)) == 4 for d in task.docs)
         golds = [task.gold(d) for d in task.docs]
         assert len(set(golds)) == 4 and max(golds.count(i) for i in range(4)) < 80  # the answer's place is random
+
+
+def test_offline_scorer_refuses_a_directory_without_a_checkpoint(tmp_path, capsys):
+    from lmforge.evaluation.offline import main
+
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lmforge: {tmp_path}: no complete checkpoint here") and "\n" not in err

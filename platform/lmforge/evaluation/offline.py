@@ -5,6 +5,7 @@ is the same ``GPT`` the engines build, fed by ``checkpoint.weights.load_full_mod
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -82,3 +83,48 @@ def encode_fn(tokenizer: Tokenizer):
     def encode(text: str) -> List[int]:
         return tokenizer.encode(text)
     return encode
+
+
+def score_checkpoint(path: Path, specs: List[str], limit: int = 0, batch_size: int = 16,
+                     control_seed: Optional[int] = None) -> dict:
+    """``eval/<task>/*`` of a checkpoint (and, with ``control_seed``, of the same shape freshly initialised)."""
+    from lmforge.evaluation.runner import TaskRunner
+    from lmforge.evaluation.tasks import load_tasks
+
+    loaded = load_checkpoint(path)
+    runner = TaskRunner(load_tasks(specs), loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len,
+                        batch_size, limit)
+    out = {"checkpoint": str(loaded.checkpoint), "trained": runner.run_fn(loaded.token_logprobs, torch.device("cpu"))[0]}
+    if control_seed is not None:
+        control = untrained_like(loaded, control_seed)
+        out["untrained"] = runner.run_fn(control.token_logprobs, torch.device("cpu"))[0]
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """python -m lmforge.evaluation.offline RUN_OR_CKPT [--tasks a,b] [--limit N] [--control-seed S]"""
+    import argparse
+    import json
+
+    from lmforge.config.errors import ActionableError
+    from lmforge.evaluation.tasks import shipped_task_names
+
+    p = argparse.ArgumentParser(prog="python -m lmforge.evaluation.offline", description=main.__doc__)
+    p.add_argument("path")
+    p.add_argument("--tasks", default=",".join(shipped_task_names()))
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--control-seed", type=int, default=None, help="also score the same shape, initialised fresh")
+    args = p.parse_args(argv)
+    try:
+        result = score_checkpoint(Path(args.path), args.tasks.split(","), args.limit, args.batch_size,
+                                  args.control_seed)
+    except (ActionableError, WeightsError) as err:
+        print(f"lmforge: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
