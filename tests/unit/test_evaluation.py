@@ -138,7 +138,7 @@ def test_acc_norm_divides_by_choice_length(tmp_path):
     assert metrics["ll_gold"] == pytest.approx((-6 - 1 - 3) / 3) and records[0] == {"gold": 0, "lls": [-6.0, -9.0, -5.5]}
 
 
-def test_bits_per_byte_counts_the_bytes_the_tokens_decode_to(data_cache):
+def test_bits_per_byte_counts_the_bytes_the_tokens_decode_to(data_cache, tmp_path):
     from lmforge.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer("embedded", data_cache)
@@ -147,6 +147,11 @@ def test_bits_per_byte_counts_the_bytes_the_tokens_decode_to(data_cache):
     ids = tok.encode(text)
     assert int(table[ids].sum()) == len(text.encode("utf-8"))
     assert int(table[tok.eod]) == 0
+    # the same tokenizer as a tiktoken file: each token's own bytes, the same table
+    from lmforge.data.tokenizer import export_tiktoken
+
+    tt = load_tokenizer(f"tiktoken:{export_tiktoken(Path(tok.source), tmp_path / 'embedded.tiktoken')}")
+    assert torch.equal(token_byte_lengths(tt, 8192), table)
     assert bits_per_byte(2.0, 100, 400) == pytest.approx(2.0 * 100 / 400 / math.log(2))
 
 
