@@ -10,7 +10,6 @@ end-of-document token) are 0 bytes: they are in the loss but are no text.
 """
 from __future__ import annotations
 
-import json
 import math
 
 import torch
@@ -20,29 +19,25 @@ LN2 = math.log(2.0)
 
 def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
     """``[vocab_size]`` int64: the UTF-8 bytes each token id stands for (0 for special and unused ids)."""
-    out = torch.zeros(vocab_size, dtype=torch.int64)
+    lengths = [0] * vocab_size
     backend = tokenizer.backend
     n = min(vocab_size, tokenizer.vocab_size)
     if tokenizer.kind == "tiktoken":
         for i in range(n):
             try:
-                out[i] = len(backend.decode_single_token_bytes(i))
+                lengths[i] = len(backend.decode_single_token_bytes(i))
             except KeyError:  # an id the encoding does not use
                 pass
-        out[tokenizer.eod] = 0
-        return out
-    spec = json.loads(backend.to_str())
-    special = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
-    for i in range(n):
-        if i in special:
-            continue
-        token = backend.id_to_token(i)
-        if token is None:
-            continue
-        out[i] = len(token) if byte_level else len(backend.decode([i]).encode("utf-8"))
-    out[tokenizer.eod] = 0
-    return out
+    else:
+        from tokenizers import decoders
+
+        special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        for token, i in backend.get_vocab(with_added_tokens=True).items():
+            if i < n and i not in special:
+                lengths[i] = len(token) if byte_level else len(backend.decode([i]).encode("utf-8"))
+    lengths[tokenizer.eod] = 0
+    return torch.tensor(lengths, dtype=torch.int64)
 
 
 def bits_per_byte(loss_nats: float, tokens: int, n_bytes: int) -> float:

@@ -75,15 +75,11 @@ def score(requests: Sequence[TokenRequest], logprob_fn: LogprobFn, seq_len: int,
     results = torch.zeros(len(rows), 2, dtype=torch.float64, device=device)
     for b in range(rank, n_batches, size):
         chunk = list(range(b * batch_size, min((b + 1) * batch_size, len(rows))))
-        tokens = torch.zeros(batch_size, seq_len, dtype=torch.long)
-        targets = torch.zeros(batch_size, seq_len, dtype=torch.long)
-        mask = torch.zeros(batch_size, seq_len, dtype=torch.bool)
-        for i, j in enumerate(chunk):
-            inp, tgt, lo, hi = rows[j]
-            tokens[i, :len(inp)] = torch.tensor(inp)
-            targets[i, :len(tgt)] = torch.tensor(tgt)
-            mask[i, lo:hi] = True
-        mask = mask.to(device)
+        pad = [([], [], 0, 0)] * (batch_size - len(chunk))  # padding rows: every batch has one shape
+        batch = [rows[j] for j in chunk] + pad
+        tokens = torch.tensor([inp + [0] * (seq_len - len(inp)) for inp, _, _, _ in batch], dtype=torch.long)
+        targets = torch.tensor([tgt + [0] * (seq_len - len(tgt)) for _, tgt, _, _ in batch], dtype=torch.long)
+        mask = torch.tensor([[lo <= t < hi for t in range(seq_len)] for _, _, lo, hi in batch], device=device)
         logp, greedy = logprob_fn(tokens.to(device), targets.to(device))
         ll = (logp.double() * mask).sum(1)
         is_greedy = (greedy | ~mask).all(1).double()

@@ -113,8 +113,8 @@ class Trainer:
         self.engine = build_engine(cfg, self.device)
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers)
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
-        # Evaluation: bytes per token id (val/<source>/bpb) and the downstream tasks (lmforge.evaluation)
-        self.token_bytes = token_byte_lengths(self.tokenizer, cfg.model.vocab_size).to(self.device)
+        # Evaluation: bytes per token id (val/<source>/bpb, built at the first evaluation) and the downstream tasks
+        self.token_bytes: Optional[torch.Tensor] = None
         self.tasks = TaskRunner(eval_tasks, self.tokenizer.encode, self.tokenizer.eod, cfg.model.seq_len,
                                 cfg.eval.batch_size, cfg.eval.limit) if eval_tasks else None
         self.flops_per_token = flops_per_token(cfg.model)
@@ -190,6 +190,8 @@ class Trainer:
     def evaluate(self) -> dict:
         self.engine.eval()
         out = {}
+        if self.token_bytes is None:
+            self.token_bytes = token_byte_lengths(self.tokenizer, self.cfg.model.vocab_size).to(self.device)
         for source in self.mixture.sources:
             losses, counts = [], torch.zeros(2, dtype=torch.int64, device=self.device)  # (bytes, tokens) here
             for x, y in self.data.valid_batches(source, self.cfg.train.eval_batches):
