@@ -8,7 +8,7 @@ from typing import Dict, List
 
 import torch
 
-from distributed.parallel_worker import BASE, build_config, build_engine, init_world
+from distributed.parallel_worker import build_config, build_engine, init_world
 
 
 def eval_layouts(layouts: Dict[str, List[str]], task: str, limit: int) -> Dict[str, dict]:

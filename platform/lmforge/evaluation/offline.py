@@ -79,12 +79,6 @@ def untrained_like(loaded: LoadedModel, seed: int) -> LoadedModel:
     return LoadedModel(model.eval(), loaded.cfg, loaded.tokenizer, None)
 
 
-def encode_fn(tokenizer: Tokenizer):
-    def encode(text: str) -> List[int]:
-        return tokenizer.encode(text)
-    return encode
-
-
 def score_checkpoint(path: Path, specs: List[str], limit: int = 0, batch_size: int = 16,
                      control_seed: Optional[int] = None) -> dict:
     """``eval/<task>/*`` of a checkpoint (and, with ``control_seed``, of the same shape freshly initialised)."""
