@@ -61,6 +61,22 @@ def train(engine, cfg, data: torch.Tensor, micro: int, dp: int, rank: int) -> Di
     return {"losses": losses, "grad_norms": norms}
 
 
+def task_lls(engine, cache: str, seq_len: int) -> list:
+    """Per-choice log-likelihoods of 4 documents of a shipped task through ``Engine.token_logprobs``."""
+    from pathlib import Path
+
+    from lmforge.data.tokenizer import load_tokenizer
+    from lmforge.evaluation.runner import TaskRunner
+    from lmforge.evaluation.tasks import load_task
+
+    tok = load_tokenizer("embedded", Path(cache))
+    engine.eval()
+    runner = TaskRunner([load_task("stdlib_next_line")], tok.encode, tok.eod, seq_len, batch_size=4, limit=4)
+    _, records = runner.run(engine)
+    engine.train()
+    return [r["lls"] for r in records["stdlib_next_line"]]
+
+
 def native_reference(cache: str, precision: str = "fp32") -> dict:
     """The single-process native engine on the same data: one micro batch of the whole global batch."""
     from lmforge.comm.process_group import init_process_group
@@ -77,6 +93,8 @@ def native_reference(cache: str, precision: str = "fp32") -> dict:
         init_process_group(cfg.comm, device)
         engine = build_engine(cfg, device)
         out[prec] = train(engine, cfg, real_text_batches(cache, cfg.model.seq_len), GLOBAL, 1, 0)
+        if prec == "fp32":
+            out[prec]["task_lls"] = task_lls(engine, cache, cfg.model.seq_len)
     return out
 
 
@@ -113,6 +131,8 @@ def deepspeed_cases(cache: str, names: List[str]) -> dict:
             data = real_text_batches(cache, cfg.model.seq_len)
         engine = build_engine(cfg, device)
         result = train(engine, cfg, data, micro, 2, rank)
+        if name == "zero3":  # downstream evaluation through ZeRO-3's partitioned parameters
+            result["task_lls"] = task_lls(engine, cache, cfg.model.seq_len)
         result["footprint"] = engine.footprint()
         result["ds_config"] = engine.ds_config
         result["engine"] = type(engine).__name__

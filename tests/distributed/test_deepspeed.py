@@ -89,6 +89,20 @@ def test_zero_stage_matches_native_fp32(runs, case, stage):
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
+def test_zero3_task_log_likelihoods_match_native(runs):
+    """Engine.token_logprobs under ZeRO-3 (after the 5 steps): the native engine's per-choice log-likelihoods."""
+    ref, ranks = runs
+    want = ref["fp32"]["task_lls"]
+    assert len(want) == 4 and all(len(x) == 4 for x in want)
+    for value in ranks:
+        got = value["zero3"]["task_lls"]
+        assert [pytest.approx(x, abs=2e-3) for x in want] == got
+    assert ranks[0]["zero3"]["task_lls"] == ranks[1]["zero3"]["task_lls"]
+    assert max(abs(a - b) for x, y in zip(want, want[1:]) for a, b in zip(x, y)) > 1e-2  # documents differ
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
 def test_gradient_accumulation_2_matches_native(runs):
     ref, ranks = runs
     for value in ranks:

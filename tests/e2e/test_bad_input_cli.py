@@ -140,6 +140,9 @@ def _rows(i):
         "document_flex_on_cpu": (["data.document_masking=true", "data.document_attention=flex", "train.device=cpu"],
             {}, "config key 'data.document_attention': flex cannot train on the CPU: torch's FlexAttention has no "
             "backward there. Fix: use data.document_attention=sdpa on the CPU (flex needs CUDA)"),
+        "eval_task_missing": (["eval.tasks=[nope.yaml]"], {},
+            "config key 'eval.tasks': nope.yaml: no such task file. Fix: give the path of an lm-eval task YAML, or a "
+            "shipped task: austen_next_sentence, stdlib_next_line"),
         "unknown_exp": (["+exp=smok"], {},
             "config key 'exp': 'smok' is not one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke (no exp/smok.yaml in "
             f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke"),
@@ -149,7 +152,8 @@ def _rows(i):
 ROWS = ["tp2_single_process", "vocab_smaller_than_tokenizer", "deepspeed_compile", "resume_nothing", "resume_tmp_dir",
         "resume_other_shape", "resume_other_vocab",
         "resume_other_tokenizer", "resume_missing_rank_shard", "truncated_bin", "idx_disagrees_with_bin",
-        "shard_of_other_tokenizer", "yaml_wrong_type", "unknown_exp", "document_flex_on_cpu"]
+        "shard_of_other_tokenizer", "yaml_wrong_type", "unknown_exp", "document_flex_on_cpu",
+        "eval_task_missing"]
 
 
 @pytest.mark.timeout(900)

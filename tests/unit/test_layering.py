@@ -16,6 +16,7 @@ LAYERS = {
     "parallel": 3, "comm": 3,
     "data": 4, "checkpoint": 4, "metrics": 4,
     "fault": 4.5,  # fault handling pins checkpoints and writes events through the metrics logger
+    "evaluation": 4.7,  # downstream tasks and bits per byte: over the Engine contract, data's tokenizer; the trainer calls it
     # "optim" (lmforge/optim/, from trainer/optim.py) takes its layer here when it lands
     "trainer": 5,
     "scaling": 6, "interop": 6, "launch": 6,

@@ -13,6 +13,7 @@ from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.cluster import ClusterConfig
 from lmforge.config.comm import CommConfig
 from lmforge.config.data import DataConfig
+from lmforge.config.eval import EvalConfig
 from lmforge.config.fault import FaultConfig
 from lmforge.config.logging import LoggingConfig, MetricsConfig
 from lmforge.config.model import ModelConfig
@@ -36,4 +37,5 @@ class RootConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # downstream tasks in the loop (lmforge.evaluation)
 

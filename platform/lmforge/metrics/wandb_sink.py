@@ -116,7 +116,7 @@ class WandbSink:
             self.run = wandb.init(mode="offline", **kwargs)
         self.run.define_metric("tokens_seen")
         self.run.define_metric("flops_seen")
-        for pattern in ("train/*", "val/*", "tokens/*", "checkpoint/*"):
+        for pattern in ("train/*", "val/*", "eval/*", "tokens/*", "checkpoint/*"):  # eval/*: downstream tasks
             self.run.define_metric(pattern, step_metric="tokens_seen")
 
     def log(self, record: dict) -> None:
@@ -125,7 +125,7 @@ class WandbSink:
         for key, value in record.items():
             if key in ("kind", "time", "step") or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
-            if key in ("tokens_seen", "flops_seen") or key.startswith(("val/", "tokens/")):
+            if key in ("tokens_seen", "flops_seen") or key.startswith(("val/", "eval/", "tokens/")):
                 row[key] = value
             else:
                 row[f"{kind}/{key}"] = value

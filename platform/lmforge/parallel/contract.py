@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 from torch import nn
@@ -80,6 +80,10 @@ class Engine(Protocol):
     def eval(self) -> None: ...
 
     def state_layout(self) -> StateLayout: ...
+
+    def token_logprobs(self, tokens: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Downstream evaluation: ``[B, T]`` log-likelihood of each target and whether it is the greedy token, on
+        every rank of this data-parallel replica (not reduced over dp; ``lmforge.evaluation`` shards batches)."""
 
 
 @runtime_checkable

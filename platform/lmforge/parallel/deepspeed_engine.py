@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ import torch.distributed as dist
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.model.logprobs import target_logprobs
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.mesh import ParallelDims
@@ -251,6 +252,14 @@ class DeepSpeedEngine:
         from lmforge.parallel.contract import DEEPSPEED, StateLayout
 
         return StateLayout(DEEPSPEED, sidecar={"zero_stage": int(self.stage), "dp_size": int(self.dp_size)})
+
+    # ---- downstream evaluation (lmforge.evaluation) -------------------------------------------------------
+    @torch.no_grad()
+    def token_logprobs(self, tokens: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-likelihood of ``targets`` and whether each is the greedy token, ``[B, T]`` each (this
+        rank's batch; not reduced over dp). ZeRO-3 gathers the parameters inside the forward."""
+        out = target_logprobs(self.ds(tokens), targets)
+        return out[0], out[1] > 0.5
 
 
 def _shutdown(engine: DeepSpeedEngine) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,7 @@ from lmforge.config.document_masking import check_document_masking
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.model.logprobs import target_logprobs
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
@@ -180,4 +181,16 @@ class NativeEngine:
 
         return StateLayout(DCP, pipeline_stage=self.dims.pp > 1)
 
-
+    # ---- downstream evaluation (lmforge.evaluation) -------------------------------------------------------
+    @torch.no_grad()
+    def token_logprobs(self, tokens: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-likelihood of ``targets`` and whether each is the greedy token, ``[B, T]`` each, on every
+        rank of this data-parallel replica (pp: broadcast from the last stage). Not reduced over dp."""
+        with autocast_context(self.precision, self.device):
+            if self.pipeline is not None:
+                out = self.pipeline.eval_forward(tokens, lambda logits: target_logprobs(logits, targets),
+                                                 (2, *targets.shape))
+            else:
+                out = target_logprobs(self.model(tokens), targets)
+        self._reshard()
+        return out[0], out[1] > 0.5

@@ -156,9 +156,15 @@ class PipelineRunner:
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
+        return self.eval_forward(tokens, lambda logits: cross_entropy_loss(logits, targets).float(), ())
+
+    @torch.no_grad()
+    def eval_forward(self, tokens: torch.Tensor, head, shape) -> torch.Tensor:
+        """Forward only; ``head(logits)`` on the last stage gives an fp32 tensor of ``shape``, broadcast to every
+        pipeline rank (the loss; per-token log-likelihoods for downstream evaluation)."""
         h: Optional[torch.Tensor] = tokens
         by_index = {stage.stage_index: stage for stage in self.stages}
-        loss = torch.zeros((), device=self.device)
+        loss = torch.zeros(shape, device=self.device)
         for s in range(self.plan.n_stages):
             owner = self.plan.stage_to_rank[s]
             if owner != self.pp_rank:
@@ -169,7 +175,7 @@ class PipelineRunner:
                     h = self.recv_activation(prev)
             h = by_index[s](h)
             if s == self.plan.n_stages - 1:
-                loss = cross_entropy_loss(h, targets).float()
+                loss = head(h)
             else:
                 nxt = self.plan.stage_to_rank[s + 1]
                 if nxt != self.pp_rank:

@@ -38,6 +38,9 @@ from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
+from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
+from lmforge.evaluation.runner import TaskRunner
+from lmforge.evaluation.tasks import check_eval_config
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
@@ -78,6 +81,8 @@ class Trainer:
     def __init__(self, cfg: Validated, run_dir: Path):
         self.cfg, self.plan = cfg  # validate()'s typed config and batch plan (cfg.<group> reads the config)
         self.paths = RunPaths(Path(run_dir))
+        # eval.tasks: parsed (and their data read) before any process group: a bad task file is exit 2 here
+        eval_tasks = check_eval_config(cfg.eval.tasks, cfg.eval.batch_size, cfg.eval.limit)
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -110,6 +115,10 @@ class Trainer:
         self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers,
                                 document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
+        # Evaluation: bytes per token id (val/<source>/bpb, built at the first evaluation) and the downstream tasks
+        self.token_bytes: Optional[torch.Tensor] = None
+        self.tasks = TaskRunner(eval_tasks, self.tokenizer.encode, self.tokenizer.eod, cfg.model.seq_len,
+                                cfg.eval.batch_size, cfg.eval.limit) if eval_tasks else None
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         peak = peak_tflops(self.device, dtype, warn=print if self.rank == 0 else (lambda _line: None))
@@ -190,12 +199,30 @@ class Trainer:
     def evaluate(self) -> dict:
         self.engine.eval()
         out = {}
+        if self.token_bytes is None:
+            self.token_bytes = token_byte_lengths(self.tokenizer, self.cfg.model.vocab_size).to(self.device)
         for source in self.mixture.sources:
-            losses = [float(self.engine.eval_loss(b.tokens, b.targets, b.positions))
-                      for b in self.data.valid_batches(source, self.cfg.train.eval_batches)]
+            losses, counts = [], torch.zeros(2, dtype=torch.int64, device=self.device)  # (bytes, tokens) here
+            for b in self.data.valid_batches(source, self.cfg.train.eval_batches):
+                losses.append(float(self.engine.eval_loss(b.tokens, b.targets, b.positions)))
+                kept = b.targets >= 0  # data.loss_after_eod=mask: -100 targets are not scored, nor counted
+                counts += torch.stack([torch.where(kept, self.token_bytes[b.targets.clamp_min(0)], 0).sum(),
+                                       kept.sum()])
+            if is_distributed() and self.engine.dp_size > 1:
+                torch.distributed.all_reduce(counts, group=self.engine.dp_group)  # collective: bytes, tokens over dp
             loss = sum(losses) / len(losses)
             out[f"val/{source}/loss"] = loss
             out[f"val/{source}/ppl"] = math.exp(min(loss, 50.0))
+            out[f"val/{source}/bpb"] = bits_per_byte(loss, int(counts[1]), int(counts[0]))
+        if self.tasks is not None:  # collectives: the engine's forwards, one all-reduce of the scores per task
+            metrics, records = self.tasks.run(self.engine)
+            out.update(metrics)
+            if self.rank == 0:  # each document's per-choice log-likelihoods
+                evals = self.paths.root / "evals"
+                evals.mkdir(exist_ok=True)
+                for task, rows in records.items():
+                    (evals / f"{task}-step-{self.step:08d}.jsonl").write_text(
+                        "".join(json.dumps(r) + "\n" for r in rows))
         self.engine.train()
         return out
 
