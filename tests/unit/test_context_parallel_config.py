@@ -31,6 +31,10 @@ REFUSED = {
                 "config key 'data.document_masking': document masking with context parallelism (cp > 1) is not "
                 "supported yet: the cp attention and RoPE tables use global positions. Fix: set "
                 "data.document_masking=false, or parallelism.cp=1"),
+    "eval_tasks": (["parallelism.cp=2", "eval.tasks=[austen_next_sentence]"], 2,
+                   "config key 'eval.tasks': in-loop task evaluation with context parallelism (cp > 1) is not "
+                   "supported yet: its requests are not cut into the cp layout. Fix: set eval.tasks=[] for the cp run "
+                   "and score its checkpoints with `python -m lmforge.evaluation.offline RUN`"),
     "exchange": (["parallelism.cp=2", "parallelism.cp_kv_exchange=alltoall"], 2,
                  "config key 'parallelism.cp_kv_exchange': 'alltoall' is not one of ring, allgather. "
                  "Fix: choose one of ring, allgather"),

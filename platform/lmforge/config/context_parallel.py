@@ -2,7 +2,7 @@
 
 Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), full
 activation checkpointing, GQA/MQA, ring or all-gather K/V exchange, on the native engine (not yet with
-``data.document_masking``). Everything else is
+``data.document_masking`` or ``eval.tasks``). Everything else is
 refused here with one line (``parallel/context_parallel.py`` holds the implementation).
 """
 from __future__ import annotations
@@ -30,6 +30,11 @@ def check_context_parallel(cfg: RootConfig) -> None:
         raise ConfigError("data.document_masking", "document masking with context parallelism (cp > 1) is not "
                           "supported yet: the cp attention and RoPE tables use global positions",
                           "set data.document_masking=false, or parallelism.cp=1")
+    if cfg.eval.tasks:
+        raise ConfigError("eval.tasks", "in-loop task evaluation with context parallelism (cp > 1) is not supported "
+                          "yet: its requests are not cut into the cp layout",
+                          "set eval.tasks=[] for the cp run and score its checkpoints with "
+                          "`python -m lmforge.evaluation.offline RUN`")
     if p.compile:
         raise ConfigError("parallelism.compile", "torch.compile of the context-parallel attention (a custom autograd "
                           "Function with point-to-point sends) is not supported", "set parallelism.compile=false for cp > 1")
