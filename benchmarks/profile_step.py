@@ -2,7 +2,8 @@
 put into one category, each category's share of the step and, for GEMMs and attention, its achieved FLOP/s
 against an fp32 GEMM probe measured in the same run.
 
-    python -m benchmarks.profile_step [--model bench_small smoke gpt_125m] [--steps 3] [--batch 8] [--no-compile]
+    python -m benchmarks.profile_step [--model bench_small smoke gpt_125m] [--steps 3] [--batch 8] [--repeats 3]
+                                      [--threads N] [--no-compile]
 
 Categories: GEMM, attention, norms, activations, RoPE, loss, optimizer (AdamW, zero_grad, clipping),
 copies/layout (copies, casts, concatenations, repeats; views count with the op they feed), other ops
@@ -295,6 +296,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="micro batch (gpt_125m always uses 1)")
     ap.add_argument("--steps", type=int, default=3, help="profiled steps (gpt_125m: at most 2)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="unprofiled steps (and GEMM probes), interleaved")
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
     threads = pin_threads(args.threads)
@@ -303,7 +305,7 @@ def main() -> None:
         big = model == "gpt_125m"
         batch, steps = (1, min(args.steps, 2)) if big else (args.batch, args.steps)
         for compiled in (False,) if args.no_compile else (False, True):
-            run = run_profile(model, batch, steps, compiled, repeats=1 if big else 3)
+            run = run_profile(model, batch, steps, compiled, repeats=1 if big else args.repeats)
             runs.append(run)
             other = sorted(run.breakdown.other_ops.items(), key=lambda kv: -kv[1])[:6]
             print(f"{model} {run.mode}: step {run.step_s * 1e3:.1f} ms; other ops: "
