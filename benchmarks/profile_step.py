@@ -118,7 +118,9 @@ class Breakdown:
     other_ops: Dict[str, float] = field(default_factory=dict)  # "other ops" by op name (nothing hides)
 
     def share(self, category: str) -> float:
-        return self.self_us.get(category, 0.0) / self.wall_us
+        """Fraction of the step; when the profiled ops alone outlast the unprofiled step (a noisy machine),
+        fractions of the ops' total, so the shares always sum to 1."""
+        return self.self_us.get(category, 0.0) / max(self.wall_us, sum(self.self_us.values()))
 
     def rate(self, category: str) -> float:
         """Achieved FLOP/s of a category (0 where it does no counted FLOPs)."""

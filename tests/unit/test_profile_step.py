@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -36,6 +37,7 @@ def test_one_step_is_bucketed_by_op_and_context():
     b = bucket(events, step_s=1.0)
     tokens = batch * cfg.seq_len
     assert b.steps == 1 and set(b.self_us) <= set(CATEGORIES)
+    assert sum(b.share(c) for c in CATEGORIES) == pytest.approx(1.0)
     # Every GEMM and attention op was found, forward and backward (6N and the full-square attention term).
     assert b.flops["GEMM"] == 6 * matmul_params(cfg) * tokens
     assert b.flops["attention"] == attention_flops_per_token(cfg) * tokens
