@@ -15,7 +15,8 @@ stack: ``apply_rope`` is RoPE, ``cross_entropy_loss`` loss; the optimizer's and 
 its name. A backward op inherits the context of the forward op that recorded its autograd node (the two
 share a sequence number), so RoPE's backward multiplications count as RoPE, not as "other". Compiled
 blocks run inductor's fused C++ kernels, named after the ops they fuse (``cpp_fused_native_layer_norm_..``):
-a fused kernel goes to the category of the first op its name lists that has one.
+a fused kernel goes to the first category of ``FUSED_TOKENS`` whose token its name contains (best effort:
+a kernel fusing a residual add into a norm counts as norms).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ VIEW_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::reshape", "aten::
             "aten::_unsafe_view", "aten::detach", "aten::alias", "aten::flatten", "aten::unflatten", "aten::split",
             "aten::narrow", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resize_",
             "aten::lift_fresh", "aten::result_type", "aten::view_as", "aten::numpy_T", "detach"}
-FUSED_TOKENS = (("layer_norm", "norms"), ("rms_norm", "norms"), ("rsqrt", "norms"), ("gelu", "activations"),
+FUSED_TOKENS = (("scaled_dot_product", "attention"), ("flip", "RoPE"), ("layer_norm", "norms"), ("rms_norm", "norms"), ("rsqrt", "norms"), ("gelu", "activations"),
                 ("silu", "activations"), ("tanh", "activations"), ("sigmoid", "activations"), ("neg", "RoPE"),
                 ("cos", "RoPE"), ("softmax", "attention"), ("nll", "loss"), ("cat", "copies/layout"),
                 ("clone", "copies/layout"))

@@ -53,5 +53,6 @@ def test_one_step_is_bucketed_by_op_and_context():
 def test_compiled_kernel_names_and_view_ops():
     assert op_category("graph_0_cpp_fused_add_native_layer_norm_3") == "norms"
     assert op_category("graph_1_cpp_fused_gelu_mul_5") == "activations"
+    assert op_category("graph_0_cpp_fused__unsafe_view_add_flip_lift_fresh_mul_unsqueeze_view_1") == "RoPE"
     assert op_category("aten::mm") == "GEMM" and op_category("aten::view") is None
     assert op_category("aten::embedding") == "other ops"
