@@ -9,16 +9,46 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from benchmarks.harness import Case, run_suite
 from lmforge.config.compose import compose
+from lmforge.config.tokenizer_files import EMBEDDED_VOCAB, EOD_TOKEN
 from lmforge.config.validate import validate
 from lmforge.model.flops import flops_per_token
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.runtime.hardware import peak_tflops, pin_threads
+
+
+def small_vocab_tokenizer(vocab: int) -> str:
+    """A real tokenizer file with exactly ``vocab`` ids, for presets smaller than the embedded tokenizer
+    (``model=bench_small`` has 256): the step benchmark feeds random ids, but ``validate()`` checks the vocabulary."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    path = Path(tempfile.gettempdir()) / f"lmforge-bench-wordlevel-{vocab}.json"
+    if not path.exists():
+        words = {f"w{i}": i for i in range(vocab - 2)}
+        words["<unk>"] = vocab - 2
+        words[EOD_TOKEN] = vocab - 1
+        tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
+        tok.add_special_tokens([EOD_TOKEN])
+        tok.save(str(path))
+    return str(path)
+
+
+def base_overrides(model: str, batch: int, seq_len: int = 0) -> list[str]:
+    base = [f"model={model}", f"train.micro_batch_size={batch}", f"train.global_batch_size={batch}"]
+    if seq_len:
+        base.append(f"model.seq_len={seq_len}")
+    vocab = int(compose(base).model.vocab_size)
+    if vocab < EMBEDDED_VOCAB:
+        base.append(f"data.tokenizer={small_vocab_tokenizer(vocab)}")
+    return base
 
 
 def bare_loop(cfg, batch: int, fused_optim: bool):
@@ -81,9 +111,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="add compile on/off cases (first compile takes ~30 s)")
     args = ap.parse_args()
     threads = pin_threads(args.threads)
-    base = [f"model={args.model}", f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}"]
-    if args.seq_len:
-        base.append(f"model.seq_len={args.seq_len}")
+    base = base_overrides(args.model, args.batch, args.seq_len)
     cfg = validate(compose(base), world_size=1)
     tokens = args.batch * cfg.model.seq_len
     fpt = flops_per_token(cfg.model)

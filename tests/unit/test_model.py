@@ -97,3 +97,38 @@ def test_tied_embeddings_share_storage():
     assert list(model.output.parameters()) == []  # the tied head owns no weight: it uses the embedding table
     h = torch.randn(1, 3, 32)
     torch.testing.assert_close(model.output(h, model.tok_embeddings.weight), h @ model.tok_embeddings.weight.T)
+
+
+def test_rope_is_the_rotate_half_formula_bit_for_bit():
+    """apply_rope (halves view, flip, signed sin: no cat/neg of activations) equals x*cos + [-x2, x1]*sin
+    exactly, for [T, D] tables and per-sample [B, T, D] ones; a wrong sign (the negative control) does not."""
+    from lmforge.model.gpt import apply_rope, rope_tables
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 3, 8)
+    cos, sin = rope_tables(8, 16, 10000.0)
+    x1, x2 = x[..., :4], x[..., 4:]
+    expected = x * cos[None, :, None] + torch.cat([-x2, x1], dim=-1) * sin[None, :, None]
+    assert torch.equal(apply_rope(x, cos, sin), expected)
+    positions = torch.tensor([list(range(16)), list(range(8)) * 2])  # per-sample tables (restarting positions)
+    per_sample = apply_rope(x, cos[positions], sin[positions])
+    assert torch.equal(per_sample[0], expected[0]) and torch.equal(per_sample[1, :8], expected[1, :8])
+    wrong_sign = x * cos[None, :, None] + torch.cat([x2, -x1], dim=-1) * sin[None, :, None]
+    assert not torch.allclose(apply_rope(x, cos, sin), wrong_sign)
+
+
+def test_grouped_query_attention_equals_repeated_kv_heads():
+    """SDPA's grouped path (enable_gqa) gives the outputs and gradients of repeating each K/V head n_rep times."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2))
+    grouped = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    repeated = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    torch.testing.assert_close(grouped, repeated, rtol=0, atol=1e-6)
+    g = torch.randn_like(grouped)
+    for a, b in zip(torch.autograd.grad(grouped, (q, k, v), g), torch.autograd.grad(repeated, (q, k, v), g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    tiled = F.scaled_dot_product_attention(q, k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1), is_causal=True)
+    assert not torch.allclose(grouped, tiled)  # head j uses KV head j // n_rep, not j % n_kv

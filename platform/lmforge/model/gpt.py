@@ -56,18 +56,23 @@ def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos/sin: [T, D]."""
+    """x: [B, T, H, D]; cos/sin: [T, D] (or [B, T, D]: per-sample positions), the ``rope_tables`` layout.
+
+    Rotate-half RoPE, ``x * cos + [-x2, x1] * sin``, computed on x viewed as its two halves
+    ``[..., 2, D/2]``: the half swap is one ``flip`` and the sign lives in the (small) sin table, so no
+    concatenation or negation of the activations is made. Bit-identical to the cat/neg form."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
-    return x * cos + rotated * sin
+    pairs = x.unflatten(-1, (2, half))
+    cos = cos.unsqueeze(-2).unflatten(-1, (2, half)).to(x.dtype)  # [.., T, 1, 2, D/2]
+    sign = torch.tensor([[-1.0], [1.0]], dtype=x.dtype, device=x.device)  # first half of the swap is negated
+    sin = sin.unsqueeze(-2).unflatten(-1, (2, half)).to(x.dtype) * sign
+    return (pairs * cos + pairs.flip(-2) * sin).flatten(-2)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention over [B, H, T, D] q/k/v (the single-device kernel)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """Causal attention over [B, H, T, D] q and [B, H_kv, T, D] k/v (the single-device kernel). Grouped-query:
+    SDPA's own grouped path (no repeat_interleave copies of K and V)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class Attention(nn.Module):
@@ -94,9 +99,6 @@ class Attention(nn.Module):
             return self.wo(doc.attention(q, k, v, self.n_rep))
         cos, sin = cos[:seqlen], sin[:seqlen]  # full-length tables (a sequence-parallel block gets T/tp inputs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.n_rep > 1:
-            k = k.repeat_interleave(self.n_rep, dim=2)
-            v = v.repeat_interleave(self.n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         out = self.attend(q, k, v)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)

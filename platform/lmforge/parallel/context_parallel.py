@@ -262,6 +262,9 @@ def context_attention(group: dist.ProcessGroup, layout: ContextLayout, exchange:
     fn = EXCHANGES[exchange]
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:  # grouped-query: K/V repeated to the query heads, then exchanged
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return fn(q, k, v, group, layout)
 
     return attend

@@ -1,0 +1,58 @@
+"""benchmarks/profile_step.py's bucketing on one real profiled engine step of the tiny model: every GEMM and
+attention FLOP is found (the totals equal the project's FLOPs formula), RoPE's and the loss's ops (forward
+and backward) land in their own categories by context, and without the context rules (the negative control)
+RoPE disappears into "other ops". Keeps the profile table from silently rotting as the model code changes."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.profile_step import CATEGORIES, bucket, op_category, profile_steps  # noqa: E402
+from benchmarks.step import base_overrides, engine_step  # noqa: E402
+from lmforge.config.compose import compose  # noqa: E402
+from lmforge.config.validate import validate  # noqa: E402
+from lmforge.model.flops import attention_flops_per_token, matmul_params  # noqa: E402
+
+
+def test_one_step_is_bucketed_by_op_and_context():
+    was_initialized = dist.is_initialized()
+    batch = 2
+    base = base_overrides("tiny", batch)
+    cfg = validate(compose(base), world_size=1).cfg.model
+    try:
+        step = engine_step(base, batch)
+        step()
+        events = list(profile_steps(step, 1).events())
+    finally:
+        if not was_initialized and dist.is_initialized():
+            dist.destroy_process_group()
+    b = bucket(events, step_s=1.0)
+    tokens = batch * cfg.seq_len
+    assert b.steps == 1 and set(b.self_us) <= set(CATEGORIES)
+    assert sum(b.share(c) for c in CATEGORIES) == pytest.approx(1.0)
+    # Every GEMM and attention op was found, forward and backward (6N and the full-square attention term).
+    assert b.flops["GEMM"] == 6 * matmul_params(cfg) * tokens
+    assert b.flops["attention"] == attention_flops_per_token(cfg) * tokens
+    for category in ("GEMM", "attention", "norms", "activations", "RoPE", "loss", "optimizer"):
+        assert b.self_us.get(category, 0) > 0, category
+    assert "aten::flip" not in b.other_ops and "aten::_log_softmax" not in b.other_ops
+    # Negative control: without the context rules RoPE's ops (forward flip/mul, their backward) are "other".
+    blind = bucket(events, step_s=1.0, use_context=False)
+    assert blind.self_us.get("RoPE", 0) == 0 and "aten::flip" in blind.other_ops
+    assert blind.self_us["other ops"] > b.self_us.get("other ops", 0)
+
+
+def test_compiled_kernel_names_and_view_ops():
+    assert op_category("graph_0_cpp_fused_add_native_layer_norm_3") == "norms"
+    assert op_category("graph_1_cpp_fused_gelu_mul_5") == "activations"
+    assert op_category("graph_0_cpp_fused__unsafe_view_add_flip_lift_fresh_mul_unsqueeze_view_1") == "RoPE"
+    assert op_category("aten::mm") == "GEMM" and op_category("aten::view") is None
+    assert op_category("aten::embedding") == "other ops"
