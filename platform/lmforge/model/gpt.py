@@ -74,12 +74,14 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, kv_heads(cfg) * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache=None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        if kv_cache is not None:  # decoding (lmforge.generation.kv_cache): RoPE at cached positions, cached K/V
+            return self.wo(kv_cache.attend(q, k, v, self.n_rep))
         cos, sin = cos[:seqlen], sin[:seqlen]  # full-length tables (a sequence-parallel block gets T/tp inputs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.n_rep > 1:
@@ -116,8 +118,8 @@ class Block(nn.Module):
         self.ffn_norm = make_norm(cfg, cfg.d_model)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, kv_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -166,12 +168,13 @@ class DecoderStack(nn.Module):
     output: Optional[OutputHead]
     rope: RotaryTables
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V]."""
+    def forward(self, tokens: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V].
+        ``kv_cache`` (decoding only, ``lmforge.generation.KVCache``): attend to the cached tokens too."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope.cos, self.rope.sin
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        for name, layer in self.layers.items():
+            h = layer(h, cos, sin) if kv_cache is None else layer(h, cos, sin, kv_cache.layer(name))
         if self.norm is None:
             return h
         return self.output(self.norm(h), self.tok_embeddings.weight if self.output.tied else None)
