@@ -125,7 +125,7 @@ def test_stop_sequences_and_eos_end_rows_and_the_rest_continue():
     full = generate(model, PROMPTS, 12)
     stop = full[0][3:5]  # the first row completes this pair at new token 5
     eos = full[2][6]
-    assert stop != full[0][:2] and eos not in full[2][:6]
+    assert eos not in full[2][:6]
     out = generate(model, PROMPTS, 12, stop=[stop], eos_token_id=eos)
     expect = []
     for row in full:
@@ -146,5 +146,7 @@ def test_bad_input_is_refused_with_the_fix():
         generate(model, [[1]], 2, temperature=-1)
     with pytest.raises(GenerationError, match="top_p 0"):
         generate(model, [[1]], 2, temperature=1, top_p=0)
+    with pytest.raises(GenerationError, match="top_k 0: must be >= 1"):
+        generate(model, [[1]], 2, temperature=1, top_k=0)
     with pytest.raises(GenerationError, match="prompt 0 is empty"):
         generate(model, [[]], 2)
