@@ -79,8 +79,8 @@ class KVCache:
         self._step = (start, end, cos[flat], sin[flat], mask[:, None])  # mask [B, 1, T, end]
 
     def commit(self) -> None:
-        start, end = self._step[0], self._step[1]
-        self.length, self._step = end, None
+        """The step's slots now hold K/V: the next ``begin`` starts after them."""
+        self.length, self._step = self._step[1], None
 
     def layer(self, name: str) -> "LayerCache":
         return LayerCache(self, name)
