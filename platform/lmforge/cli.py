@@ -4,6 +4,7 @@
     lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
     lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
     lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
+    lmforge generate RUN_OR_CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
     lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
     lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
     lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
@@ -40,6 +41,12 @@ def _import(argv: Sequence[str]) -> int:
     from lmforge.interop.cli import import_main
 
     return import_main(argv)
+
+
+def _generate(argv: Sequence[str]) -> int:
+    from lmforge.interop.cli import generate_main
+
+    return generate_main(argv)
 
 
 def _comm(argv: Sequence[str]) -> int:
@@ -88,6 +95,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "data": _data,
     "export": _export,
     "import": _import,
+    "generate": _generate,
     "comm": _comm,
     "plan": _plan,
     "sweep": _sweep,

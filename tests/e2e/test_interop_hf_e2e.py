@@ -3,8 +3,9 @@
     transformers writes a tiny Llama (lm_head zeroed)  --lmforge import hf-->  step-0 checkpoint + exp config
     --lmforge train --config-dir ... +exp=... parallelism=fsdp  (2 real ranks, 6 steps on the embedded real text)-->
     FSDP2-sharded checkpoint  --lmforge export hf-->  LlamaForCausalLM.from_pretrained: logits within 1e-4 of
-    lmforge's on an Austen passage, identical greedy tokens; import that export (a single-process checkpoint)
-    and export it again: bit-identical to the export of the sharded one.
+    lmforge's on an Austen passage, identical greedy tokens (uncached, and KV-cached through `lmforge generate`'s
+    loader); import that export (a single-process checkpoint) and export it again: bit-identical to the export of
+    the sharded one.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from lmforge.checkpoint.weights import load_full_model_state, read_metadata_safe
 from lmforge.cli import main as lmforge_main
 from lmforge.data.embedded import iter_documents
 from lmforge.data.tokenizer import build_embedded_tokenizer, load_tokenizer
-from lmforge.interop.generate import greedy_generate
+from lmforge.generation import generate
+from lmforge.interop.generate import load_for_generation
 from lmforge.model.gpt import GPT
 
 VOCAB = 8192
@@ -111,7 +113,11 @@ def test_trained_model_matches_transformers_logits_and_greedy_tokens(fsdp_run, e
     assert (a - b).abs().max().item() < 1e-4
 
     prompt = ids[:24]
-    mine = greedy_generate(ours, prompt, 20, eos_token_id=our_tok.eod)
+    mine = generate(ours, [prompt], 20, eos_token_id=our_tok.eod, use_cache=False)[0]
+    # `lmforge generate`'s loader on the FSDP2-sharded checkpoint, KV-cached: the same tokens.
+    loaded = load_for_generation(fsdp_run)
+    assert loaded.tokenizer.fingerprint == our_tok.fingerprint
+    assert generate(loaded.model, [prompt], 20, eos_token_id=loaded.tokenizer.eod)[0] == mine
     hf_out = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=20, do_sample=False)
     assert hf_out[0, len(prompt):].tolist() == mine

@@ -60,7 +60,7 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
     from lmforge.evaluation.offline import load_checkpoint, untrained_like
     from lmforge.evaluation.runner import TaskRunner
     from lmforge.evaluation.tasks import load_task
-    from lmforge.interop.generate import greedy_generate
+    from lmforge.generation.decode import generate
 
     path = local_task(tmp_path)
     out = lm_eval.simple_evaluate(model="lmforge", model_args=f"path={checkpoint},batch_size=8",
@@ -99,6 +99,6 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
     assert rolled == pytest.approx(direct, abs=1e-3)
     prompt = "def main():\n"
     (gen,) = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 12}), 0)])
-    want = loaded.tokenizer.decode([t for t in greedy_generate(loaded.model, loaded.tokenizer.encode(prompt), 12,
-                                                               loaded.tokenizer.eod) if t != loaded.tokenizer.eod])
+    (ids,) = generate(loaded.model, [loaded.tokenizer.encode(prompt)], 12, eos_token_id=loaded.tokenizer.eod)
+    want = loaded.tokenizer.decode([t for t in ids if t != loaded.tokenizer.eod])
     assert gen == want.split("\n\n")[0] and json.dumps(gen)

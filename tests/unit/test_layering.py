@@ -12,6 +12,7 @@ LAYERS = {
     "runtime": 0,
     "config": 1,
     "model": 2,
+    "generation": 2.2,  # KV cache, decode loop, sampling: needs a plain GPT only (evaluation and interop call it)
     "optim": 2.5,  # the optimizer and LR schedule: engines build it from cfg.optim
     "parallel": 3, "comm": 3,
     "data": 4, "checkpoint": 4, "metrics": 4,

@@ -1,4 +1,5 @@
-"""``lmforge export hf ...`` and ``lmforge import hf ...`` (argument parsing and error reporting only)."""
+"""``lmforge export hf ...``, ``lmforge import hf ...`` and ``lmforge generate ...`` (argument parsing and error
+reporting only)."""
 from __future__ import annotations
 
 import argparse
@@ -66,4 +67,51 @@ def import_main(argv: Sequence[str]) -> int:
     print("or, with the default config tree: lmforge train " + " ".join(res.overrides))
     for note in res.notes:
         print(f"note: {note}")
+    return 0
+
+
+def generate_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="lmforge generate", description="Continue prompts with a checkpoint's model "
+                                "(KV-cached decoding on one process, the run's tokenizer).")
+    p.add_argument("source", type=Path, help="run directory, its checkpoints/ or a checkpoints/step-NNNNNNNN dir")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
+    p.add_argument("--stop", action="append", default=[], help="stop after this text (repeatable)")
+    p.add_argument("--no-eos", action="store_true", help="do not stop at the end-of-document token")
+    p.add_argument("--tokenizer", type=Path, default=None, help="the run's tokenizer.json, if not found by itself")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(list(argv))
+    from lmforge.checkpoint.safe_io import UnsafeCheckpointError
+    from lmforge.checkpoint.weights import WeightsError
+    from lmforge.generation import GenerationError, generate
+    from lmforge.interop.generate import load_for_generation
+    from lmforge.interop.mapping import InteropError
+
+    try:
+        loaded = load_for_generation(args.source, args.tokenizer, args.device)
+        tok = loaded.tokenizer
+        prompts = [tok.encode(text) or [tok.eod] for text in args.prompt]  # an empty prompt starts a document
+
+        def stop_when(row):
+            return bool(args.stop) and any(s in tok.decode(row) for s in args.stop)
+
+        outs = generate(loaded.model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, seed=args.seed, eos_token_id=None if args.no_eos else tok.eod,
+                        stop_when=stop_when)
+    except (GenerationError, InteropError, WeightsError, UnsafeCheckpointError, FileNotFoundError) as e:
+        return _fail("generate", e)
+    for i, (text, new) in enumerate(zip(args.prompt, outs)):
+        if new and new[-1] == tok.eod and not args.no_eos:
+            new = new[:-1]
+        continuation = tok.decode(new)
+        for s in args.stop:  # cut right after the first stop text
+            if s in continuation:
+                continuation = continuation[:continuation.index(s) + len(s)]
+        if i:
+            print("---")
+        print(text + continuation, flush=True)
     return 0

@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 
 from lmforge.evaluation.offline import load_checkpoint
 from lmforge.evaluation.scoring import rolling_requests, score
-from lmforge.interop.generate import greedy_generate
+from lmforge.generation.decode import generate as decode
 
 
 @register_model("lmforge")
@@ -70,8 +70,12 @@ class LmforgeLM(TemplateLM):
         return totals
 
     def generate(self, prompt: List[int], max_new_tokens: int) -> List[int]:
-        """The one decoding call (greedy, stops after the end-of-document token)."""
-        return greedy_generate(self.loaded.model, prompt, max_new_tokens, eos_token_id=self.eot_token_id)
+        """The one decoding call: greedy with the KV cache (lmforge.generation), stopping after the end-of-document
+        token; a context longer than fits with ``max_new_tokens`` in ``seq_len`` is cut from the left."""
+        max_new_tokens = min(max_new_tokens, self.max_length - 1)
+        (out,) = decode(self.loaded.model, [prompt[-(self.max_length - max_new_tokens):]], max_new_tokens,
+                        eos_token_id=self.eot_token_id)
+        return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
         out = []

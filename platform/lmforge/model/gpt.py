@@ -89,7 +89,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc: Optional[DocumentMask] = None) -> torch.Tensor:
+                doc: Optional[DocumentMask] = None, kv_cache=None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
@@ -97,6 +97,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         if doc is not None:  # document masking (model/document_mask.py): per-document RoPE positions and mask
             return self.wo(doc.attention(q, k, v, self.n_rep))
+        if kv_cache is not None:  # decoding (lmforge.generation.kv_cache): RoPE at cached positions, cached K/V
+            return self.wo(kv_cache.attend(q, k, v, self.n_rep))
         cos, sin = cos[:seqlen], sin[:seqlen]  # full-length tables (a sequence-parallel block gets T/tp inputs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
@@ -131,8 +133,8 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc: Optional[DocumentMask] = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, doc=doc)
+                doc: Optional[DocumentMask] = None, kv_cache=None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, doc=doc, kv_cache=kv_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -182,14 +184,18 @@ class DecoderStack(nn.Module):
     rope: RotaryTables
     document_attention: str = "sdpa"  # the backend of document-masked forwards (data.document_attention)
 
-    def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
         """tokens: [B, T] int64 (or hidden states [B, T, d] on a later pipeline stage) -> logits [B, T, V].
-        ``positions`` [B, T]: document-masked attention (model/document_mask.py); None: causal over the sample."""
+        ``positions`` [B, T]: document-masked attention (model/document_mask.py); None: causal over the sample.
+        ``kv_cache`` (decoding only, ``lmforge.generation.KVCache``): attend to the cached tokens too."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope.cos, self.rope.sin
         doc = None if positions is None else DocumentMask.build(positions, cos, sin, self.document_attention)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin) if doc is None else layer(h, cos, sin, doc=doc)
+        for name, layer in self.layers.items():
+            if doc is None and kv_cache is None:  # training's path: no extra arguments through the wrappers
+                h = layer(h, cos, sin)
+            else:
+                h = layer(h, cos, sin, doc=doc, kv_cache=None if kv_cache is None else kv_cache.layer(name))
         if self.norm is None:
             return h
         return self.output(self.norm(h), self.tok_embeddings.weight if self.output.tied else None)
