@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Dict, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.model.moe import MoECollector
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
@@ -29,6 +30,7 @@ class StepResult:
     loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
     grad_norm: torch.Tensor  # scalar, global pre-clip norm
     skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
+    moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
 
 
 class StepGuard(Protocol):
@@ -72,6 +74,7 @@ class NativeEngine:
         self.pipeline = par.pipeline
         self.manual_grad_sync = par.manual_grad_sync
         self.optimizer = build_optimizer(self.inner, cfg.optim, device)
+        self.moe = MoECollector(self.inner, cfg.model.moe)  # the MoE layers' router losses and loads; empty: dense
         self.dp_group = self.mesh["dp"].get_group()
         # Ranks holding a replica of this rank's shard (fault/consistency.py compares them); None: no replicas.
         self.replica_group = self.mesh["dp_replicate"].get_group() if self.dims.dp_replicate > 1 else None
@@ -115,8 +118,10 @@ class NativeEngine:
             for j, mb in enumerate(micro_batches):
                 with self._grad_sync(last=j == n - 1):
                     loss = self.forward_loss(mb.tokens, mb.targets) / n
+                    total += loss.detach()  # the reported loss is the cross-entropy alone
+                    if self.moe:
+                        loss = loss + self.moe.router_loss() / n  # aux load-balancing + z-loss (model/moe.py)
                     loss.backward()
-                total += loss.detach()
         if self.manual_grad_sync:
             allreduce_gradients(self.inner, self.dp_group)
         if self.dims.dp > 1:
@@ -128,7 +133,19 @@ class NativeEngine:
             group["lr"] = lr
         optimizer_step(self.optimizer, skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(total, grad_norm, skip)
+        return StepResult(total, grad_norm, skip, self._moe_step() if self.moe else None)
+
+    def _moe_step(self) -> Dict[str, torch.Tensor]:
+        """After the optimizer step: the step's expert loads summed over the data-parallel ranks (collective: one
+        small all-reduce), the aux-loss-free bias update from them (the same on every rank), and the metrics."""
+        counts = torch.cat([self.moe.loads, self.moe.dropped[:, None]], dim=1)
+        if self.dims.dp > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        self.moe.loads, self.moe.dropped = counts[:, :-1], counts[:, -1]
+        self.moe.assignments *= self.dims.dp
+        if self.cfg.model.moe.bias_update_rate > 0:
+            self.moe.update_bias(self.moe.loads)
+        return self.moe.step_metrics()
 
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
