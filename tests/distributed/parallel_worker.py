@@ -117,7 +117,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
         engine.manual_grad_sync = False
     data = FixedSamples(samples)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
-    losses, norms, reduce_scatters, held_grad_bytes = [], [], [], []
+    losses, norms, reduce_scatters, held_grad_bytes, moe = [], [], [], [], {}
     if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
         def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
             held_grad_bytes.append(unsharded_grad_bytes(engine.parts))
@@ -134,6 +134,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
             result = engine.train_step(batches, LR)
         losses.append(float(result.loss))
         norms.append(float(result.grad_norm))
+        moe = {k: float(v) for k, v in (result.moe or {}).items()}  # MoE models: the last step's expert loads
     engine.eval()
     held_out = torch.tensor(samples[-4:])
     eval_loss = float(engine.eval_loss(held_out[:, :-1], held_out[:, 1:]))
@@ -142,7 +143,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
            "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
            "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")},
            "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
-           "held_grad_bytes": held_grad_bytes}
+           "held_grad_bytes": held_grad_bytes, "moe": moe,
+           "expert_bias": {n: b.tolist() for n, b in engine.inner.named_buffers() if n.endswith("expert_bias")}}
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig

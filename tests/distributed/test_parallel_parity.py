@@ -21,6 +21,11 @@ TOL = 1e-5
 # or per stage is off by tens of percent.
 NORM_RTOL = 5e-5
 WORKER = "distributed.parallel_worker:run_cases"
+# A Mixture-of-Experts tiny model (model/moe.py): 4 experts top-2 in every other layer, one shared expert,
+# aux + z losses and the bias update, capacity-limited (drops happen), on the grouped expert path.
+MOE = ["model.moe.experts=4", "model.moe.top_k=2", "model.moe.d_ff=64", "model.moe.every_n_layers=2",
+       "model.moe.shared_experts=1", "model.moe.z_loss_coef=0.01", "model.moe.bias_update_rate=0.01",
+       "model.moe.capacity_factor=1.0"]
 pytestmark = pytest.mark.distributed
 
 
@@ -35,7 +40,8 @@ def references(parity_samples) -> dict:
     return _run(1, {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
                     # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
                     "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
-                    "fp32_init": {"overrides": [], "steps": 0}},
+                    "fp32_init": {"overrides": [], "steps": 0},
+                    "moe": {"overrides": MOE}},
                 parity_samples, timeout=150)[0]
 
 
@@ -84,6 +90,8 @@ def data_parallel_runs(parity_samples) -> List[dict]:
                                 "count_reduce_scatters": True},
         "fsdp_zero2_ac": {"overrides": ["parallelism=fsdp_zero2", "parallelism.activation_checkpointing=full"]},
         "no_grad_sync": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"], "grad_sync": False},
+        "moe_ddp": {"overrides": ["parallelism=ddp"] + MOE},
+        "moe_fsdp": {"overrides": ["parallelism=fsdp"] + MOE},
     }
     return _run(2, cases, parity_samples, timeout=240)
 
@@ -100,6 +108,28 @@ def test_data_parallel_parity(data_parallel_runs, reference, case):
     else:
         assert placement(data_parallel_runs, case, WQ) == {"placements": [], "mesh": [], "local": [64, 64],
                                                           "global": [64, 64]}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("case", ["moe_ddp", "moe_fsdp"])
+def test_moe_data_parallel_parity(data_parallel_runs, references, case):
+    """MoE under DDP and FSDP (experts [E, d, h] sharded on dim 0) matches the single process: losses, norms,
+    the router's balancing bias (loads summed over the ranks before the update) and the expert-load metrics."""
+    ref = references["moe"]
+    assert_parity(case, data_parallel_runs, ref)
+    assert ref["losses"] != references["untied"]["losses"]  # the MoE model is another model
+    assert 0 < ref["moe"]["moe/dropped"] < 0.5 and ref["moe"]["moe/aux_loss"] > 0
+    assert any(v != 0 for bias in ref["expert_bias"].values() for v in bias)
+    for out in data_parallel_runs:
+        r = out[case]
+        assert r["expert_bias"].keys() == ref["expert_bias"].keys()
+        for name, bias in ref["expert_bias"].items():
+            assert r["expert_bias"][name] == pytest.approx(bias, abs=1e-7), name
+        for key in ("moe/layer1/load_max", "moe/dropped", "moe/load_max_over_mean"):
+            assert r["moe"][key] == pytest.approx(ref["moe"][key], abs=1e-6), key
+    if case == "moe_fsdp":
+        p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w1")
+        assert p["placements"] == ["S(0)"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
 
 
 @pytest.mark.timeout(400)

@@ -198,3 +198,13 @@ def test_config_errors_name_key_reason_fix(moe, layout, key, reason):
 def test_shared_feed_forward_width():
     ff = FeedForward(cfg_of(), hidden=24)
     assert ff.w1.weight.shape == (24, 32)
+
+
+def test_hf_export_refuses_moe_in_one_line():
+    from lmforge.interop.mapping import InteropError, family_for
+
+    with pytest.raises(InteropError) as err:
+        family_for(cfg_of())
+    assert str(err.value) == ("model.moe.experts=4: Mixture-of-Experts checkpoints have no Hugging Face export yet. "
+                              "Fix: export a dense model (model.moe.experts=0)")
+    assert family_for(ModelConfig()).name  # control: the dense model has a family

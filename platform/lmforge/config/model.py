@@ -55,3 +55,7 @@ class ModelConfig:
     # branch are scaled by 1/sqrt(2*n_layers) (GPT-2 / nanoGPT convention).
     init_std: float = 0.02
     moe: MoEConfig = field(default_factory=MoEConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # built from a plain mapping (a checkpoint's config, asdict round trips)
+            self.moe = MoEConfig(**self.moe)

@@ -30,7 +30,7 @@ is what the grouped path is tested against; it reads the slice sizes on the host
 
 The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
 once by the engine over its model) adds them to the training loss and gathers the per-layer expert-load
-metrics. No ``torch.distributed`` here: the engine reduces the loads.
+metrics. The engine, not this module, reduces the loads over ranks.
 """
 from __future__ import annotations
 
