@@ -20,7 +20,8 @@ data-parallel ranks by the engine).
 Capacity. ``capacity_factor: null`` is dropless. With a factor an expert takes at most
 ``ceil(factor * N * top_k / E)`` assignments per micro batch, first come (token order) first served; the
 others are dropped: they contribute nothing (the token keeps its residual and its other experts) and are
-counted.
+counted. The dropped assignments are still multiplied (their output and gradient masked to zero): on one
+device the cap saves no compute, it bounds what an expert receives.
 
 Expert compute. Assignments are sorted by expert (stable: token order within an expert), so each expert's
 tokens are one contiguous slice; ``torch._grouped_mm`` multiplies every slice by its expert's weights in one
@@ -120,18 +121,15 @@ class Experts(nn.Module):
         return self.compute == "grouped" or grouped_mm_fits(self.w1.shape[1], self.w1.shape[2], dtype)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e, then any rows of no expert (dropped
-        assignments: their output rows are unspecified, the caller masks them) -> [M, d]."""
+        """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
         if self.uses_grouped(x.dtype):
             offs = torch.cumsum(counts, 0).to(torch.int32)
             mm = lambda a, w: torch._grouped_mm(a, w, offs=offs)  # noqa: E731
         else:
             sizes = counts.tolist()  # host sync: the loop needs the slice sizes
-            rest = x.shape[0] - sum(sizes)
 
             def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                parts = [p @ w[e] for e, p in enumerate(a.split(sizes + [rest])[:-1])]
-                return torch.cat(parts + [a.new_zeros(rest, w.shape[2])])
+                return torch.cat([p @ w[e] for e, p in enumerate(a.split(sizes))])
         if self.gated:
             return mm(F.silu(mm(x, self.w1)) * mm(x, self.w3), self.w2)
         return mm(F.gelu(mm(x, self.w1), approximate="tanh"), self.w2)
@@ -167,23 +165,14 @@ class MoEFeedForward(nn.Module):
         keep = None
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * n * k / e)
-            expert_of = flat[order]
-            position = torch.arange(order.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[expert_of]
+            # rank of each (sorted) assignment within its expert, in token order: beyond the capacity it is dropped
+            position = torch.arange(order.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
             keep = position < capacity
-            # kept assignments grouped by expert first, dropped ones last (stable: token order kept)
-            regroup = torch.argsort(torch.where(keep, expert_of, e), stable=True)
-            order, keep = order[regroup], keep[regroup]
-            groups = counts.clamp(max=capacity)
-        else:
-            groups = counts
         token = order // k
-        rows = x[token]
-        if keep is not None:  # dropped rows lie past the experts' groups: their values and gradients are masked
-            rows = torch.where(keep[:, None], rows, rows.new_zeros(()))
-        out = self.experts(rows, groups)
-        out = out * weights.reshape(-1)[order].to(out.dtype)[:, None]
-        if keep is not None:
+        out = self.experts(x[token], counts)
+        if keep is not None:  # before the gate weight: a dropped row gives neither output nor any gradient
             out = torch.where(keep[:, None], out, out.new_zeros(()))
+        out = out * weights.reshape(-1)[order].to(out.dtype)[:, None]
         y = torch.zeros_like(x).index_add(0, token, out)
         if self.shared is not None:
             y = y + self.shared(x)
@@ -192,7 +181,7 @@ class MoEFeedForward(nn.Module):
             aux_loss=e * (load.detach() / (n * k) * probs.mean(0)).sum(),
             z_loss=torch.logsumexp(logits, -1).square().mean(),
             tokens_per_expert=load.detach(),
-            dropped=(load - groups.float()).sum().detach(),
+            dropped=(order.numel() - keep.sum()).float() if keep is not None else load.new_zeros(()),
             assignments=n * k,
         )
         return y.reshape(shape)
