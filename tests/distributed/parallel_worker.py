@@ -109,6 +109,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
              save_to: Optional[str] = None, count_reduce_scatters: bool = False) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
+    from lmforge.model.init import canonical_name
 
     cfg = build_config(overrides)
     engine = build_engine(cfg)
@@ -144,7 +145,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
            "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")},
            "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
            "held_grad_bytes": held_grad_bytes, "moe": moe,
-           "expert_bias": {n: b.tolist() for n, b in engine.inner.named_buffers() if n.endswith("expert_bias")}}
+           "expert_bias": {canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers()
+                           if n.endswith("expert_bias")}}
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig
