@@ -22,7 +22,7 @@ TOL = 1e-5
 NORM_RTOL = 5e-5
 WORKER = "distributed.parallel_worker:run_cases"
 # A Mixture-of-Experts tiny model (model/moe.py): 4 experts top-2 in every other layer, one shared expert,
-# aux + z losses and the bias update, capacity-limited (drops happen), on the grouped expert path.
+# aux + z losses and the bias update, capacity-limited (drops happen); the loop expert path (auto on CPU).
 MOE = ["model.moe.experts=4", "model.moe.top_k=2", "model.moe.d_ff=64", "model.moe.every_n_layers=2",
        "model.moe.shared_experts=1", "model.moe.z_loss_coef=0.01", "model.moe.bias_update_rate=0.01",
        "model.moe.capacity_factor=1.0"]

@@ -27,7 +27,7 @@ class MoEConfig:
     # None = dropless: every assignment is computed. A number: an expert takes at most
     # ceil(capacity_factor * tokens * top_k / experts) assignments per micro batch; the rest are dropped (counted).
     capacity_factor: Optional[float] = None
-    # Expert compute: grouped GEMM (torch._grouped_mm) where the device and shapes allow it, else the loop;
+    # Expert compute, auto: grouped GEMM (torch._grouped_mm) on CUDA when the shapes allow it, the loop on CPU;
     # "loop" forces the per-expert loop (the reference the grouped path is tested against).
     compute: Annotated[str, Literal["auto", "grouped", "loop"]] = "auto"
 

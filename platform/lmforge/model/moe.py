@@ -26,7 +26,7 @@ device the cap saves no compute, it bounds what an expert receives.
 Expert compute. Assignments are sorted by expert (stable: token order within an expert), so each expert's
 tokens are one contiguous slice; ``torch._grouped_mm`` multiplies every slice by its expert's weights in one
 call (CPU and CUDA in torch 2.13; it needs rows 16-byte aligned: ``d_model`` and the expert width times the
-element size divisible by 16). The loop path runs one matmul per expert over the same slices: it is exact and
+element size divisible by 16); ``compute=auto`` uses it on CUDA and the loop on CPU. The loop path runs one matmul per expert over the same slices: it is exact and
 is what the grouped path is tested against; it reads the slice sizes on the host (a device sync per layer).
 
 The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
@@ -115,14 +115,16 @@ class Experts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(e, h, d))
         self.w3 = nn.Parameter(torch.empty(e, d, h)) if self.gated else None
 
-    def uses_grouped(self, dtype: torch.dtype) -> bool:
-        if self.compute == "loop":
-            return False
-        return self.compute == "grouped" or grouped_mm_fits(self.w1.shape[1], self.w1.shape[2], dtype)
+    def uses_grouped(self, x: torch.Tensor) -> bool:
+        """``auto``: the grouped GEMM on CUDA when the rows are aligned; the loop on CPU, where torch 2.13's
+        _grouped_mm is slower than per-expert matmuls (benchmarks/moe.py) and the loop's host read costs nothing."""
+        if self.compute != "auto":
+            return self.compute == "grouped"
+        return x.is_cuda and grouped_mm_fits(self.w1.shape[1], self.w1.shape[2], x.dtype)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
-        if self.uses_grouped(x.dtype):
+        if self.uses_grouped(x):
             offs = torch.cumsum(counts, 0).to(torch.int32)
             mm = lambda a, w: torch._grouped_mm(a, w, offs=offs)  # noqa: E731
         else:
