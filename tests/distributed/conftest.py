@@ -28,15 +28,16 @@ def parity_samples(data_cache) -> List[List[int]]:
 @pytest.fixture(scope="session")
 def references(parity_samples) -> dict:
     """Single-process runs of the parity harness (test_parallel_parity.py, test_context_parallel.py): untied
-    embeddings (tiny's default), tied embeddings and document-masked, 5 steps each."""
-    from distributed.parity_cases import docmask_case
+    embeddings (tiny's default), tied embeddings, document-masked and a small MoE, 5 steps each."""
+    from distributed.parity_cases import MOE, docmask_case
     from harness import run_ranks
 
     cases = {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
              "docmask": docmask_case([], parity_samples),
              # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
              "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
-             "fp32_init": {"overrides": [], "steps": 0}}
+             "fp32_init": {"overrides": [], "steps": 0},
+             "moe": {"overrides": MOE}}
     args = {"cases": cases, "samples": parity_samples, "steps": PARITY_STEPS}
     return run_ranks("distributed.parallel_worker:run_cases", 1, args, timeout=150)[0].value
 

@@ -112,6 +112,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
+    from lmforge.model.init import canonical_name
 
     cfg = build_config(overrides)
     engine = build_engine(cfg)
@@ -121,7 +122,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     data = FixedSamples(samples, eod)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
                          document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
-    losses, norms, reduce_scatters, held_grad_bytes = [], [], [], []
+    losses, norms, reduce_scatters, held_grad_bytes, moe = [], [], [], [], {}
     if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
         def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
             held_grad_bytes.append(unsharded_grad_bytes(engine.parts))
@@ -138,6 +139,7 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
             result = engine.train_step(batches, LR)
         losses.append(float(result.loss))
         norms.append(float(result.grad_norm))
+        moe = {k: float(v) for k, v in (result.moe or {}).items()}  # MoE models: the last step's expert loads
     engine.eval()
     held_out = torch.tensor(samples[-4:])
     positions = document_positions(held_out[:, :-1], eod) if cfg.data.document_masking else None
@@ -147,7 +149,9 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
            "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
            "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")},
            "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
-           "held_grad_bytes": held_grad_bytes}
+           "held_grad_bytes": held_grad_bytes, "moe": moe,
+           "expert_bias": {canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers()
+                           if n.endswith("expert_bias")}}
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig

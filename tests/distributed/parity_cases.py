@@ -4,6 +4,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import List
 
+# A Mixture-of-Experts tiny model (model/moe.py): 4 experts top-2 in every other layer, one shared expert,
+# aux + z losses and the bias update, capacity-limited (drops happen); the loop expert path (auto on CPU).
+MOE = ["model.moe.experts=4", "model.moe.top_k=2", "model.moe.d_ff=64", "model.moe.every_n_layers=2",
+       "model.moe.shared_experts=1", "model.moe.z_loss_coef=0.01", "model.moe.bias_update_rate=0.01",
+       "model.moe.capacity_factor=1.0"]
+
 
 def stand_in_eod(samples) -> int:
     """The document end of the data.document_masking cases: the parity samples are one continuous text (no EOD),

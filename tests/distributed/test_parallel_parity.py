@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from distributed.parity_cases import docmask_case
+from distributed.parity_cases import MOE, docmask_case
 from harness import run_ranks
 
 STEPS = 5
@@ -75,6 +75,8 @@ def data_parallel_runs(parity_samples) -> List[dict]:
         "fsdp_zero2_ac": {"overrides": ["parallelism=fsdp_zero2", "parallelism.activation_checkpointing=full"]},
         "no_grad_sync": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"], "grad_sync": False},
         "fsdp_docmask": docmask_case(["parallelism=fsdp"], parity_samples),
+        "moe_ddp": {"overrides": ["parallelism=ddp"] + MOE},
+        "moe_fsdp_ac": {"overrides": ["parallelism=fsdp", "parallelism.activation_checkpointing=full"] + MOE},
     }
     return _run(2, cases, parity_samples, timeout=240)
 
@@ -91,6 +93,29 @@ def test_data_parallel_parity(data_parallel_runs, reference, case):
     else:
         assert placement(data_parallel_runs, case, WQ) == {"placements": [], "mesh": [], "local": [64, 64],
                                                           "global": [64, 64]}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("case", ["moe_ddp", "moe_fsdp_ac"])
+def test_moe_data_parallel_parity(data_parallel_runs, references, case):
+    """MoE under DDP and FSDP + full activation checkpointing (experts [E, d, h] sharded on dim 0; a recomputed
+    forward must not count its router terms twice) matches the single process: losses, norms,
+    the router's balancing bias (loads summed over the ranks before the update) and the expert-load metrics."""
+    ref = references["moe"]
+    assert_parity(case, data_parallel_runs, ref)
+    assert ref["losses"] != references["untied"]["losses"]  # the MoE model is another model
+    assert 0 < ref["moe"]["moe/dropped"] < 0.5 and ref["moe"]["moe/aux_loss"] > 0
+    assert any(v != 0 for bias in ref["expert_bias"].values() for v in bias)
+    for out in data_parallel_runs:
+        r = out[case]
+        assert r["expert_bias"].keys() == ref["expert_bias"].keys()
+        for name, bias in ref["expert_bias"].items():
+            assert r["expert_bias"][name] == pytest.approx(bias, abs=1e-7), name
+        for key in ("moe/layer1/load_max", "moe/dropped", "moe/load_max_over_mean"):
+            assert r["moe"][key] == pytest.approx(ref["moe"][key], abs=1e-6), key
+    if case == "moe_fsdp_ac":
+        p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w1")
+        assert p["placements"] == ["S(0)"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
 
 
 @pytest.mark.timeout(400)

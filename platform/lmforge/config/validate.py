@@ -22,6 +22,7 @@ from lmforge.config.context_parallel import check_context_parallel
 from lmforge.config.deepspeed import check as check_deepspeed, check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
+from lmforge.config.moe_checks import check_moe
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
@@ -247,6 +248,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_values(typed)
     check_paths(typed)
     check_model(typed)
+    check_moe(typed)  # model.moe.* (config/moe_checks.py)
     check_comm(typed.comm, typed.train.device)
     check_parallel_layout(typed, world_size)
     check_document_masking(typed)  # data.document_masking with this layout and device

@@ -61,6 +61,9 @@ _TOP_MAP_BACK = {v: k for k, v in _TOP_MAP.items()}
 
 
 def family_for(cfg: ModelConfig) -> Family:
+    if cfg.moe.experts:  # model/moe.py: no Mixtral/Qwen-MoE mapping yet (refused, never exported half-way)
+        raise InteropError(f"model.moe.experts={cfg.moe.experts}: Mixture-of-Experts checkpoints have no Hugging "
+                           "Face export yet. Fix: export a dense model (model.moe.experts=0)")
     if cfg.mlp != "swiglu":
         raise InteropError(
             f"model.mlp={cfg.mlp!r}: a plain (un-gated) GELU MLP has no exact Hugging Face equivalent among the "

@@ -48,7 +48,10 @@ def _fmt(record: dict) -> str:
     parts = [f"step {record.get('step', '?')}"]
     for key, label, spec in (("loss", "loss", ".4f"), ("lr", "lr", ".2e"), ("grad_norm", "gnorm", ".3f"),
                              ("tokens_per_s", "tok/s", ",.0f"), ("mfu", "mfu", ".1%"),
-                             ("step_time_s", "step", ".3fs")):
+                             ("step_time_s", "step", ".3fs"),
+                             # MoE runs (model/moe.py): router aux loss, the most loaded expert vs the mean, drops
+                             ("moe/aux_loss", "moe aux", ".3f"), ("moe/load_max_over_mean", "load max/mean", ".2f"),
+                             ("moe/dropped", "dropped", ".2%")):
         if key in record:
             value = record[key]
             parts.append(f"{label} {format(value, spec[:-1]) + 's' if spec.endswith('s') else format(value, spec)}")

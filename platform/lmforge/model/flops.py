@@ -8,7 +8,9 @@ the MFU convention of PaLM, nanoGPT, torchtitan):
 
 - ``N_matmul`` = parameters that take part in a matrix multiply: every Linear of the blocks and the
   output projection (counted even when tied to the embedding, since the tied weight still multiplies);
-  the embedding lookup and norm weights do no matmul and are excluded.
+  the embedding lookup and norm weights do no matmul and are excluded. In an MoE layer (``model.moe``) only
+  the active parameters count: the router, ``top_k`` routed experts and the shared experts (MFU on that
+  basis, as torchtitan and Megatron count it; dropped assignments are not subtracted).
 - Attention scores: QK^T and AV each cost 2*T*d per token forward (d = n_heads*head_dim), times 3 for
   forward + backward. The **full square is counted** (no causal halving), as torch's FlopCounterMode
   does for SDPA's math kernel; Megatron's newer formula halves it, which lowers its MFU by
@@ -29,13 +31,19 @@ from __future__ import annotations
 
 from lmforge.config.model import ModelConfig
 from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+from lmforge.model.moe import expert_hidden_dim, moe_layer_ids
 
 
 def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters one token multiplies by: for an MoE layer the *active* ones (router, top_k routed experts and
+    the shared experts), not the total (``param_count_from_config``)."""
     d, hd = cfg.d_model, cfg.d_model // cfg.n_heads
     attn = d * cfg.n_heads * hd * 2 + d * kv_heads(cfg) * hd * 2
-    mlp = d * ffn_hidden_dim(cfg) * (3 if cfg.mlp == "swiglu" else 2)
-    return cfg.n_layers * (attn + mlp) + cfg.vocab_size * d
+    mats = 3 if cfg.mlp == "swiglu" else 2
+    mlp = d * ffn_hidden_dim(cfg) * mats
+    m, n_moe = cfg.moe, len(moe_layer_ids(cfg))
+    moe_mlp = d * m.experts + (m.top_k + m.shared_experts) * d * expert_hidden_dim(cfg) * mats
+    return cfg.n_layers * (attn + mlp) + n_moe * (moe_mlp - mlp) + cfg.vocab_size * d
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:

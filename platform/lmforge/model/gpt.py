@@ -24,6 +24,7 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig
 from lmforge.model.document_mask import DocumentMask
+from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
 
 
 def ffn_hidden_dim(cfg: ModelConfig) -> int:
@@ -110,9 +111,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x); GELU: w2(gelu(w1 x)) (w3 absent)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, hidden: Optional[int] = None):
         super().__init__()
-        hidden = ffn_hidden_dim(cfg)
+        hidden = hidden if hidden is not None else ffn_hidden_dim(cfg)  # an MoE's shared experts pass theirs
         self.gated = cfg.mlp == "swiglu"
         self.w1 = nn.Linear(cfg.d_model, hidden, bias=False)
         self.w2 = nn.Linear(hidden, cfg.d_model, bias=False)
@@ -125,12 +126,13 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attention_norm = make_norm(cfg, cfg.d_model)
         self.attention = Attention(cfg)
         self.ffn_norm = make_norm(cfg, cfg.d_model)
-        self.feed_forward = FeedForward(cfg)
+        # model.moe picks the layers whose FFN is a Mixture of Experts (model/moe.py); the rest stay dense.
+        self.feed_forward = MoEFeedForward(cfg) if is_moe_layer(cfg, layer) else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 doc: Optional[DocumentMask] = None, kv_cache=None) -> torch.Tensor:
@@ -213,7 +215,7 @@ class GPT(DecoderStack):
         self.cfg = cfg
         ids = range(cfg.n_layers) if layers is None else layers
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model) if embedding else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in ids})
         self.norm = make_norm(cfg, cfg.d_model) if head else None
         self.output = OutputHead(cfg) if head else None
         self.rope = RotaryTables(cfg)
@@ -237,6 +239,9 @@ class GPT(DecoderStack):
         from lmforge.model.init import init_parameters
 
         self.rope.reset(device)
+        for module in self.modules():
+            if isinstance(module, MoEFeedForward):
+                module.reset_buffers(device)  # the router's balancing bias starts at zero
         init_parameters(self, self.cfg, seed, place)
 
 
@@ -276,10 +281,14 @@ def param_count_from_config(cfg: ModelConfig) -> int:
     hidden = ffn_hidden_dim(cfg)
     norm_params = d if cfg.norm == "rmsnorm" else 2 * d
     attn = d * cfg.n_heads * hd * 2 + d * kv * hd * 2
-    mlp = d * hidden * (3 if cfg.mlp == "swiglu" else 2)
+    mats = 3 if cfg.mlp == "swiglu" else 2
+    mlp = d * hidden * mats
     per_layer = attn + mlp + 2 * norm_params
     emb = cfg.vocab_size * d
     out = 0 if cfg.tie_embeddings else cfg.vocab_size * d
-    return emb + cfg.n_layers * per_layer + norm_params + out
+    n_moe = len(moe_layer_ids(cfg))
+    m = cfg.moe
+    moe_ffn = d * m.experts + (m.experts + m.shared_experts) * d * expert_hidden_dim(cfg) * mats if n_moe else 0
+    return emb + cfg.n_layers * per_layer + n_moe * (moe_ffn - mlp) + norm_params + out
 
 

@@ -20,7 +20,8 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig
 
-RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight")
+RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight",
+                    "feed_forward.experts.w2", "feed_forward.shared.w2.weight")  # MoE (model/moe.py)
 
 
 def param_seed(seed: int, name: str) -> int:

@@ -46,6 +46,7 @@ block at a time (transient).
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Tuple
@@ -98,19 +99,20 @@ def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
 
 
 @functools.lru_cache(maxsize=32)
-def _shapes(model_items: Tuple) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+def _shapes(model_json: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
     import torch
 
     from lmforge.model.gpt import GPT
 
+    items = json.loads(model_json)
     with torch.device("meta"):
-        model = GPT(ModelConfig(**dict(model_items)))
+        model = GPT(ModelConfig(**items))
     return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
 
 
 def parameter_shapes(model: ModelConfig) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
     """(name, shape) of every parameter of the single-device model, from a meta-device build."""
-    return _shapes(tuple(sorted(asdict(model).items())))
+    return _shapes(json.dumps(asdict(model), sort_keys=True))  # JSON: hashable with the nested model.moe
 
 
 def chunk_size(n: int, parts: int, index: int) -> int:

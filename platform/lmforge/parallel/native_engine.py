@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence, Tuple
+from typing import Dict, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,7 @@ from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
+from lmforge.model.moe import MoECollector
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
@@ -31,6 +32,7 @@ class StepResult:
     loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
     grad_norm: torch.Tensor  # scalar, global pre-clip norm
     skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
+    moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
 
 
 class StepGuard(Protocol):
@@ -77,6 +79,7 @@ class NativeEngine:
         self.manual_grad_sync = par.manual_grad_sync
         self.context = par.context  # cp > 1: each rank's share of every sequence (parallel/context_parallel.py)
         self.optimizer = build_optimizer(self.inner, cfg.optim, device)
+        self.moe = MoECollector(self.inner, cfg.model.moe)  # the MoE layers' router losses and loads; empty: dense
         self.dp_group = self.mesh["dp"].get_group()
         # Losses are means over each rank's tokens: averaged over every rank holding a part of the batch (dp x cp).
         self.loss_group = self.mesh["dp_cp"].get_group() if self.dims.cp > 1 else self.dp_group
@@ -127,8 +130,10 @@ class NativeEngine:
             for j, mb in enumerate(micro_batches):
                 with self._grad_sync(last=j == n - 1):
                     loss = self.forward_loss(mb.tokens, mb.targets, mb.positions) / n
+                    total += loss.detach()  # the reported loss is the cross-entropy alone
+                    if self.moe:
+                        loss = loss + self.moe.router_loss() / n  # aux load-balancing + z-loss (model/moe.py)
                     loss.backward()
-                total += loss.detach()
         if self.manual_grad_sync:
             allreduce_gradients(self.inner, self.dp_group)
         if self.loss_ranks > 1:
@@ -140,7 +145,19 @@ class NativeEngine:
             group["lr"] = lr
         optimizer_step(self.optimizer, skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(total, grad_norm, skip)
+        return StepResult(total, grad_norm, skip, self._moe_step() if self.moe else None)
+
+    def _moe_step(self) -> Dict[str, torch.Tensor]:
+        """After the optimizer step: the step's expert loads summed over the data-parallel ranks (collective: one
+        small all-reduce), the aux-loss-free bias update from them (the same on every rank), and the metrics."""
+        counts = torch.cat([self.moe.loads, self.moe.dropped[:, None]], dim=1)
+        if self.dims.dp > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        self.moe.loads, self.moe.dropped = counts[:, :-1], counts[:, -1]
+        self.moe.assignments *= self.dims.dp
+        if self.cfg.model.moe.bias_update_rate > 0:
+            self.moe.update_bias(self.moe.loads)
+        return self.moe.step_metrics()
 
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,

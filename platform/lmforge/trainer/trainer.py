@@ -336,7 +336,8 @@ class Trainer:
                   **throughput,
                   **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
                   **self.data.share_metrics(),
-                  **self._memory(), **fault_metrics}
+                  **self._memory(), **fault_metrics,
+                  **{k: float(v) for k, v in (result.moe or {}).items()}}  # MoE expert load (model/moe.py)
         self.history.append(record)
         self.logger.log(record)
 

@@ -1,0 +1,50 @@
+"""``model.moe.*`` checks (called by ``config.validate.validate``): each failure names the key, the reason and
+the fix."""
+from __future__ import annotations
+
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+
+
+def check_moe(cfg: RootConfig) -> None:
+    m, p = cfg.model.moe, cfg.parallelism
+    if m.experts < 0 or m.experts == 1:
+        raise ConfigError("model.moe.experts", f"must be 0 (dense) or >= 2, got {m.experts}",
+                          "set model.moe.experts=0 for the dense model, or the number of experts (e.g. 8)")
+    if m.experts == 0:
+        return
+    if not 1 <= m.top_k <= m.experts:
+        raise ConfigError("model.moe.top_k", f"must be in [1, experts={m.experts}], got {m.top_k}", "e.g. top_k=2")
+    if m.every_n_layers < 1:
+        raise ConfigError("model.moe.every_n_layers", f"must be >= 1, got {m.every_n_layers}",
+                          "1 = every layer, 2 = every other layer")
+    if m.layers is not None:
+        bad = [i for i in m.layers if not 0 <= i < cfg.model.n_layers]
+        if bad or not m.layers:
+            raise ConfigError("model.moe.layers", f"layer indices must be in [0, n_layers={cfg.model.n_layers}), got "
+                              f"{list(m.layers)}", "list global layer indices, or null to use every_n_layers")
+    elif m.every_n_layers > cfg.model.n_layers:
+        raise ConfigError("model.moe.every_n_layers", f"{m.every_n_layers} > n_layers ({cfg.model.n_layers}): no layer "
+                          "would be MoE", "choose every_n_layers <= n_layers")
+    if m.shared_experts < 0:
+        raise ConfigError("model.moe.shared_experts", f"must be >= 0, got {m.shared_experts}", "0 = none")
+    if m.d_ff is not None and m.d_ff < 1:
+        raise ConfigError("model.moe.d_ff", f"must be >= 1 or null, got {m.d_ff}", "null = the dense FFN width")
+    for key in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+        if getattr(m, key) < 0:
+            raise ConfigError(f"model.moe.{key}", f"must be >= 0, got {getattr(m, key)}", "0 turns it off")
+    if m.capacity_factor is not None and m.capacity_factor <= 0:
+        raise ConfigError("model.moe.capacity_factor", f"must be > 0 or null, got {m.capacity_factor}",
+                          "null = dropless, or e.g. 1.25")
+    # Not wired (yet): refused rather than run with the router losses or the expert weights handled wrongly.
+    refused = [("parallelism.pp", p.pp > 1, "the router losses of earlier pipeline stages do not reach the loss",
+                "set parallelism.pp=1"),
+               ("parallelism.tp", p.tp > 1, "the tensor-parallel plan has no expert sharding",
+                "set parallelism.tp=1 (shard with dp_shard)"),
+               ("parallelism.compile", p.compile, "torch.compile of the MoE block is not verified",
+                "set parallelism.compile=false"),
+               ("parallelism.engine", p.engine == "deepspeed", "the DeepSpeed engine does not add the router losses",
+                "set parallelism.engine=native")]
+    for key, hit, why, fix in refused:
+        if hit:
+            raise ConfigError(key, f"not supported with model.moe.experts > 0: {why}", fix)

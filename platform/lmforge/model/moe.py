@@ -1,0 +1,264 @@
+"""Mixture-of-Experts feed-forward (``model.moe.*``), single-device code like the dense block.
+
+    x [N, d] -> Router -> top-k experts per token, gate weights
+             -> assignments sorted by expert (token-grouped) -> experts (grouped GEMM or loop)
+             -> weighted sum back per token  (+ shared experts, which every token goes through)
+
+Router. ``gating=softmax`` (Mixtral, Switch): probabilities over experts; ``sigmoid`` (DeepSeek-V3): an
+independent score per expert. The top-k by score (plus the load-balancing ``expert_bias``, which only shifts
+*which* experts are chosen, never the gate value) are the token's experts; with ``top_k > 1`` and
+``normalize_weights`` their gate values are rescaled to sum to 1 (with top-1 they are not, or the router would
+get no gradient).
+
+Balancing. The auxiliary loss (Switch Transformer) ``E * sum_e f_e * P_e``: f_e the fraction of the micro
+batch's assignments routed to expert e, P_e the mean gate probability of e (for sigmoid gating: the scores
+normalised per token); 1 when balanced. The router z-loss (ST-MoE) ``mean(logsumexp(logits)^2)`` keeps logits
+small. The auxiliary-loss-free update (DeepSeek-V3) moves ``expert_bias`` after each optimizer step by
+``rate * sign(mean load - load_e)`` (``MoECollector.update_bias``, with the loads summed over the step and the
+data-parallel ranks by the engine).
+
+Capacity. ``capacity_factor: null`` is dropless. With a factor an expert takes at most
+``ceil(factor * N * top_k / E)`` assignments per micro batch, first come (token order) first served; the
+others are dropped: they contribute nothing (the token keeps its residual and its other experts) and are
+counted. The dropped assignments are still multiplied (their output and gradient masked to zero): on one
+device the cap saves no compute, it bounds what an expert receives.
+
+Expert compute. Assignments are sorted by expert (stable: token order within an expert), so each expert's
+tokens are one contiguous slice; ``torch._grouped_mm`` multiplies every slice by its expert's weights in one
+call (CPU and CUDA in torch 2.13; it needs rows 16-byte aligned: ``d_model`` and the expert width times the
+element size divisible by 16); ``compute=auto`` uses it on CUDA and the loop on CPU. The loop path runs one matmul per expert over the same slices: it is exact and
+is what the grouped path is tested against; it reads the slice sizes on the host (a device sync per layer).
+
+The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
+once by the engine over its model) adds them to the training loss and gathers the per-layer expert-load
+metrics. The engine, not this module, reduces the loads over ranks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lmforge.config.model import ModelConfig, MoEConfig
+
+
+def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
+    """Whether global layer ``layer`` has an MoE feed-forward."""
+    moe = cfg.moe
+    if moe.experts == 0:
+        return False
+    if moe.layers is not None:
+        return layer in moe.layers
+    return (layer + 1) % moe.every_n_layers == 0
+
+
+def moe_layer_ids(cfg: ModelConfig) -> List[int]:
+    return [i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
+
+
+def expert_hidden_dim(cfg: ModelConfig) -> int:
+    from lmforge.model.gpt import ffn_hidden_dim  # gpt imports this module
+
+    return cfg.moe.d_ff if cfg.moe.d_ff is not None else ffn_hidden_dim(cfg)
+
+
+def grouped_mm_fits(d_in: int, d_out: int, dtype: torch.dtype) -> bool:
+    """torch._grouped_mm's alignment rule: every row stride a multiple of 16 bytes."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return (d_in * size) % 16 == 0 and (d_out * size) % 16 == 0
+
+
+@dataclass
+class RoutingStats:
+    """One MoE layer's last forward: the unscaled loss terms (with grad) and the load (no grad)."""
+    aux_loss: torch.Tensor  # scalar
+    z_loss: torch.Tensor  # scalar
+    tokens_per_expert: torch.Tensor  # [E] float32: assignments routed to each expert (before capacity)
+    dropped: torch.Tensor  # scalar float32: assignments dropped by the capacity limit
+    assignments: int  # N * top_k
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        m = cfg.moe
+        self.top_k, self.gating, self.normalize = m.top_k, m.gating, m.normalize_weights and m.top_k > 1
+        self.gate = nn.Linear(cfg.d_model, m.experts, bias=False)
+        # Persistent (checkpointed with the model), updated outside autograd by MoECollector.update_bias.
+        self.register_buffer("expert_bias", torch.zeros(m.experts, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, d] -> (experts [N, k] int64, gate weights [N, k] fp32, logits [N, E] fp32, probs [N, E] fp32)."""
+        logits = self.gate(x).float()
+        scores = logits.softmax(-1) if self.gating == "softmax" else logits.sigmoid()
+        chosen = torch.topk(scores + self.expert_bias, self.top_k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        probs = scores if self.gating == "softmax" else scores / scores.sum(-1, keepdim=True)
+        return chosen, weights, logits, probs
+
+
+class Experts(nn.Module):
+    """E SwiGLU (or GELU) experts as stacked weights: w1, w3 [E, d, h], w2 [E, h, d]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, d, h = cfg.moe.experts, cfg.d_model, expert_hidden_dim(cfg)
+        self.gated = cfg.mlp == "swiglu"
+        self.compute = cfg.moe.compute
+        self.w1 = nn.Parameter(torch.empty(e, d, h))
+        self.w2 = nn.Parameter(torch.empty(e, h, d))
+        self.w3 = nn.Parameter(torch.empty(e, d, h)) if self.gated else None
+
+    def uses_grouped(self, x: torch.Tensor) -> bool:
+        """``auto``: the grouped GEMM on CUDA when the rows are aligned; the loop on CPU, where torch 2.13's
+        _grouped_mm is slower than per-expert matmuls (benchmarks/moe.py) and the loop's host read costs nothing."""
+        if self.compute != "auto":
+            return self.compute == "grouped"
+        return x.is_cuda and grouped_mm_fits(self.w1.shape[1], self.w1.shape[2], x.dtype)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
+        if self.uses_grouped(x):
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            mm = lambda a, w: torch._grouped_mm(a, w, offs=offs)  # noqa: E731
+        else:
+            sizes = counts.tolist()  # host sync: the loop needs the slice sizes
+
+            def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return torch.cat([p @ w[e] for e, p in enumerate(a.split(sizes))])
+        if self.gated:
+            return mm(F.silu(mm(x, self.w1)) * mm(x, self.w3), self.w2)
+        return mm(F.gelu(mm(x, self.w1), approximate="tanh"), self.w2)
+
+
+class MoEFeedForward(nn.Module):
+    """The feed-forward of an MoE layer: routed experts plus ``shared_experts`` always-on ones (one dense FFN of
+    ``shared_experts`` x the expert width)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        from lmforge.model.gpt import FeedForward
+
+        m: MoEConfig = cfg.moe
+        self.n_experts, self.top_k, self.capacity_factor = m.experts, m.top_k, m.capacity_factor
+        self.router = Router(cfg)
+        self.experts = Experts(cfg)
+        self.shared = FeedForward(cfg, hidden=m.shared_experts * expert_hidden_dim(cfg)) if m.shared_experts else None
+        self.last: Optional[RoutingStats] = None
+
+    def reset_buffers(self, device: Optional[torch.device] = None) -> None:
+        self.router.expert_bias = torch.zeros(self.n_experts, dtype=torch.float32,
+                                              device=device or self.router.expert_bias.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        n, k, e = x.shape[0], self.top_k, self.n_experts
+        chosen, weights, logits, probs = self.router(x)
+        flat = chosen.reshape(-1)  # [N*k]: assignment a is token a // k
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=e)
+        keep = None
+        if self.capacity_factor is not None:
+            capacity = math.ceil(self.capacity_factor * n * k / e)
+            # rank of each (sorted) assignment within its expert, in token order: beyond the capacity it is dropped
+            position = torch.arange(order.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+            keep = position < capacity
+        token = order // k
+        out = self.experts(x[token], counts)
+        if keep is not None:  # before the gate weight: a dropped row gives neither output nor any gradient
+            out = torch.where(keep[:, None], out, out.new_zeros(()))
+        out = out * weights.reshape(-1)[order].to(out.dtype)[:, None]
+        y = torch.zeros_like(x).index_add(0, token, out)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        load = counts.float()
+        self.last = RoutingStats(
+            aux_loss=e * (load.detach() / (n * k) * probs.mean(0)).sum(),
+            z_loss=torch.logsumexp(logits, -1).square().mean(),
+            tokens_per_expert=load.detach(),
+            dropped=(order.numel() - keep.sum()).float() if keep is not None else load.new_zeros(()),
+            assignments=n * k,
+        )
+        return y.reshape(shape)
+
+
+class MoECollector:
+    """The MoE layers of a model, as the engine sees them: their router loss for the training loss, the
+    step's expert loads (metrics, bias update). Empty (falsy) for a dense model, which it leaves untouched."""
+
+    def __init__(self, model: nn.Module, cfg: MoEConfig):
+        from lmforge.model.init import canonical_name
+
+        self.cfg = cfg
+        self.layers: List[Tuple[str, MoEFeedForward]] = [
+            (canonical_name(name).replace(".feed_forward", "").replace("layers.", "layer"), m)
+            for name, m in model.named_modules() if isinstance(m, MoEFeedForward)]
+        self.reset()
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    def reset(self) -> None:
+        n = len(self.layers)
+        self.loads: Optional[torch.Tensor] = None  # [L, E] assignments summed over the step's micro batches
+        self.dropped: Optional[torch.Tensor] = None  # [L]
+        self.assignments = 0
+        self.aux = [None] * n
+        self.z = [None] * n
+        self.micro_batches = 0
+
+    def router_loss(self) -> torch.Tensor:
+        """``aux_loss_coef * aux + z_loss_coef * z`` summed over the MoE layers of the last forward; also books
+        that forward's loads and terms (detached) for ``step_metrics``."""
+        total = None
+        stats = [m.last for _, m in self.layers]
+        for i, s in enumerate(stats):
+            term = self.cfg.aux_loss_coef * s.aux_loss + self.cfg.z_loss_coef * s.z_loss
+            total = term if total is None else total + term
+            self.aux[i] = s.aux_loss.detach() if self.aux[i] is None else self.aux[i] + s.aux_loss.detach()
+            self.z[i] = s.z_loss.detach() if self.z[i] is None else self.z[i] + s.z_loss.detach()
+        loads = torch.stack([s.tokens_per_expert for s in stats])
+        dropped = torch.stack([s.dropped for s in stats])
+        self.loads = loads if self.loads is None else self.loads + loads
+        self.dropped = dropped if self.dropped is None else self.dropped + dropped
+        self.assignments += stats[0].assignments
+        self.micro_batches += 1
+        return total
+
+    @torch.no_grad()
+    def update_bias(self, loads: torch.Tensor) -> None:
+        """Aux-loss-free balancing: ``bias_e += rate * sign(mean load - load_e)`` per layer (``loads`` [L, E],
+        the same on every rank: the engine sums it over the data-parallel group first)."""
+        step = self.cfg.bias_update_rate * torch.sign(loads.mean(-1, keepdim=True) - loads)
+        for (_, m), delta in zip(self.layers, step):
+            m.router.expert_bias.add_(delta.to(m.router.expert_bias.device))
+
+    def step_metrics(self) -> Dict[str, torch.Tensor]:
+        """The step, as device scalars (read on the host only on logging steps), per layer (loads and drops summed
+        over the data-parallel ranks by the engine; the loss terms are this rank's):
+        ``load_max`` (largest expert's share of the assignments; 1/E is balanced), ``load_max_over_mean``,
+        ``load_min``, ``dropped`` (fraction of assignments dropped), ``aux_loss``, ``z_loss`` (mean over the
+        micro batches); then the losses summed over layers, the dropped fraction and the worst layer's
+        ``load_max_over_mean``. Resets the step's accumulators."""
+        out: Dict[str, torch.Tensor] = {}
+        share = self.loads / self.loads.sum(-1, keepdim=True)
+        for i, (name, _) in enumerate(self.layers):
+            out[f"moe/{name}/load_max"] = share[i].max()
+            out[f"moe/{name}/load_max_over_mean"] = share[i].max() * share.shape[-1]
+            out[f"moe/{name}/load_min"] = share[i].min()
+            out[f"moe/{name}/dropped"] = self.dropped[i] / self.assignments
+            out[f"moe/{name}/aux_loss"] = self.aux[i] / self.micro_batches
+            out[f"moe/{name}/z_loss"] = self.z[i] / self.micro_batches
+        out["moe/aux_loss"] = torch.stack(self.aux).sum() / self.micro_batches
+        out["moe/z_loss"] = torch.stack(self.z).sum() / self.micro_batches
+        out["moe/dropped"] = self.dropped.sum() / (self.assignments * len(self.layers))
+        out["moe/load_max_over_mean"] = share.max() * share.shape[-1]  # the worst layer
+        self.reset()
+        return out
