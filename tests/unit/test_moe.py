@@ -183,6 +183,8 @@ def root(**moe) -> RootConfig:
      "earlier pipeline stages do not reach the loss"),
     (dict(experts=4), {"tp": 2}, "parallelism.tp", "not supported with model.moe.experts > 0: the tensor-parallel "
      "plan has no expert sharding"),
+    (dict(experts=4), {"cp": 2}, "parallelism.cp", "not supported with model.moe.experts > 0: context-parallel ranks "
+     "route different tokens and the expert loads (and the bias update) are summed over data-parallel ranks only"),
 ])
 def test_config_errors_name_key_reason_fix(moe, layout, key, reason):
     cfg = root(**moe)

@@ -41,6 +41,8 @@ def check_moe(cfg: RootConfig) -> None:
                 "set parallelism.pp=1"),
                ("parallelism.tp", p.tp > 1, "the tensor-parallel plan has no expert sharding",
                 "set parallelism.tp=1 (shard with dp_shard)"),
+               ("parallelism.cp", p.cp > 1, "context-parallel ranks route different tokens and the expert loads "
+                "(and the bias update) are summed over data-parallel ranks only", "set parallelism.cp=1"),
                ("parallelism.compile", p.compile, "torch.compile of the MoE block is not verified",
                 "set parallelism.compile=false"),
                ("parallelism.engine", p.engine == "deepspeed", "the DeepSpeed engine does not add the router losses",
