@@ -96,3 +96,38 @@ def test_excluded_time_is_not_counted_and_queued_steps_are():
         plain.step_done()
     time.sleep(0.3)
     assert plain.measure()["tokens_per_s"] < 0.6 * truth
+
+
+def test_an_interval_above_the_peak_refreshes_it_once_and_the_cache_keeps_the_higher_figure(tmp_path):
+    """MFU above 100% means the cached CPU peak was measured while other work held the cores: it is measured again
+    (announced), once, and the cache keeps the higher figure; below the peak nothing is re-measured (control)."""
+    import torch
+
+    from lmforge.runtime import hardware
+
+    clock = iter(float(t) for t in range(100))
+    calls = []
+
+    def refresh(achieved, peak):
+        calls.append((achieved, peak))
+        return 2 * achieved
+
+    meter = IntervalMeter(flops_per_token=10**6, peak_tflops_per_device=1e-6, world_size=1, tokens_per_step=TOKENS,
+                          clock=lambda: next(clock), refresh_peak=refresh)
+    meter.start()  # t=0
+    meter.step_done()
+    first = meter.measure()  # t=1: 1000 tokens/s * 1e6 FLOPs = 1e-3 TFLOP/s, above the 1e-6 peak
+    assert calls == [(pytest.approx(1e-3), 1e-6)] and first["mfu"] == pytest.approx(1e-3 / 2e-3)
+    meter.step_done()
+    meter.measure()
+    assert len(calls) == 1, "refreshed once per run"
+    quiet = IntervalMeter(10**6, 1.0, 1, TOKENS, clock=lambda: next(clock), refresh_peak=refresh)
+    quiet.start()
+    quiet.step_done()
+    assert quiet.measure()["mfu"] < 1 and len(calls) == 1  # control: below the peak, nothing is re-measured
+
+    cache, lines = tmp_path / "cpu_peak.json", []
+    low = hardware.cpu_peak_tflops(torch.float32, cache=cache)
+    new = hardware.refresh_cpu_peak(torch.float32, achieved=10 * low, peak=low / 100, warn=lines.append, cache=cache)
+    assert low / 100 < new == hardware.cpu_peak_tflops(torch.float32, cache=cache)
+    assert len(lines) == 1 and lines[0].startswith("lmforge: warning: the step ran at ") and str(cache) in lines[0]

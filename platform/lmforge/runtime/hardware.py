@@ -145,25 +145,55 @@ def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 0, 
     return 2 * n**3 / (min(times) if best else statistics.median(times)) / 1e12
 
 
+def _cpu_peak_cache(cache: Optional[Path]) -> Path:
+    return cache or Path(env.read("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge") / "cpu_peak.json"
+
+
+def _cpu_peak_key(dtype: torch.dtype) -> str:
+    # v2: best-of-repeats on 2048^3 (v1 took the median of 1024^3 and could cache a value measured under load).
+    return f"v2|{_cpu_model()}|threads={torch.get_num_threads()}|{dtype_key(dtype)}|torch={torch.__version__}"
+
+
+def _read_table(cache: Path) -> dict:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_table(cache: Path, table: dict) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+
+
 def cpu_peak_tflops(dtype: torch.dtype = torch.float32, cache: Optional[Path] = None) -> float:
     """Measured (and cached) CPU GEMM peak at the current thread count."""
-    cache = cache or Path(env.read("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge") / "cpu_peak.json"
-    # v2: best-of-repeats on 2048^3 (v1 took the median of 1024^3 and could cache a value measured under load).
-    key = f"v2|{_cpu_model()}|threads={torch.get_num_threads()}|{dtype_key(dtype)}|torch={torch.__version__}"
-    try:
-        table = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        table = {}
+    cache, key = _cpu_peak_cache(cache), _cpu_peak_key(dtype)
+    table = _read_table(cache)
     if key not in table:
         table[key] = measure_matmul_tflops(torch.device("cpu"), dtype, repeats=7, best=True)
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, cache)
-        except OSError:
-            pass
+        _write_table(cache, table)
     return float(table[key])
+
+
+def refresh_cpu_peak(dtype: torch.dtype, achieved: float, peak: float, warn: Callable[[str], None] = print,
+                     cache: Optional[Path] = None) -> float:
+    """A run achieved ``achieved`` TFLOP/s, above the cached CPU GEMM peak ``peak`` (measured while other work held
+    the cores): measure it again, keep the higher figure in the cache, announce it in one line, return it."""
+    cache, key = _cpu_peak_cache(cache), _cpu_peak_key(dtype)
+    measured = measure_matmul_tflops(torch.device("cpu"), dtype, repeats=7, best=True)
+    table = _read_table(cache)
+    new = table[key] = max(measured, peak, float(table.get(key, 0.0)))  # another process may have cached more
+    _write_table(cache, table)
+    warn(f"lmforge: warning: the step ran at {achieved:.3f} TFLOP/s, above the cached CPU {dtype_key(dtype)} GEMM "
+         f"peak of {peak:.3f} (measured under contention); re-measured: {measured:.3f}. MFU from now on uses "
+         f"{new:.3f} ({cache})")
+    return new
 
 
 def peak_tflops(device: torch.device, dtype: torch.dtype, warn: Callable[[str], None] = print) -> float:

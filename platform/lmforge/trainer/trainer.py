@@ -55,7 +55,7 @@ from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import env, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
-from lmforge.runtime.hardware import peak_tflops, pin_threads, select_device
+from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
 
@@ -121,9 +121,12 @@ class Trainer:
                                 cfg.eval.batch_size, cfg.eval.limit) if eval_tasks else None
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
-        peak = peak_tflops(self.device, dtype, warn=print if self.rank == 0 else (lambda _line: None))
+        say = print if self.rank == 0 else (lambda _line: None)
+        peak = peak_tflops(self.device, dtype, warn=say)
+        refresh = (lambda achieved, old: refresh_cpu_peak(dtype, achieved, old, warn=say)) \
+            if self.device.type == "cpu" else None  # a cached CPU peak measured under contention is re-measured
         self.meter = IntervalMeter(self.flops_per_token, peak, self.world.world_size,
-                                   self.plan.tokens_per_step, device_synchronizer(self.device))
+                                   self.plan.tokens_per_step, device_synchronizer(self.device), refresh_peak=refresh)
         self.step = 0
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
