@@ -142,7 +142,7 @@ def _rows(i):
             "backward there. Fix: use data.document_attention=sdpa on the CPU (flex needs CUDA)"),
         "eval_task_missing": (["eval.tasks=[nope.yaml]"], {},
             "config key 'eval.tasks': nope.yaml: no such task file. Fix: give the path of an lm-eval task YAML, or a "
-            "shipped task: austen_next_sentence, stdlib_next_line"),
+            "shipped task: austen_next_sentence, austen_word_order, stdlib_next_line"),
         "unknown_exp": (["+exp=smok"], {},
             "config key 'exp': 'smok' is not one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke (no exp/smok.yaml in "
             f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke"),

@@ -89,3 +89,18 @@ def test_typo_fails_before_anything_starts(tmp_path):
     assert proc.returncode == 2
     assert "config key 'model.n_layr': is not a known key. Fix: did you mean 'model.n_layers'?" in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing may be created before the config is valid"
+
+
+@pytest.mark.timeout(600)
+def test_smoke_checkpoint_scores_above_chance_on_word_order_and_an_untrained_one_at_chance(smoke_run, data_cache,
+                                                                                             monkeypatch):
+    """The shipped task a 5M-parameter model can pass after 300 steps: the true next sentence against shuffles of its
+    own words (measured: trained 0.995, untrained 0.22 on 200 documents). The harder shipped tasks
+    (austen_next_sentence, stdlib_next_line) stay near chance at this size (0.19 and 0.23): see docs/evaluation.md."""
+    from lmforge.evaluation.offline import score_checkpoint
+
+    monkeypatch.setenv("LMFORGE_DATA_CACHE", str(data_cache))
+    scores = score_checkpoint(smoke_run, ["austen_word_order"], limit=60, batch_size=32, control_seed=1234)
+    trained, untrained = (scores[k]["eval/austen_word_order/acc"] for k in ("trained", "untrained"))
+    assert trained >= 0.6, scores  # chance is 0.25
+    assert 0.1 <= untrained <= 0.4, scores  # the control: the same shape, freshly initialised, is at chance

@@ -76,7 +76,7 @@ def test_python_hooks_in_task_files_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="uses a '!function' tag"):
         load_task(str(path))
     with pytest.raises(ConfigError, match="is neither a .yaml file nor a shipped task. Fix: use a task YAML path or "
-                                          "one of: austen_next_sentence, stdlib_next_line"):
+                                          "one of: austen_next_sentence, austen_word_order, stdlib_next_line"):
         load_task("austen")
 
 
@@ -159,7 +159,7 @@ def test_shipped_tasks_are_rebuilt_identically(tmp_path):
     from lmforge.evaluation.build_tasks import build
 
     build(tmp_path)
-    for name in ("austen_next_sentence", "stdlib_next_line"):
+    for name in ("austen_next_sentence", "austen_word_order", "stdlib_next_line"):
         meta = yaml.safe_load((SHIPPED_DIR / f"{name}.yaml").read_text())["metadata"]
         built_here = meta.get("python", f"{sys.version_info.major}.{sys.version_info.minor}")
         if built_here == f"{sys.version_info.major}.{sys.version_info.minor}":  # stdlib text is the interpreter's

@@ -12,7 +12,7 @@ from typing import List
 @dataclass
 class EvalConfig:
     # Task files in lm-evaluation-harness's YAML format (local JSONL data), or the name of a shipped task
-    # (lmforge/evaluation/tasks/<name>.yaml: austen_next_sentence, stdlib_next_line). Empty: none.
+    # (lmforge/evaluation/tasks/<name>.yaml: austen_next_sentence, austen_word_order, stdlib_next_line). Empty: none.
     tasks: List[str] = field(default_factory=list)
     # Sequences per forward (every data-parallel rank runs its share of the batches).
     batch_size: int = 16

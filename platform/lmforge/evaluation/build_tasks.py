@@ -5,11 +5,14 @@
 - ``austen_next_sentence``: two consecutive sentences of a paragraph of a Jane Austen novel (the embedded
   ``books`` corpus); choose the sentence that follows among four, the three distractors drawn from the same
   novel with a similar length. Chance: 25%.
+- ``austen_word_order``: the same contexts and true sentences; the distractors are three shuffles of the true
+  sentence's own words, so only word order tells the choices apart (a small model passes it once it learned
+  English syntax). Chance: 25%.
 - ``stdlib_next_line``: six consecutive non-blank lines of a Python standard-library module (the ``code``
   corpus's files); choose the line that follows among four, the distractors drawn from the same module.
   Chance: 25%. Built from the running interpreter's stdlib: the task file records the Python version.
 
-Both are 0-shot multiple choice by log-likelihood. Their text is from the training corpora (a check that a model
+All are 0-shot multiple choice by log-likelihood. Their text is from the training corpora (a check that a model
 learned its data, not a held-out benchmark).
 """
 from __future__ import annotations
@@ -80,6 +83,31 @@ def austen_examples(n: int = N_EXAMPLES) -> List[Dict]:
     return out
 
 
+def _shuffled(sentence: str, rnd: random.Random, k: int) -> List[str]:
+    """``k`` distinct orders of the sentence's words other than its own (same words, same characters)."""
+    words, seen, out = sentence.split(), {sentence}, []
+    for _ in range(100 * k):
+        order = rnd.sample(words, len(words))
+        candidate = " ".join(order)
+        if candidate not in seen:
+            seen.add(candidate)
+            out.append(candidate)
+            if len(out) == k:
+                break
+    return out
+
+
+def austen_word_order_examples(n: int = N_EXAMPLES) -> List[Dict]:
+    """The next sentence of an Austen paragraph against three shuffles of its own words: the choices differ only
+    in word order (same words, same length), so a model scores above chance only if it learned English syntax."""
+    rnd = random.Random(SEED + 1)
+    out = []
+    for doc in austen_examples(n):
+        true = doc["choices"][doc["label"]]
+        out.append(_example(doc["context"], true, _shuffled(true, rnd, N_CHOICES - 1), rnd))
+    return out
+
+
 def stdlib_files() -> List[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     return [p for p in sorted(stdlib.glob("*.py")) if not p.name.startswith(("test", "_"))]
@@ -110,6 +138,9 @@ def stdlib_examples(n: int = N_EXAMPLES, context_lines: int = 6) -> List[Dict]:
 TASKS = {
     "austen_next_sentence": {"build": austen_examples, "target_delimiter": " ",
                              "about": "choose the next sentence of a Jane Austen paragraph (4 choices)"},
+    "austen_word_order": {"build": austen_word_order_examples, "target_delimiter": " ",
+                          "about": "choose the next sentence of a Jane Austen paragraph among shuffles of its words "
+                                   "(4 choices)"},
     "stdlib_next_line": {"build": stdlib_examples, "target_delimiter": "\n",
                          "about": "choose the next line of a Python standard-library module (4 choices)"},
 }
