@@ -8,7 +8,6 @@ MFU uses the one FLOPs formula and the CPU GEMM peak measured on this machine at
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path

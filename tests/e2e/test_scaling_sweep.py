@@ -7,7 +7,6 @@ every run's realised training FLOPs (flops_seen in its metrics.jsonl) must be wi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -1,7 +1,6 @@
 """Sweep planning: IsoFLOP grid arithmetic, batch/LR rules, the sweep file and its Hydra forms."""
 from __future__ import annotations
 
-import math
 
 import pytest
 from omegaconf import OmegaConf
