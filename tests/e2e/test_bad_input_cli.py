@@ -18,6 +18,7 @@ from lmforge.data.shards import HEADER_BYTES
 from lmforge.data.tokenizer import load_tokenizer, train_bpe
 
 REPO = Path(__file__).resolve().parents[2]
+EXPS = ", ".join(sorted(p.stem for p in (REPO / "conf" / "exp").glob("*.yaml")))  # every preset, as the error lists them
 BASE = ["model=tiny", "train.max_steps=1", "train.micro_batch_size=2", "train.global_batch_size=2",
         "train.eval_every=0", "train.threads=1", "train.device=cpu", "logging.console=plain"]
 ONE_SOURCE = ["~data.sources.code", "~data.sources.reference"]
@@ -144,8 +145,8 @@ def _rows(i):
             "config key 'eval.tasks': nope.yaml: no such task file. Fix: give the path of an lm-eval task YAML, or a "
             "shipped task: austen_next_sentence, austen_word_order, stdlib_next_line"),
         "unknown_exp": (["+exp=smok"], {},
-            "config key 'exp': 'smok' is not one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke (no exp/smok.yaml in "
-            f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of gpt_125m, gpt_1b, gpt_350m, gpt_7b, smoke"),
+            f"config key 'exp': 'smok' is not one of {EXPS} (no exp/smok.yaml in "
+            f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of {EXPS}"),
     }
 
 
