@@ -23,10 +23,13 @@ def test_every_group_has_presets():
 def test_every_exp_composes_and_validates(exp):
     cfg = compose([f"+exp={exp}"])
     p = cfg.parallelism
-    world = p.dp_replicate * p.dp_shard * p.tp * p.pp
+    world = p.dp_replicate * p.dp_shard * p.cp * p.tp * p.pp
     typed = validate(cfg, world_size=world)
-    expected_model = {"smoke": "smoke"}.get(exp, exp)
-    assert typed.model.name == expected_model
+    import yaml
+
+    defaults = yaml.safe_load((conf_dir() / "exp" / f"{exp}.yaml").read_text())["defaults"]
+    expected_model = next(d["override /model"] for d in defaults if isinstance(d, dict) and "override /model" in d)
+    assert typed.model.name == expected_model  # the preset's model, whatever the exp is called
 
 
 def test_required_exps_exist():
