@@ -22,6 +22,18 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, which counts as a failure: {reason}"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models (two fighting over a loaded 2-core machine cost more CPU);
+    restored afterwards. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """One data cache (tokenizer, shards, indices) for the whole session, shared with subprocesses."""

@@ -23,14 +23,7 @@ from lmforge.model.gpt import GPT
 PROMPT = "It is a truth universally acknowledged, that a single man"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

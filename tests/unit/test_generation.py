@@ -27,13 +27,7 @@ PROMPTS = [[5, 17, 200, 3, 99, 41, 7], [300, 12], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 ATTENTION = {"mha": None, "gqa": 2, "mqa": 1}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread costs less CPU than two fighting over a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION))

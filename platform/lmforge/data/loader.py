@@ -68,6 +68,8 @@ class BatchStream:
                  loss_after_eod: str = "keep"):
         self.mixture = mixture
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
+        # The EOD id the documents end with (the tokenizer megatron-core packed with), read once, when batches need it
+        self.eod = mixture.tokenizer.eod if document_masking or loss_after_eod != "keep" else None
         self.plan = plan
         self.dp_rank = dp_rank
         self.device = device
@@ -77,12 +79,6 @@ class BatchStream:
             self.prefetcher = StepPrefetcher(self._host_batch, self._step_ranges, plan.global_batch_size,
                                              num_workers, depth=prefetch_steps)
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
-
-    def _eod(self) -> Optional[int]:
-        """The EOD id the documents end with, when the batches need it (the tokenizer megatron-core packed with)."""
-        if not self.document_masking and self.loss_after_eod == "keep":
-            return None
-        return self.mixture.tokenizer.eod
 
     def sample_indices(self, consumed: int, micro: int) -> range:
         p = self.plan
@@ -101,7 +97,7 @@ class BatchStream:
         targets = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=pin)
         tokens.copy_(text[:, :-1])
         targets.copy_(text[:, 1:])
-        positions = document_fields(tokens, targets, self._eod(), self.document_masking,
+        positions = document_fields(tokens, targets, self.eod, self.document_masking,
                                     self.loss_after_eod)
         if positions is None:
             return MicroBatch(tokens, targets, list(ids))
@@ -159,7 +155,7 @@ class BatchStream:
             samples = [ds[i] for i in idx]
             tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long().to(self.device)
             targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long().to(self.device)
-            positions = document_fields(tokens, targets, self._eod(), self.document_masking,
+            positions = document_fields(tokens, targets, self.eod, self.document_masking,
                                         self.loss_after_eod)
             yield MicroBatch(tokens, targets, [], positions)
 
