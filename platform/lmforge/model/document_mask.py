@@ -29,6 +29,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from lmforge.model.rope import apply_rope
+
 BACKENDS = ("sdpa", "flex")
 
 
@@ -53,13 +55,6 @@ def document_square_sum(positions: torch.Tensor) -> int:
     ids = document_ids(positions)
     flat = (ids + torch.arange(ids.shape[0], device=ids.device)[:, None] * ids.shape[1]).flatten()
     return int((torch.bincount(flat).to(torch.int64) ** 2).sum())
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos/sin: [B, T, D] (per token, gathered at its document position)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None, :].to(x.dtype) + rotated * sin[:, :, None, :].to(x.dtype)
 
 
 @dataclass
@@ -96,7 +91,7 @@ class DocumentMask:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
         """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] before RoPE -> [B, T, Hq * D] (rotated, masked attention)."""
         bsz, seqlen = q.shape[:2]
-        q, k = _rope(q, self.cos, self.sin), _rope(k, self.cos, self.sin)
+        q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
         if self.backend == "sdpa":
             if n_rep > 1:
                 k = k.repeat_interleave(n_rep, dim=2)
