@@ -16,6 +16,7 @@ from typing import List
 
 import pytest
 
+from distributed.parity_cases import docmask_case
 from distributed.test_parallel_parity import STEPS, WQ, assert_parity, placement, _run
 from harness import run_ranks
 
@@ -30,12 +31,21 @@ def cp2_checkpoint(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cp2") / "ckpt"
 
 
+RESUMED_STEPS = 2  # steps after loading: the second one's loss also depends on the loaded AdamW moments
+
+
 @pytest.fixture(scope="module")
 def two_rank_runs(parity_samples, cp2_checkpoint) -> List[dict]:
+    """One 2-rank launch: the kernel check, cp2 ring (saving its checkpoint), cp2 + document masking, the negative
+    control, then the cp2 checkpoint resumed under cp2 and under dp2 (DDP, cp1)."""
+    resume = {"resume_from": str(cp2_checkpoint), "more": RESUMED_STEPS}
     cases = {"kernel": {"kernel": True},
              "cp2_ring": {"overrides": ["parallelism=cp2"], "save_to": str(cp2_checkpoint)},
+             "cp2_docmask": docmask_case(["parallelism=cp2"], parity_samples),
              # one step: a wrong exchange is wrong from the first forward on
-             "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True, "steps": 1}}
+             "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True, "steps": 1},
+             "resumed_cp2": {"overrides": ["parallelism=cp2"], **resume},
+             "resumed_dp2": {"overrides": ["parallelism=ddp"], **resume}}
     return _run(2, cases, parity_samples, timeout=300, worker=CP_WORKER)
 
 
@@ -68,20 +78,32 @@ def test_negative_control_wrong_kv_exchange_fails_parity(two_rank_runs, referenc
 
 
 @pytest.mark.timeout(500)
-def test_cp2_checkpoint_resumes_under_cp2_and_dp2(two_rank_runs, cp2_checkpoint, parity_samples, reference):
-    """DCP reshards across cp sizes: the cp2 run's checkpoint (FSDP over cp) loads under cp2 and under dp2 (DDP,
-    cp1), and the next step's loss is the same on both, after the samples of the 5 saved steps."""
+def test_context_parallel_parity_cp2_document_masking(two_rank_runs, references):
+    """cp2 ring with data.document_masking: the document ids and in-document RoPE positions follow each rank's
+    two chunks, and every ring block is masked by document; the single-process document-masked losses within
+    1e-5. Control: masking changes the losses (the masked reference is not the unmasked one)."""
+    assert_parity("cp2_docmask", two_rank_runs, references["docmask"])
+    masked, plain = references["docmask"]["losses"], references["untied"]["losses"]
+    assert max(abs(a - b) for a, b in zip(masked, plain)) > 1e-3
+
+
+@pytest.mark.timeout(500)
+def test_cp2_checkpoint_resumes_under_cp2_dp2_and_cp1(two_rank_runs, cp2_checkpoint, parity_samples, reference):
+    """DCP reshards across cp sizes: the cp2 run's checkpoint (FSDP over cp) loads under cp2, under dp2 (DDP, cp1)
+    and in a single process (cp1, no mesh dims at all), and the next two steps' losses are the same in all three,
+    after the samples of the 5 saved steps."""
     assert (cp2_checkpoint / f"step-{STEPS:08d}").is_dir()
-    resumed = run_ranks("distributed.parallel_worker:resume_cases", 2,
-                        {"samples": parity_samples, "steps": STEPS, "checkpoint": str(cp2_checkpoint),
-                         "cases": {"cp2": {"overrides": ["parallelism=cp2"]},
-                                   "dp2": {"overrides": ["parallelism=ddp"]}}}, timeout=240)
-    same_layout = resumed[0].value["cp2"]["loss"]
-    for r in resumed:
-        for name, out in r.value.items():
-            assert abs(out["loss"] - same_layout) < 1e-6, f"{name} rank {r.rank}: next-step loss {out['loss']} " \
-                f"after loading the cp2 checkpoint vs {same_layout} under cp2"
-    expected = list(range(STEPS * 8, STEPS * 8 + 8))
-    assert sorted(resumed[0].value["cp2"]["consumed"]) == expected  # cp ranks read the whole step's samples
-    assert sorted(i for r in resumed for i in r.value["dp2"]["consumed"]) == expected
-    assert same_layout < reference["losses"][0] - 0.1  # trained weights were loaded, not the initial ones
+    single = run_ranks(CP_WORKER, 1, {"samples": parity_samples, "steps": STEPS,
+                                      "cases": {"resumed_cp1": {"overrides": [], "resume_from": str(cp2_checkpoint),
+                                                                "more": RESUMED_STEPS}}}, timeout=120)
+    cp1 = single[0].value["resumed_cp1"]
+    assert len(cp1["losses"]) == RESUMED_STEPS
+    for out in two_rank_runs:
+        for name in ("resumed_cp2", "resumed_dp2"):
+            for step, (a, b) in enumerate(zip(out[name]["losses"], cp1["losses"])):
+                assert abs(a - b) < 1e-6, f"{name} resumed step {step + 1}: loss {a} vs {b} in one process"
+    expected = list(range(STEPS * 8, (STEPS + RESUMED_STEPS) * 8))
+    assert sorted(cp1["consumed"]) == expected
+    assert sorted(two_rank_runs[0]["resumed_cp2"]["consumed"]) == expected  # cp ranks read the whole step's samples
+    assert sorted(i for out in two_rank_runs for i in out["resumed_dp2"]["consumed"]) == expected
+    assert cp1["loss"] < reference["losses"][0] - 0.1  # trained weights were loaded, not the initial ones

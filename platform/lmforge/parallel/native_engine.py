@@ -111,8 +111,8 @@ class NativeEngine:
     def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
-        if self.context is not None:  # this cp rank's two chunks of every sequence (document masking is refused)
-            tokens, targets = self.context.shard(tokens), self.context.shard(targets)
+        if self.context is not None:  # this cp rank's two chunks of every sequence; document positions stay
+            tokens, targets = self.context.shard(tokens), self.context.shard(targets)  # whole (keys' documents)
         with autocast_context(self.precision, self.device):
             logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
