@@ -21,9 +21,6 @@ REFUSED = {
               "config key 'parallelism': dp_replicate*dp_shard*cp*tp*pp = 1*2*2*1*1 = 4 but the job has world size 2. "
               "Fix: start 4 processes: lmforge launch --nproc 4 <same overrides> (torchrun --nproc_per_node=4 -m "
               "lmforge.train <same overrides>), or choose a layout of 2"),
-    "pp": (["parallelism.cp=2", "parallelism.pp=2"], 4,
-           "config key 'parallelism.cp': cp with pipeline parallelism (pp > 1) is not supported yet. "
-           "Fix: set parallelism.pp=1, or parallelism.cp=1 for a pipelined run"),
     "selective": (["parallelism.cp=2", "parallelism.activation_checkpointing=selective"], 2,
                   "config key 'parallelism.activation_checkpointing': selective checkpointing would recompute the "
                   "context-parallel K/V exchange op by op. Fix: use activation_checkpointing=full (or none) with cp > 1"),

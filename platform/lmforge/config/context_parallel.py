@@ -1,6 +1,6 @@
 """The checks of ``parallelism.cp`` (context parallelism) that need no process group.
 
-Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), full
+Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), PP, full
 activation checkpointing, GQA/MQA, ``data.document_masking`` (the cp exchange masks by document, so
 ``document_attention`` must be ``sdpa``, and ``loss_after_eod=keep``), ring or all-gather K/V exchange, on the
 native engine (not yet with ``eval.tasks``). Everything else is refused here with one line
@@ -24,9 +24,6 @@ def check_context_parallel(cfg: RootConfig) -> None:
     if p.engine != "native":
         raise ConfigError("parallelism.cp", "context parallelism runs on the native engine only",
                           "set parallelism.engine=native (or parallelism.cp=1 with DeepSpeed)")
-    if p.pp > 1:
-        raise ConfigError("parallelism.cp", "cp with pipeline parallelism (pp > 1) is not supported yet",
-                          "set parallelism.pp=1, or parallelism.cp=1 for a pipelined run")
     if cfg.data.document_masking and cfg.data.document_attention != "sdpa":
         raise ConfigError("data.document_attention", f"{cfg.data.document_attention} is not used with context "
                           "parallelism (cp > 1): the cp K/V exchange applies the document mask itself, block by block",

@@ -23,8 +23,17 @@ K/V exchange (``parallelism.cp_kv_exchange``), both exact (partial attentions me
   local queries against the whole sequence with the causal mask by position. Simpler, one collective, but
   every rank holds the whole sequence's K/V.
 
-Extension point (document masking): both paths decide visibility from (query position, key position) in
-``visible``; a per-token document id can be threaded next to the positions and ANDed there.
+K/V are exchanged at their own n_kv heads (GQA/MQA: n_kv/n_heads of the bytes) and expanded to the query heads
+inside each block's compute only.
+
+Document masking (``data.document_masking``): every cp rank holds the whole batch, so the model's
+``document_mask`` builder (``ContextDocumentMask``) takes the whole batch's positions [B, T]: this rank's tokens
+are rotated at their in-document positions, and both exchanges mask every block by ``visible`` with the
+document ids of the query and key chunks (block-diagonal causal, exact; the key ids of any rank's chunks are
+computed locally, nothing extra travels).
+
+Pipeline parallelism: the cp step applies to a pipeline rank's part like to a whole model (its stages share the
+part's RoPE tables and attention modules); the engine cuts the batch before the schedule.
 
 Gradients: cp ranks hold replicas of the weights and each computes the mean loss over its own tokens (the
 same count on every cp rank), so averaging gradients (FSDP over ``dp_shard_cp``) and losses (over ``dp_cp``)

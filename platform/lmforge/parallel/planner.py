@@ -163,7 +163,7 @@ def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     e = dtypes_for(cfg, precision).compute
     forward = (p.cp - 1) * values * e * (2 if p.activation_checkpointing == "full" else 1)
     backward = (p.cp - 1) * values * e + p.cp * values * 4 if p.cp_kv_exchange == "ring" else (p.cp - 1) * values * e
-    layers = m.n_layers // p.pp  # the most loaded pipeline rank's layers (pp > 1 with cp is refused today)
+    layers = m.n_layers // p.pp  # a pipeline rank's layers (its stages' attention exchanges)
     n_micro = p.pp_microbatches or batch.grad_accum
     return layers * n_micro * (forward + backward)
 
