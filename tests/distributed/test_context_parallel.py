@@ -3,11 +3,14 @@
 The parity harness of test_parallel_parity.py (tiny GQA GPT, seq_len 32, 5 AdamW steps, clipping far below the
 real gradient norm, the shared single-process reference): every cp layout must reproduce the reference losses
 within 1e-5, pre-clip gradient norms within 5e-5 relative, the eval loss, and the data consumption (cp ranks of a
-group read the same samples). The launch also checks the attention kernel itself (both exchanges against full
-SDPA: values and q/k/v gradients), runs the negative control (a ring whose ranks send their K/V chunks swapped
-must miss the reference loss by far more than the tolerance) and saves a checkpoint that is resumed under cp2 and
-dp2. cp2 x FSDP 2 (all-gather exchange, full AC), cp2 x TP+SP 2 and the cp4 kernel run in test_parallel_parity.py's
-4-rank launch (test_two_dimensional_parity, test_context_parallel_attention_kernel_is_exact_at_cp4).
+group read the same samples). One 2-rank launch runs cp2 ring, cp2 with document masking (against the
+single-process document-masked reference), the attention kernel itself (both exchanges against full SDPA, GQA and
+MQA K/V exchanged at their own heads, causal and document-masked: values and q/k/v gradients), the negative
+control (a ring whose ranks send their K/V chunks swapped must miss the reference loss by far more than the
+tolerance), and resumes the cp2 checkpoint it saved under cp2 and dp2; a 1-rank launch resumes it in one
+process (cp1). cp2 x FSDP 2 (all-gather exchange, full AC), cp2 x TP+SP 2, cp2 x pp2 and the cp4 kernel run in
+test_parallel_parity.py's 4-rank launch (test_two_dimensional_parity,
+test_context_parallel_attention_kernel_is_exact_at_cp4).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from harness import run_ranks
 pytestmark = pytest.mark.distributed
 CP_WORKER = "distributed.context_parallel_worker:run_cases"
 KERNEL_TOL = 1e-5  # fp32 attention values and gradients of unit-normal inputs (measured ~1e-6)
+# Each exchange with grouped-query (2 K/V heads) and multi-query (1) K/V, causal and document-masked.
+KERNEL_VARIANTS = [f"{e} kv{h}{m}" for e in ("ring", "allgather") for h in (2, 1) for m in ("", " docmask")]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +68,7 @@ def test_context_parallel_attention_kernel_is_exact_at_cp2(two_rank_runs):
     """Both K/V exchanges against full SDPA (values, q/k/v gradients); cp4 runs in test_parallel_parity's 4-rank
     launch (test_context_parallel_attention_kernel_is_exact_at_cp4)."""
     for out in two_rank_runs:
+        assert sorted(out["kernel"]) == sorted(KERNEL_VARIANTS)
         for exchange, err in out["kernel"].items():
             assert err < KERNEL_TOL, f"cp2 {exchange}: max |difference| from full SDPA {err}"
 

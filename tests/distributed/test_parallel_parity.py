@@ -291,9 +291,10 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
 @pytest.mark.timeout(500)
 def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
     """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
-    from distributed.test_context_parallel import KERNEL_TOL
+    from distributed.test_context_parallel import KERNEL_TOL, KERNEL_VARIANTS
 
     for out in four_rank_runs:
+        assert sorted(out["cp4_kernel"]) == sorted(KERNEL_VARIANTS)
         for exchange, err in out["cp4_kernel"].items():
             assert err < KERNEL_TOL, f"cp4 {exchange}: max |difference| from full SDPA {err}"
 
