@@ -51,7 +51,7 @@ def two_rank_runs(parity_samples, cp2_checkpoint) -> List[dict]:
              "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True, "steps": 1},
              "resumed_cp2": {"overrides": ["parallelism=cp2"], **resume},
              "resumed_dp2": {"overrides": ["parallelism=ddp"], **resume}}
-    return _run(2, cases, parity_samples, timeout=300, worker=CP_WORKER)
+    return _run(2, cases, parity_samples, timeout=360, worker=CP_WORKER)  # 300 before the resumes joined
 
 
 @pytest.mark.timeout(500)
@@ -101,7 +101,7 @@ def test_cp2_checkpoint_resumes_under_cp2_dp2_and_cp1(two_rank_runs, cp2_checkpo
     assert (cp2_checkpoint / f"step-{STEPS:08d}").is_dir()
     single = run_ranks(CP_WORKER, 1, {"samples": parity_samples, "steps": STEPS,
                                       "cases": {"resumed_cp1": {"overrides": [], "resume_from": str(cp2_checkpoint),
-                                                                "more": RESUMED_STEPS}}}, timeout=120)
+                                                                "more": RESUMED_STEPS}}}, timeout=150)
     cp1 = single[0].value["resumed_cp1"]
     assert len(cp1["losses"]) == RESUMED_STEPS
     for out in two_rank_runs:
