@@ -179,8 +179,9 @@ def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> D
     return out
 
 
-def resume_case(overrides: List[str], samples: List[List[int]], steps: int, checkpoint: str) -> dict:
-    """Load a checkpoint saved under another layout and run one more step; return its loss."""
+def resume_case(overrides: List[str], samples: List[List[int]], steps: int, checkpoint: str, more: int = 1) -> dict:
+    """Load a checkpoint saved under another layout and run ``more`` steps (the second one's loss depends on the
+    loaded optimizer moments too); return the first one's loss and all losses."""
     from lmforge.checkpoint.layout import latest
     from lmforge.checkpoint.manager import CheckpointManager
     from lmforge.config.checkpoint import CheckpointConfig
@@ -194,8 +195,9 @@ def resume_case(overrides: List[str], samples: List[List[int]], steps: int, chec
     data = FixedSamples(samples)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
     stream.state.consumed_samples = steps * cfg.train.global_batch_size
-    result = engine.train_step(stream.step_batches(), LR)
-    return {"loss": float(result.loss), "grad_norm": float(result.grad_norm), "consumed": data.consumed}
+    results = [engine.train_step(stream.step_batches(), LR) for _ in range(more)]
+    return {"loss": float(results[0].loss), "grad_norm": float(results[0].grad_norm), "consumed": data.consumed,
+            "losses": [float(r.loss) for r in results]}
 
 
 def resume_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int, checkpoint: str) -> Dict[str, dict]:

@@ -243,21 +243,28 @@ def four_rank_runs(parity_samples) -> List[dict]:
              # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
              "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0},
              # context parallelism (test_context_parallel.py): cp2 x FSDP 2 (all-gather exchange, full AC),
-             # cp2 x TP+SP 2 (ring), the cp4 attention kernel
+             # cp2 x TP+SP 2 (ring), cp2 x pp2 (ring, 1F1B), the cp4 attention kernel
              "cp2_dp2_allgather_ac": {"overrides": ["parallelism=cp2_dp2", "parallelism.cp_kv_exchange=allgather",
                                                     "parallelism.activation_checkpointing=full"]},
              "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
+             "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
              "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"}}
-    return _run(4, cases, parity_samples, timeout=360)
+    return _run(4, cases, parity_samples, timeout=420)  # 360 before cp2_pp2 joined the launch
 
 
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
-                                  "cp2_dp2_allgather_ac", "cp2_tp2_sp"])
+                                  "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
     runs = four_rank_runs
     assert_parity(case, runs, reference)
-    if case.startswith("cp2"):  # cp ranks hold replicas: FSDP shards over dp_shard x cp (4 ways, or 2 x TP)
+    if case == "cp2_pp2":  # each stage's layers, FSDP over its cp pair (dp_shard_cp, 2 ways)
+        for out in runs:
+            c = out[case]["coords"]
+            p = out[case]["params"][f"layers.{2 * c['pp']}.attention.wq.weight"]
+            assert p["mesh"] == ["dp_shard_cp"] and p["local"] == [32, 64]
+            assert f"layers.{2 * (1 - c['pp'])}.attention.wq.weight" not in out[case]["params"]
+    elif case.startswith("cp2"):  # cp ranks hold replicas: FSDP shards over dp_shard x cp (4 ways, or 2 x TP)
         p = placement(runs, case, WQ)
         assert p["mesh"] == (["dp_shard_cp", "tp"] if case == "cp2_tp2_sp" else ["dp_shard_cp"]) and p["local"] == [16, 64]
     elif case == "tp2_dp2":
@@ -284,9 +291,10 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
 @pytest.mark.timeout(500)
 def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
     """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
-    from distributed.test_context_parallel import KERNEL_TOL
+    from distributed.test_context_parallel import KERNEL_TOL, KERNEL_VARIANTS
 
     for out in four_rank_runs:
+        assert sorted(out["cp4_kernel"]) == sorted(KERNEL_VARIANTS)
         for exchange, err in out["cp4_kernel"].items():
             assert err < KERNEL_TOL, f"cp4 {exchange}: max |difference| from full SDPA {err}"
 

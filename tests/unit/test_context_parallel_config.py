@@ -21,16 +21,18 @@ REFUSED = {
               "config key 'parallelism': dp_replicate*dp_shard*cp*tp*pp = 1*2*2*1*1 = 4 but the job has world size 2. "
               "Fix: start 4 processes: lmforge launch --nproc 4 <same overrides> (torchrun --nproc_per_node=4 -m "
               "lmforge.train <same overrides>), or choose a layout of 2"),
-    "pp": (["parallelism.cp=2", "parallelism.pp=2"], 4,
-           "config key 'parallelism.cp': cp with pipeline parallelism (pp > 1) is not supported yet. "
-           "Fix: set parallelism.pp=1, or parallelism.cp=1 for a pipelined run"),
     "selective": (["parallelism.cp=2", "parallelism.activation_checkpointing=selective"], 2,
                   "config key 'parallelism.activation_checkpointing': selective checkpointing would recompute the "
                   "context-parallel K/V exchange op by op. Fix: use activation_checkpointing=full (or none) with cp > 1"),
-    "docmask": (["parallelism.cp=2", "data.document_masking=true"], 2,
-                "config key 'data.document_masking': document masking with context parallelism (cp > 1) is not "
-                "supported yet: the cp attention and RoPE tables use global positions. Fix: set "
-                "data.document_masking=false, or parallelism.cp=1"),
+    "docmask_flex": (["parallelism.cp=2", "data.document_masking=true", "data.document_attention=flex",
+                      "train.device=cuda", "parallelism.compile=true"], 2,
+                     "config key 'data.document_attention': flex is not used with context parallelism (cp > 1): the cp "
+                     "K/V exchange applies the document mask itself, block by block. Fix: set "
+                     "data.document_attention=sdpa for cp > 1"),
+    "loss_after_eod": (["parallelism.cp=2", "data.loss_after_eod=mask"], 2,
+                       "config key 'data.loss_after_eod': mask with context parallelism (cp > 1) would average per-rank "
+                       "means over different numbers of kept targets (the masked targets fall unevenly on the cp "
+                       "ranks), which is not the mean over the sequence. Fix: set data.loss_after_eod=keep for cp > 1"),
     "eval_tasks": (["parallelism.cp=2", "eval.tasks=[austen_next_sentence]"], 2,
                    "config key 'eval.tasks': in-loop task evaluation with context parallelism (cp > 1) is not "
                    "supported yet: its requests are not cut into the cp layout. Fix: set eval.tasks=[] for the cp run "
@@ -82,15 +84,19 @@ def test_planner_divides_activations_by_cp_and_counts_the_kv_exchange():
            (("one", one), ("ring", ring), ("gather", gather))}
     # Every activation term is per token: a cp rank holds half of them (the head's log-probs included).
     assert est["ring"].activations * 2 == est["one"].activations
-    # All-gather also keeps the other rank's K/V per layer: 2 * 1024 tokens * d_model 64 * 4 bytes * 4 layers.
-    assert est["gather"].activations - est["ring"].activations == 4 * 2 * 1024 * 64 * 4
+    # All-gather also keeps the other rank's K/V per layer, at the K/V heads (2 of 4, head_dim 16: 32 features):
+    # 2 * 1024 tokens * 32 * 4 bytes * 4 layers.
+    assert est["gather"].activations - est["ring"].activations == 4 * 2 * 1024 * 32 * 4
     assert est["ring"].state.params * 2 == est["one"].state.params  # FSDP over cp: sharded 2 ways
-    # K/V exchange per rank and step: per layer, a block of 2 * 1024 * 64 values; ring: 1 fp32 block forward,
-    # 1 backward plus 2 fp32 dK/dV blocks; all-gather: 1 forward, 1 backward.
-    block = 2 * 1024 * 64 * 4
+    # K/V exchange per rank and step: per layer, a block of 2 * 1024 * 32 values (n_kv_heads 2 x head_dim 16, half
+    # of d_model: exchanged before the GQA expansion); ring: 1 fp32 block forward, 1 backward plus 2 fp32 dK/dV
+    # blocks; all-gather: 1 forward, 1 backward. Multi-query (1 K/V head) moves half of that again.
+    block = 2 * 1024 * 32 * 4
     assert cp_exchange_bytes(ring, check_batch(ring), "fp32") == 4 * (block + block + 2 * block)
     assert cp_exchange_bytes(gather, check_batch(gather), "fp32") == 4 * 2 * block
     assert cp_exchange_bytes(one, check_batch(one), "fp32") == 0
+    mqa = validate(compose(base + ["parallelism=cp2", "model.n_kv_heads=1"]), world_size=2)
+    assert cp_exchange_bytes(mqa, check_batch(mqa), "fp32") * 2 == cp_exchange_bytes(ring, check_batch(ring), "fp32")
 
 
 def test_plan_shows_cp_for_the_long_context_preset():

@@ -1,9 +1,10 @@
 """The checks of ``parallelism.cp`` (context parallelism) that need no process group.
 
-Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), full
-activation checkpointing, GQA/MQA, ring or all-gather K/V exchange, on the native engine (not yet with
-``data.document_masking`` or ``eval.tasks``). Everything else is
-refused here with one line (``parallel/context_parallel.py`` holds the implementation).
+Supported: cp with FSDP/HSDP (``dp_shard``/``dp_replicate``), TP (with or without sequence parallelism), PP, full
+activation checkpointing, GQA/MQA, ``data.document_masking`` (the cp exchange masks by document, so
+``document_attention`` must be ``sdpa``, and ``loss_after_eod=keep``), ring or all-gather K/V exchange, on the
+native engine (not yet with ``eval.tasks``). Everything else is refused here with one line
+(``parallel/context_parallel.py`` holds the implementation).
 """
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ def check_context_parallel(cfg: RootConfig) -> None:
     if p.engine != "native":
         raise ConfigError("parallelism.cp", "context parallelism runs on the native engine only",
                           "set parallelism.engine=native (or parallelism.cp=1 with DeepSpeed)")
-    if p.pp > 1:
-        raise ConfigError("parallelism.cp", "cp with pipeline parallelism (pp > 1) is not supported yet",
-                          "set parallelism.pp=1, or parallelism.cp=1 for a pipelined run")
-    if cfg.data.document_masking:
-        raise ConfigError("data.document_masking", "document masking with context parallelism (cp > 1) is not "
-                          "supported yet: the cp attention and RoPE tables use global positions",
-                          "set data.document_masking=false, or parallelism.cp=1")
+    if cfg.data.document_masking and cfg.data.document_attention != "sdpa":
+        raise ConfigError("data.document_attention", f"{cfg.data.document_attention} is not used with context "
+                          "parallelism (cp > 1): the cp K/V exchange applies the document mask itself, block by block",
+                          "set data.document_attention=sdpa for cp > 1")
+    if cfg.data.loss_after_eod == "mask":
+        raise ConfigError("data.loss_after_eod", "mask with context parallelism (cp > 1) would average per-rank "
+                          "means over different numbers of kept targets (the masked targets fall unevenly on the cp "
+                          "ranks), which is not the mean over the sequence", "set data.loss_after_eod=keep for cp > 1")
     if cfg.eval.tasks:
         raise ConfigError("eval.tasks", "in-loop task evaluation with context parallelism (cp > 1) is not supported "
                           "yet: its requests are not cut into the cp layout",

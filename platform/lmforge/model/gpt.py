@@ -170,7 +170,7 @@ class DecoderStack(nn.Module):
         ``kv_cache`` (decoding only, ``lmforge.generation.KVCache``): attend to the cached tokens too."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope.cos, self.rope.sin
-        doc = None if positions is None else DocumentMask.build(positions, cos, sin, self.document_attention)
+        doc = None if positions is None else self.document_mask(positions)
         for name, layer in self.layers.items():
             if doc is None and kv_cache is None:  # training's path: no extra arguments through the wrappers
                 h = layer(h, cos, sin)
@@ -179,6 +179,11 @@ class DecoderStack(nn.Module):
         if self.norm is None:
             return h
         return self.output(self.norm(h), self.tok_embeddings.weight if self.output.tied else None)
+
+    def document_mask(self, positions: torch.Tensor) -> DocumentMask:
+        """The mask every layer of a document-masked forward uses (a context-parallel rank's model is given its
+        own builder, parallel/context_parallel.py)."""
+        return DocumentMask.build(positions, self.rope.cos, self.rope.sin, self.document_attention)
 
 
 class GPT(DecoderStack):

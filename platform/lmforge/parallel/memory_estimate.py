@@ -40,8 +40,8 @@ reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixe
 
 Context parallelism (``parallelism.cp``): a rank holds N/cp tokens of every micro batch, so every activation
 term above is divided by cp; FSDP shards over dp_shard x cp; the all-gather exchange additionally keeps the
-other ranks' K/V (2 * N * (cp-1)/cp * d per layer, /tp), the ring one received K/V block and one fp32 dK/dV
-block at a time (transient).
+other ranks' K/V (2 * N * (cp-1)/cp * n_kv_heads * head_dim per layer, /tp: K/V are exchanged at their own
+heads), the ring one received K/V block and one fp32 dK/dV block at a time (transient).
 """
 from __future__ import annotations
 
@@ -232,10 +232,10 @@ def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int
     lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
     if mode == "selective":
         mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
-        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * d * e // tp
+        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
     norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
     norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    attention = 4 * n * d * e // tp + lse + 2 * s.gathered_kv_tokens * d * e // tp
+    attention = 4 * n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
     mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
     return norms + attention + mlp
 
@@ -274,11 +274,12 @@ def fsdp_degree(p) -> int:
 
 def cp_ring_buffer_bytes(cfg: RootConfig, shape: ActivationShape) -> int:
     """The ring's blocks in flight (one layer at a time): a received K/V block and, in backward, a received fp32
-    dK/dV accumulator (K/V after the GQA repeat: d_model features per token)."""
-    p, d = cfg.parallelism, cfg.model.d_model
+    dK/dV accumulator, at the K/V heads (n_kv_heads * head_dim features per token: exchanged before the GQA
+    expansion)."""
+    p, m = cfg.parallelism, cfg.model
     if p.cp == 1 or p.cp_kv_exchange != "ring":
         return 0
-    return 2 * shape.tokens * d * (shape.dt.compute + 4) // p.tp
+    return 2 * shape.tokens * kv_heads(m) * (m.d_model // m.n_heads) * (shape.dt.compute + 4) // p.tp
 
 
 def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float:

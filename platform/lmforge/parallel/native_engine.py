@@ -111,8 +111,8 @@ class NativeEngine:
     def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
-        if self.context is not None:  # this cp rank's two chunks of every sequence (document masking is refused)
-            tokens, targets = self.context.shard(tokens), self.context.shard(targets)
+        if self.context is not None:  # this cp rank's two chunks of every sequence; document positions stay
+            tokens, targets = self.context.shard(tokens), self.context.shard(targets)  # whole (keys' documents)
         with autocast_context(self.precision, self.device):
             logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
@@ -122,6 +122,8 @@ class NativeEngine:
         if self.pipeline is not None:
             tokens = torch.cat([mb.tokens for mb in micro_batches])
             targets = torch.cat([mb.targets for mb in micro_batches])
+            if self.context is not None:  # cp x pp: every stage runs on this cp rank's two chunks
+                tokens, targets = self.context.shard(tokens), self.context.shard(targets)
             with autocast_context(self.precision, self.device):
                 total = self.pipeline.train_step(tokens, targets)
         else:
@@ -163,6 +165,8 @@ class NativeEngine:
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.pipeline is not None:  # document masking is refused with pp > 1 (config/document_masking.py)
+            if self.context is not None:
+                tokens, targets = self.context.shard(tokens), self.context.shard(targets)
             with autocast_context(self.precision, self.device):
                 loss = self.pipeline.eval_loss(tokens, targets)
         else:

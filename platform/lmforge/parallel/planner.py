@@ -24,7 +24,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
-from lmforge.model.gpt import param_count_from_config
+from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.parallel.memory_estimate import (AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
                                               estimate_memory, gib, resolve_precision)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
@@ -151,18 +151,19 @@ class Plan:
 def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     """Bytes of K/V one cp rank sends per optimizer step (0 without cp), all its layers and micro batches.
 
-    Per layer and micro batch a rank's K/V block is 2 * (micro * seq_len / cp) * d_model / tp values (after the
-    GQA repeat). Ring: forward passes cp-1 blocks on; backward cp-1 blocks again plus cp fp32 dK/dV blocks.
+    Per layer and micro batch a rank's K/V block is 2 * (micro * seq_len / cp) * n_kv_heads * head_dim / tp values:
+    K/V travel at their own heads (grouped-query / multi-query: n_kv/n_heads of the bytes), expanded to the query
+    heads only where attended. Ring: forward passes cp-1 blocks on; backward cp-1 blocks again plus cp fp32 dK/dV blocks.
     All-gather: cp-1 blocks in forward, cp-1 gradient blocks (reduce-scatter) in backward. Full activation
     checkpointing repeats the forward exchange."""
     p, m = cfg.parallelism, cfg.model
     if p.cp == 1:
         return 0
-    values = 2 * batch.micro_batch_size * m.seq_len // p.cp * m.d_model // p.tp
+    values = 2 * batch.micro_batch_size * m.seq_len // p.cp * kv_heads(m) * (m.d_model // m.n_heads) // p.tp
     e = dtypes_for(cfg, precision).compute
     forward = (p.cp - 1) * values * e * (2 if p.activation_checkpointing == "full" else 1)
     backward = (p.cp - 1) * values * e + p.cp * values * 4 if p.cp_kv_exchange == "ring" else (p.cp - 1) * values * e
-    layers = m.n_layers // p.pp  # the most loaded pipeline rank's layers (pp > 1 with cp is refused today)
+    layers = m.n_layers // p.pp  # a pipeline rank's layers (its stages' attention exchanges)
     n_micro = p.pp_microbatches or batch.grad_accum
     return layers * n_micro * (forward + backward)
 
