@@ -77,7 +77,7 @@ def test_the_limit_is_exact_per_source_and_zero_disables_it(data_cache):
     assert by_name["reference"] == 2.0 and 0 < by_name["books"] < 1
 
 
-def test_the_mixture_builder_refuses_before_building_an_index(data_cache, tmp_path):
+def test_the_mixture_builder_refuses_before_building_an_index_and_announces_a_repeat(data_cache, tmp_path, capsys):
     from lmforge.data.mixture import build_mixture
     from lmforge.data.tokenizer import load_tokenizer
 
@@ -86,3 +86,9 @@ def test_the_mixture_builder_refuses_before_building_an_index(data_cache, tmp_pa
     with pytest.raises(ConfigError, match="data.max_epochs"):
         build_mixture(reference_only(), tok, 64, 1234, 100, 8, data_cache, total_train_samples=10_000)
     assert set((data_cache / "index").iterdir()) == before
+    # Within the limit a repeat is allowed, and announced (console and the mixture's notes), never silent.
+    mix = build_mixture(reference_only(), tok, 64, 1234, 100, 8, data_cache, total_train_samples=3_000)
+    out = capsys.readouterr().out
+    line = next(n for n in mix.notes if n.startswith("data: this run repeats its train split: reference "))
+    assert line in out and line.endswith("x (data.max_epochs 4 refuses more)"), (line, out)
+    assert 1.0 < float(line.split("reference ")[1].split("x")[0]) < 4.0

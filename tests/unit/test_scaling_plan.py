@@ -148,8 +148,8 @@ def test_cpu_hour_preset_puts_the_expected_optimum_inside_every_budget_and_fits_
     preset = load_preset("cpu_hour")
     family, rules = ShapeFamily(**preset["family"]), Rules(**preset["rules"])
     sweep = plan("cpu_hour", preset["budgets"], family, rules, str(tmp_path))
-    assert len(sweep.points) == 4 * 7 and all(abs(p.budget_error) < 0.01 for p in sweep.points)
-    assert max(p.tokens for p in sweep.points) < 5e6  # about one pass over the embedded corpora at 512 tokens
+    assert len(sweep.points) == 4 * 8 and all(abs(p.budget_error) < 0.01 for p in sweep.points)
+    assert max(p.tokens for p in sweep.points) < 8e6  # at most ~1.6 passes over the embedded corpora (announced)
     lines = optimum_check(sweep)
     assert len(lines) == 4 and all(line.endswith(": interior") for line in lines), lines
     minutes = float(time_estimate(sweep).split()[2])

@@ -172,7 +172,13 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     for n, p, group in zip(names, paths, members):  # per source: its shards' train tokens together
         known[n] = (p, sum(train_tokens[first:first + len(group)]))
         first += len(group)
-    check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, known)
+    found = check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, known)
+    repeated = [s for s in found if s.epochs > 1.0]
+    if repeated:  # allowed up to data.max_epochs, never silent
+        notes.append("data: this run repeats its train split: " + ", ".join(f"{s.name} {s.epochs:.2f}x" for s in repeated)
+                     + f" (data.max_epochs {cfg.max_epochs:g} refuses more)")
+        if rank() == 0:
+            print(notes[-1], flush=True)
     # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
     with quiet_megatron_import():
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
