@@ -1,14 +1,18 @@
 """MoE step throughput: moe_smoke (8 experts of width 384, top-2) vs the dense smoke model of equal active
 FLOPs per token (d_ff = 2 x 384 = 768), and the grouped vs loop expert compute; the engine's full step
-(forward, backward with the router losses, clipping, AdamW, the bias update), interleaved repeats.
+(forward, backward with the router losses, clipping, AdamW, the bias update), interleaved repeats, medians, the
+ratio to the dense case.
 
     python -m benchmarks.moe [--batch 8] [--repeats 5] [--threads 0]
 
-Expert parallelism (all-to-all share at ep2) is not measured: ``parallelism.ep`` does not exist yet.
+One function per case (``CASES``): each returns the overrides of its run; ``main`` composes, builds and times
+them side by side. Expert parallelism (the all-to-all share at ep2, a multi-process measurement) goes in as its
+own case function next to these once ``parallelism.ep`` exists (issue 21, the ep engineer).
 """
 from __future__ import annotations
 
 import argparse
+from typing import Callable, Dict, List
 
 from benchmarks.harness import Case, run_suite
 from benchmarks.step import engine_step
@@ -18,7 +22,29 @@ from lmforge.model.flops import flops_per_token
 from lmforge.model.gpt import param_count_from_config
 from lmforge.runtime.hardware import pin_threads
 
-DENSE_EQUAL_ACTIVE = ["model=smoke", "model.d_ff=768"]  # 3*d*768 = top-2 of 3*d*384 (router: +0.3%)
+
+def dense_equal_active() -> List[str]:
+    """The baseline: the dense smoke model whose FFN is as wide as moe_smoke's two active experts together
+    (3*d*768 = top-2 of 3*d*384; the router adds 0.3%)."""
+    return ["model=smoke", "model.d_ff=768"]
+
+
+def moe_smoke_loop() -> List[str]:
+    """moe_smoke with the per-expert loop (what ``compute=auto`` runs on CPU)."""
+    return ["model=moe_smoke", "model.moe.compute=loop"]
+
+
+def moe_smoke_grouped() -> List[str]:
+    """moe_smoke with one ``torch._grouped_mm`` call per projection (``compute=auto`` on CUDA)."""
+    return ["model=moe_smoke", "model.moe.compute=grouped"]
+
+
+CASES: Dict[str, Callable[[], List[str]]] = {
+    "dense smoke d_ff=768 (equal active FLOPs)": dense_equal_active,
+    "moe_smoke loop (compute=auto on CPU)": moe_smoke_loop,
+    "moe_smoke grouped (torch._grouped_mm)": moe_smoke_grouped,
+    # "moe_smoke ep2 ...": the all-to-all share at ep2 (its own launch), added with parallelism.ep
+}
 
 
 def main() -> None:
@@ -29,18 +55,13 @@ def main() -> None:
     args = ap.parse_args()
     threads = pin_threads(args.threads)
     batch = [f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}"]
-    variants = {
-        "dense smoke d_ff=768 (equal active FLOPs)": DENSE_EQUAL_ACTIVE,
-        "moe_smoke grouped (torch._grouped_mm)": ["model=moe_smoke", "model.moe.compute=grouped"],
-        "moe_smoke loop": ["model=moe_smoke", "model.moe.compute=loop"],
-    }
     cases, fpt = [], {}
-    for name, overrides in variants.items():
-        cfg = validate(compose(overrides + batch), world_size=1)
-        tokens = args.batch * cfg.model.seq_len
+    for name, overrides_of in CASES.items():
+        overrides = overrides_of() + batch
+        cfg = validate(compose(overrides), world_size=1)
         fpt[name] = (flops_per_token(cfg.model), param_count_from_config(cfg.model))
-        cases.append(Case(name, engine_step(overrides + batch, args.batch), tokens, "tokens"))
-    results = run_suite("moe-step", cases, repeats=args.repeats, baseline=next(iter(variants)))
+        cases.append(Case(name, engine_step(overrides, args.batch), args.batch * cfg.model.seq_len, "tokens"))
+    results = run_suite("moe-step", cases, repeats=args.repeats, baseline=next(iter(CASES)))
     print(f"\nthreads={threads}")
     for r in results:
         flops, params = fpt[r.name]

@@ -20,11 +20,12 @@ from lmforge.checkpoint.weights import (UnsafeCheckpointError, load_full_model_s
                                         read_metadata_safely)
 from lmforge.config.checkpoint import CheckpointConfig  # noqa: E402
 from lmforge.config.errors import ConfigError  # noqa: E402
-from lmforge.config.model import ModelConfig  # noqa: E402
+from lmforge.config.model import ModelConfig, MoEConfig  # noqa: E402
 from lmforge.interop.export import export_hf  # noqa: E402
 from lmforge.interop.importer import import_hf  # noqa: E402
 from lmforge.interop.mapping import InteropError  # noqa: E402
 from lmforge.model.gpt import GPT  # noqa: E402
+from lmforge.model.moe import is_moe_layer  # noqa: E402
 
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
         "want of a wife. However little known the feelings or views of such a man may be on his first entering")
@@ -71,6 +72,11 @@ ARCHS = {
     "mha-tied": (small(n_kv_heads=None, tie_embeddings=True), "LlamaForCausalLM"),
     "mqa-tied": (small(n_kv_heads=1, tie_embeddings=True), "LlamaForCausalLM"),
     "layernorm-gqa": (small(norm="layernorm", norm_eps=1e-5), "StableLmForCausalLM"),
+    # MoE (interop/moe_mapping.py): every layer top-2 renormalised -> Mixtral; a dense layer, shared experts and
+    # un-normalised gates -> Qwen2-MoE (its zero shared-expert gate and doubled down_proj)
+    "moe-mixtral": (small(tie_embeddings=True, moe=MoEConfig(experts=4, top_k=2, d_ff=48)), "MixtralForCausalLM"),
+    "moe-qwen2": (small(moe=MoEConfig(experts=4, top_k=2, d_ff=32, shared_experts=2, layers=[1],
+                                      normalize_weights=False)), "Qwen2MoeForCausalLM"),
 }
 
 
@@ -275,3 +281,112 @@ def test_tokenizer_is_exported_only_if_it_is_the_runs(tmp_path):
     CheckpointManager(tmp_path / "other" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
     with pytest.raises(InteropError, match="is not the one the run trained with"):
         export_hf(tmp_path / "other", tmp_path / "hf2")
+
+
+def _safetensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("arch", ["moe-mixtral", "moe-qwen2"])
+def test_moe_export_import_round_trips_exactly(arch, tmp_path):
+    """lmforge MoE -> HF -> lmforge gives back every tensor bit for bit (experts re-stacked, the Qwen2-MoE shared
+    down_proj halved again), and the imported config is the original model's."""
+    cfg, _ = ARCHS[arch]
+    model = random_model(cfg, seed=2)
+    save_checkpoint(model, tmp_path / "run")
+    export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+    res = import_hf(tmp_path / "hf", tmp_path / "imported", name="moe")
+    assert (res.model.moe.experts, res.model.moe.top_k, res.model.moe.d_ff, res.model.moe.shared_experts) == (
+        cfg.moe.experts, cfg.moe.top_k, cfg.moe.d_ff, cfg.moe.shared_experts)
+    assert res.model.moe.normalize_weights is cfg.moe.normalize_weights
+    assert [i for i in range(cfg.n_layers) if is_moe_layer(res.model, i)] == [
+        i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
+    _, state = load_full_model_state(res.checkpoint)
+    original = model.state_dict()
+    assert set(state) == set(original)
+    for name, tensor in original.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def test_moe_export_negative_control_and_refusals(tmp_path, capsys):
+    """Swapping two experts' weights (router untouched) breaks the logits: the 1e-4 check sees misrouting. A
+    non-zero aux-loss-free bias and sigmoid gating are refused in one line (exit 2, nothing written); a capacity
+    factor is announced."""
+    from lmforge.cli import main
+
+    cfg, _ = ARCHS["moe-mixtral"]
+    model = random_model(cfg, seed=3)
+    save_checkpoint(model, tmp_path / "run")
+    res = export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+    assert not any("capacity" in n for n in res.notes)  # dropless: nothing to announce
+    from safetensors.torch import save_file
+
+    tensors = _safetensors(tmp_path / "hf")
+    pre = "model.layers.0.block_sparse_moe.experts."
+    for w in ("w1", "w2", "w3"):
+        tensors[f"{pre}0.{w}.weight"], tensors[f"{pre}1.{w}.weight"] = (tensors[f"{pre}1.{w}.weight"],
+                                                                        tensors[f"{pre}0.{w}.weight"])
+    save_file(tensors, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    ids = tokens(cfg.vocab_size)
+    _, theirs = hf_logits(tmp_path / "hf", ids)
+    with torch.no_grad():
+        assert (model(ids) - theirs).abs().max().item() > 1e-2
+
+    with torch.no_grad():
+        model.layers["1"].feed_forward.router.expert_bias[2] = 0.05
+    save_checkpoint(model, tmp_path / "biased")
+    capsys.readouterr()  # transformers' loading progress above
+    assert main(["export", "hf", str(tmp_path / "biased"), str(tmp_path / "out"), "--no-tokenizer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "layers.1.feed_forward.router.expert_bias is non-zero" in err
+    assert "model.moe.bias_update_rate" in err and "Fix:" in err and not (tmp_path / "out").exists()
+
+    save_checkpoint(random_model(small(moe=MoEConfig(experts=4, gating="sigmoid"))), tmp_path / "sigmoid")
+    assert main(["export", "hf", str(tmp_path / "sigmoid"), str(tmp_path / "out"), "--no-tokenizer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.moe.gating='sigmoid'" in err and "Fix:" in err
+
+    save_checkpoint(random_model(small(moe=MoEConfig(experts=4, capacity_factor=1.25))), tmp_path / "capped")
+    notes = export_hf(tmp_path / "capped", tmp_path / "capped_hf", with_tokenizer=False).notes
+    assert any("model.moe.capacity_factor=1.25: the Hugging Face model is dropless" in n for n in notes)
+
+
+def test_import_mixtral_and_qwen2_moe_from_transformers(tmp_path):
+    """Checkpoints transformers wrote itself import with equal logits and export back tensor for tensor; a
+    Qwen2-MoE whose shared-expert gate is not zero is refused, naming the tensor."""
+    common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, rms_norm_eps=1e-6, num_experts_per_tok=2,
+                  rope_parameters={"rope_type": "default", "rope_theta": 20000.0})
+    configs = {"mixtral": transformers.MixtralConfig(intermediate_size=48, num_local_experts=4, **common),
+               "qwen": transformers.Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+                                                   shared_expert_intermediate_size=32, qkv_bias=False,
+                                                   norm_topk_prob=True, mlp_only_layers=[0], **common)}
+    ids = tokens(512)
+    for name, hf_cfg in configs.items():
+        torch.manual_seed(0)
+        hf_model = transformers.AutoModelForCausalLM.from_config(hf_cfg).eval()
+        with torch.no_grad():
+            for pname, p in hf_model.named_parameters():
+                p.add_(0.1 * torch.randn_like(p)) if "shared_expert_gate" not in pname else p.zero_()
+        hf_model.save_pretrained(str(tmp_path / name))
+        res = import_hf(tmp_path / name, tmp_path / f"{name}_in", name=name)
+        cfg, state = load_full_model_state(res.checkpoint)
+        ours = GPT(cfg)
+        ours.load_state_dict(state)
+        with torch.no_grad():
+            assert (ours.eval()(ids) - hf_model(ids).logits).abs().max().item() < 1e-4, name
+        export_hf(tmp_path / f"{name}_in", tmp_path / f"{name}_back", with_tokenizer=False)
+        back, original = _safetensors(tmp_path / f"{name}_back"), _safetensors(tmp_path / name)
+        assert set(back) == set(original)
+        for k, t in original.items():
+            assert torch.equal(back[k], t), k
+
+    tensors = _safetensors(tmp_path / "qwen")
+    tensors["model.layers.1.mlp.shared_expert_gate.weight"][0, 3] = 0.5
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(tmp_path / "qwen" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InteropError, match=r"model\.layers\.1\.mlp\.shared_expert_gate\.weight is non-zero"):
+        import_hf(tmp_path / "qwen", tmp_path / "qwen_refused", name="q")

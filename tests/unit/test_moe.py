@@ -202,11 +202,17 @@ def test_shared_feed_forward_width():
     assert ff.w1.weight.shape == (24, 32)
 
 
-def test_hf_export_refuses_moe_in_one_line():
+def test_hf_export_picks_the_exact_moe_class_or_refuses_in_one_line():
+    """Mixtral for every-layer renormalised top-k without shared experts, Qwen2-MoE otherwise (interop/moe_mapping.py,
+    logits checked in tests/unit/test_interop_hf.py); sigmoid gating maps to neither and is refused."""
     from lmforge.interop.mapping import InteropError, family_for
 
+    assert family_for(cfg_of()).architecture == "MixtralForCausalLM"
+    assert family_for(cfg_of(shared_experts=1)).architecture == "Qwen2MoeForCausalLM"
+    assert family_for(cfg_of(top_k=1)).architecture == "Qwen2MoeForCausalLM"  # Mixtral would renormalise to 1
     with pytest.raises(InteropError) as err:
-        family_for(cfg_of())
-    assert str(err.value) == ("model.moe.experts=4: Mixture-of-Experts checkpoints have no Hugging Face export yet. "
-                              "Fix: export a dense model (model.moe.experts=0)")
-    assert family_for(ModelConfig()).name  # control: the dense model has a family
+        family_for(cfg_of(gating="sigmoid"))
+    assert str(err.value) == ("model.moe.gating='sigmoid': Mixtral and Qwen2-MoE route by a softmax over the experts; "
+                              "sigmoid gating (DeepSeek-V3) has no exact Hugging Face class here. Fix: export models "
+                              "trained with model.moe.gating=softmax")
+    assert family_for(ModelConfig()).name == "llama"  # control: the dense model keeps its family

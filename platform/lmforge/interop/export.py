@@ -1,7 +1,7 @@
 """``lmforge export hf RUN_DIR_OR_CHECKPOINT OUT_DIR``: a training checkpoint -> a Hugging Face checkpoint.
 
     checkpoint (DCP, any layout) --load_full_model_state--> full fp32 tensors (one process, no pickle)
-        --mapping.to_hf_name--> model.safetensors (or shards + index), config.json, generation_config.json,
+        --mapping.to_hf_state--> model.safetensors (or shards + index), config.json, generation_config.json,
         tokenizer.json + tokenizer_config.json + special_tokens_map.json (HF/BPE tokenizers), lmforge_export.json
 
 The output directory is written under a temporary name and renamed into place when complete.
@@ -20,7 +20,8 @@ import torch
 from lmforge.checkpoint.weights import (checkpoint_model_config, load_full_model_state, read_sidecar,
                                         resolve_checkpoint)
 from lmforge.config.data import DataConfig
-from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_name
+from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_state
+from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
 from lmforge.interop.safetensors_io import parse_size, write_checkpoint
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,10 +104,11 @@ def export_hf(source: Path, out_dir: Path, dtype: str = "fp32", max_shard_size: 
     side = read_sidecar(ckpt)
     tok_path = _tokenizer_json(side, tokenizer, ckpt) if with_tokenizer else None
     _, state = load_full_model_state(ckpt, DTYPES[dtype])
-    tensors: Dict[str, torch.Tensor] = {to_hf_name(n): t for n, t in state.items()}
+    refuse_router_bias(state)  # MoE: a bias that changes the routing has no HF counterpart
+    tensors: Dict[str, torch.Tensor] = to_hf_state(cfg, state)
     identity = side.get("tokenizer") or {}
     eod = identity.get("eod")
-    result = ExportResult(out_dir, ckpt, fam.architecture)
+    result = ExportResult(out_dir, ckpt, fam.architecture, notes=export_notes(cfg))
     if eod is None:
         result.notes.append("state.json records no tokenizer: bos/eos token ids left unset")
 

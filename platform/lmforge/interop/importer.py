@@ -1,4 +1,5 @@
-"""``lmforge import hf HF_DIR [--out DIR]``: a local Hugging Face Llama (or StableLM) checkpoint -> lmforge weights.
+"""``lmforge import hf HF_DIR [--out DIR]``: a local Hugging Face Llama, StableLM, Mixtral or Qwen2-MoE checkpoint ->
+lmforge weights.
 
     HF_DIR/config.json      --mapping.model_config_from_hf--> ModelConfig (refuses what lmforge can't represent)
     HF_DIR/*.safetensors    --names and shapes checked against that model, every problem named-->
@@ -25,7 +26,7 @@ import torch
 
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.model import ModelConfig
-from lmforge.interop.mapping import (InteropError, describe, expected_hf_tensors, from_hf_name,
+from lmforge.interop.mapping import (InteropError, describe, expected_hf_tensors, from_hf_state,
                                      model_config_from_hf)
 from lmforge.interop.safetensors_io import checkpoint_files, iter_tensors, tensor_shapes
 
@@ -60,8 +61,8 @@ def _read_config(hf_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def check_tensors(cfg: ModelConfig, files: List[Path]) -> Dict[str, str]:
-    """Compare the checkpoint's tensors with the model ``cfg`` describes; returns {HF name: lmforge name}."""
+def check_tensors(cfg: ModelConfig, files: List[Path]) -> List[str]:
+    """Compare the checkpoint's tensors with the model ``cfg`` describes; returns the HF names to read."""
     expected = expected_hf_tensors(cfg)
     found = {n: v for n, v in tensor_shapes(files).items() if not IGNORED.search(n)}
     problems: List[str] = []
@@ -79,22 +80,15 @@ def check_tensors(cfg: ModelConfig, files: List[Path]) -> Dict[str, str]:
         raise InteropError(f"the checkpoint does not match its config.json ({len(problems)} problem(s)): "
                            f"{describe(problems)}. Fix: use a complete, unmodified Llama checkpoint whose config.json "
                            "describes its tensors")
-    names = {n: from_hf_name(n) for n in expected}
-    if tied_head:
-        names["lm_head.weight"] = None
-    return names
+    return sorted(set(expected) | ({"lm_head.weight"} if tied_head else set()))
 
 
-def _load_model(cfg: ModelConfig, files: List[Path], names: Dict[str, Optional[str]], dtype: torch.dtype):
+def _load_model(cfg: ModelConfig, files: List[Path], names: List[str], dtype: torch.dtype):
     from lmforge.model.gpt import GPT
 
-    state: Dict[str, torch.Tensor] = {}
-    head = None
-    for hf_name, tensor in iter_tensors(files, list(names)):
-        if names[hf_name] is None:
-            head = tensor
-        else:
-            state[names[hf_name]] = tensor.to(dtype)
+    hf = dict(iter_tensors(files, names))
+    head = hf.pop("lm_head.weight") if cfg.tie_embeddings and "lm_head.weight" in hf else None
+    state = {n: t.to(dtype) for n, t in from_hf_state(cfg, hf).items()}
     if head is not None and not torch.equal(head.to(dtype), state["tok_embeddings.weight"]):
         raise InteropError("config.json says tie_word_embeddings=true but lm_head.weight differs from "
                            "model.embed_tokens.weight. Fix: set tie_word_embeddings=false in config.json")

@@ -13,6 +13,8 @@ Which HF class fits (docs/interop.md):
     swiglu / rmsnorm                 LlamaForCausalLM         llama
     swiglu / layernorm               StableLmForCausalLM      stablelm   (partial_rotary_factor=1, no qkv bias,
                                                                            sequential residual)
+    swiglu / rmsnorm, model.moe      MixtralForCausalLM       mixtral    (interop/moe_mapping.py: which MoE
+                                     or Qwen2MoeForCausalLM   qwen2_moe   layouts fit, the rest refused)
     gelu   / any                     none: export refuses (a plain GELU MLP with rotary, no biases and GQA
                                      has no exact HF class)
 """
@@ -61,15 +63,16 @@ _TOP_MAP_BACK = {v: k for k, v in _TOP_MAP.items()}
 
 
 def family_for(cfg: ModelConfig) -> Family:
-    if cfg.moe.experts:  # model/moe.py: no Mixtral/Qwen-MoE mapping yet (refused, never exported half-way)
-        raise InteropError(f"model.moe.experts={cfg.moe.experts}: Mixture-of-Experts checkpoints have no Hugging "
-                           "Face export yet. Fix: export a dense model (model.moe.experts=0)")
     if cfg.mlp != "swiglu":
         raise InteropError(
             f"model.mlp={cfg.mlp!r}: a plain (un-gated) GELU MLP has no exact Hugging Face equivalent among the "
             "rotary, bias-free, GQA-capable decoder classes (Llama and StableLM use a gated MLP; GPT-NeoX/Phi add "
             "biases, parallel residuals or lack GQA). Fix: export models trained with model.mlp=swiglu "
             "(see docs/interop.md)")
+    if cfg.moe.experts:
+        from lmforge.interop.moe_mapping import moe_family_for
+
+        return moe_family_for(cfg)
     for fam in FAMILIES.values():
         if fam.norm == cfg.norm and fam.mlp == cfg.mlp:
             return fam
@@ -89,6 +92,51 @@ def to_hf_name(name: str) -> str:
     if stem not in _TOP_MAP:
         raise InteropError(f"lmforge tensor '{name}' has no Hugging Face name")
     return f"{_TOP_MAP[stem]}.{leaf}"
+
+
+def _moe_layer(name: str, cfg: ModelConfig) -> Optional[int]:
+    """The layer index of an lmforge tensor of an MoE feed-forward, else None."""
+    from lmforge.model.moe import is_moe_layer
+
+    parts = name.split(".")
+    if cfg.moe.experts and parts[0] == "layers" and parts[2] == "feed_forward" and is_moe_layer(cfg, int(parts[1])):
+        return int(parts[1])
+    return None
+
+
+def to_hf_state(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, Any]:
+    """lmforge state dict -> HF tensors: renamed one to one, MoE layers split per expert (moe_mapping)."""
+    from lmforge.interop.moe_mapping import moe_layer_to_hf
+
+    out: Dict[str, Any] = {}
+    moe: Dict[int, Dict[str, Any]] = {}
+    for name, t in state.items():
+        i = _moe_layer(name, cfg)
+        if i is None:
+            out[to_hf_name(name)] = t
+        else:
+            moe.setdefault(i, {})[name.split(".feed_forward.", 1)[1]] = t
+    fam = family_for(cfg) if moe else None
+    for i, sub in sorted(moe.items()):
+        out.update(moe_layer_to_hf(fam, i, sub))
+    return out
+
+
+def from_hf_state(cfg: ModelConfig, hf: Dict[str, Any]) -> Dict[str, Any]:
+    """HF tensors (names checked by ``expected_hf_tensors``) -> lmforge state dict (inverse of to_hf_state)."""
+    from lmforge.interop.moe_mapping import moe_layer_from_hf
+    from lmforge.model.moe import moe_layer_ids
+
+    moe = set(moe_layer_ids(cfg))
+    fam = family_for(cfg) if moe else None
+    out: Dict[str, Any] = {}
+    for name, t in hf.items():
+        ours = from_hf_name(name)
+        if ours is not None:
+            out[ours] = t
+    for i in sorted(moe):
+        out.update(moe_layer_from_hf(cfg, fam, i, hf))
+    return out
 
 
 def from_hf_name(name: str) -> Optional[str]:
@@ -130,7 +178,11 @@ def hf_config(cfg: ModelConfig, dtype: str, eod: Optional[int]) -> Dict[str, Any
         "dtype": dtype,
         "torch_dtype": dtype,
     }
-    if fam is LLAMA:
+    if cfg.moe.experts:
+        from lmforge.interop.moe_mapping import moe_hf_config
+
+        out.update(moe_hf_config(cfg, fam))
+    elif fam is LLAMA:
         out.update({"head_dim": cfg.d_model // cfg.n_heads, "attention_bias": False, "mlp_bias": False,
                     "pretraining_tp": 1})
     else:
@@ -146,11 +198,17 @@ def _require(hf: Dict[str, Any], key: str, ok: bool, why: str, fix: str) -> None
 
 
 def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] = None) -> ModelConfig:
-    """Map a HF Llama/StableLM config.json onto a ModelConfig, refusing anything lmforge cannot represent."""
+    """Map a HF Llama/StableLM/Mixtral/Qwen2-MoE config.json onto a ModelConfig, refusing anything lmforge cannot represent."""
+    from lmforge.interop.moe_mapping import MOE_FAMILIES, moe_config_from_hf, moe_qkv_bias
+
     model_type = hf.get("model_type")
-    _require(hf, "model_type", model_type in FAMILIES, f"lmforge imports {', '.join(sorted(FAMILIES))} checkpoints",
+    known = {**FAMILIES, **MOE_FAMILIES}
+    _require(hf, "model_type", model_type in known, f"lmforge imports {', '.join(sorted(known))} checkpoints",
              "convert the checkpoint to a Llama-architecture one first")
-    fam = FAMILIES[model_type]
+    fam = known[model_type]
+    moe_fields = moe_config_from_hf(hf, int(hf["num_hidden_layers"])) if model_type in MOE_FAMILIES else {}
+    _require(hf, "qkv_bias", not moe_qkv_bias(hf), "lmforge attention has no q/k/v biases",
+             "import a model with qkv_bias=false")
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     _require(hf, "hidden_act", hf.get("hidden_act", "silu") == "silu", "lmforge's gated MLP uses SiLU (SwiGLU)",
              "import a SwiGLU model")
@@ -172,11 +230,11 @@ def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] =
     kv = int(hf.get("num_key_value_heads") or heads)
     return ModelConfig(
         name=name, vocab_size=int(hf["vocab_size"]), d_model=hidden, n_layers=int(hf["num_hidden_layers"]),
-        n_heads=heads, n_kv_heads=kv, d_ff=int(hf["intermediate_size"]),
+        n_heads=heads, n_kv_heads=kv, d_ff=int(moe_fields.get("d_ff", hf["intermediate_size"])),
         seq_len=int(seq_len or hf.get("max_position_embeddings", 2048)), mlp="swiglu", norm=fam.norm,
         norm_eps=float(hf.get(fam.eps_key, 1e-5)), rope_theta=float(theta),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        init_std=float(hf.get("initializer_range", 0.02)),
+        init_std=float(hf.get("initializer_range", 0.02)), **({"moe": moe_fields["moe"]} if moe_fields else {}),
     )
 
 
@@ -187,7 +245,7 @@ def expected_hf_tensors(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
 
     with torch.device("meta"):
         model = GPT(cfg)
-    return {to_hf_name(n): tuple(t.shape) for n, t in model.state_dict().items()}
+    return {n: tuple(t.shape) for n, t in to_hf_state(cfg, model.state_dict()).items()}
 
 
 def describe(problems: List[str], limit: int = 30) -> str:
