@@ -16,8 +16,8 @@ Cases, interleaved round-robin after warm-up (``benchmarks/harness.py``), each t
 
 Model FLOPs come from the project's one FLOPs function (``lmforge.model.flops.flops_per_token``). Every case
 prints as soon as it is built and warmed, and every repeat round as it finishes (flushed): a slow machine
-shows progress. The default run (bench_small, 5 repeats, eager + compiled) takes about 3 minutes on an idle
-2-core machine.
+shows progress. The default run (bench_small, 5 repeats, eager + compiled) is sized for about 3 minutes on an idle
+2-core machine (an estimate from ~1.5 s steps and ~30 s compiles: not yet timed idle).
 """
 from __future__ import annotations
 
