@@ -41,7 +41,8 @@ class Result:
 
 
 def run_suite(suite: str, cases: List[Case], repeats: int = 7, warmup: int = 2, baseline: Optional[str] = None,
-              sync: Optional[Callable[[], None]] = None) -> List[Result]:
+              sync: Optional[Callable[[], None]] = None, progress: bool = False) -> List[Result]:
+    """``progress``: print each repeat round's times as it finishes (flushed), for long cases."""
     sync = sync or (lambda: None)
     for case in cases:
         if case.setup:
@@ -57,6 +58,9 @@ def run_suite(suite: str, cases: List[Case], repeats: int = 7, warmup: int = 2, 
             case.fn()
             sync()
             times[case.name].append(time.perf_counter() - t0)
+        if progress:
+            print(f"  round {len(times[cases[0].name])}/{repeats}: "
+                  + ", ".join(f"{c.name} {times[c.name][-1]:.3f} s" for c in cases), flush=True)
     results = []
     for case in cases:
         med = statistics.median(times[case.name])

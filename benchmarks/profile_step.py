@@ -39,6 +39,8 @@ STEP_MARK = "lmforge_step#"  # the profiler keeps "ProfilerStep#" for itself
 CONTEXT_FUNCTIONS = {"apply_rope": "RoPE", "rope_tables": "RoPE", "cross_entropy_loss": "loss",
                      "clip_grad_norm": "optimizer", "global_grad_norm": "optimizer"}
 CONTEXT_SCOPES = (("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "optimizer"))
+# Backward nodes of custom autograd Functions: their backward ops belong here whatever the op.
+NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss"}  # model/loss.py
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
             "aten::addmm_", "mkldnn::_linear_pointwise"}
@@ -207,8 +209,10 @@ def bucket(events, step_s: float, use_context: bool = True) -> Breakdown:
             c = ctx_of(e)
             anc = e
             while c is None and anc is not None:  # a backward op: the context of its node's forward op
-                if anc.name.startswith("autograd::engine::evaluate_function") and anc.sequence_nr >= 0:
-                    c = forward_context.get(anc.sequence_nr)
+                if anc.name.startswith("autograd::engine::evaluate_function"):
+                    c = NODE_CONTEXT.get(anc.name.rsplit(": ", 1)[-1])
+                    if c is None and anc.sequence_nr >= 0:
+                        c = forward_context.get(anc.sequence_nr)
                 anc = anc.cpu_parent
             if c in ("RoPE", "loss", "optimizer"):
                 category = c
@@ -313,6 +317,7 @@ def main() -> None:
             other = sorted(run.breakdown.other_ops.items(), key=lambda kv: -kv[1])[:6]
             print(f"{model} {run.mode}: step {run.step_s * 1e3:.1f} ms; other ops: "
                   + ", ".join(f"{k} {v / run.breakdown.wall_us:.1%}" for k, v in other), flush=True)
+            print(table([run]), flush=True)  # each run's column as soon as it is measured (slow machines)
     print(f"\nthreads={threads}, torch {torch.__version__}\n")
     print(table(runs))
 

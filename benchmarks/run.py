@@ -5,7 +5,7 @@ import importlib
 import sys
 
 SUITES = {
-    "step": "benchmarks.step",                    # engine vs bare loop, fp32/bf16, AC, optimizer variants, MFU
+    "step": "benchmarks.step",                    # engine vs bare loop, eager/compiled, % of the same-run GEMM
     "data_loader": "benchmarks.data_loader",      # loader tokens/s vs training consumption, prepare MB/s
     "data_prepare": "benchmarks.data_prepare",    # data prepare MB/s per format vs raw encode_batch, 1/2 workers
     "checkpoint": "benchmarks.checkpoint",        # save/load time, async-save stall (gpt_125m)

@@ -1,16 +1,32 @@
-"""Training-step throughput: the lmforge engine step vs a bare eager loop, fp32 vs bf16 autocast,
-activation checkpointing on vs off, fused/foreach vs for-loop AdamW, compile on vs off (opt-in).
+"""Training-step throughput against the machine's own matrix-multiply rate, measured side by side in one run
+(issue 17's goal figures):
 
-    python -m benchmarks.step [--model smoke|gpt_125m] [--repeats 7] [--compile]
+    python -m benchmarks.step [--model bench_small] [--batch 8] [--steps 1] [--repeats 5] [--threads 0]
+                              [--no-compile] [--variants bf16 ac-full ac-selective foreach-adamw]
 
-MFU uses the one FLOPs formula and the CPU GEMM peak measured on this machine at this thread count.
+Cases, interleaved round-robin after warm-up (``benchmarks/harness.py``), each timed over ``--steps`` steps:
+
+- ``fp32 GEMM (model shapes)``: every matrix multiply one training step of this model does through its
+  Linear layers and output head (forward, input-gradient and weight-gradient GEMM of each, at its real
+  shapes, ``tokens = batch * seq_len`` rows), on random tensors. Its FLOPs are ``6 * N_matmul * tokens``,
+  the matmul part of ``lmforge.model.flops``; its rate is *the same-run GEMM rate* every figure is put against.
+- ``bare loop``: a plain PyTorch loop over the same ``GPT`` (forward, ``cross_entropy_loss``, backward,
+  ``clip_grad_norm_``, fused AdamW, ``zero_grad``), eager and with the engine's compiled blocks.
+- ``engine``: ``NativeEngine.train_step`` of the validated config, eager and with ``parallelism.compile``.
+
+Model FLOPs come from the project's one FLOPs function (``lmforge.model.flops.flops_per_token``). Every case
+prints as soon as it is built and warmed, and every repeat round as it finishes (flushed): a slow machine
+shows progress. The default run (bench_small, 5 repeats, eager + compiled) is sized for about 3 minutes on an idle
+2-core machine (an estimate from ~1.5 s steps and ~30 s compiles: not yet timed idle).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
+from typing import List, Tuple
 
 import torch
 
@@ -18,9 +34,9 @@ from benchmarks.harness import Case, run_suite
 from lmforge.config.compose import compose
 from lmforge.config.tokenizer_files import EMBEDDED_VOCAB, EOD_TOKEN
 from lmforge.config.validate import validate
-from lmforge.model.flops import flops_per_token
+from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import GPT, cross_entropy_loss
-from lmforge.runtime.hardware import peak_tflops, pin_threads
+from lmforge.runtime.hardware import pin_threads
 
 
 def small_vocab_tokenizer(vocab: int) -> str:
@@ -36,7 +52,9 @@ def small_vocab_tokenizer(vocab: int) -> str:
         words[EOD_TOKEN] = vocab - 1
         tok = Tokenizer(WordLevel(words, unk_token="<unk>"))
         tok.add_special_tokens([EOD_TOKEN])
-        tok.save(str(path))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tok.save(str(tmp))
+        tmp.replace(path)  # atomic: concurrent benchmark runs never read a half-written file
     return str(path)
 
 
@@ -50,11 +68,16 @@ def base_overrides(model: str, batch: int, seq_len: int = 0) -> list[str]:
     return base
 
 
-def bare_loop(cfg, batch: int, fused_optim: bool):
+def bare_loop(cfg, batch: int, fused_optim: bool = True, compiled: bool = False):
+    """A plain PyTorch training loop over the same model (fused AdamW, as the CPU default, unless told not)."""
     torch.manual_seed(0)
     model = GPT(cfg.model)
     model.init_weights(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=fused_optim)
+    if compiled:
+        from lmforge.parallel.compile import apply_compile
+
+        apply_compile(model)  # the engine's own per-block compile: the same graphs
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fused_optim else {"foreach": True}))
     x = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.seq_len))
 
     def step():
@@ -69,10 +92,11 @@ def bare_loop(cfg, batch: int, fused_optim: bool):
 
 GEMM_N = 2048
 GEMM_CASE = "fp32 GEMM 2048^3 x8 (peak, same run)"
+MODEL_GEMM_CASE = "fp32 GEMM (model shapes)"
 
 
 def gemm(dtype=torch.float32, n: int = GEMM_N, calls: int = 8):
-    """The peak probe as a case of its own: interleaved with the steps, it sees the same machine state."""
+    """A square peak probe as a case of its own: interleaved with the steps, it sees the same machine state."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
 
     def run():
@@ -80,6 +104,40 @@ def gemm(dtype=torch.float32, n: int = GEMM_N, calls: int = 8):
             torch.mm(a, b)
 
     return Case(GEMM_CASE, run, 2.0 * n**3 * calls, "flop")
+
+
+def linear_shapes(cfg) -> List[Tuple[int, int]]:
+    """(in_features, out_features) of every matrix multiply by a weight in one forward: the blocks' Linears
+    and the output head (tied or not), from a model built on the meta device."""
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    shapes = [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes.append((cfg.model.d_model, cfg.model.vocab_size))
+    return shapes
+
+
+def model_gemm(cfg, batch: int, steps: int = 1) -> Case:
+    """The step's own GEMMs: for each weight ``[out, in]`` and ``tokens`` rows, Y = X W^T (forward),
+    dX = dY W (input gradient) and dW = dY^T X (weight gradient), at fp32, ``steps`` times."""
+    tokens = batch * cfg.model.seq_len
+    gen = torch.Generator().manual_seed(0)
+    shapes, mats = linear_shapes(cfg), []
+    for k, n in sorted(set(shapes)):
+        count = shapes.count((k, n))
+        mats.append((count, torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen),
+                     torch.randn(tokens, n, generator=gen)))
+    flops = sum(6.0 * tokens * k * n for k, n in shapes) * steps
+    assert flops == 6.0 * matmul_params(cfg.model) * tokens * steps, "the probe must do the model's matmul FLOPs"
+
+    def run():
+        for _ in range(steps):
+            for count, x, w, dy in mats:
+                for _ in range(count):
+                    torch.mm(x, w.t())
+                    torch.mm(dy, w)
+                    torch.mm(dy.t(), x)
+
+    return Case(MODEL_GEMM_CASE, run, flops, "flop")
 
 
 def engine_step(overrides, batch: int):
@@ -100,72 +158,75 @@ def engine_step(overrides, batch: int):
     return lambda: engine.train_step([MB], 1e-4)
 
 
+def repeated(fn, steps: int):
+    def run():
+        for _ in range(steps):
+            fn()
+
+    return run
+
+
+VARIANTS = {  # opt-in engine variants (--variants), each one more case in the same interleaved suite
+    "bf16": ["train.precision=bf16-mixed"],
+    "ac-full": ["parallelism.activation_checkpointing=full"],
+    "ac-selective": ["parallelism.activation_checkpointing=selective"],
+    "foreach-adamw": ["optim.fused=false"],
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smoke")
+    ap.add_argument("--model", default="bench_small")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
     ap.add_argument("--seq-len", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--compile", action="store_true", help="add compile on/off cases (first compile takes ~30 s)")
+    ap.add_argument("--steps", type=int, default=1, help="training steps per timed call")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timed calls per case (median)")
+    ap.add_argument("--no-compile", action="store_true", help="eager cases only (compile takes ~20-40 s a case)")
+    ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra engine cases")
     args = ap.parse_args()
     threads = pin_threads(args.threads)
     base = base_overrides(args.model, args.batch, args.seq_len)
     cfg = validate(compose(base), world_size=1)
-    tokens = args.batch * cfg.model.seq_len
+    tokens = args.batch * cfg.model.seq_len * args.steps
     fpt = flops_per_token(cfg.model)
-    peak32 = peak_tflops(torch.device("cpu"), torch.float32)
-    peak16 = peak_tflops(torch.device("cpu"), torch.bfloat16)
+    print(f"{args.model}: threads={threads}, micro batch {args.batch} x seq {cfg.model.seq_len}, {args.steps} "
+          f"step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} (lmforge.model.flops); "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
 
-    def mfu_extra(peak):
-        return {"peak_tflops": peak}
-
-    # 1) Platform overhead: only the bare loop and the engine, many interleaved repeats.
-    overhead = run_suite(f"overhead-{args.model}", [
-        Case("bare eager loop fp32", bare_loop(cfg, args.batch, True), tokens, "tokens"),
-        Case("lmforge engine fp32", engine_step(base, args.batch), tokens, "tokens"),
-        gemm(),
-    ], repeats=args.repeats * 3, baseline="bare eager loop fp32")
-    # 2) Variants of the engine step, side by side.
-    cases = [
-        Case("lmforge engine fp32", engine_step(base, args.batch), tokens, "tokens", extra=mfu_extra(peak32)),
-        Case("lmforge engine bf16-mixed", engine_step(base + ["train.precision=bf16-mixed"], args.batch), tokens,
-             "tokens", extra=mfu_extra(peak16)),
-        Case("lmforge engine fp32 AC full", engine_step(base + ["parallelism.activation_checkpointing=full"], args.batch),
-             tokens, "tokens", extra=mfu_extra(peak32)),
-        Case("lmforge engine fp32 AC selective",
-             engine_step(base + ["parallelism.activation_checkpointing=selective"], args.batch), tokens, "tokens",
-             extra=mfu_extra(peak32)),
-        Case("lmforge engine fp32 fused AdamW", engine_step(base + ["optim.fused=true"], args.batch), tokens, "tokens",
-             extra=mfu_extra(peak32)),
-        Case("bare loop fp32 foreach AdamW", bare_loop(cfg, args.batch, True), tokens, "tokens", extra=mfu_extra(peak32)),
-        Case("bare loop fp32 for-loop AdamW", bare_loop(cfg, args.batch, False), tokens, "tokens",
-             extra=mfu_extra(peak32)),
-    ]
-    cases.append(gemm())
-    if args.compile:
+    def case(name, fn, compiled=False):
         t0 = time.perf_counter()
-        compiled = engine_step(base + ["parallelism.compile=true"], args.batch)
-        compiled()  # first call compiles
-        compile_s = time.perf_counter() - t0
-        cases.append(Case("lmforge engine fp32 compiled", compiled, tokens, "tokens",
-                          extra={**mfu_extra(peak32), "compile_s": compile_s}))
-    results = run_suite(f"step-{args.model}", cases, repeats=args.repeats, baseline="lmforge engine fp32")
-    live32 = next(r.rate for r in results if r.name == GEMM_CASE) / 1e12
-    print(f"\nthreads={threads} flops/token={fpt:,} cached GEMM peak: fp32 {peak32:.3f} TFLOP/s, "
-          f"bf16 {peak16:.3f} TFLOP/s; fp32 GEMM interleaved with these steps: {live32:.3f} TFLOP/s")
+        fn()  # builds lazily / compiles on the first call
+        extra = {"compile_s": time.perf_counter() - t0} if compiled else {}
+        return Case(name, repeated(fn, args.steps), tokens, "tokens", extra=extra)
+
+    builders = [(MODEL_GEMM_CASE, None, False),
+                ("bare loop eager", lambda: bare_loop(cfg, args.batch), False),
+                ("engine eager", lambda: engine_step(base, args.batch), False)]
+    if not args.no_compile:
+        builders += [("bare loop compiled", lambda: bare_loop(cfg, args.batch, compiled=True), True),
+                     ("engine compiled", lambda: engine_step(base + ["parallelism.compile=true"], args.batch), True)]
+    builders += [(f"engine eager {v}", lambda v=v: engine_step(base + VARIANTS[v], args.batch), False)
+                 for v in args.variants]
+    cases = []
+    for name, build, compiled in builders:
+        t0 = time.perf_counter()
+        cases.append(model_gemm(cfg, args.batch, args.steps) if build is None else case(name, build(), compiled))
+        print(f"  built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    results = run_suite(f"step-{args.model}", cases, repeats=args.repeats, warmup=1, baseline="engine eager",
+                        progress=True)
+    by = {r.name: r for r in results}
+    live = by[MODEL_GEMM_CASE].rate
+    print(f"\nsame-run fp32 GEMM rate (model shapes): {live / 1e12:.3f} TFLOP/s; load average "
+          f"{os.getloadavg()[0]:.2f}")
     for r in results:
-        if r.name == GEMM_CASE:
-            continue
-        peak = r.extra["peak_tflops"]
-        live = f"  {r.rate * fpt / 1e12 / live32:6.1%} of the same-run fp32 GEMM" if peak == peak32 else ""
-        print(f"  {r.name:<36} MFU {r.rate * fpt / 1e12 / peak:6.1%} of the cached peak{live}"
-              f"  ({r.rate * fpt / 1e12:.3f} TFLOP/s)")
-    bare, eng, probe = overhead
-    print(f"overhead suite: bare loop {bare.rate * fpt / probe.rate:.1%}, engine {eng.rate * fpt / probe.rate:.1%} "
-          f"of the fp32 GEMM interleaved with them ({probe.rate / 1e12:.3f} TFLOP/s)")
-    print(f"\nplatform overhead (engine step time / bare loop step time - 1, fp32): "
-          f"{eng.median_s / bare.median_s - 1:+.1%}")
+        if r.name != MODEL_GEMM_CASE:
+            print(f"  {r.name:<28} {r.rate * fpt / 1e12:.3f} TFLOP/s = {r.rate * fpt / live:6.1%} of the same-run GEMM")
+    for mode in ("eager", "compiled"):
+        if f"engine {mode}" in by:
+            eng, bare = by[f"engine {mode}"], by[f"bare loop {mode}"]
+            print(f"engine overhead vs bare loop, {mode}: {eng.median_s / bare.median_s - 1:+.1%} "
+                  f"(engine step time / bare loop step time - 1)")
 
 
 if __name__ == "__main__":

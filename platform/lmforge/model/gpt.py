@@ -25,6 +25,7 @@ from torch import nn
 from lmforge.config.model import ModelConfig
 from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
 from lmforge.model.document_mask import DocumentMask
+from lmforge.model.loss import chunked_cross_entropy
 from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
 
 
@@ -245,8 +246,9 @@ class GPTStage(DecoderStack):
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over every position of a [B, T] batch (computed in fp32)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+    """Mean next-token cross-entropy over every position of a [B, T] batch (computed in fp32, chunk by chunk:
+    no fp32 copy of the whole logits, model/loss.py); targets -100 are not counted."""
+    return chunked_cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
 
 
 def num_parameters(model: nn.Module, exclude_embeddings: bool = False) -> int:

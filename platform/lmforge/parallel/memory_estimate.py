@@ -22,8 +22,9 @@ this model (``tests/unit/test_planner_activations.py`` checks the counts against
       small:                rstd per norm, SDPA log-sum-exp (fp32)
     full checkpointing:     the block input only, plus one block's activations while it is recomputed
     selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
-    head (last stage):      final norm as above + fp32 log-probabilities N * vocab; the logits in the
-                            compute dtype exist transiently at the end of forward.
+    head (last stage):      final norm as above + the logits N * vocab in the compute dtype (all that
+                            model/loss.py's chunked cross-entropy keeps); their gradient in the compute
+                            dtype exists transiently at the start of backward.
 
 With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism the
 norm region (residual stream) is split too, while each linear keeps its all-gathered input.
@@ -241,11 +242,11 @@ def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int
 
 
 def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
-    """Final norm and fp32 log-probabilities kept by the last stage for one micro batch."""
+    """Final norm and logits (compute dtype) kept by the last stage for one micro batch."""
     n, d = s.tokens, m.d_model
     norm_keep = 2 if m.norm == "rmsnorm" else 1
     seq_split = s.tp if s.sp else 1
-    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * 4
+    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * s.dt.compute
 
 
 def saved_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True,
