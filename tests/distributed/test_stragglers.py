@@ -4,7 +4,7 @@ Rank 2 does 1 s of extra compute before every step (``fault.drill.slow_s``). Its
 gradient reduction (DDP) or the first all-gather (FSDP2), so every rank's *wall* step time is the same (the old
 rule could never fire); the ranks' compute times (loop top to the first blocking collective: the last local
 gradient under DDP, the root forward pre-hook under FSDP2) tell rank 2 apart, and only rank 2 is named. The same
-DDP run without the slow rank names nobody.
+DDP run without the slow rank names nobody. The three trainings share one launch of the ranks (train_entries).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from distributed.train_entries import section
 from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -25,24 +26,39 @@ LAYOUTS = {  # layout overrides, where the compute window ends
 }
 
 
-def run(tmp_path, data_cache, name, extra, layout="ddp"):
-    argv = ["model=tiny", "model.seq_len=32", *LAYOUTS[layout][0], "comm=cpu_gloo",
+def argv(root, name, extra, layout):
+    return ["model=tiny", "model.seq_len=32", *LAYOUTS[layout][0], "comm=cpu_gloo",
             "train.device=cpu", "train.threads=1", "train.max_steps=8", "train.micro_batch_size=2",
             "train.global_batch_size=8", "train.eval_every=0", "logging.every_steps=4", "logging.console=none",
             "checkpoint.enabled=false", "metrics.straggler_every=4", f"metrics.straggler_threshold={THRESHOLD}",
-            "~data.sources.code", "~data.sources.reference", f"run.root={tmp_path}", f"run.name={name}", *extra]
-    ranks = run_ranks("distributed.parallel_worker:train_entry", 4, {"argv": argv}, timeout=300,
+            "~data.sources.code", "~data.sources.reference", f"run.root={root}", f"run.name={name}", *extra]
+
+
+SLOW = ["fault.drill.slow_rank=2", "fault.drill.slow_s=1.0"]
+RUNS = {"slow-ddp": ("ddp", SLOW), "slow-fsdp": ("fsdp", SLOW), "even": ("ddp", [])}  # trained in this order
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data_cache):
+    """The three trainings in one launch of 4 ranks (train_entries: the ranks start once): for each, the ranks'
+    console output and the run's metrics records."""
+    root = tmp_path_factory.mktemp("stragglers")
+    argvs = [argv(root, name, extra, layout) for name, (layout, extra) in RUNS.items()]
+    ranks = run_ranks("distributed.train_entries:train_entries", 4, {"argvs": argvs}, timeout=900,
                       env={"LMFORGE_DATA_CACHE": str(data_cache)})
-    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if line]
-    return ranks, records
+    out = {}
+    for i, name in enumerate(RUNS):
+        records = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines() if line]
+        out[name] = ([section(r.output, i) for r in ranks], records)
+    return out
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(960)
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-def test_the_rank_doing_extra_work_is_named_and_only_it(tmp_path, data_cache, layout):
+def test_the_rank_doing_extra_work_is_named_and_only_it(runs, layout):
     from lmforge.fault.straggler import find_stragglers
 
-    ranks, records = run(tmp_path, data_cache, "slow", ["fault.drill.slow_rank=2", "fault.drill.slow_s=1.0"], layout)
+    outputs, records = runs[f"slow-{layout}"]
     events = [r for r in records if r.get("event") == "straggler"]
     assert [(e["step"], e["slow_rank"]) for e in events] == [(4, 2), (8, 2)], events
     for e in events:
@@ -50,15 +66,15 @@ def test_the_rank_doing_extra_work_is_named_and_only_it(tmp_path, data_cache, la
         # The old rule on wall step times: synchronous collectives made them equal, it names nobody.
         assert find_stragglers(e["step_times_s"], 1.5) == [], e["step_times_s"]
         assert "rank 2 is a straggler" in e["cause"] and LAYOUTS[layout][1] in e["cause"]
-    assert "[lmforge fault] straggler rank=0 step=4: rank 2 is a straggler" in ranks[0].output
+    assert "[lmforge fault] straggler rank=0 step=4: rank 2 is a straggler" in outputs[0]
     gathered = [r["compute_time_max_over_median"] for r in records if r.get("kind") == "train" and r["step"] in (4, 8)]
     assert len(gathered) == 2 and min(gathered) > THRESHOLD
 
 
-@pytest.mark.timeout(360)
-def test_the_same_run_without_a_slow_rank_names_nobody(tmp_path, data_cache):
-    ranks, records = run(tmp_path, data_cache, "even", [])
+@pytest.mark.timeout(960)
+def test_the_same_run_without_a_slow_rank_names_nobody(runs):
+    outputs, records = runs["even"]
     assert [r for r in records if r.get("event") == "straggler"] == []
     gathered = [r["compute_time_max_over_median"] for r in records if r.get("kind") == "train" and r["step"] in (4, 8)]
     assert len(gathered) == 2 and max(gathered) < THRESHOLD, gathered
-    assert not any("straggler" in r.output for r in ranks)
+    assert not any("straggler" in out for out in outputs)
