@@ -128,9 +128,10 @@ def shard_experts(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig, mp
     for experts in expert_modules(model):
         fully_shard(experts, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp_policy)
         experts.set_gradient_divide_factor(float(cfg.dp_replicate * cfg.dp_shard))
-        # A sum reduction then the division: a factor other than the group size would otherwise be NCCL's
-        # PREMUL_SUM, which gloo does not have.
-        experts.set_force_sum_reduction_for_comms(True)
+        if dp_mesh.size() > 1:
+            # A sum reduction then the division: a factor other than the group size would otherwise be NCCL's
+            # PREMUL_SUM, which gloo does not have. (Not on one rank: torch 2.13 would then divide twice.)
+            experts.set_force_sum_reduction_for_comms(True)
 
 
 def token_dispatches(model: nn.Module) -> List[TokenDispatch]:
