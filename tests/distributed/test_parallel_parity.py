@@ -131,7 +131,7 @@ def test_moe_data_parallel_parity(data_parallel_runs, references, case):
     if case == "moe_ep2":  # each rank holds 2 of the 4 experts (ep), FSDP over the 1 rank holding the same ones
         for rank in (0, 1):
             p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w2", rank=rank)
-            assert p["mesh"] == ["dp_mod_ep", "ep"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
+            assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
             assert data_parallel_runs[rank][case]["coords"]["ep"] == rank
         assert placement(data_parallel_runs, case, WQ)["mesh"] == ["dp_shard"]  # the dense part: FSDP over both
 
@@ -338,7 +338,7 @@ def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
         assert r["moe"]["moe/dropped"] == pytest.approx(ref["moe"]["moe/dropped"], abs=1e-6)
         assert r["coords"]["ep"] == r["rank"] % 2  # ep groups: consecutive dp_shard ranks
         p = r["params"]["layers.1.feed_forward.experts.w1"]
-        assert p["mesh"] == ["dp_mod_ep", "ep"] and p["local"] == [1, 64, 64] and p["global"] == [4, 64, 64]
+        assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [1, 64, 64] and p["global"] == [4, 64, 64]
 
 
 @pytest.mark.timeout(560)

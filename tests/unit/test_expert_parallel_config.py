@@ -77,7 +77,7 @@ def test_planner_counts_experts_per_device_and_the_all_to_all():
     expert_numel = 3 * m.d_model * expert_hidden_dim(m)  # w1, w2, w3 of one expert
     layers = len(moe_layer_ids(m))
     for layout, per_rank in [({"dp_shard": 4}, 8 / 4), ({"dp_shard": 4, "ep": 2}, 8 / 2 / 2),
-                             ({"dp_shard": 4, "ep": 4}, 8 / 4), ({"dp_shard": 2, "dp_replicate": 2, "ep": 2}, 8 / 2 / 2)]:
+                             ({"dp_shard": 4, "ep": 4}, 8 / 4), ({"dp_shard": 2, "dp_replicate": 2, "ep": 2}, 8 / 2)]:  # HSDP: replicas hold the same
         st = state_bytes(tiny_moe(**layout), "fp32")
         assert st.expert_numel == layers * per_rank * expert_numel, layout
     # ep=2 and ep=4 hold as many expert weights per device (E/ep experts over dp/ep FSDP ranks), but FSDP's

@@ -19,9 +19,9 @@ stay on the rank that holds it.
 
 Weights: ``w1, w2, w3`` become DTensors ``Shard(0)`` over the ``ep`` dim (the global [E, ...] shape and the
 state-dict keys are those of one process: DCP reshards checkpoints across ep sizes); ``shard_experts`` then
-FSDP-shards each layer's experts over the ranks holding the same experts (``dp_mod_ep``: dp_replicate x
-dp_shard_mod_ep, flattened; with HSDP the experts are sharded over the replicas too), with the gradient divided by the whole data-parallel degree: an expert's gradient is already
-a sum over its ep group, so dividing by the dp_shard_mod_ep size alone would count it ep times.
+FSDP-shards each layer's experts over the ranks holding the same experts (``dp_shard_mod_ep``; HSDP with
+``dp_replicate``: replicas hold the same expert shards), with the gradient divided by the whole data-parallel degree: an expert's gradient is already
+a sum over its ep group, so dividing by the size of the experts' own data-parallel group alone would count it ep times.
 """
 from __future__ import annotations
 
@@ -122,15 +122,15 @@ def shard_experts(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig, mp
     which then leave the experts' parameters to these groups); gradients divided by the full dp degree."""
     from torch.distributed.fsdp import fully_shard
 
-    # One flat group (not HSDP over dp_replicate x dp_shard_mod_ep): torch 2.13's HSDP divides twice when its
-    # shard group has one rank (dp_shard == ep), measured by the parity harness.
-    dp_mesh = mesh["dp_mod_ep"]
+    # HSDP with dp_replicate > 1: the replicas hold the same expert shards (as for the dense part).
+    dp_mesh = mesh["dp_replicate", "dp_shard_mod_ep"] if cfg.dp_replicate > 1 else mesh["dp_shard_mod_ep"]
     for experts in expert_modules(model):
         fully_shard(experts, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp_policy)
         experts.set_gradient_divide_factor(float(cfg.dp_replicate * cfg.dp_shard))
-        if dp_mesh.size() > 1:
-            # A sum reduction then the division: a factor other than the group size would otherwise be NCCL's
-            # PREMUL_SUM, which gloo does not have. (Not on one rank: torch 2.13 would then divide twice.)
+        if cfg.dp_shard // cfg.ep > 1:
+            # Sum reductions then the division: a factor other than the shard group's size would otherwise be
+            # NCCL's PREMUL_SUM, which gloo does not have. Not with a one-rank shard group: torch 2.13 divides its
+            # gradient by the factor there already, and would divide again after the all-reduce.
             experts.set_force_sum_reduction_for_comms(True)
 
 

@@ -39,7 +39,7 @@ every block's unsharded gradient (reduce dtype) is kept from the first micro bat
 reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 
 Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
-FSDP-sharded over the dp_replicate * dp_shard / ep ranks holding the same experts (parallel/expert_parallel.py).
+FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
 
 Context parallelism (``parallelism.cp``): a rank holds N/cp tokens of every micro batch, so every activation
 term above is divided by cp; FSDP shards over dp_shard x cp; the all-gather exchange additionally keeps the
@@ -175,7 +175,7 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
         if p.ep > 1 and ".feed_forward.experts." in name:  # E/ep experts, FSDP over the dp ranks holding the same
             shape[0] = chunk_size(shape[0], p.ep, 0)
             ep_numel = math.prod(shape)
-            shape[0] = chunk_size(shape[0], p.dp_replicate * p.dp_shard // p.ep, 0)
+            shape[0] = chunk_size(shape[0], p.dp_shard // p.ep, 0)
             return tuple(shape), ep_numel
         if p.tp > 1:
             if name.endswith(COLWISE) or name.endswith(VOCAB_SHARDED):

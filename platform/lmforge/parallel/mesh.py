@@ -10,8 +10,8 @@ part of the global batch: losses are averaged over it).
 Expert parallelism (ep > 1) is borrowed from ``dp_shard``: that dim is built as ``dp_shard_mod_ep`` x ``ep``
 (ep innermost: an ep group is ep consecutive dp_shard ranks) and ``dp_shard`` is their flattening, so every
 dense-part use of ``mesh["dp_shard"]`` and every data-parallel rank is exactly what it is without ep. The
-experts of a rank are split over ``ep`` and FSDP-sharded over ``dp_mod_ep`` (dp_replicate x dp_shard_mod_ep,
-flattened): the ranks holding the same experts.
+experts of a rank are split over ``ep`` and FSDP-sharded over ``dp_shard_mod_ep`` (replicated over
+``dp_replicate``): the ranks holding the same experts.
 """
 from __future__ import annotations
 
@@ -58,7 +58,6 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
                                               dims.tp), mesh_dim_names=EP_DIM_NAMES)
         mesh[("dp_shard_mod_ep", "ep")]._flatten(mesh_dim_name="dp_shard")
         mesh[("dp_replicate", "dp_shard_mod_ep", "ep")]._flatten(mesh_dim_name="dp")
-        mesh[("dp_replicate", "dp_shard_mod_ep")]._flatten(mesh_dim_name="dp_mod_ep")  # what the experts shard over
         return mesh  # (cp > 1 with ep > 1 is refused by config/moe_checks.py)
     mesh = init_device_mesh(device.type, dims.shape, mesh_dim_names=DIM_NAMES)
     # A flattened data-parallel dim for loss averaging and FSDP over (replicate x shard) when needed.

@@ -343,7 +343,7 @@ def format_plan(plan: Plan) -> str:
         st = mem.state
         expert_bytes = st.expert_numel * (2 + ADAMW_STATES) * mem.dtypes.param
         lines.append(f"ep         {p.ep} ranks per expert group (of dp_shard {p.dp_shard}): {m.moe.experts // p.ep} of "
-                     f"{m.moe.experts} experts per rank, FSDP over {p.dp_replicate * p.dp_shard // p.ep}; experts' "
+                     f"{m.moe.experts} experts per rank, FSDP over {p.dp_shard // p.ep}; experts' "
                      f"parameters+gradients+AdamW {gib(expert_bytes):.3f} GiB per device; token all-to-all "
                      f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step")
     lines += [
