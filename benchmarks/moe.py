@@ -4,7 +4,7 @@ FLOPs per token (d_ff = 2 x 384 = 768), and the grouped vs loop expert compute; 
 
     python -m benchmarks.moe [--batch 8] [--repeats 5] [--threads 0]
 
-Expert parallelism (all-to-all share at ep2) is not measured: ``parallelism.ep`` does not exist yet.
+Expert parallelism (the all-to-all share of the step at ep2) is measured by ``benchmarks/expert_parallel.py``.
 """
 from __future__ import annotations
 
