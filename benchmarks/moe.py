@@ -6,8 +6,8 @@ ratio to the dense case.
     python -m benchmarks.moe [--batch 8] [--repeats 5] [--threads 0]
 
 One function per case (``CASES``): each returns the overrides of its run; ``main`` composes, builds and times
-them side by side. Expert parallelism (the all-to-all share at ep2, a multi-process measurement) goes in as its
-own case function next to these once ``parallelism.ep`` exists (issue 21, the ep engineer).
+them side by side. Expert parallelism (the all-to-all share of the step at ep2, a multi-process measurement) is
+measured by ``benchmarks/expert_parallel.py``.
 """
 from __future__ import annotations
 

@@ -108,7 +108,8 @@ def unsharded_grad_bytes(parts) -> int:
 
 
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
-             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None) -> dict:
+             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
+             expert_destination_shift: int = 0) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
@@ -119,6 +120,11 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     if not grad_sync:  # negative control: no DDP wrapper and no manual all-reduce
         assert not cfg.parallelism.overlap_grad_reduce and engine.manual_grad_sync
         engine.manual_grad_sync = False
+    if expert_destination_shift:  # negative control of expert parallelism: tokens sent to the wrong ep rank
+        from lmforge.parallel.expert_parallel import token_dispatches
+
+        for dispatch in token_dispatches(engine.inner):
+            dispatch.destination_shift = expert_destination_shift
     data = FixedSamples(samples, eod)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
                          document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
@@ -147,7 +153,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     engine.train()
     out = {"losses": losses, "grad_norms": norms, "consumed": data.consumed, "eval_loss": eval_loss,
            "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
-           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")},
+           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")
+                      + (("ep",) if cfg.parallelism.ep > 1 else ())},
            "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
            "held_grad_bytes": held_grad_bytes, "moe": moe,
            "expert_bias": {canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers()
@@ -164,8 +171,9 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
 
 def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> Dict[str, dict]:
     """Several layouts, one after another, in one launch (each builds its own mesh on the same world);
-    a case may set its own ``steps`` (0: evaluate the initial weights only), or be ``{"call": "module:function"}``:
-    another check run in the same launch (e.g. context_parallel_worker's attention kernel check)."""
+    a case may set its own ``steps`` (0: evaluate the initial weights only), or be ``{"call": "module:function"}``
+    (with keyword ``args``): another check run in the same launch (e.g. context_parallel_worker's attention kernel
+    check)."""
     import importlib
 
     init_world()
@@ -173,7 +181,7 @@ def run_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int) -> D
     for name, case in cases.items():
         if "call" in case:
             module, function = case["call"].split(":")
-            out[name] = getattr(importlib.import_module(module), function)()
+            out[name] = getattr(importlib.import_module(module), function)(**case.get("args", {}))
         else:
             out[name] = run_case(samples=samples, **{"steps": steps, **case})
     return out

@@ -64,8 +64,14 @@ WQ, WO, EMB, NORM, OUT = ("layers.0.attention.wq.weight", "layers.0.attention.wo
                           "layers.0.attention_norm.weight", "output.weight")
 
 
+# Expert parallelism (parallel/expert_parallel.py): ep borrowed from dp_shard; the ep2 checkpoint is resumed at ep1.
+EP2 = ["parallelism=fsdp", "parallelism.ep=2"] + MOE
+EP_RESUME = {"ep2": EP2, "ep1_fsdp": ["parallelism=fsdp"] + MOE, "ep1_ddp": ["parallelism=ddp"] + MOE}
+
+
 @pytest.fixture(scope="module")
-def data_parallel_runs(parity_samples) -> List[dict]:
+def data_parallel_runs(parity_samples, tmp_path_factory) -> List[dict]:
+    ep2_checkpoint = str(tmp_path_factory.mktemp("ep2_checkpoint"))
     cases = {
         "ddp": {"overrides": ["parallelism=ddp"]},
         "ddp_no_overlap": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"]},
@@ -77,11 +83,17 @@ def data_parallel_runs(parity_samples) -> List[dict]:
         "fsdp_docmask": docmask_case(["parallelism=fsdp"], parity_samples),
         "moe_ddp": {"overrides": ["parallelism=ddp"] + MOE},
         "moe_fsdp_ac": {"overrides": ["parallelism=fsdp", "parallelism.activation_checkpointing=full"] + MOE},
+        "moe_ep2": {"overrides": EP2, "save_to": ep2_checkpoint},
+        "moe_ep2_resume": {"call": "distributed.expert_parallel_worker:resume_across_ep",
+                           "args": {"layouts": EP_RESUME, "samples": parity_samples, "steps": STEPS,
+                                    "checkpoint": ep2_checkpoint}},
+        # negative control: every ep rank's tokens go to the other rank's experts (and back)
+        "moe_ep2_misrouted": {"overrides": EP2, "expert_destination_shift": 1},
     }
-    return _run(2, cases, parity_samples, timeout=240)
+    return _run(2, cases, parity_samples, timeout=300)  # (+60 s: the three ep cases)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(460)
 @pytest.mark.parametrize("case", ["ddp", "ddp_no_overlap", "fsdp_zero3", "fsdp_zero3_deferred", "fsdp_zero2_ac"])
 def test_data_parallel_parity(data_parallel_runs, reference, case):
     assert_parity(case, data_parallel_runs, reference)
@@ -95,8 +107,8 @@ def test_data_parallel_parity(data_parallel_runs, reference, case):
                                                           "global": [64, 64]}
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("case", ["moe_ddp", "moe_fsdp_ac"])
+@pytest.mark.timeout(460)
+@pytest.mark.parametrize("case", ["moe_ddp", "moe_fsdp_ac", "moe_ep2"])
 def test_moe_data_parallel_parity(data_parallel_runs, references, case):
     """MoE under DDP and FSDP + full activation checkpointing (experts [E, d, h] sharded on dim 0; a recomputed
     forward must not count its router terms twice) matches the single process: losses, norms,
@@ -116,9 +128,38 @@ def test_moe_data_parallel_parity(data_parallel_runs, references, case):
     if case == "moe_fsdp_ac":
         p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w1")
         assert p["placements"] == ["S(0)"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
+    if case == "moe_ep2":  # each rank holds 2 of the 4 experts (ep), FSDP over the 1 rank holding the same ones
+        for rank in (0, 1):
+            p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w2", rank=rank)
+            assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
+            assert data_parallel_runs[rank][case]["coords"]["ep"] == rank
+        assert placement(data_parallel_runs, case, WQ)["mesh"] == ["dp_shard"]  # the dense part: FSDP over both
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(460)
+def test_expert_parallel_negative_control_misrouted_tokens_fail_parity(data_parallel_runs, references):
+    """The same ep2 run with every token sent to the other ep rank's experts: the parity check must catch it."""
+    with pytest.raises(AssertionError, match="loss"):
+        assert_parity("moe_ep2_misrouted", data_parallel_runs, references["moe"])
+    losses = data_parallel_runs[0]["moe_ep2_misrouted"]["losses"]
+    assert abs(losses[0] - references["moe"]["losses"][0]) > 1e-4  # wrong experts from the first forward on
+
+
+@pytest.mark.timeout(460)
+def test_expert_parallel_checkpoint_resumes_at_ep1(data_parallel_runs, references):
+    """Saved at ep2 (expert weights and their Adam moments: Shard(0) DTensors over ep, one process's keys and
+    shapes), resumed at ep2, at ep1 under FSDP and at ep1 under DDP: the sixth step is the same step (1e-5),
+    and it is not the first step of fresh weights (the checkpoint was loaded)."""
+    for out in data_parallel_runs:
+        runs = out["moe_ep2_resume"]
+        ep2 = runs["ep2"]["loss"]
+        for layout in ("ep1_fsdp", "ep1_ddp"):
+            assert abs(runs[layout]["loss"] - ep2) < TOL, f"{layout}: step 6 loss {runs[layout]['loss']} vs ep2 {ep2}"
+            assert abs(runs[layout]["grad_norm"] - runs["ep2"]["grad_norm"]) < NORM_RTOL * runs["ep2"]["grad_norm"]
+        assert ep2 < references["moe"]["losses"][-1] - 1e-3 < references["moe"]["losses"][0]
+
+
+@pytest.mark.timeout(460)
 def test_fsdp_gradient_sync_per_micro_batch_or_deferred(data_parallel_runs):
     """Reduce-scatters dispatched per step, counted by torch.profiler on the real gloo ranks: one per FSDP group
     (4 blocks + the root: embedding, final norm, output) per micro batch by default, once per step deferred;
@@ -146,7 +187,7 @@ def test_fsdp_gradient_sync_per_micro_batch_or_deferred(data_parallel_runs):
         assert last["held_grad_bytes"] == [0, deferred_bytes] * STEPS
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(460)
 def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs, reference):
     """The same harness and data with gradient all-reduce disabled: the parity check must catch it."""
     with pytest.raises(AssertionError, match="loss"):
@@ -156,7 +197,7 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
     assert max(abs(a - b) for a, b in zip(r0["losses"], reference["losses"])) > 1e-4
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(460)
 @pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask")])
 def test_document_masking_parity(request, references, runs, case):
     """data.document_masking under FSDP and TP + sequence parallel + activation checkpointing: the single-process
@@ -248,11 +289,14 @@ def four_rank_runs(parity_samples) -> List[dict]:
                                                     "parallelism.activation_checkpointing=full"]},
              "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
              "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
-             "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"}}
-    return _run(4, cases, parity_samples, timeout=420)  # 360 before cp2_pp2 joined the launch
+             "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
+             # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
+             "moe_ep2_dp2_ac": {"overrides": ["parallelism=fsdp", "parallelism.dp_shard=4", "parallelism.ep=2",
+                                              "parallelism.activation_checkpointing=full"] + MOE}}
+    return _run(4, cases, parity_samples, timeout=480)  # 360 before cp2_pp2 and moe_ep2_dp2_ac joined the launch
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(560)
 @pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
                                   "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
@@ -288,7 +332,23 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
         assert p["mesh"] == ["dp_replicate", "dp_shard"] and p["placements"] == ["R", "S(0)"] and p["local"] == [32, 64]
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(560)
+def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
+    """ep2 x dp2: 4 FSDP ranks, two ep groups of 2; an expert is held by one rank of each group and its gradient
+    reduced over those two only (divided by the full dp degree): losses, norms, the balancing bias, the loads."""
+    runs, ref, case = four_rank_runs, references["moe"], "moe_ep2_dp2_ac"
+    assert_parity(case, runs, ref)
+    for out in runs:
+        r = out[case]
+        for name, bias in ref["expert_bias"].items():
+            assert r["expert_bias"][name] == pytest.approx(bias, abs=1e-7), name
+        assert r["moe"]["moe/dropped"] == pytest.approx(ref["moe"]["moe/dropped"], abs=1e-6)
+        assert r["coords"]["ep"] == r["rank"] % 2  # ep groups: consecutive dp_shard ranks
+        p = r["params"]["layers.1.feed_forward.experts.w1"]
+        assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [1, 64, 64] and p["global"] == [4, 64, 64]
+
+
+@pytest.mark.timeout(560)
 def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
     """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
     from distributed.test_context_parallel import KERNEL_TOL, KERNEL_VARIANTS
@@ -306,7 +366,7 @@ def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
 BF16_EVAL_TOL = 1e-6
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(560)
 def test_pipeline_eval_with_bf16_params_matches_single_process(four_rank_runs, references):
     bf16, fp32 = references["bf16_init"]["eval_loss"], references["fp32_init"]["eval_loss"]
     assert abs(bf16 - fp32) > 50 * BF16_EVAL_TOL, "negative control: bf16 and fp32 evaluation must be told apart"

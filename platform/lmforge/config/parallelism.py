@@ -20,6 +20,11 @@ class ParallelismConfig:
     # sends overlapped with compute, or by one all-gather. cp ranks hold weight replicas: FSDP shards over dp_shard x cp.
     cp: int = 1
     cp_kv_exchange: Annotated[str, Literal["ring", "allgather"]] = "ring"
+    # Expert parallelism (parallel/expert_parallel.py): the routed experts of every MoE layer split E/ep per rank,
+    # tokens dispatched to their experts' ranks by all-to-all. Borrowed from dp_shard (ep divides dp_shard, not a
+    # mesh dim of its own in the world size): the dense part stays sharded over all dp_shard ranks, each rank's
+    # experts are FSDP-sharded over the dp_shard / ep ranks outside its ep group (as torchtitan).
+    ep: int = 1
     tp: int = 1
     sequence_parallel: bool = False
     pp: int = 1

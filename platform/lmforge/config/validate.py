@@ -32,6 +32,7 @@ from lmforge.runtime.env import launch_world_size
 POSITIVE = (
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
     "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.cp", "parallelism.tp", "parallelism.pp",
+    "parallelism.ep",  # expert parallelism (config/moe_checks.check_expert_parallel)
     "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size", "train.global_batch_size",
     "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node", "logging.every_steps", "checkpoint.keep_last",
 )

@@ -114,6 +114,10 @@ class Experts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(e, d, h))
         self.w2 = nn.Parameter(torch.empty(e, h, d))
         self.w3 = nn.Parameter(torch.empty(e, d, h)) if self.gated else None
+        # Expert parallelism (parallel/expert_parallel.py) installs its token dispatch here: called as
+        # ``token_dispatch(experts, x, counts)``, it sends the rows to their experts' ranks, runs ``run`` there
+        # on that rank's experts and returns the results in ``x``'s row order. None: every expert is local.
+        self.token_dispatch = None
 
     def uses_grouped(self, x: torch.Tensor) -> bool:
         """``auto``: the grouped GEMM on CUDA when the rows are aligned; the loop on CPU, where torch 2.13's
@@ -124,6 +128,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
+        if self.token_dispatch is not None:
+            return self.token_dispatch(self, x, counts)
+        return self.run(x, counts, self.w1, self.w2, self.w3)
+
+    def run(self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                w3: Optional[torch.Tensor]) -> torch.Tensor:
+        """The experts ``w1, w2, w3`` ([len(counts), ...]) over rows sorted by expert."""
         if self.uses_grouped(x):
             offs = torch.cumsum(counts, 0).to(torch.int32)
             mm = lambda a, w: torch._grouped_mm(a, w, offs=offs)  # noqa: E731
@@ -133,8 +144,8 @@ class Experts(nn.Module):
             def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                 return torch.cat([p @ w[e] for e, p in enumerate(a.split(sizes))])
         if self.gated:
-            return mm(F.silu(mm(x, self.w1)) * mm(x, self.w3), self.w2)
-        return mm(F.gelu(mm(x, self.w1), approximate="tanh"), self.w2)
+            return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
+        return mm(F.gelu(mm(x, w1), approximate="tanh"), w2)
 
 
 class MoEFeedForward(nn.Module):

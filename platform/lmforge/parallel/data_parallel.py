@@ -27,6 +27,10 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> No
     shard = "dp_shard_cp" if cfg.cp > 1 else "dp_shard"  # cp ranks hold replicas: shard (and reduce) over them too
     dp_mesh = mesh[shard] if cfg.dp_replicate == 1 else mesh["dp_replicate", shard]
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
+    if cfg.ep > 1:  # each layer's experts over the ranks holding the same experts (parallel/expert_parallel.py)
+        from lmforge.parallel.expert_parallel import shard_experts
+
+        shard_experts(model, mesh, cfg, mp)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)
     # The root holds embeddings, final norm and output; keep them gathered after forward (used at once by backward).

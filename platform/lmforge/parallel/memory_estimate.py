@@ -39,6 +39,9 @@ gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) 
 every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
 reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 
+Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
+FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
+
 Context parallelism (``parallelism.cp``): a rank holds N/cp tokens of every micro batch, so every activation
 term above is divided by cp; FSDP shards over dp_shard x cp; the all-gather exchange additionally keeps the
 other ranks' K/V (2 * N * (cp-1)/cp * n_kv_heads * head_dim per layer, /tp: K/V are exchanged at their own
@@ -147,6 +150,7 @@ class StateBytes:
     stage_numel_unsharded: int = 0  # TP-local, FSDP-unsharded numel of everything on this pipeline rank
     root_numel_unsharded: int = 0  # embedding/norm/output on this rank (FSDP root stays gathered)
     matmul_numel_unsharded: int = 0  # matmul weights on this rank (bf16 autocast copies)
+    expert_numel: int = 0  # routed experts' parameters on this rank (E/ep experts, FSDP-sharded)
     first: bool = False  # holds the embedding
     last: bool = False  # holds the final norm and output
 
@@ -169,6 +173,11 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
 
     def local(name: str, shape: Tuple[int, ...]) -> Tuple[Tuple[int, ...], int]:
         shape = list(shape)
+        if p.ep > 1 and ".feed_forward.experts." in name:  # E/ep experts, FSDP over the dp ranks holding the same
+            shape[0] = chunk_size(shape[0], p.ep, 0)
+            ep_numel = math.prod(shape)
+            shape[0] = chunk_size(shape[0], p.dp_shard // p.ep, 0)
+            return tuple(shape), ep_numel
         if p.tp > 1:
             if name.endswith(COLWISE) or name.endswith(VOCAB_SHARDED):
                 shape[0] = chunk_size(shape[0], p.tp, tp_rank)
@@ -194,6 +203,8 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
         shard, tp_numel = local(name, shape)
         n = math.prod(shard)
         out.numel += n
+        if ".feed_forward.experts." in name:
+            out.expert_numel += n
         out.tensors += 1
         out.stage_numel_unsharded += tp_numel
         if len(shape) == 2:

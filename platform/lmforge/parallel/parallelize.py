@@ -4,9 +4,11 @@ finished, wrapped model. Parallelism is applied in this order, each step in its 
     1. pipeline stage split       (parallel/pipeline.py: this rank's part by the GPT constructor)
     2. tensor + sequence parallel (parallel/tensor_parallel.py)
     2b. context parallel          (parallel/context_parallel.py: this rank's RoPE positions, the K/V exchange)
+    2c. expert parallel           (parallel/expert_parallel.py: experts split over ep, all-to-all token dispatch)
     3. activation checkpointing   (parallel/activation_checkpoint.py)
     4. torch.compile              (parallel/compile.py)
-    5. FSDP2                      (parallel/data_parallel.py; per pipeline stage; over dp_shard x cp when cp > 1)
+    5. FSDP2                      (parallel/data_parallel.py; per pipeline stage; over dp_shard x cp when cp > 1;
+                                   with ep > 1 the experts first, over dp_shard_mod_ep)
 
 then the model is finished: ``materialize`` moves meta tensors to the device and initialises them by name
 (identically for every layout) in the parameter dtype, tensor-parallel gradients keep their parameters'
@@ -35,6 +37,7 @@ from lmforge.parallel.activation_checkpoint import apply_activation_checkpointin
 from lmforge.parallel.compile import apply_compile
 from lmforge.parallel.context_parallel import ContextLayout, apply_context_parallel
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp
+from lmforge.parallel.expert_parallel import apply_expert_parallel
 from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
 from lmforge.parallel.precision import resolve_precision
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel, keep_grads_in_param_layout
@@ -76,6 +79,8 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
     if p.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
+    if p.ep > 1:
+        apply_expert_parallel(model, mesh)
     apply_activation_checkpointing(model, p.activation_checkpointing)
     if p.compile:
         apply_compile(model)

@@ -35,7 +35,9 @@ def plan_json(plan) -> dict:
     return {
         "world_size": plan.world_size, "device": plan.device_kind, "precision": plan.precision,
         "mesh": {"pp": plan.cfg.parallelism.pp, "dp_replicate": plan.cfg.parallelism.dp_replicate,
-                 "dp_shard": plan.cfg.parallelism.dp_shard, "tp": plan.cfg.parallelism.tp},
+                 "dp_shard": plan.cfg.parallelism.dp_shard, "tp": plan.cfg.parallelism.tp,
+                 "ep": plan.cfg.parallelism.ep},
+        "ep_all_to_all_bytes_per_step": plan.ep_all_to_all_bytes, "expert_parameters_per_device": plan.memory.state.expert_numel,
         "parameters": plan.n_params, "flops_per_token": plan.flops_per_token, "flops_per_step": plan.flops_per_step,
         "tokens_per_step": plan.batch.tokens_per_step,
         "memory_bytes": dict(bytes_table(plan.memory)), "memory_total_bytes": plan.memory.total,

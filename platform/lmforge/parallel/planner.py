@@ -25,7 +25,8 @@ from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
-from lmforge.parallel.memory_estimate import (AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
+from lmforge.model.moe import moe_layer_ids
+from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
                                               estimate_memory, gib, resolve_precision)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
 
@@ -147,6 +148,10 @@ class Plan:
     def cp_exchange_bytes(self) -> int:
         return cp_exchange_bytes(self.cfg, self.batch, self.precision)
 
+    @property
+    def ep_all_to_all_bytes(self) -> int:
+        return ep_all_to_all_bytes(self.cfg, self.batch, self.precision)
+
 
 def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     """Bytes of K/V one cp rank sends per optimizer step (0 without cp), all its layers and micro batches.
@@ -166,6 +171,21 @@ def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     layers = m.n_layers // p.pp  # a pipeline rank's layers (its stages' attention exchanges)
     n_micro = p.pp_microbatches or batch.grad_accum
     return layers * n_micro * (forward + backward)
+
+
+def ep_all_to_all_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
+    """Bytes of token rows one ep rank sends per optimizer step by all-to-all (0 without ep), assuming balanced
+    routing: per MoE layer and micro batch its ``micro * seq_len * top_k`` assignments of d_model values, of which
+    (ep-1)/ep go to other ranks, once to dispatch and once to combine in forward, the same two (gradients) in
+    backward, and the forward pair again under full activation checkpointing. The counts exchange (E integers)
+    is left out."""
+    p, m = cfg.parallelism, cfg.model
+    if p.ep == 1:
+        return 0
+    rows = batch.micro_batch_size * m.seq_len * m.moe.top_k
+    exchanges = 4 + (2 if p.activation_checkpointing == "full" else 0)
+    per_layer = rows * m.d_model * dtypes_for(cfg, precision).compute * (p.ep - 1) // p.ep * exchanges
+    return len(moe_layer_ids(m)) * (p.pp_microbatches or batch.grad_accum) * per_layer
 
 
 def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
@@ -306,7 +326,7 @@ def format_plan(plan: Plan) -> str:
         f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
         f"(world size {plan.world_size}), precision {plan.precision}",
         f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard}"
-        + (f" x cp={p.cp}" if p.cp > 1 else "") + f" x tp={p.tp}"
+        + (f" x cp={p.cp}" if p.cp > 1 else "") + (f" (ep={p.ep} within dp_shard)" if p.ep > 1 else "") + f" x tp={p.tp}"
         f"  ({mesh_placement(cfg)})",
         f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
         f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
@@ -320,6 +340,13 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"cp         {p.cp} ranks per sequence ({p.cp_kv_exchange}): {m.seq_len // p.cp} of {m.seq_len} tokens "
                      f"per rank (chunks of {m.seq_len // (2 * p.cp)}); K/V exchange {gib(plan.cp_exchange_bytes):.3f} GiB "
                      f"per rank and step")
+    if p.ep > 1:  # expert parallelism: experts per rank, their state, the token all-to-all
+        st = mem.state
+        expert_bytes = st.expert_numel * (2 + ADAMW_STATES) * mem.dtypes.param
+        lines.append(f"ep         {p.ep} ranks per expert group (of dp_shard {p.dp_shard}): {m.moe.experts // p.ep} of "
+                     f"{m.moe.experts} experts per rank, FSDP over {p.dp_shard // p.ep}; experts' "
+                     f"parameters+gradients+AdamW {gib(expert_bytes):.3f} GiB per device; token all-to-all "
+                     f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step")
     lines += [
         f"FLOPs      {_si(plan.flops_per_token, 'FLOP')}/token (6N + attention), {_si(plan.flops_per_step, 'FLOP')}/step",
         f"memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",

@@ -1,0 +1,95 @@
+"""``parallelism.ep`` before any process group: the one-line refusals (config/moe_checks.check_expert_parallel), the
+planner's experts per device and token all-to-all volume (parallel/planner.py, memory_estimate.py), and
+``lmforge plan``'s exit code 2. The all-to-all dispatch itself runs on real gloo ranks in
+tests/distributed/test_parallel_parity.py (ep2, ep2 x dp2, misrouted-token control, ep2 -> ep1 resume)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lmforge.config.batch import batch_plan
+from lmforge.config.compose import compose
+from lmforge.config.errors import ConfigError
+from lmforge.config.model import MoEConfig
+from lmforge.config.moe_checks import check_expert_parallel
+from lmforge.config.schema import RootConfig
+from lmforge.config.validate import validate
+from lmforge.model.moe import expert_hidden_dim, moe_layer_ids
+from lmforge.parallel import plan_cli
+from lmforge.parallel.memory_estimate import state_bytes
+from lmforge.parallel.planner import ep_all_to_all_bytes
+
+
+def root(experts: int = 4, **layout) -> RootConfig:
+    r = RootConfig()
+    r.model.moe = MoEConfig(experts=experts, top_k=2)
+    r.parallelism.dp_shard = 2
+    for k, v in layout.items():
+        setattr(r.parallelism, k, v)
+    return r
+
+
+@pytest.mark.parametrize("experts, layout, key, reason", [
+    (0, {"ep": 2}, "parallelism.ep", "ep=2 needs a Mixture-of-Experts model (model.moe.experts=0)"),
+    (4, {"ep": 4}, "parallelism.ep", "ep (4) must divide parallelism.dp_shard (2): ep ranks are borrowed from the "
+     "FSDP ranks"),
+    (6, {"ep": 4, "dp_shard": 4}, "parallelism.ep", "model.moe.experts (6) is not divisible by ep (4): each ep rank "
+     "holds experts/ep experts"),
+    (4, {"ep": 2, "engine": "deepspeed"}, "parallelism.ep", "expert parallelism is a native-engine layout"),
+    (4, {"ep": 2, "tp": 2}, "parallelism.tp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
+    (4, {"ep": 2, "pp": 2}, "parallelism.pp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
+    (4, {"ep": 2, "compile": True}, "parallelism.compile", "not supported with parallelism.ep > 1 (ep=2): not verified"),
+])
+def test_ep_refusals_name_key_reason_fix(experts, layout, key, reason):
+    with pytest.raises(ConfigError) as err:
+        check_expert_parallel(root(experts, **layout))
+    assert err.value.key == key and err.value.reason == reason and err.value.fix
+    check_expert_parallel(root(4, ep=2))  # control: ep dividing both dp_shard and the experts passes
+    check_expert_parallel(RootConfig())  # and the dense default (ep=1)
+
+
+def test_validate_runs_the_ep_check_and_lmforge_plan_exits_2_in_one_line(capsys):
+    moe = ["model=tiny", "model.moe.experts=4", "model.moe.top_k=2", "parallelism=fsdp", "train.micro_batch_size=2"]
+    assert validate(compose(moe + ["parallelism.ep=2"]), world_size=2).parallelism.ep == 2
+    with pytest.raises(ConfigError, match="'parallelism.ep': must be >= 1, got 0"):
+        validate(compose(moe + ["parallelism.ep=0"]), world_size=2)
+    assert plan_cli.main(["model=tiny", "parallelism.ep=2", "parallelism.dp_shard=2", "cluster.gpus_per_node=2",
+                          "train.micro_batch_size=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lmforge plan: refused: config key 'parallelism.ep': ep=2 needs a Mixture-of-Experts model "
+                   "(model.moe.experts=0). Fix: set parallelism.ep=1 for the dense model, or model.moe.experts to a "
+                   "multiple of ep"]
+
+
+def tiny_moe(**layout) -> RootConfig:
+    """The default model with 8 experts top-2 in every other layer (a typed config: the planner needs no compose)."""
+    r = RootConfig()
+    r.model.moe = MoEConfig(experts=8, top_k=2, d_ff=64, every_n_layers=2)
+    for k, v in layout.items():
+        setattr(r.parallelism, k, v)
+    check_expert_parallel(r)
+    return r
+
+
+def test_planner_counts_experts_per_device_and_the_all_to_all():
+    m = tiny_moe().model
+    expert_numel = 3 * m.d_model * expert_hidden_dim(m)  # w1, w2, w3 of one expert
+    layers = len(moe_layer_ids(m))
+    for layout, per_rank in [({"dp_shard": 4}, 8 / 4), ({"dp_shard": 4, "ep": 2}, 8 / 2 / 2),
+                             ({"dp_shard": 4, "ep": 4}, 8 / 4), ({"dp_shard": 2, "dp_replicate": 2, "ep": 2}, 8 / 2)]:  # HSDP: replicas hold the same
+        st = state_bytes(tiny_moe(**layout), "fp32")
+        assert st.expert_numel == layers * per_rank * expert_numel, layout
+    # ep=2 and ep=4 hold as many expert weights per device (E/ep experts over dp/ep FSDP ranks), but FSDP's
+    # all-gathers gather only a rank's E/ep experts: 2 experts fewer per MoE layer at ep=4.
+    gathered = {ep: state_bytes(tiny_moe(dp_shard=4, ep=ep), "fp32").stage_numel_unsharded for ep in (2, 4)}
+    assert gathered[2] - gathered[4] == layers * 2 * expert_numel
+    cfg = tiny_moe(dp_shard=4, ep=2)
+    plan = batch_plan(micro_batch_size=2, global_batch_size=16, dp_size=4, seq_len=m.seq_len)  # grad_accum 2
+    rows = 2 * m.seq_len * 2  # micro batch tokens x top_k
+    expected = layers * 2 * rows * m.d_model * 4 // 2 * 4  # fp32, half leaves the rank, 4 exchanges per micro batch
+    assert ep_all_to_all_bytes(cfg, plan, "fp32") == expected
+    cfg.parallelism.activation_checkpointing = "full"  # the forward exchange again in the recompute
+    assert ep_all_to_all_bytes(cfg, plan, "fp32") == expected * 6 // 4
+    assert ep_all_to_all_bytes(tiny_moe(dp_shard=4), plan, "fp32") == 0  # control: no ep, no all-to-all
+    assert math.isclose(ep_all_to_all_bytes(tiny_moe(dp_shard=4, ep=4), plan, "fp32"), expected * 1.5)  # 3/4 leave
