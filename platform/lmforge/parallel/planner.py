@@ -349,7 +349,7 @@ def format_plan(plan: Plan) -> str:
                      f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step")
     lines += [
         f"FLOPs      {_si(plan.flops_per_token, 'FLOP')}/token (6N + attention), {_si(plan.flops_per_step, 'FLOP')}/step",
-        f"memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",
+        "memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",
     ]
     for name, n in bytes_table(mem):
         lines.append(f"  {name:<30} {gib(n):9.2f} GiB")
