@@ -108,7 +108,8 @@ def unsharded_grad_bytes(parts) -> int:
 
 
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
-             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None) -> dict:
+             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
+             drop_first_stage_router_loss: bool = False) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
@@ -119,6 +120,11 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     if not grad_sync:  # negative control: no DDP wrapper and no manual all-reduce
         assert not cfg.parallelism.overlap_grad_reduce and engine.manual_grad_sync
         engine.manual_grad_sync = False
+    if drop_first_stage_router_loss and engine.mesh["pp"].get_local_rank() == 0:  # negative control (MoE, pp > 1)
+        import dataclasses
+
+        for _, layer in engine.moe.layers:
+            layer.loss_cfg = dataclasses.replace(layer.loss_cfg, aux_loss_coef=0.0, z_loss_coef=0.0)
     data = FixedSamples(samples, eod)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
                          document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
