@@ -109,7 +109,7 @@ def unsharded_grad_bytes(parts) -> int:
 
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
              save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
-             expert_destination_shift: int = 0) -> dict:
+             expert_destination_shift: int = 0, drop_first_stage_router_loss: bool = False) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
@@ -125,6 +125,11 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
 
         for dispatch in token_dispatches(engine.inner):
             dispatch.destination_shift = expert_destination_shift
+    if drop_first_stage_router_loss and engine.mesh["pp"].get_local_rank() == 0:  # negative control (MoE, pp > 1)
+        import dataclasses
+
+        for _, layer in engine.moe.layers:
+            layer.loss_cfg = dataclasses.replace(layer.loss_cfg, aux_loss_coef=0.0, z_loss_coef=0.0)
     data = FixedSamples(samples, eod)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
                          document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)

@@ -107,24 +107,36 @@ def test_data_parallel_parity(data_parallel_runs, reference, case):
                                                           "global": [64, 64]}
 
 
+def assert_moe_parity(case: str, runs: List[dict], references: dict, data_parallel: bool = True) -> None:
+    """Losses, norms, the router's balancing bias of the layers each rank holds (loads summed over the ranks
+    before the update) and the expert-load metrics of every layer, on every rank, equal the single process's;
+    without data parallelism also the aux and z losses (with it they are each rank's own micro batches')."""
+    ref = references["moe"]
+    assert_parity(case, runs, ref)
+    assert ref["losses"] != references["untied"]["losses"]  # the MoE model is another model
+    assert 0 < ref["moe"]["moe/dropped"] < 0.5 and ref["moe"]["moe/aux_loss"] > 0
+    assert any(v != 0 for bias in ref["expert_bias"].values() for v in bias)
+    held = set()
+    for out in runs:
+        r = out[case]
+        assert set(r["expert_bias"]) <= set(ref["expert_bias"])  # a pipeline rank may hold no MoE layer
+        held |= set(r["expert_bias"])
+        for name, bias in r["expert_bias"].items():
+            assert bias == pytest.approx(ref["expert_bias"][name], abs=1e-7), name
+        assert r["moe"].keys() == ref["moe"].keys()
+        terms = () if data_parallel else ("moe/aux_loss", "moe/z_loss", "moe/layer1/z_loss", "moe/layer3/aux_loss")
+        for key in ("moe/layer1/load_max", "moe/layer3/load_max", "moe/dropped", "moe/load_max_over_mean") + terms:
+            assert r["moe"][key] == pytest.approx(ref["moe"][key], abs=1e-6), key
+    assert held == set(ref["expert_bias"])
+
+
 @pytest.mark.timeout(460)
 @pytest.mark.parametrize("case", ["moe_ddp", "moe_fsdp_ac", "moe_ep2"])
 def test_moe_data_parallel_parity(data_parallel_runs, references, case):
     """MoE under DDP and FSDP + full activation checkpointing (experts [E, d, h] sharded on dim 0; a recomputed
     forward must not count its router terms twice) matches the single process: losses, norms,
     the router's balancing bias (loads summed over the ranks before the update) and the expert-load metrics."""
-    ref = references["moe"]
-    assert_parity(case, data_parallel_runs, ref)
-    assert ref["losses"] != references["untied"]["losses"]  # the MoE model is another model
-    assert 0 < ref["moe"]["moe/dropped"] < 0.5 and ref["moe"]["moe/aux_loss"] > 0
-    assert any(v != 0 for bias in ref["expert_bias"].values() for v in bias)
-    for out in data_parallel_runs:
-        r = out[case]
-        assert r["expert_bias"].keys() == ref["expert_bias"].keys()
-        for name, bias in ref["expert_bias"].items():
-            assert r["expert_bias"][name] == pytest.approx(bias, abs=1e-7), name
-        for key in ("moe/layer1/load_max", "moe/dropped", "moe/load_max_over_mean"):
-            assert r["moe"][key] == pytest.approx(ref["moe"][key], abs=1e-6), key
+    assert_moe_parity(case, data_parallel_runs, references)
     if case == "moe_fsdp_ac":
         p = placement(data_parallel_runs, case, "layers.1.feed_forward.experts.w1")
         assert p["placements"] == ["S(0)"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
@@ -214,8 +226,10 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
              "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
              "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
              "tp2_sp_ac_docmask": docmask_case(["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"],
-                                               parity_samples)}
-    return _run(2, cases, parity_samples, timeout=240)
+                                               parity_samples),
+             "moe_tp2": {"overrides": ["parallelism=tp2"] + MOE},
+             "moe_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MOE}}
+    return _run(2, cases, parity_samples, timeout=300)
 
 
 @pytest.mark.timeout(400)
@@ -252,8 +266,13 @@ def pipeline_runs(parity_samples) -> List[dict]:
              "pp2_interleaved": {"overrides": ["parallelism=pp2_interleaved"]},
              "pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"]},
              "pp2_zbv": {"overrides": ["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble",
-                                       "parallelism.pp_virtual_stages=2"]}}
-    return _run(2, cases, parity_samples, timeout=240)
+                                       "parallelism.pp_virtual_stages=2"]},
+             "moe_pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"] + MOE},
+             "moe_pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"] + MOE},  # rank 0 holds no MoE layer
+             # negative control: the first stage's router losses left out of the backward (the old refusal's bug)
+             "moe_pp2_stage0_router_loss_dropped": {"overrides": ["parallelism=pp2"] + MOE,
+                                                   "drop_first_stage_router_loss": True}}
+    return _run(2, cases, parity_samples, timeout=300)
 
 
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
@@ -271,6 +290,38 @@ def test_pipeline_parallel_parity(pipeline_runs, reference, case):
         assert layers == PP_LAYERS[case][pp_rank], f"{case}: pipeline rank {pp_rank} holds layers {layers}"
         holds_last = "3" in layers
         assert (EMB in params) == (pp_rank == 0) and (OUT in params) == holds_last and ("norm.weight" in params) == holds_last
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("runs,case", [("pipeline_runs", "moe_pp2_1f1b_ac"), ("pipeline_runs", "moe_pp2_zero_bubble"),
+                                       ("tensor_parallel_runs", "moe_tp2"), ("tensor_parallel_runs", "moe_tp2_sp")])
+def test_moe_pipeline_and_tensor_parallel_parity(request, references, runs, case):
+    """MoE with pp2 (each stage's router losses enter the backward at its layers; full AC must not book a
+    recomputed forward twice; zero bubble splits the backward and leaves pipeline rank 0 without MoE layers,
+which still reports every layer's metrics) and with tp2 / tp2 + sequence parallel (attention
+    and the shared expert tensor-parallel, router and experts replicated) matches the single process, metrics
+    of every stage's layers on every rank included."""
+    per_rank = request.getfixturevalue(runs)
+    assert_moe_parity(case, per_rank, references, data_parallel=False)
+    if runs == "pipeline_runs":  # layers 1 and 3 are MoE (1F1B: one per rank; interleaved: both on rank 1)
+        bias = {layer: f"layers.{layer}.feed_forward.router.expert_bias" for layer in "13"}
+        expected = ([[bias["1"]], [bias["3"]]] if case == "moe_pp2_1f1b_ac" else [[], [bias["1"], bias["3"]]])
+        assert [sorted(out[case]["expert_bias"]) for out in per_rank] == expected
+        return
+    experts = placement(per_rank, case, "layers.1.feed_forward.experts.w1")
+    assert experts == {"placements": [], "mesh": [], "local": [4, 64, 64], "global": [4, 64, 64]}
+    assert placement(per_rank, case, "layers.1.feed_forward.router.gate.weight")["placements"] == []
+    shared = placement(per_rank, case, "layers.1.feed_forward.shared.w1.weight")
+    assert shared["placements"] == ["S(0)"] and shared["local"] == [32, 64]
+    assert placement(per_rank, case, "layers.1.attention.wq.weight")["local"] == [32, 64]
+    assert placement(per_rank, case, "layers.0.feed_forward.w1.weight")["placements"] == ["S(0)"]
+
+
+@pytest.mark.timeout(400)
+def test_negative_control_moe_pipeline_without_first_stage_router_loss_fails_parity(pipeline_runs, references):
+    """The first stage's router losses left out of the backward (what refusing pp guarded against): caught."""
+    with pytest.raises(AssertionError, match="loss|grad norm"):
+        assert_parity("moe_pp2_stage0_router_loss_dropped", pipeline_runs, references["moe"])
 
 
 @pytest.fixture(scope="module")

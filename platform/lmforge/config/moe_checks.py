@@ -65,11 +65,9 @@ def check_moe(cfg: RootConfig) -> None:
         raise ConfigError("model.moe.capacity_factor", f"must be > 0 or null, got {m.capacity_factor}",
                           "null = dropless, or e.g. 1.25")
     # Not wired (yet): refused rather than run with the router losses or the expert weights handled wrongly.
-    refused = [("parallelism.pp", p.pp > 1, "the router losses of earlier pipeline stages do not reach the loss",
-                "set parallelism.pp=1"),
-               ("parallelism.tp", p.tp > 1, "the tensor-parallel plan has no expert sharding",
-                "set parallelism.tp=1 (shard with dp_shard)"),
-               ("parallelism.cp", p.cp > 1, "context-parallel ranks route different tokens and the expert loads "
+    # pp (router losses through each stage's backward) and tp (experts replicated over tp) compose: model/moe.py,
+    # parallel/tensor_parallel.py.
+    refused = [("parallelism.cp", p.cp > 1, "context-parallel ranks route different tokens and the expert loads "
                 "(and the bias update) are summed over data-parallel ranks only", "set parallelism.cp=1"),
                ("parallelism.compile", p.compile, "torch.compile of the MoE block is not verified",
                 "set parallelism.compile=false"),

@@ -32,12 +32,21 @@ is what the grouped path is tested against; it reads the slice sizes on the host
 The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
 once by the engine over its model) adds them to the training loss and gathers the per-layer expert-load
 metrics. The engine, not this module, reduces the loads over ranks.
+
+Pipeline parallelism. A pipeline schedule backpropagates only the last stage's cross-entropy, so a router loss
+added after the forward would miss the earlier stages. There (``MoECollector.book_in_backward``) each MoE
+layer's output passes through ``RouterLossInBackward``: the identity forward, whose backward also starts the
+backward of the layer's router loss with gradient 1 (the schedule divides every gradient by the number of
+micro batches, as the single-process loss ``sum_j (ce_j + router_j) / n`` does) and books the forward's loads
+and terms. Backward runs once per micro batch and layer, also under activation checkpointing (whose recompute
+is never booked), so the step's metrics and bias update count each forward exactly once (the schedule's
+first-step metadata inference, a forward and backward on placeholder tensors, is not booked either).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +89,32 @@ class RoutingStats:
     tokens_per_expert: torch.Tensor  # [E] float32: assignments routed to each expert (before capacity)
     dropped: torch.Tensor  # scalar float32: assignments dropped by the capacity limit
     assignments: int  # N * top_k
+
+
+def router_loss_term(cfg: MoEConfig, stats: RoutingStats) -> torch.Tensor:
+    """One layer's share of the training loss: ``aux_loss_coef * aux + z_loss_coef * z``."""
+    return cfg.aux_loss_coef * stats.aux_loss + cfg.z_loss_coef * stats.z_loss
+
+
+def detached(stats: RoutingStats) -> RoutingStats:
+    return RoutingStats(stats.aux_loss.detach(), stats.z_loss.detach(), stats.tokens_per_expert, stats.dropped,
+                        stats.assignments)
+
+
+class RouterLossInBackward(torch.autograd.Function):
+    """``y`` unchanged; backward passes ``y``'s gradient through and gives ``loss`` gradient 1, so the router loss
+    of a layer on any pipeline stage reaches the parameters (``book(stats)`` records the forward it belongs to)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, loss: torch.Tensor, book: Callable[[RoutingStats], None],
+                stats: RoutingStats) -> torch.Tensor:
+        ctx.book, ctx.stats = book, stats
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.book(ctx.stats)
+        return grad, torch.ones((), dtype=torch.float32, device=grad.device), None, None
 
 
 class Router(nn.Module):
@@ -162,6 +197,10 @@ class MoEFeedForward(nn.Module):
         self.experts = Experts(cfg)
         self.shared = FeedForward(cfg, hidden=m.shared_experts * expert_hidden_dim(cfg)) if m.shared_experts else None
         self.last: Optional[RoutingStats] = None
+        self.loss_cfg = m
+        # Pipeline parallelism (MoECollector.book_in_backward): the router loss enters the backward here and this
+        # books the stats; None: the engine adds ``last``'s terms to the loss (MoECollector.router_loss).
+        self.book_in_backward: Optional[Callable[[RoutingStats], None]] = None
 
     def reset_buffers(self, device: Optional[torch.device] = None) -> None:
         self.router.expert_bias = torch.zeros(self.n_experts, dtype=torch.float32,
@@ -197,59 +236,92 @@ class MoEFeedForward(nn.Module):
             dropped=(order.numel() - keep.sum()).float() if keep is not None else load.new_zeros(()),
             assignments=n * k,
         )
+        if self.book_in_backward is not None and torch.is_grad_enabled():
+            y = RouterLossInBackward.apply(y, router_loss_term(self.loss_cfg, self.last), self.book_in_backward,
+                                           detached(self.last))
         return y.reshape(shape)
 
 
 class MoECollector:
     """The MoE layers of a model, as the engine sees them: their router loss for the training loss, the
-    step's expert loads (metrics, bias update). Empty (falsy) for a dense model, which it leaves untouched."""
+    step's expert loads (metrics, bias update). Falsy for a dense model, which it leaves untouched.
 
-    def __init__(self, model: nn.Module, cfg: MoEConfig):
+    ``layer_names``: every MoE layer of the whole model (``moe_layer_names``), when ``model`` is one pipeline
+    rank's part; the step's tensors (``counts``, ``terms``) have a row per layer of the whole model, this part's
+    rows filled, so that summing them over the pipeline ranks gives every stage's layers."""
+
+    def __init__(self, model: nn.Module, cfg: MoEConfig, layer_names: Optional[List[str]] = None):
         from lmforge.model.init import canonical_name
 
         self.cfg = cfg
         self.layers: List[Tuple[str, MoEFeedForward]] = [
             (canonical_name(name).replace(".feed_forward", "").replace("layers.", "layer"), m)
             for name, m in model.named_modules() if isinstance(m, MoEFeedForward)]
+        self.names = list(layer_names) if layer_names is not None else [name for name, _ in self.layers]
+        self.rows = [self.names.index(name) for name, _ in self.layers]
+        self.pending: List[List[RoutingStats]] = []  # pipeline parallelism: the backwards booked per row
+        self.micro_batches = 0
         self.reset()
 
     def __bool__(self) -> bool:
-        return bool(self.layers)
+        return bool(self.names)
 
     def reset(self) -> None:
-        n = len(self.layers)
-        self.loads: Optional[torch.Tensor] = None  # [L, E] assignments summed over the step's micro batches
-        self.dropped: Optional[torch.Tensor] = None  # [L]
-        self.assignments = 0
-        self.aux = [None] * n
-        self.z = [None] * n
-        self.micro_batches = 0
+        self.counts: Optional[torch.Tensor] = None  # [L, E + 1]: assignments per expert, then dropped; summed over
+        self.terms: Optional[torch.Tensor] = None  # [L, 3]: aux, z summed over the micro batches, their count
+
+    def _book(self, row: int, stats: RoutingStats) -> None:
+        if self.counts is None:
+            device = stats.tokens_per_expert.device
+            self.counts = torch.zeros(len(self.names), self.cfg.experts + 1, device=device)
+            self.terms = torch.zeros(len(self.names), 3, device=device)
+        self.counts[row, :-1] += stats.tokens_per_expert
+        self.counts[row, -1] += stats.dropped
+        self.terms[row] += torch.stack([stats.aux_loss.detach().float(), stats.z_loss.detach().float(),
+                                        stats.aux_loss.new_ones((), dtype=torch.float32)])
+
+    def book_in_backward(self, micro_batches: int) -> None:
+        """Pipeline parallelism: every layer adds its router loss to the backward at its output and books its
+        forward there (``RouterLossInBackward``); ``router_loss`` is then not called. A step books the last
+        ``micro_batches`` backwards of each layer: on the first step the schedule's metadata inference runs one
+        forward and backward on placeholder tensors before the real micro batches, which must not count."""
+        self.micro_batches = micro_batches
+        self.pending = [[] for _ in self.names]
+        for row, (_, m) in zip(self.rows, self.layers):
+            m.book_in_backward = self.pending[row].append
 
     def router_loss(self) -> torch.Tensor:
         """``aux_loss_coef * aux + z_loss_coef * z`` summed over the MoE layers of the last forward; also books
         that forward's loads and terms (detached) for ``step_metrics``."""
         total = None
-        stats = [m.last for _, m in self.layers]
-        for i, s in enumerate(stats):
-            term = self.cfg.aux_loss_coef * s.aux_loss + self.cfg.z_loss_coef * s.z_loss
+        for row, (_, m) in zip(self.rows, self.layers):
+            term = router_loss_term(self.cfg, m.last)
             total = term if total is None else total + term
-            self.aux[i] = s.aux_loss.detach() if self.aux[i] is None else self.aux[i] + s.aux_loss.detach()
-            self.z[i] = s.z_loss.detach() if self.z[i] is None else self.z[i] + s.z_loss.detach()
-        loads = torch.stack([s.tokens_per_expert for s in stats])
-        dropped = torch.stack([s.dropped for s in stats])
-        self.loads = loads if self.loads is None else self.loads + loads
-        self.dropped = dropped if self.dropped is None else self.dropped + dropped
-        self.assignments += stats[0].assignments
-        self.micro_batches += 1
+            self._book(row, m.last)
         return total
+
+    def step_tensors(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The step's ``counts`` and ``terms`` (zeros where this rank booked nothing), for the engine to reduce."""
+        for row, booked in enumerate(self.pending):
+            for stats in booked[-self.micro_batches:]:
+                self._book(row, stats)
+            booked.clear()
+        if self.counts is None:
+            self.counts = torch.zeros(len(self.names), self.cfg.experts + 1, device=device)
+            self.terms = torch.zeros(len(self.names), 3, device=device)
+        return self.counts, self.terms
 
     @torch.no_grad()
     def update_bias(self, loads: torch.Tensor) -> None:
-        """Aux-loss-free balancing: ``bias_e += rate * sign(mean load - load_e)`` per layer (``loads`` [L, E],
-        the same on every rank: the engine sums it over the data-parallel group first)."""
+        """Aux-loss-free balancing: ``bias_e += rate * sign(mean load - load_e)`` per layer (``loads`` [L, E], a
+        row per layer of ``names``, the same on every rank: the engine sums it over the ranks first)."""
         step = self.cfg.bias_update_rate * torch.sign(loads.mean(-1, keepdim=True) - loads)
-        for (_, m), delta in zip(self.layers, step):
-            m.router.expert_bias.add_(delta.to(m.router.expert_bias.device))
+        for row, (_, m) in zip(self.rows, self.layers):
+            m.router.expert_bias.add_(step[row].to(m.router.expert_bias.device))
+
+    @property
+    def loads(self) -> torch.Tensor:
+        return self.counts[:, :-1]
 
     def step_metrics(self) -> Dict[str, torch.Tensor]:
         """The step, as device scalars (read on the host only on logging steps), per layer (loads and drops summed
@@ -259,17 +331,25 @@ class MoECollector:
         micro batches); then the losses summed over layers, the dropped fraction and the worst layer's
         ``load_max_over_mean``. Resets the step's accumulators."""
         out: Dict[str, torch.Tensor] = {}
-        share = self.loads / self.loads.sum(-1, keepdim=True)
-        for i, (name, _) in enumerate(self.layers):
+        loads, dropped = self.counts[:, :-1], self.counts[:, -1]
+        assignments = loads.sum(-1)  # N * top_k per micro batch, before the capacity limit
+        share = loads / assignments[:, None]
+        mean_terms = self.terms[:, :2] / self.terms[:, 2:]
+        for i, name in enumerate(self.names):
             out[f"moe/{name}/load_max"] = share[i].max()
             out[f"moe/{name}/load_max_over_mean"] = share[i].max() * share.shape[-1]
             out[f"moe/{name}/load_min"] = share[i].min()
-            out[f"moe/{name}/dropped"] = self.dropped[i] / self.assignments
-            out[f"moe/{name}/aux_loss"] = self.aux[i] / self.micro_batches
-            out[f"moe/{name}/z_loss"] = self.z[i] / self.micro_batches
-        out["moe/aux_loss"] = torch.stack(self.aux).sum() / self.micro_batches
-        out["moe/z_loss"] = torch.stack(self.z).sum() / self.micro_batches
-        out["moe/dropped"] = self.dropped.sum() / (self.assignments * len(self.layers))
+            out[f"moe/{name}/dropped"] = dropped[i] / assignments[i]
+            out[f"moe/{name}/aux_loss"] = mean_terms[i, 0]
+            out[f"moe/{name}/z_loss"] = mean_terms[i, 1]
+        out["moe/aux_loss"] = mean_terms[:, 0].sum()
+        out["moe/z_loss"] = mean_terms[:, 1].sum()
+        out["moe/dropped"] = dropped.sum() / assignments.sum()
         out["moe/load_max_over_mean"] = share.max() * share.shape[-1]  # the worst layer
         self.reset()
         return out
+
+
+def moe_layer_names(cfg: ModelConfig) -> List[str]:
+    """The collector's names of the model's MoE layers (``layer<i>``, global index)."""
+    return [f"layer{i}" for i in moe_layer_ids(cfg)]

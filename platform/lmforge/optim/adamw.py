@@ -14,7 +14,19 @@ def param_groups(named_params: Iterable, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (decay if p.ndim >= 2 and "norm" not in name else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": kind, "weight_decay": wd} for params, wd in ((decay, weight_decay), (no_decay, 0.0))
+            for kind in _by_tensor_kind(params)]
+
+
+def _by_tensor_kind(params: list) -> list[list]:
+    """The fused / foreach kernels refuse a list mixing DTensors and plain tensors, which tensor parallelism
+    gives an MoE model (replicated experts and router are plain, model/moe.py): such a group is split in two.
+    Every other layout keeps one group each (the same optimizer state layout as before)."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [sharded, plain] if sharded and plain else [params]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:

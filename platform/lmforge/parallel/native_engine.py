@@ -18,7 +18,7 @@ from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
-from lmforge.model.moe import MoECollector
+from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
@@ -79,7 +79,11 @@ class NativeEngine:
         self.manual_grad_sync = par.manual_grad_sync
         self.context = par.context  # cp > 1: each rank's share of every sequence (parallel/context_parallel.py)
         self.optimizer = build_optimizer(self.inner, cfg.optim, device)
-        self.moe = MoECollector(self.inner, cfg.model.moe)  # the MoE layers' router losses and loads; empty: dense
+        # The MoE layers' router losses and loads (rows for every stage's layers); empty: dense.
+        self.moe = MoECollector(self.inner, cfg.model.moe, moe_layer_names(cfg.model))
+        if self.pipeline is not None and self.moe:
+            # the schedule backpropagates only the last stage's loss: router losses through backward (model/moe.py)
+            self.moe.book_in_backward(self.pipeline.n_microbatches)
         self.dp_group = self.mesh["dp"].get_group()
         # Losses are means over each rank's tokens: averaged over every rank holding a part of the batch (dp x cp).
         self.loss_group = self.mesh["dp_cp"].get_group() if self.dims.cp > 1 else self.dp_group
@@ -150,13 +154,18 @@ class NativeEngine:
         return StepResult(total, grad_norm, skip, self._moe_step() if self.moe else None)
 
     def _moe_step(self) -> Dict[str, torch.Tensor]:
-        """After the optimizer step: the step's expert loads summed over the data-parallel ranks (collective: one
-        small all-reduce), the aux-loss-free bias update from them (the same on every rank), and the metrics."""
-        counts = torch.cat([self.moe.loads, self.moe.dropped[:, None]], dim=1)
+        """After the optimizer step: the step's expert loads summed over the data-parallel ranks and, with pp > 1,
+        every stage's layers gathered (small all-reduces), the aux-loss-free bias update from them (the same on
+        every rank), and the metrics."""
+        counts, terms = self.moe.step_tensors(self.device)
+        if self.dims.pp > 1:  # each stage fills its own layers' rows
+            both = torch.cat([counts, terms], dim=1)
+            dist.all_reduce(both, group=self.pp_group)
+            counts, terms = both[:, :counts.shape[1]], both[:, counts.shape[1]:]
         if self.dims.dp > 1:
+            counts = counts.contiguous()
             dist.all_reduce(counts, group=self.dp_group)
-        self.moe.loads, self.moe.dropped = counts[:, :-1], counts[:, -1]
-        self.moe.assignments *= self.dims.dp
+        self.moe.counts, self.moe.terms = counts, terms.contiguous()
         if self.cfg.model.moe.bias_update_rate > 0:
             self.moe.update_bias(self.moe.loads)
         return self.moe.step_metrics()

@@ -17,6 +17,13 @@ The model reads local head counts from the weight shapes (``view(..., -1, head_d
   replicated plain tensor so the loss (and a pipeline stage boundary) sees ordinary tensors; every TP rank
   computes the identical loss.
 
+Mixture-of-Experts blocks (``model/moe.py``): attention as above; the router and the routed experts are
+replicated (plain parameters, each tp rank routes and computes every token of its batch: identical values and
+gradients on every tp rank, so no reduction is needed), the shared experts are column/row-parallel like the
+dense FFN with a replicated output. Under sequence parallelism the MoE block's input is gathered to the full
+sequence first (plain tensor, so routing and capacity see the same tokens as one device) and its output is
+cut back to this rank's sequence shard (a local slice; the backward all-gathers its gradient).
+
 Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
 sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
 a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add fails, see
@@ -30,21 +37,28 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               ParallelStyle, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                               RowwiseParallel, ParallelStyle, SequenceParallel, parallelize_module)
+
+from lmforge.model.moe import MoEFeedForward
 
 
-def block_plan(sequence_parallel: bool) -> dict:
-    """The TP plan of one transformer block (keys relative to the block)."""
+def block_plan(sequence_parallel: bool, moe: bool = False, shared_experts: bool = False) -> dict:
+    """The TP plan of one transformer block (keys relative to the block); ``moe``: its feed-forward is an
+    ``MoEFeedForward`` (with ``shared_experts``), whose router and routed experts stay out of the plan (replicated)."""
     plan = {
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
-        "feed_forward.w3": ColwiseParallel(),
     }
+    if not moe:
+        plan.update({"feed_forward.w1": ColwiseParallel(),
+                     "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
+                     "feed_forward.w3": ColwiseParallel()})
+    elif shared_experts:  # the shared experts' FFN: column/row-parallel, output replicated (added to the routed)
+        plan.update({"feed_forward.shared.w1": ColwiseParallel(), "feed_forward.shared.w3": ColwiseParallel(),
+                     "feed_forward.shared.w2": RowwiseParallel(output_layouts=Replicate())})
     if sequence_parallel:
         plan.update({
             "attention_norm": SequenceParallel(),
@@ -54,6 +68,10 @@ def block_plan(sequence_parallel: bool) -> dict:
                                             desired_input_layouts=(Replicate(), None, None)),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         })
+        if moe:  # the full sequence in as a plain tensor (routing sees one device's tokens), the shard out
+            plan["feed_forward"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
     return plan
 
 
@@ -76,7 +94,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         return
     parallelize_module(model, tp_mesh, outer_plan(model, sequence_parallel))
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel))
+        ffn = block.feed_forward
+        moe = isinstance(ffn, MoEFeedForward)
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, moe, moe and ffn.shared is not None))
 
 
 class VocabParallelOutput(ParallelStyle):
