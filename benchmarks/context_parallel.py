@@ -15,25 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import socket
 import statistics
 import time
 from pathlib import Path
 from typing import Dict, List
+
+from benchmarks.ranks import engine_on_rank, run_on_ranks
 
 LAYOUTS: Dict[str, tuple] = {  # name -> (world size, overrides)
     "cp1": (1, ["parallelism=single"]),
     "cp2_ring": (2, ["parallelism=cp2", "parallelism.cp_kv_exchange=ring"]),
     "cp2_allgather": (2, ["parallelism=cp2", "parallelism.cp_kv_exchange=allgather"]),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _storage(t):
@@ -80,22 +73,12 @@ def saved_activation_bytes(engine, tokens, targets) -> int:
 
 
 def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, threads: int, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
 
-    from lmforge.comm.process_group import destroy_process_group, init_process_group
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.comm.process_group import destroy_process_group
     from lmforge.data.loader import MicroBatch
-    from lmforge.parallel.native_engine import NativeEngine
-    from lmforge.runtime.hardware import pin_threads
 
-    pin_threads(threads, world)
-    cfg = validate(compose(overrides), world_size=world)
-    device = torch.device("cpu")
-    init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device)
+    cfg, engine = engine_on_rank(rank, world, port, overrides, threads)
     g = torch.Generator().manual_seed(7)  # the same sequence on every cp rank (one data-parallel group)
     T, V = cfg.model.seq_len, cfg.model.vocab_size
     tokens, targets = torch.randint(0, V, (1, T), generator=g), torch.randint(0, V, (1, T), generator=g)
@@ -114,22 +97,7 @@ def run(model: str, layout: str, seq_len: int, steps: int, threads: int) -> dict
     world, par = LAYOUTS[layout]
     overrides = [f"model={model}", "model.tie_embeddings=false", f"model.seq_len={seq_len}", *par, "comm=cpu_gloo",
                  "train.device=cpu", "train.precision=fp32", "train.micro_batch_size=1", "train.global_batch_size=1"]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, overrides, steps, threads, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=5)
-        except Exception:  # queue.Empty: stop waiting once a rank has died
-            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"{layout} seq_len {seq_len}: a rank exited with {failed}")
-    for p in procs:
-        p.join(timeout=120)
+    result = run_on_ranks(_rank, world, (overrides, steps, threads), f"{layout} seq_len {seq_len}")
     return {"world": world, "median_step_s": statistics.median(result["step_times"]), **result}
 
 

@@ -13,41 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import socket
 import statistics
 import time
 from pathlib import Path
 from typing import Dict, List
 
+from benchmarks.ranks import engine_on_rank, run_on_ranks
+
 LAYOUTS: Dict[str, List[str]] = {"ep1": ["parallelism=fsdp"], "ep2": ["parallelism=fsdp", "parallelism.ep=2"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, threads: int, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
 
-    from lmforge.comm.process_group import destroy_process_group, init_process_group
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.comm.process_group import destroy_process_group
     from lmforge.data.loader import MicroBatch
-    from lmforge.parallel.native_engine import NativeEngine
-    from lmforge.runtime.hardware import pin_threads
 
-    pin_threads(threads, world)
-    cfg = validate(compose(overrides), world_size=world)
-    device = torch.device("cpu")
-    init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device)
+    cfg, engine = engine_on_rank(rank, world, port, overrides, threads)
     spent = [0.0]
     exchange = dist.all_to_all_single
 
@@ -77,22 +60,7 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, th
 def run(layout: str, steps: int, batch: int, threads: int) -> dict:
     overrides = ["model=moe_smoke", *LAYOUTS[layout], "comm=cpu_gloo", "train.device=cpu", "train.precision=fp32",
                  f"train.micro_batch_size={batch}", f"train.global_batch_size={2 * batch}"]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, overrides, steps, threads, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=5)
-        except Exception:  # queue.Empty: stop waiting once a rank has died
-            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"{layout}: a rank exited with {failed}")
-    for p in procs:
-        p.join(timeout=120)
+    result = run_on_ranks(_rank, 2, (overrides, steps, threads), layout)
     step = statistics.median(result["step_times"])
     share = statistics.median(a / s for a, s in zip(result["all_to_all_times"], result["step_times"]))
     return {"median_step_s": step, "all_to_all_share": share, **result}
