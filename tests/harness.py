@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,6 +88,7 @@ def run_ranks(target: str, world_size: int, args: Optional[Dict[str, Any]] = Non
             payload = json.loads(res_file.read_text())
             value, error = payload.get("value"), payload.get("error")
         results.append(RankResult(rank, p.returncode, value, error, output))
+    shutil.rmtree(workdir, ignore_errors=True)  # the logs live on in RankResult.output (and in RanksFailed)
     if check and (timed_out or any(r.returncode != 0 or r.error for r in results)):
         head = f"{target} x{world_size} " + ("timed out after %.0fs" % timeout if timed_out else "failed")
         detail = "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.error or ''}\n{r.output[-4000:]}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 
@@ -18,8 +19,11 @@ def main() -> int:
     except BaseException:  # noqa: BLE001 - report everything, including SystemExit
         payload = {"error": traceback.format_exc()}
         code = 1
-    with open(result_path, "w") as fh:
+    # Written whole or not at all: a rank killed at the harness's timeout never leaves half a JSON file behind.
+    partial = result_path + ".partial"
+    with open(partial, "w") as fh:
         json.dump(payload, fh)
+    os.replace(partial, result_path)
     try:
         import torch.distributed as dist
 
