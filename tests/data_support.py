@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -19,8 +18,7 @@ def ensure_world() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        store = tempfile.mktemp(prefix="lmforge-data-pg-")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def data_config(cache: Path, weights: Dict[str, float], paths: Optional[Dict[str, str]] = None,

@@ -93,6 +93,9 @@ def test_local_script_restarts_a_crash_and_the_run_completes(local_run):
     crashes = list((run / "crashes").glob("step-00000003-DrillCrash-rank1-*.txt"))
     assert len(crashes) == 1 and "torchrun restart 0" in crashes[0].read_text().splitlines()[0], crashes
     assert not history or all(not h["deterministic"] for h in history), history
+    # torchrun's own logs stay in the run directory (not a new /tmp/torchelastic_* per launch): one per attempt.
+    attempts = sorted(p.name for p in (run / "torchelastic").glob("*/attempt_*"))
+    assert attempts == ["attempt_0", "attempt_1"], attempts
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,6 @@ recorded by rank 0 in ``<run>/comm_env.json``.
 from __future__ import annotations
 
 import datetime
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -53,9 +52,8 @@ def init_process_group(cfg: CommConfig, device: torch.device, run_dir: Optional[
             kwargs = {"device_id": device} if backend == "nccl" else {}
             dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
         else:
-            store_path = tempfile.mktemp(prefix="lmforge-pg-")
-            dist.init_process_group(backend=backend, init_method=f"file://{store_path}", rank=0, world_size=1,
-                                    timeout=timeout)
+            # A world of one needs no rendezvous: an in-process store (a file store left a file in /tmp per run).
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     world = WorldInfo(
         rank=dist.get_rank(), world_size=dist.get_world_size(),
         local_rank=local_rank(), local_world_size=local_world_size(), backend=backend,

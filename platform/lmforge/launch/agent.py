@@ -18,7 +18,9 @@ every worker to finish and ends the peers only on a failure, so they would block
 until its timeout, and a 0 exit would read as success.
 
 ``LMFORGE_RUN_DIR`` names the run directory (slurm/train.sh exports it via ``jobctl prepare``;
-``lmforge launch`` sets it); without it the agent refuses to start.
+``lmforge launch`` sets it); without it the agent refuses to start. torchrun's own logs and error files go to
+``<run>/torchelastic`` unless ``--log-dir`` is given (torchrun's default, a new ``/tmp/torchelastic_*`` per
+launch, was never removed: 414 of them after one day of this project's tests).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lmforge.runtime.env import read
+from lmforge.runtime.rundir import RunPaths
 
 RUN_DIR_ENV = "LMFORGE_RUN_DIR"
 
@@ -75,6 +78,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from torch.distributed.launcher import api
 
     api.LocalElasticAgent = agent_class(Path(run_dir))  # launch_agent() builds its agent from this name
+    if not any(a.split("=")[0] in ("--log-dir", "--log_dir") for a in argv):
+        argv = ["--log-dir", str(RunPaths(Path(run_dir)).torchelastic)] + argv
     try:
         torchrun.main(argv)
     except ChildFailedError as e:

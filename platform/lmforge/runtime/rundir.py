@@ -166,6 +166,12 @@ class RunPaths:
         return self.root / "crashes"
 
     @property
+    def torchelastic(self) -> Path:
+        """torchrun's own per-attempt worker logs and error files (lmforge.launch.agent; torch's default is a new
+        ``/tmp/torchelastic_*`` folder per launch, never removed)."""
+        return self.root / "torchelastic"
+
+    @property
     def done_marker(self) -> Path:
         return self.root / "DONE"
 
