@@ -132,7 +132,8 @@ def test_cli_prints_plan_and_exit_codes(capsys):
 
     assert plan_main(["--json"] + G1 + ["cluster.nodes=2"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1, "ep": 1} and data["fits"] is True
+    assert data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1, "cp": 1, "ep": 1} and data["fits"] is True
+    assert data["cp_exchange_bytes_per_step"] == 0
     assert data["memory_total_bytes"] == sum(data["memory_bytes"].values())
     assert set(data["activations_by_mode_bytes"]) == {"none", "selective", "full"}
 
