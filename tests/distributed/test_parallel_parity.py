@@ -325,9 +325,9 @@ def test_negative_control_moe_pipeline_without_first_stage_router_loss_fails_par
 
 
 # Expert parallelism with tensor / pipeline parallelism (4 ranks each): ep2 x TP+SP 2 (the ep2 x tp2 checkpoint is
-# resumed at plain FSDP over 4 ranks) and ep2 x pp2 (1F1B, full AC); each with a misrouted-token control of 1 step.
+# resumed at plain FSDP over 4 ranks) and ep2 x pp2 (1F1B); each with a misrouted-token control of 1 step.
 EP2_TP2_SP = ["parallelism=tp2_dp2", "parallelism.ep=2"] + MOE
-EP2_PP2_AC = ["parallelism=pp2_dp2", "parallelism.ep=2", "parallelism.activation_checkpointing=full"] + MOE
+EP2_PP2 = ["parallelism=pp2_dp2", "parallelism.ep=2"] + MOE
 
 
 def ep_tp_pp_cases(samples, checkpoint: str) -> dict:
@@ -336,9 +336,9 @@ def ep_tp_pp_cases(samples, checkpoint: str) -> dict:
             "moe_ep2_tp2_resume": {"call": "distributed.expert_parallel_worker:resume_across_ep",
                                    "args": {"layouts": resume, "samples": samples, "steps": STEPS,
                                             "checkpoint": checkpoint}},
-            "moe_ep2_pp2_1f1b_ac": {"overrides": EP2_PP2_AC},
+            "moe_ep2_pp2_1f1b": {"overrides": EP2_PP2},
             "moe_ep2_tp2_sp_misrouted": {"overrides": EP2_TP2_SP, "steps": 1, "expert_destination_shift": 1},
-            "moe_ep2_pp2_misrouted": {"overrides": EP2_PP2_AC, "steps": 1, "expert_destination_shift": 1}}
+            "moe_ep2_pp2_misrouted": {"overrides": EP2_PP2, "steps": 1, "expert_destination_shift": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -419,11 +419,11 @@ def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
 
 
 @pytest.mark.timeout(650)
-@pytest.mark.parametrize("case", ["moe_ep2_tp2_sp", "moe_ep2_pp2_1f1b_ac"])
+@pytest.mark.parametrize("case", ["moe_ep2_tp2_sp", "moe_ep2_pp2_1f1b"])
 def test_expert_parallel_with_tensor_or_pipeline_parallel_parity(four_rank_runs, references, case):
     """ep2 x TP+SP 2: every tp rank routes the full (gathered) sequence of its batch and dispatches it over its own ep
     group (the ranks with the same tp index), so the tp peers compute identical expert outputs and gradients;
-    ep2 x pp2 (1F1B, full AC): each stage's MoE layers dispatch over that stage's ep group, the router losses enter
+    ep2 x pp2 (1F1B): each stage's MoE layers dispatch over that stage's ep group, the router losses enter
     each stage's backward. Losses, norms, the balancing bias and the loads (summed over pp and dp) match."""
     runs = four_rank_runs
     assert_moe_parity(case, runs, references)
@@ -452,7 +452,7 @@ def test_expert_parallel_with_tensor_or_pipeline_negative_control_misrouted_toke
     for out in four_rank_runs:
         loss = out[case]["losses"][0]
         assert abs(loss - ref) > 10 * TOL, f"{case} rank {out[case]['rank']}: misrouted loss {loss} matches {ref}"
-        assert abs(out[case.replace("_misrouted", "_1f1b_ac" if "pp2" in case else "")]["losses"][0] - ref) < TOL
+        assert abs(out[case.replace("_misrouted", "_1f1b" if "pp2" in case else "")]["losses"][0] - ref) < TOL
 
 
 @pytest.mark.timeout(650)
