@@ -112,7 +112,8 @@ def test_planner_experts_and_all_to_all_with_tp_and_pp(capsys):
     assert ep_all_to_all_bytes(looped, plan, "fp32") == ep2  # layers 1 and 3 both on pipeline rank 1
     expert_numel = 3 * m.d_model * expert_hidden_dim(m)
     for tp_rank in (0, 1):  # 4 of 8 experts per MoE layer on every tp rank: not split by tp
-        assert state_bytes(tiny_moe(dp_shard=2, ep=2, tp=2), "fp32", tp_rank=tp_rank).expert_numel == 2 * 4 * expert_numel
+        st = state_bytes(tiny_moe(dp_shard=2, ep=2, tp=2), "fp32", tp_rank=tp_rank)
+        assert st.expert_numel == 2 * 4 * expert_numel
     for pp_rank in (0, 1):  # a stage holds its own MoE layer's experts
         assert state_bytes(tiny_moe(dp_shard=2, ep=2, pp=2), "fp32", pp_rank=pp_rank).expert_numel == 4 * expert_numel
     base = ["model=tiny", "model.moe.experts=4", "model.moe.top_k=2", "parallelism.dp_shard=2", "parallelism.ep=2",
