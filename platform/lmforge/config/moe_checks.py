@@ -29,6 +29,9 @@ def check_expert_parallel(cfg: RootConfig) -> None:
                           "gives gradients that differ from the single process (measured on gloo, the dense model "
                           "too: step-1 gradient norm 0.913 vs 1.087)", "use pp_schedule=1F1B or Interleaved1F1B "
                           "with parallelism.ep > 1")
+    if p.tp > 1 and p.pp > 1:
+        raise ConfigError("parallelism.ep", f"ep={p.ep} with both tp ({p.tp}) and pp ({p.pp}) is not verified (ep x tp "
+                          "and ep x pp are, each on 4 ranks)", "set parallelism.tp=1 or parallelism.pp=1 with ep > 1")
     # Not verified with expert parallelism (ep x tp and ep x pp compose: parallel/expert_parallel.py; ep with
     # cp/compile stays refused until its parity is shown).
     for key, hit in (("parallelism.cp", p.cp > 1), ("parallelism.compile", p.compile)):
