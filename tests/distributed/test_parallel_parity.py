@@ -324,8 +324,26 @@ def test_negative_control_moe_pipeline_without_first_stage_router_loss_fails_par
         assert_parity("moe_pp2_stage0_router_loss_dropped", pipeline_runs, references["moe"])
 
 
+# Expert parallelism with tensor / pipeline parallelism (4 ranks each): ep2 x TP+SP 2 (the ep2 x tp2 checkpoint is
+# resumed at plain FSDP over 4 ranks) and ep2 x pp2 (1F1B); each with a misrouted-token control of 1 step.
+EP2_TP2_SP = ["parallelism=tp2_dp2", "parallelism.ep=2"] + MOE
+EP2_PP2 = ["parallelism=pp2_dp2", "parallelism.ep=2"] + MOE
+
+
+def ep_tp_pp_cases(samples, checkpoint: str) -> dict:
+    resume = {"ep1_fsdp4": ["parallelism=fsdp", "parallelism.dp_shard=4"] + MOE}
+    return {"moe_ep2_tp2_sp": {"overrides": EP2_TP2_SP, "save_to": checkpoint},
+            "moe_ep2_tp2_resume": {"call": "distributed.expert_parallel_worker:resume_across_ep",
+                                   "args": {"layouts": resume, "samples": samples, "steps": STEPS,
+                                            "checkpoint": checkpoint}},
+            "moe_ep2_pp2_1f1b": {"overrides": EP2_PP2},
+            "moe_ep2_tp2_sp_misrouted": {"overrides": EP2_TP2_SP, "steps": 1, "expert_destination_shift": 1},
+            "moe_ep2_pp2_misrouted": {"overrides": EP2_PP2, "steps": 1, "expert_destination_shift": 1}}
+
+
 @pytest.fixture(scope="module")
-def four_rank_runs(parity_samples) -> List[dict]:
+def four_rank_runs(parity_samples, tmp_path_factory) -> List[dict]:
+    ep_tp_checkpoint = str(tmp_path_factory.mktemp("ep2_tp2_checkpoint"))
     cases = {"tp2_dp2": {"overrides": ["parallelism=tp2_dp2"]},
              "pp2_dp2_ac": {"overrides": ["parallelism=pp2_dp2", "parallelism.activation_checkpointing=full"]},
              "tp2_pp2": {"overrides": ["parallelism=tp2_pp2"]},
@@ -343,11 +361,12 @@ def four_rank_runs(parity_samples) -> List[dict]:
              "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
              # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
              "moe_ep2_dp2_ac": {"overrides": ["parallelism=fsdp", "parallelism.dp_shard=4", "parallelism.ep=2",
-                                              "parallelism.activation_checkpointing=full"] + MOE}}
-    return _run(4, cases, parity_samples, timeout=480)  # 360 before cp2_pp2 and moe_ep2_dp2_ac joined the launch
+                                              "parallelism.activation_checkpointing=full"] + MOE},
+             **ep_tp_pp_cases(parity_samples, ep_tp_checkpoint)}
+    return _run(4, cases, parity_samples, timeout=570)  # 360 before cp2_pp2 and moe_ep2_dp2_ac, 480 before ep x tp/pp
 
 
-@pytest.mark.timeout(560)
+@pytest.mark.timeout(650)
 @pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
                                   "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
@@ -383,7 +402,7 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
         assert p["mesh"] == ["dp_replicate", "dp_shard"] and p["placements"] == ["R", "S(0)"] and p["local"] == [32, 64]
 
 
-@pytest.mark.timeout(560)
+@pytest.mark.timeout(650)
 def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
     """ep2 x dp2: 4 FSDP ranks, two ep groups of 2; an expert is held by one rank of each group and its gradient
     reduced over those two only (divided by the full dp degree): losses, norms, the balancing bias, the loads."""
@@ -399,7 +418,56 @@ def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
         assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [1, 64, 64] and p["global"] == [4, 64, 64]
 
 
-@pytest.mark.timeout(560)
+@pytest.mark.timeout(650)
+@pytest.mark.parametrize("case", ["moe_ep2_tp2_sp", "moe_ep2_pp2_1f1b"])
+def test_expert_parallel_with_tensor_or_pipeline_parallel_parity(four_rank_runs, references, case):
+    """ep2 x TP+SP 2: every tp rank routes the full (gathered) sequence of its batch and dispatches it over its own ep
+    group (the ranks with the same tp index), so the tp peers compute identical expert outputs and gradients;
+    ep2 x pp2 (1F1B): each stage's MoE layers dispatch over that stage's ep group, the router losses enter
+    each stage's backward. Losses, norms, the balancing bias and the loads (summed over pp and dp) match."""
+    runs = four_rank_runs
+    assert_moe_parity(case, runs, references)
+    for out in runs:
+        r = out[case]
+        c = r["coords"]
+        assert c["ep"] == c["dp_shard"]  # one dp_shard_mod_ep group: ep is the whole dp_shard
+        if case == "moe_ep2_tp2_sp":
+            assert r["rank"] == 2 * c["ep"] + c["tp"]  # ep groups {0, 2} and {1, 3}: the same tp index
+            layer = "layers.1.feed_forward"
+            assert r["params"][f"{layer}.shared.w1.weight"]["mesh"] == ["dp_shard", "tp"]
+            assert r["params"]["layers.1.attention.wq.weight"]["local"] == [16, 64]
+        else:  # 1F1B: layers 0-1 on pipeline rank 0, 2-3 on rank 1; MoE layers 1 and 3
+            layer = f"layers.{2 * c['pp'] + 1}.feed_forward"
+            assert f"layers.{2 * (1 - c['pp']) + 1}.feed_forward.experts.w1" not in r["params"]
+        p = r["params"][f"{layer}.experts.w1"]  # 2 of 4 experts per rank, split over ep and replicated over tp
+        assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
+
+
+@pytest.mark.timeout(650)
+@pytest.mark.parametrize("case", ["moe_ep2_tp2_sp_misrouted", "moe_ep2_pp2_misrouted"])
+def test_expert_parallel_with_tensor_or_pipeline_negative_control_misrouted_tokens(four_rank_runs, references, case):
+    """The same layouts with every token sent to the other ep rank's experts (one step): the first loss is off by
+    far more than the parity tolerance, on every rank (the correct layouts match it within 1e-5)."""
+    ref = references["moe"]["losses"][0]
+    for out in four_rank_runs:
+        loss = out[case]["losses"][0]
+        assert abs(loss - ref) > 10 * TOL, f"{case} rank {out[case]['rank']}: misrouted loss {loss} matches {ref}"
+        assert abs(out[case.replace("_misrouted", "_1f1b" if "pp2" in case else "")]["losses"][0] - ref) < TOL
+
+
+@pytest.mark.timeout(650)
+def test_expert_parallel_with_tensor_parallel_checkpoint_resumes_at_plain_fsdp(four_rank_runs, data_parallel_runs):
+    """Saved at ep2 x TP+SP 2 (experts Shard(0) over ep, replicated over tp; dense parts FSDP x TP), resumed at plain
+    FSDP over 4 ranks (ep1, no tp): its sixth step equals the sixth step of the ep2 (2-rank) checkpoint resumed at
+    ep2: the same model and data after 5 steps, reached by another layout (1e-5)."""
+    ep2 = data_parallel_runs[0]["moe_ep2_resume"]["ep2"]
+    for out in four_rank_runs:
+        resumed = out["moe_ep2_tp2_resume"]["ep1_fsdp4"]
+        assert abs(resumed["loss"] - ep2["loss"]) < TOL, f"rank {out['moe_ep2_tp2_sp']['rank']}: step 6 loss"
+        assert abs(resumed["grad_norm"] - ep2["grad_norm"]) < NORM_RTOL * ep2["grad_norm"]
+
+
+@pytest.mark.timeout(650)
 def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
     """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
     from distributed.test_context_parallel import KERNEL_TOL, KERNEL_VARIANTS
@@ -417,7 +485,7 @@ def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
 BF16_EVAL_TOL = 1e-6
 
 
-@pytest.mark.timeout(560)
+@pytest.mark.timeout(650)
 def test_pipeline_eval_with_bf16_params_matches_single_process(four_rank_runs, references):
     bf16, fp32 = references["bf16_init"]["eval_loss"], references["fp32_init"]["eval_loss"]
     assert abs(bf16 - fp32) > 50 * BF16_EVAL_TOL, "negative control: bf16 and fp32 evaluation must be told apart"

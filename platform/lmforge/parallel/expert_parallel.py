@@ -22,6 +22,12 @@ state-dict keys are those of one process: DCP reshards checkpoints across ep siz
 FSDP-shards each layer's experts over the ranks holding the same experts (``dp_shard_mod_ep``; HSDP with
 ``dp_replicate``: replicas hold the same expert shards), with the gradient divided by the whole data-parallel degree: an expert's gradient is already
 a sum over its ep group, so dividing by the size of the experts' own data-parallel group alone would count it ep times.
+
+With tensor parallelism the router and the routed experts are replicated over tp (parallel/tensor_parallel.py):
+every tp rank routes the same tokens (its data rank's micro batch; under SP the MoE block gathers the sequence
+first) and dispatches them over its own ep group, ``mesh["ep"]`` at its tp index, so the tp peers hold identical
+expert outputs and gradients and nothing is reduced over tp. With pipeline parallelism ``mesh["ep"]`` is the ep
+group of this rank's stage(s): both ranks of a group run the same schedule, so their exchanges pair up.
 """
 from __future__ import annotations
 

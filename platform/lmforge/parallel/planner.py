@@ -26,8 +26,8 @@ from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.model.moe import moe_layer_ids
-from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
-                                              estimate_memory, gib, resolve_precision)
+from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, chunk_owner,
+                                              dtypes_for, estimate_memory, gib, resolve_precision, stages_per_rank)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
@@ -175,17 +175,31 @@ def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
 
 def ep_all_to_all_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     """Bytes of token rows one ep rank sends per optimizer step by all-to-all (0 without ep), assuming balanced
-    routing: per MoE layer and micro batch its ``micro * seq_len * top_k`` assignments of d_model values, of which
-    (ep-1)/ep go to other ranks, once to dispatch and once to combine in forward, the same two (gradients) in
-    backward, and the forward pair again under full activation checkpointing. The counts exchange (E integers)
-    is left out."""
+    routing: per MoE layer its step's ``micro * grad_accum * seq_len * top_k`` assignments of d_model values (the
+    pipeline's micro batches split the same rows), of which (ep-1)/ep go to other ranks, once to dispatch and once
+    to combine in forward, the same two (gradients) in backward, and the forward pair again under full activation
+    checkpointing; over the MoE layers of the pipeline rank holding most (``moe_layers_per_pipeline_rank``). With
+    tp every tp rank routes and dispatches its whole sequence (gathered first under sequence parallelism) over its
+    own ep group, so tp does not divide the rows. The counts exchange (E integers) is left out."""
     p, m = cfg.parallelism, cfg.model
     if p.ep == 1:
         return 0
-    rows = batch.micro_batch_size * m.seq_len * m.moe.top_k
+    rows = batch.micro_batch_size * batch.grad_accum * m.seq_len * m.moe.top_k
     exchanges = 4 + (2 if p.activation_checkpointing == "full" else 0)
     per_layer = rows * m.d_model * dtypes_for(cfg, precision).compute * (p.ep - 1) // p.ep * exchanges
-    return len(moe_layer_ids(m)) * (p.pp_microbatches or batch.grad_accum) * per_layer
+    return moe_layers_per_pipeline_rank(cfg) * per_layer
+
+
+def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
+    """MoE layers held by the pipeline rank holding the most (every MoE layer without pp)."""
+    p, m = cfg.parallelism, cfg.model
+    ids = moe_layer_ids(m)
+    if p.pp == 1:
+        return len(ids)
+    chunks = p.pp * stages_per_rank(cfg)
+    per_chunk = -(-m.n_layers // chunks)  # (as memory_estimate.state_bytes splits the layers)
+    owners = [chunk_owner(layer // per_chunk, p.pp, p.pp_schedule) for layer in ids]
+    return max(owners.count(rank) for rank in range(p.pp))
 
 
 def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
@@ -343,8 +357,10 @@ def format_plan(plan: Plan) -> str:
     if p.ep > 1:  # expert parallelism: experts per rank, their state, the token all-to-all
         st = mem.state
         expert_bytes = st.expert_numel * (2 + ADAMW_STATES) * mem.dtypes.param
+        where = (f" in each of its {moe_layers_per_pipeline_rank(cfg)} MoE layers" if p.pp > 1 else "") + \
+            (f", replicated over tp {p.tp}" if p.tp > 1 else "")
         lines.append(f"ep         {p.ep} ranks per expert group (of dp_shard {p.dp_shard}): {m.moe.experts // p.ep} of "
-                     f"{m.moe.experts} experts per rank, FSDP over {p.dp_shard // p.ep}; experts' "
+                     f"{m.moe.experts} experts per rank{where}, FSDP over {p.dp_shard // p.ep}; experts' "
                      f"parameters+gradients+AdamW {gib(expert_bytes):.3f} GiB per device; token all-to-all "
                      f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step")
     lines += [

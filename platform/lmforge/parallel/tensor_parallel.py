@@ -22,7 +22,8 @@ replicated (plain parameters, each tp rank routes and computes every token of it
 gradients on every tp rank, so no reduction is needed), the shared experts are column/row-parallel like the
 dense FFN with a replicated output. Under sequence parallelism the MoE block's input is gathered to the full
 sequence first (plain tensor, so routing and capacity see the same tokens as one device) and its output is
-cut back to this rank's sequence shard (a local slice; the backward all-gathers its gradient).
+cut back to this rank's sequence shard (a local slice; the backward all-gathers its gradient). With expert
+parallelism the routed experts are then split over ep and still replicated over tp (parallel/expert_parallel.py).
 
 Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
 sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
