@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from distributed.parity_cases import MOE, docmask_case
+from distributed.parity_cases import MOE, docmask_case, docmask_pipeline_cases
 from harness import run_ranks
 
 STEPS = 5
@@ -210,14 +210,24 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
 
 
 @pytest.mark.timeout(460)
-@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask")])
+@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask"),
+                                       ("pipeline_runs", "pp2_1f1b_ac_docmask"),
+                                       ("pipeline_runs", "pp2_zero_bubble_docmask")])
 def test_document_masking_parity(request, references, runs, case):
-    """data.document_masking under FSDP and TP + sequence parallel + activation checkpointing: the single-process
-    masked losses within 1e-5;
+    """data.document_masking under FSDP, TP + sequence parallel + activation checkpointing, and two pipeline
+    stages (1F1B + full AC, zero bubble; parity_cases.docmask_pipeline_cases): the single-process masked losses
+    within 1e-5;
     control: masking changes the losses (the masked reference is not the unmasked one)."""
     assert_parity(case, request.getfixturevalue(runs), references["docmask"])
     masked, plain = references["docmask"]["losses"], references["untied"]["losses"]
     assert max(abs(a - b) for a, b in zip(masked, plain)) > 1e-3
+
+
+@pytest.mark.timeout(460)
+def test_negative_control_later_stage_with_wrong_micro_batch_positions_fails_parity(pipeline_runs, references):
+    """The later pipeline rank's stages given the document positions of the previous micro batch: caught."""
+    with pytest.raises(AssertionError, match="loss"):
+        assert_parity("pp2_docmask_wrong_micro_batch", pipeline_runs, references["docmask"])
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +282,8 @@ def pipeline_runs(parity_samples) -> List[dict]:
              # negative control: the first stage's router losses left out of the backward (the old refusal's bug)
              "moe_pp2_stage0_router_loss_dropped": {"overrides": ["parallelism=pp2"] + MOE,
                                                    "drop_first_stage_router_loss": True}}
-    return _run(2, cases, parity_samples, timeout=300)
+    cases.update(docmask_pipeline_cases(parity_samples))
+    return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three document-masking cases)
 
 
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
@@ -340,11 +351,23 @@ def four_rank_runs(parity_samples) -> List[dict]:
                                                     "parallelism.activation_checkpointing=full"]},
              "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
              "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
+             # cp2 x pp2 x document masking, full AC (each stage's micro batch positions, masked ring blocks)
+             "cp2_pp2_ac_docmask": docmask_case(["parallelism=cp2_pp2", "parallelism.activation_checkpointing=full"],
+                                                parity_samples),
              "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
              # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
              "moe_ep2_dp2_ac": {"overrides": ["parallelism=fsdp", "parallelism.dp_shard=4", "parallelism.ep=2",
                                               "parallelism.activation_checkpointing=full"] + MOE}}
-    return _run(4, cases, parity_samples, timeout=480)  # 360 before cp2_pp2 and moe_ep2_dp2_ac joined the launch
+    return _run(4, cases, parity_samples, timeout=540)  # 360 before cp2_pp2 and moe_ep2_dp2_ac, 480 before cp2_pp2_ac_docmask
+
+
+@pytest.mark.timeout(620)
+def test_context_and_pipeline_parallel_document_masking_parity(four_rank_runs, references):
+    """cp2 x pp2 (1F1B, full AC) with data.document_masking: every stage gets its micro batch's whole document
+    positions, each cp rank rotates and masks its two chunks by them; the single-process masked losses within 1e-5."""
+    assert_parity("cp2_pp2_ac_docmask", four_rank_runs, references["docmask"])
+    coords = sorted((r["cp2_pp2_ac_docmask"]["coords"]["pp"], r["cp2_pp2_ac_docmask"]["dp_rank"]) for r in four_rank_runs)
+    assert coords == [(0, 0), (0, 0), (1, 0), (1, 0)]  # two stages, each over a cp pair, one data-parallel replica
 
 
 @pytest.mark.timeout(560)

@@ -176,18 +176,12 @@ def test_loader_emits_positions_from_megatron_samples_and_masks_the_loss_after_e
     assert found >= 3, "the books corpus must put EODs inside these samples"
 
 
-def test_validate_refuses_pipeline_parallelism_and_flex_where_it_cannot_train():
+def test_validate_refuses_flex_where_it_cannot_train():
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
 
     sizes = ["model=tiny", "train.micro_batch_size=2", "train.global_batch_size=8"]
     base = sizes + ["data.document_masking=true"]
-    with pytest.raises(ConfigError) as e:
-        validate(compose(base + ["parallelism=pp2"]), world_size=2)
-    assert str(e.value) == (
-        "config key 'data.document_masking': is not supported with parallelism.pp=2: later pipeline stages get "
-        "hidden states only, not the tokens the document boundaries come from. Fix: set parallelism.pp=1 (use "
-        "dp_shard/tp instead) or data.document_masking=false")
     with pytest.raises(ConfigError, match="flex cannot train on the CPU: torch's FlexAttention has no backward"):
         validate(compose(base + ["data.document_attention=flex", "train.device=cpu"]), world_size=1)
     with pytest.raises(ConfigError, match="flex without parallelism.compile=true"):
@@ -196,6 +190,8 @@ def test_validate_refuses_pipeline_parallelism_and_flex_where_it_cannot_train():
     validate(compose(base + ["data.document_attention=flex", "train.device=cuda", "parallelism.compile=true"]),
              world_size=1)
     validate(compose(base + ["parallelism=ddp"]), world_size=2)
+    for layout, world in (("pp2_zb", 2), ("cp2_pp2", 4)):  # pipelines take document masking (parity: distributed/)
+        validate(compose(base + [f"parallelism={layout}"]), world_size=world)
     validate(compose(sizes + ["parallelism=pp2", "data.document_attention=flex"]), world_size=2)  # masking off
 
 

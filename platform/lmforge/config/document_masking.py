@@ -1,7 +1,8 @@
 """The checks of document-masked packing (``data.document_masking``, ``data.document_attention``); docs/data.md.
 
-- Pipeline parallelism is refused: a later stage receives hidden states only, not the tokens the document
-  positions come from (lmforge.parallel.pipeline passes tensors, and only one per stage).
+- Every layout runs it: with pipeline parallelism each stage gets its micro batch's document positions as a
+  keyword stage input (lmforge.parallel.pipeline), with context parallelism the exchange masks by document
+  (config/context_parallel.py has the cp-specific checks).
 - ``flex`` trains on CUDA only: torch 2.13's FlexAttention has no backward on CPU (forward only, eager or
   compiled). On CUDA it needs ``parallelism.compile=true``: eager FlexAttention is torch's unfused reference,
   which materialises the full score matrix (more memory than ``sdpa``). ``sdpa`` is the exact reference on
@@ -21,10 +22,6 @@ def check_document_masking(cfg, device: Optional[str] = None) -> None:
     device = device or cfg.train.device
     if not data.document_masking:
         return
-    if par.pp > 1:
-        raise ConfigError("data.document_masking", f"is not supported with parallelism.pp={par.pp}: later pipeline "
-                          "stages get hidden states only, not the tokens the document boundaries come from",
-                          "set parallelism.pp=1 (use dp_shard/tp instead) or data.document_masking=false")
     if data.document_attention != "flex":
         return
     if device == "cpu":
