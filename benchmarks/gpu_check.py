@@ -244,7 +244,8 @@ def mfu(tflops: float) -> dict:
 
 # ----------------------------------------------------------------------------------------------- checks
 def check_matmul() -> float:
-    return round(measure_matmul_tflops(S.device, torch.bfloat16, S.matmul_n, best=S.device.type == "cpu"), 3)
+    # 4 significant digits: a dry run's CPU rate (~1e-3 TFLOP/s, less under load) must not round to 0
+    return float(f"{measure_matmul_tflops(S.device, torch.bfloat16, S.matmul_n, best=S.device.type == 'cpu'):.4g}")
 
 
 def check_flash_sdpa() -> dict:
