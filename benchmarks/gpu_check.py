@@ -19,6 +19,9 @@ and the JSON is rewritten after every check so a timeout still leaves data):
   <model>_eager / _compiled   bare loop: GPT + fused AdamW under bf16 autocast (gpt_125m, gpt_1b)
   <model>_engine         the trainer's path: NativeEngine.train_step (bf16-mixed, fused AdamW, compile on),
                          with the platform-overhead ratio engine step / bare compiled step
+  document_attention_varlen  data.document_attention=varlen vs sdpa: a tiny document-masked GPT, a few bf16
+                         steps each from the same init; the loss difference and the step-time ratio (the dry run
+                         puts an SDPA loop over the same cu_seqlens in place of the CUDA-only varlen_attn)
   engine_no_host_sync    one non-logging engine step (after warm-up): on GPU under
                          torch.cuda.set_sync_debug_mode("error") (a host sync fails the check); on CPU the
                          aten._local_scalar_dense calls are counted and reported (no failure)
@@ -90,7 +93,7 @@ CPU_PRESETS = {
 def gpu_sizes() -> Sizes:
     est = {"matmul_tflops": 5, "flash_sdpa": 5, "bf16_step": 10, "process_group_world_1": 10, "fsdp2_one_device": 15,
            "compile_block": 40, "gpt_125m_eager": 15, "gpt_125m_compiled": 45, "gpt_125m_engine": 35,
-           "engine_no_host_sync": 5, "gpt_1b_compiled": 120, "gpt_1b_engine": 80}
+           "engine_no_host_sync": 5, "document_attention_varlen": 20, "gpt_1b_compiled": 120, "gpt_1b_engine": 80}
     tiny = ModelConfig(name="tiny", vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
     return Sizes(torch.device("cuda", 0), 8192, (2, 16, 2048, 128), tiny, 8, 20, 1.0, GPU_PRESETS, 9, 3, 445.0, est)
 
@@ -241,7 +244,8 @@ def mfu(tflops: float) -> dict:
 
 # ----------------------------------------------------------------------------------------------- checks
 def check_matmul() -> float:
-    return round(measure_matmul_tflops(S.device, torch.bfloat16, S.matmul_n, best=S.device.type == "cpu"), 3)
+    # 4 significant digits: a dry run's CPU rate (~1e-3 TFLOP/s, less under load) must not round to 0
+    return float(f"{measure_matmul_tflops(S.device, torch.bfloat16, S.matmul_n, best=S.device.type == 'cpu'):.4g}")
 
 
 def check_flash_sdpa() -> dict:
@@ -512,6 +516,76 @@ def check_no_host_sync() -> dict:
     return out
 
 
+def segment_sdpa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False, **_):
+    """The dry run's stand-in for torch's CUDA-only ``varlen_attn`` (same signature and layout): causal SDPA on
+    each segment ``[cu[i], cu[i+1])`` of the packed [total, H, D] stream."""
+    bounds = cu_q.tolist()
+    return torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
+                                                     is_causal=window_size == (-1, 0),
+                                                     enable_gqa=enable_gqa).transpose(0, 1)
+                      for a, b in zip(bounds, bounds[1:])])
+
+
+def check_document_attention_varlen() -> dict:
+    """data.document_attention=varlen (model/document_mask.py: positions -> cu_seqlens, the batch packed into
+    one stream, torch's varlen_attn) against the sdpa reference: the same tiny GPT, init, documents (an EOD
+    every ~32 tokens) and bf16-autocast steps with each backend. Records the per-step loss difference and the
+    step-time ratio varlen / sdpa; fails if the first losses differ by more than bf16 noise (2e-2)."""
+    import torch.nn.attention.varlen as varlen_module
+
+    from lmforge.model.document_mask import document_positions
+
+    cfg, eod = S.tiny, 0
+    g = torch.Generator().manual_seed(1)
+    x = tokens_batch(cfg, S.tiny_batch)
+    x[(torch.rand(x.shape, generator=g) < 1 / 32).to(S.device)] = eod
+    positions = document_positions(x, eod)
+    runs = {}
+    stand_in = S.device.type == "cpu"
+    kernel = varlen_module.varlen_attn
+    if stand_in:
+        varlen_module.varlen_attn = segment_sdpa_varlen
+    try:
+        for backend in ("sdpa", "varlen"):
+            free_memory()
+            model = GPT(cfg).to(S.device)
+            model.init_weights(0, device=S.device)
+            model.document_attention = backend
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+            counter, losses = op_counter(), []
+            with torch.no_grad(), autocast(), counter:
+                model(x[:1], positions=positions[:1])
+            ops = sorted(op for op in counter.counts if any(w in op for w in ("attention", "varlen", "flash")))
+
+            def step():
+                with autocast():
+                    loss = cross_entropy_loss(model(x, positions=positions), x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.detach().float())
+
+            first, step_s = time_steps(step)
+            runs[backend] = {"losses": [float(v) for v in losses], "step_s": step_s, "ops": ops,
+                             "peak_mem_gib": peak_mem_gib()}
+            del model, opt
+    finally:
+        varlen_module.varlen_attn = kernel
+    sdpa, varlen = runs["sdpa"], runs["varlen"]
+    diffs = [abs(a - b) for a, b in zip(varlen["losses"], sdpa["losses"])]
+    if not stand_in:
+        assert any("varlen" in op for op in varlen["ops"]), f"varlen_attn did not run: {varlen['ops']}"
+    assert diffs[0] < 2e-2, f"first-step loss varlen {varlen['losses'][0]} vs sdpa {sdpa['losses'][0]}"
+    assert varlen["losses"][-1] < varlen["losses"][0], f"varlen training did not lower the loss: {varlen['losses']}"
+    return {"kernel": "cpu stand-in: segment SDPA" if stand_in else "torch varlen_attn",
+            "documents": int((positions == 0).sum()), "tokens": x.numel(), "steps": len(diffs),
+            "first_loss_diff": float(f"{diffs[0]:.2e}"), "max_loss_diff": float(f"{max(diffs):.2e}"),
+            "step_s_sdpa": round(sdpa["step_s"], 5), "step_s_varlen": round(varlen["step_s"], 5),
+            "step_time_ratio_varlen_vs_sdpa": round(varlen["step_s"] / sdpa["step_s"], 3),
+            "ops_sdpa": sdpa["ops"], "ops_varlen": varlen["ops"],
+            "peak_mem_gib_sdpa": sdpa["peak_mem_gib"], "peak_mem_gib_varlen": varlen["peak_mem_gib"]}
+
+
 # ----------------------------------------------------------------------------------------------- main
 def environment() -> dict:
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(S.device),
@@ -642,6 +716,7 @@ def main(argv=None) -> int:
         ("gpt_125m_compiled", lambda: check_bare("gpt_125m", True)),
         ("gpt_125m_engine", lambda: check_engine("gpt_125m")),
         ("engine_no_host_sync", check_no_host_sync),
+        ("document_attention_varlen", check_document_attention_varlen),
         ("gpt_1b_compiled", lambda: check_bare("gpt_1b", True)),
         ("gpt_1b_engine", lambda: check_engine("gpt_1b")),
     ]

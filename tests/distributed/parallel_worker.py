@@ -107,9 +107,21 @@ def unsharded_grad_bytes(parts) -> int:
     return total
 
 
+def shift_positions_by_micro_batches(pipeline, shift: int) -> None:
+    """This pipeline rank's stages get the document positions of the micro batch ``shift`` earlier (rolled)."""
+    train_step = pipeline.train_step
+
+    def shifted(tokens, targets, positions=None):
+        rows = positions.shape[0] // pipeline.n_microbatches
+        return train_step(tokens, targets, positions.roll(shift * rows, dims=0))
+
+    pipeline.train_step = shifted
+
+
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
              save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
-             expert_destination_shift: int = 0, drop_first_stage_router_loss: bool = False) -> dict:
+             expert_destination_shift: int = 0, drop_first_stage_router_loss: bool = False,
+             later_stage_positions_shift: int = 0) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
@@ -130,6 +142,8 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
 
         for _, layer in engine.moe.layers:
             layer.loss_cfg = dataclasses.replace(layer.loss_cfg, aux_loss_coef=0.0, z_loss_coef=0.0)
+    if later_stage_positions_shift and engine.mesh["pp"].get_local_rank() > 0:  # negative control (docmask, pp > 1)
+        shift_positions_by_micro_batches(engine.pipeline, later_stage_positions_shift)
     data = FixedSamples(samples, eod)
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
                          document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)

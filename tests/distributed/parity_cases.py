@@ -19,3 +19,15 @@ def stand_in_eod(samples) -> int:
 
 def docmask_case(overrides: List[str], samples) -> dict:
     return {"overrides": overrides + ["data.document_masking=true"], "eod": stand_in_eod(samples)}
+
+
+def docmask_pipeline_cases(samples) -> dict:
+    """data.document_masking over two pipeline stages (each stage gets its micro batch's document positions as a
+    keyword stage input, parallel/pipeline.py): 1F1B with full activation checkpointing (the recompute rebuilds
+    the mask) and zero bubble (InterleavedZeroBubble: 4 looped stages, split backward, its own micro-batch order);
+    negative control: the later pipeline rank's stages get the positions of the previous micro batch."""
+    return {"pp2_1f1b_ac_docmask": docmask_case(["parallelism=pp2", "parallelism.activation_checkpointing=full"],
+                                                samples),
+            "pp2_zero_bubble_docmask": docmask_case(["parallelism=pp2_zb"], samples),
+            "pp2_docmask_wrong_micro_batch": {**docmask_case(["parallelism=pp2"], samples),
+                                              "later_stage_positions_shift": 1}}

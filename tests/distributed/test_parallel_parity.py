@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from distributed.parity_cases import MOE, docmask_case
+from distributed.parity_cases import MOE, docmask_case, docmask_pipeline_cases
 from harness import run_ranks
 
 STEPS = 5
@@ -210,14 +210,24 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
 
 
 @pytest.mark.timeout(460)
-@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask")])
+@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask"),
+                                       ("pipeline_runs", "pp2_1f1b_ac_docmask"),
+                                       ("pipeline_runs", "pp2_zero_bubble_docmask")])
 def test_document_masking_parity(request, references, runs, case):
-    """data.document_masking under FSDP and TP + sequence parallel + activation checkpointing: the single-process
-    masked losses within 1e-5;
+    """data.document_masking under FSDP, TP + sequence parallel + activation checkpointing, and two pipeline
+    stages (1F1B + full AC, zero bubble; parity_cases.docmask_pipeline_cases): the single-process masked losses
+    within 1e-5;
     control: masking changes the losses (the masked reference is not the unmasked one)."""
     assert_parity(case, request.getfixturevalue(runs), references["docmask"])
     masked, plain = references["docmask"]["losses"], references["untied"]["losses"]
     assert max(abs(a - b) for a, b in zip(masked, plain)) > 1e-3
+
+
+@pytest.mark.timeout(460)
+def test_negative_control_later_stage_with_wrong_micro_batch_positions_fails_parity(pipeline_runs, references):
+    """The later pipeline rank's stages given the document positions of the previous micro batch: caught."""
+    with pytest.raises(AssertionError, match="loss"):
+        assert_parity("pp2_docmask_wrong_micro_batch", pipeline_runs, references["docmask"])
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +282,8 @@ def pipeline_runs(parity_samples) -> List[dict]:
              # negative control: the first stage's router losses left out of the backward (the old refusal's bug)
              "moe_pp2_stage0_router_loss_dropped": {"overrides": ["parallelism=pp2"] + MOE,
                                                    "drop_first_stage_router_loss": True}}
-    return _run(2, cases, parity_samples, timeout=300)
+    cases.update(docmask_pipeline_cases(parity_samples))
+    return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three document-masking cases)
 
 
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
@@ -358,15 +369,28 @@ def four_rank_runs(parity_samples, tmp_path_factory) -> List[dict]:
                                                     "parallelism.activation_checkpointing=full"]},
              "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
              "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
+             # cp2 x pp2 x document masking, full AC (each stage's micro batch positions, masked ring blocks)
+             "cp2_pp2_ac_docmask": docmask_case(["parallelism=cp2_pp2", "parallelism.activation_checkpointing=full"],
+                                                parity_samples),
              "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
              # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
              "moe_ep2_dp2_ac": {"overrides": ["parallelism=fsdp", "parallelism.dp_shard=4", "parallelism.ep=2",
                                               "parallelism.activation_checkpointing=full"] + MOE},
              **ep_tp_pp_cases(parity_samples, ep_tp_checkpoint)}
-    return _run(4, cases, parity_samples, timeout=570)  # 360 before cp2_pp2 and moe_ep2_dp2_ac, 480 before ep x tp/pp
+    # 360 before cp2_pp2 and moe_ep2_dp2_ac, 480 before ep x tp/pp, 570 before cp2_pp2_ac_docmask
+    return _run(4, cases, parity_samples, timeout=600)
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
+def test_context_and_pipeline_parallel_document_masking_parity(four_rank_runs, references):
+    """cp2 x pp2 (1F1B, full AC) with data.document_masking: every stage gets its micro batch's whole document
+    positions, each cp rank rotates and masks its two chunks by them; the single-process masked losses within 1e-5."""
+    assert_parity("cp2_pp2_ac_docmask", four_rank_runs, references["docmask"])
+    coords = sorted((r["cp2_pp2_ac_docmask"]["coords"]["pp"], r["cp2_pp2_ac_docmask"]["dp_rank"]) for r in four_rank_runs)
+    assert coords == [(0, 0), (0, 0), (1, 0), (1, 0)]  # two stages, each over a cp pair, one data-parallel replica
+
+
+@pytest.mark.timeout(680)
 @pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
                                   "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"])
 def test_two_dimensional_parity(four_rank_runs, reference, case):
@@ -402,7 +426,7 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
         assert p["mesh"] == ["dp_replicate", "dp_shard"] and p["placements"] == ["R", "S(0)"] and p["local"] == [32, 64]
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
     """ep2 x dp2: 4 FSDP ranks, two ep groups of 2; an expert is held by one rank of each group and its gradient
     reduced over those two only (divided by the full dp degree): losses, norms, the balancing bias, the loads."""
@@ -418,7 +442,7 @@ def test_expert_parallel_with_fsdp_parity(four_rank_runs, references):
         assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [1, 64, 64] and p["global"] == [4, 64, 64]
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 @pytest.mark.parametrize("case", ["moe_ep2_tp2_sp", "moe_ep2_pp2_1f1b"])
 def test_expert_parallel_with_tensor_or_pipeline_parallel_parity(four_rank_runs, references, case):
     """ep2 x TP+SP 2: every tp rank routes the full (gathered) sequence of its batch and dispatches it over its own ep
@@ -443,7 +467,7 @@ def test_expert_parallel_with_tensor_or_pipeline_parallel_parity(four_rank_runs,
         assert p["mesh"] == ["dp_shard_mod_ep", "ep"] and p["local"] == [2, 64, 64] and p["global"] == [4, 64, 64]
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 @pytest.mark.parametrize("case", ["moe_ep2_tp2_sp_misrouted", "moe_ep2_pp2_misrouted"])
 def test_expert_parallel_with_tensor_or_pipeline_negative_control_misrouted_tokens(four_rank_runs, references, case):
     """The same layouts with every token sent to the other ep rank's experts (one step): the first loss is off by
@@ -455,7 +479,7 @@ def test_expert_parallel_with_tensor_or_pipeline_negative_control_misrouted_toke
         assert abs(out[case.replace("_misrouted", "_1f1b" if "pp2" in case else "")]["losses"][0] - ref) < TOL
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 def test_expert_parallel_with_tensor_parallel_checkpoint_resumes_at_plain_fsdp(four_rank_runs, data_parallel_runs):
     """Saved at ep2 x TP+SP 2 (experts Shard(0) over ep, replicated over tp; dense parts FSDP x TP), resumed at plain
     FSDP over 4 ranks (ep1, no tp): its sixth step equals the sixth step of the ep2 (2-rank) checkpoint resumed at
@@ -467,7 +491,7 @@ def test_expert_parallel_with_tensor_parallel_checkpoint_resumes_at_plain_fsdp(f
         assert abs(resumed["grad_norm"] - ep2["grad_norm"]) < NORM_RTOL * ep2["grad_norm"]
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
     """Both K/V exchanges over 4 cp ranks (ring steps from lower and higher ranks) against full SDPA."""
     from distributed.test_context_parallel import KERNEL_TOL, KERNEL_VARIANTS
@@ -485,7 +509,7 @@ def test_context_parallel_attention_kernel_is_exact_at_cp4(four_rank_runs):
 BF16_EVAL_TOL = 1e-6
 
 
-@pytest.mark.timeout(650)
+@pytest.mark.timeout(680)
 def test_pipeline_eval_with_bf16_params_matches_single_process(four_rank_runs, references):
     bf16, fp32 = references["bf16_init"]["eval_loss"], references["fp32_init"]["eval_loss"]
     assert abs(bf16 - fp32) > 50 * BF16_EVAL_TOL, "negative control: bf16 and fp32 evaluation must be told apart"

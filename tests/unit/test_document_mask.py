@@ -15,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig
-from lmforge.model.document_mask import document_ids, document_positions, document_square_sum
+from lmforge.model.document_mask import (DocumentMask, document_ids, document_positions, document_square_sum,
+                                         pack_batch, unpack_batch, varlen_attention, varlen_boundaries)
 from lmforge.model.flops import document_attention_flops, document_flops_per_token, flops_per_token, matmul_params
 from lmforge.model.gpt import GPT, apply_rope
 
@@ -128,6 +129,48 @@ def test_flex_attention_equals_the_sdpa_reference():
         assert not torch.allclose(flex, model(tokens), atol=1e-3)
 
 
+def segment_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
+    """``varlen_attn``'s contract on the CPU: causal SDPA on each segment ``[cu[i], cu[i+1])`` of the packed
+    [total, H, D] stream, on its own (the CPU stand-in of torch's CUDA-only kernel, for the layout around it)."""
+    assert cu_q is cu_k and cu_q.dtype == torch.int32 and window_size == (-1, 0)
+    bounds = cu_q.tolist()
+    assert bounds[0] == 0 and bounds[-1] == q.shape[0] and max(b - a for a, b in zip(bounds, bounds[1:])) <= max_q
+    outs = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True,
+                                           enable_gqa=enable_gqa).transpose(0, 1)
+            for a, b in zip(bounds, bounds[1:])]
+    return torch.cat(outs)
+
+
+def test_varlen_layout_equals_the_block_diagonal_sdpa_reference():
+    """data.document_attention=varlen, the part that runs here: positions -> cu_seqlens and the [B, T] <-> [B*T]
+    packing around torch's (CUDA-only) varlen_attn, with an SDPA loop over the segments standing in for it."""
+    tokens, _, _ = packed_rows()
+    positions = document_positions(tokens, EOD)
+    cu = varlen_boundaries(positions)
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 7, 19, 32, 32 + 1, 32 + 21, 32 + 26, 64]  # LENGTHS
+    x = torch.arange(2 * 32 * 3).reshape(2, 32, 3)
+    assert pack_batch(x)[32 + 5].tolist() == x[1, 5].tolist() and torch.equal(unpack_batch(pack_batch(x), 2), x)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 32, 4, 16, generator=g)
+    k, v = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)  # GQA: 2 K/V heads
+    model = tiny(2)
+    cos, sin = model.rope.cos, model.rope.sin
+    reference = DocumentMask.build(positions, cos, sin, "sdpa").attention(q, k, v, n_rep=2)
+    mask = DocumentMask.build(positions, cos, sin, "varlen")
+    assert torch.equal(mask.cu_seqlens, cu) and mask.mask is None
+    rotated_q, rotated_k = apply_rope(q, mask.cos, mask.sin), apply_rope(k, mask.cos, mask.sin)
+    packed = varlen_attention(rotated_q, rotated_k, v, mask.cu_seqlens, 2, kernel=segment_sdpa)
+    assert packed.shape == reference.shape == (2, 32, 64)
+    assert (packed - reference).abs().max() < 1e-6
+    # controls: one boundary moved (a document cut a token late), or rows run on as one stream, miss by far
+    moved = cu.clone()
+    moved[2] += 1
+    assert (varlen_attention(rotated_q, rotated_k, v, moved, 2, kernel=segment_sdpa) - reference).abs().max() > 1e-3
+    rows_run_on = cu[cu != 32]
+    wrong = varlen_attention(rotated_q, rotated_k, v, rows_run_on, 2, kernel=segment_sdpa)
+    assert (wrong - reference)[1].abs().max() > 1e-3
+
+
 def test_flops_count_each_documents_square_as_flop_counter_does_per_document():
     """The formula's attention term equals FlopCounterMode's count over the documents run alone (the work of
     exact block skipping); the SDPA reference on the packed rows computes (and is counted for) the full square."""
@@ -176,27 +219,37 @@ def test_loader_emits_positions_from_megatron_samples_and_masks_the_loss_after_e
     assert found >= 3, "the books corpus must put EODs inside these samples"
 
 
-def test_validate_refuses_pipeline_parallelism_and_flex_where_it_cannot_train():
+def test_validate_refuses_flex_and_varlen_where_they_cannot_train():
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
 
     sizes = ["model=tiny", "train.micro_batch_size=2", "train.global_batch_size=8"]
     base = sizes + ["data.document_masking=true"]
-    with pytest.raises(ConfigError) as e:
-        validate(compose(base + ["parallelism=pp2"]), world_size=2)
-    assert str(e.value) == (
-        "config key 'data.document_masking': is not supported with parallelism.pp=2: later pipeline stages get "
-        "hidden states only, not the tokens the document boundaries come from. Fix: set parallelism.pp=1 (use "
-        "dp_shard/tp instead) or data.document_masking=false")
     with pytest.raises(ConfigError, match="flex cannot train on the CPU: torch's FlexAttention has no backward"):
         validate(compose(base + ["data.document_attention=flex", "train.device=cpu"]), world_size=1)
     with pytest.raises(ConfigError, match="flex without parallelism.compile=true"):
         validate(compose(base + ["data.document_attention=flex", "train.device=cuda"]), world_size=1)
-    # controls: the same settings that can run pass
+    with pytest.raises(ConfigError) as e:
+        validate(compose(base + ["data.document_attention=varlen", "train.device=cpu"]), world_size=1)
+    assert str(e.value) == (
+        "config key 'data.document_attention': varlen cannot run on the CPU: torch's varlen_attn is a CUDA "
+        "(flash attention) kernel. Fix: use data.document_attention=sdpa on the CPU (varlen needs CUDA and bf16)")
+    with pytest.raises(ConfigError) as e:
+        validate(compose(base + ["data.document_attention=varlen", "train.device=cuda", "train.precision=fp32"]),
+                 world_size=1)
+    assert str(e.value) == (
+        "config key 'data.document_attention': varlen needs bf16 activations (flash attention kernels have no fp32), "
+        "not train.precision=fp32 with parallelism.param_dtype=fp32. Fix: set train.precision=bf16-mixed (or "
+        "auto), or data.document_attention=sdpa")
+    # controls: the same settings that can run pass, and every pipeline layout takes document masking
     validate(compose(base + ["data.document_attention=flex", "train.device=cuda", "parallelism.compile=true"]),
              world_size=1)
+    validate(compose(base + ["data.document_attention=varlen", "train.device=cuda"]), world_size=1)  # auto: bf16
+    validate(compose(base + ["data.document_attention=varlen", "train.device=cuda", "train.precision=fp32",
+                             "parallelism=fsdp", "parallelism.param_dtype=bf16"]), world_size=2)
     validate(compose(base + ["parallelism=ddp"]), world_size=2)
-    validate(compose(sizes + ["parallelism=pp2", "data.document_attention=flex"]), world_size=2)  # masking off
+    for layout, world in (("pp2_zb", 2), ("cp2_pp2", 4)):  # pipelines take document masking (parity: distributed/)
+        validate(compose(base + [f"parallelism={layout}"]), world_size=world)
 
 
 def test_meter_uses_the_steps_own_flops_when_they_report_them():

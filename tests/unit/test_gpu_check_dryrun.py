@@ -20,7 +20,7 @@ BLOCKED = ("hydra", "omegaconf", "wandb", "deepspeed")
 EXPECTED_CHECKS = {
     "matmul_tflops", "flash_sdpa", "bf16_step", "process_group_world_1", "fsdp2_one_device", "compile_block",
     "gpt_125m_eager", "gpt_125m_compiled", "gpt_125m_engine", "engine_no_host_sync", "gpt_1b_compiled",
-    "gpt_1b_engine",
+    "gpt_1b_engine", "document_attention_varlen",
 }
 THROUGHPUT_KEYS = {"step_s", "tokens_per_s", "tflops", "mfu_vs_spec_989", "mfu_vs_measured_matmul", "first_step_s"}
 
@@ -101,6 +101,12 @@ def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path)
             assert THROUGHPUT_KEYS <= set(checks[f"{model}_{path}"]["value"]), (model, path)
         assert checks[f"{model}_engine"]["value"]["platform_overhead"] > 0
         assert report["summary"][f"{model}_platform_overhead"] == checks[f"{model}_engine"]["value"]["platform_overhead"]
+    # data.document_attention=varlen vs sdpa: wired (model, positions -> cu_seqlens, training steps); on CPU the
+    # CUDA-only kernel is stood in for by an SDPA loop over the same segments
+    varlen = checks["document_attention_varlen"]["value"]
+    assert varlen["kernel"] == "cpu stand-in: segment SDPA" and varlen["documents"] > varlen["tokens"] / 64
+    assert varlen["first_loss_diff"] < 2e-2 and varlen["step_time_ratio_varlen_vs_sdpa"] > 0
+    assert varlen["steps"] == 3 and {"step_s_sdpa", "step_s_varlen", "max_loss_diff"} <= set(varlen)
     # On CPU the sync check counts tensor reads on the host and reports them (the GPU run fails on one).
     sync = checks["engine_no_host_sync"]["value"]
     assert sync["device"] == "cpu" and isinstance(sync["local_scalar_dense"], int) and sync["local_scalar_dense"] >= 0

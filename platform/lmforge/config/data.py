@@ -34,8 +34,9 @@ class DataConfig:
     # RoPE positions restarting after every EOD token. Off: today's packing (attention across documents).
     document_masking: bool = False
     # The attention kernel of a document-masked run: ``sdpa`` (exact boolean-mask SDPA, any device; the
-    # reference) or ``flex`` (FlexAttention with a block mask: skips blocks outside every document).
-    document_attention: Annotated[str, Literal["sdpa", "flex"]] = "sdpa"
+    # reference), ``flex`` (FlexAttention with a block mask: skips blocks outside every document) or ``varlen``
+    # (torch's varlen_attn: flash attention over each document of the packed [B*T] stream; CUDA, bf16).
+    document_attention: Annotated[str, Literal["sdpa", "flex", "varlen"]] = "sdpa"
     # The loss of the token after an EOD (predicted from the EOD, i.e. the next document's first token):
     # ``keep`` it (today's behaviour) or ``mask`` it out of the loss (megatron's eod_mask_loss).
     loss_after_eod: Annotated[str, Literal["keep", "mask"]] = "keep"

@@ -19,7 +19,12 @@ carried, and the [B, 1, T, T] mask is built once per forward, on the device, nev
   path, which it announces with a warning). On the CPU torch 2.13 runs its forward only, eager or compiled (no
   backward), so ``config/document_masking.py`` refuses it for training there.
 
-Varlen/flash (THD) kernels are not built here: no GPU was available to measure them.
+- ``varlen``: torch's ``varlen_attn`` (flash attention, CUDA, bf16/fp16). The batch is packed into one
+  [B*T] token stream (:func:`pack_batch`; rows are contiguous, so it is a view) whose documents are the
+  sequences of ``cu_seqlens`` (:func:`varlen_boundaries`: every ``positions == 0`` starts one, each row's first
+  token included, so no document crosses a row), attended causally one by one and unpacked to [B, T]. Only the
+  documents' own squares are computed. ``max_seqlen`` is the row length T, an upper bound of every document's
+  length that needs no device-to-host copy; the starts (``nonzero``) take one per forward.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 
 from lmforge.model.rope import apply_rope
 
-BACKENDS = ("sdpa", "flex")
+BACKENDS = ("sdpa", "flex", "varlen")
 
 
 def document_positions(tokens: torch.Tensor, eod: int) -> torch.Tensor:
@@ -57,6 +62,39 @@ def document_square_sum(positions: torch.Tensor) -> int:
     return int((torch.bincount(flat).to(torch.int64) ** 2).sum())
 
 
+def varlen_boundaries(positions: torch.Tensor) -> torch.Tensor:
+    """[N + 1] int32: where each of the batch's N documents starts in the packed [B*T] stream (the rows one after
+    another, :func:`pack_batch`), then B*T; ``varlen_attn``'s ``cu_seqlens``. A document starts at every
+    ``positions == 0``, so also at each row's first token: document i is stream[cu[i]:cu[i+1]]."""
+    flat = positions.flatten()
+    starts = torch.nonzero(flat == 0).flatten()
+    end = torch.tensor([flat.numel()], dtype=starts.dtype, device=flat.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def pack_batch(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, ...] -> [B*T, ...]: the rows of a batch one after another (the varlen token stream)."""
+    return x.flatten(0, 1)
+
+
+def unpack_batch(x: torch.Tensor, bsz: int) -> torch.Tensor:
+    """[B*T, ...] -> [B, T, ...], the inverse of :func:`pack_batch`."""
+    return x.unflatten(0, (bsz, x.shape[0] // bsz))
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, n_rep: int,
+                     kernel=None) -> torch.Tensor:
+    """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] (rotated) -> [B, T, Hq * D]: causal attention within each document
+    of the packed stream. ``kernel``: ``varlen_attn``'s signature (default torch's; the CPU test passes an SDPA
+    loop over the same ``cu_seqlens``)."""
+    if kernel is None:
+        from torch.nn.attention.varlen import varlen_attn as kernel
+    bsz, seqlen = q.shape[:2]
+    out = kernel(pack_batch(q), pack_batch(k), pack_batch(v), cu_seqlens, cu_seqlens, seqlen, seqlen,
+                 window_size=(-1, 0), enable_gqa=n_rep > 1)
+    return unpack_batch(out, bsz).flatten(2)
+
+
 @dataclass
 class DocumentMask:
     """What every layer's attention needs for one forward: per-token RoPE tables and the mask of the backend."""
@@ -66,6 +104,7 @@ class DocumentMask:
     backend: str
     mask: Optional[torch.Tensor] = None  # sdpa: [B, 1, T, T] bool, True = attend
     block_mask: Optional[object] = None  # flex: torch's BlockMask
+    cu_seqlens: Optional[torch.Tensor] = None  # varlen: [N + 1] int32 document starts in the packed stream
 
     @classmethod
     def build(cls, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str) -> "DocumentMask":
@@ -78,6 +117,8 @@ class DocumentMask:
         if backend == "sdpa":
             causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=positions.device).tril()
             out.mask = (causal & (ids[:, :, None] == ids[:, None, :]))[:, None]
+        elif backend == "varlen":
+            out.cu_seqlens = varlen_boundaries(positions)
         else:
             from torch.nn.attention.flex_attention import create_block_mask
 
@@ -92,6 +133,8 @@ class DocumentMask:
         """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] before RoPE -> [B, T, Hq * D] (rotated, masked attention)."""
         bsz, seqlen = q.shape[:2]
         q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
+        if self.backend == "varlen":
+            return varlen_attention(q, k, v, self.cu_seqlens, n_rep)
         if self.backend == "sdpa":
             if n_rep > 1:
                 k = k.repeat_interleave(n_rep, dim=2)

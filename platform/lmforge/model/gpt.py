@@ -243,6 +243,8 @@ class GPTStage(DecoderStack):
         self.norm = model.norm if last else None
         self.output = model.output if last else None
         self.rope = model.rope
+        # Document-masked forwards use the part's mask builder (a context-parallel part has its own) and backend.
+        self.document_mask = lambda positions: model.document_mask(positions)
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -126,10 +126,12 @@ class NativeEngine:
         if self.pipeline is not None:
             tokens = torch.cat([mb.tokens for mb in micro_batches])
             targets = torch.cat([mb.targets for mb in micro_batches])
+            # document masking: every stage gets its micro batch's positions (whole under cp: the keys' documents)
+            positions = None if micro_batches[0].positions is None else torch.cat([mb.positions for mb in micro_batches])
             if self.context is not None:  # cp x pp: every stage runs on this cp rank's two chunks
                 tokens, targets = self.context.shard(tokens), self.context.shard(targets)
             with autocast_context(self.precision, self.device):
-                total = self.pipeline.train_step(tokens, targets)
+                total = self.pipeline.train_step(tokens, targets, positions)
         else:
             n = len(micro_batches)
             total = torch.zeros((), device=self.device)
@@ -173,11 +175,11 @@ class NativeEngine:
     @torch.no_grad()
     def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.pipeline is not None:  # document masking is refused with pp > 1 (config/document_masking.py)
+        if self.pipeline is not None:
             if self.context is not None:
                 tokens, targets = self.context.shard(tokens), self.context.shard(targets)
             with autocast_context(self.precision, self.device):
-                loss = self.pipeline.eval_loss(tokens, targets)
+                loss = self.pipeline.eval_loss(tokens, targets, positions)
         else:
             loss = self.forward_loss(tokens, targets, positions)
         self._reshard()

@@ -74,8 +74,10 @@ def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device:
         raise ValueError("parallelize: pp > 1 needs validate()'s batch plan (batch=...)")
     stages = plan_stages(model.cfg.n_layers, p) if p.pp > 1 else None
     if stages is not None:
+        attention = model.document_attention  # the backend of document-masked forwards carries over to the part
         with torch.device("meta"):
             model = rank_part(model.cfg, stages, mesh["pp"].get_local_rank())
+        model.document_attention = attention
     if p.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None

@@ -18,6 +18,13 @@ Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage a
 number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
 With FSDP the schedule turns gradient sync off until the last microbatch (one reduce-scatter per step).
 
+Document masking. Every pipeline rank holds the whole batch, so its document positions [B, T] (int64, no
+gradient) go to the schedule as a keyword stage input: ``torch.distributed.pipelining`` splits keyword inputs
+into micro batches like the tokens and passes micro batch ``i``'s rows to every stage's forward of micro batch
+``i`` (``forward_one_chunk(i, args, kwargs[i])``), whatever order the schedule runs them in (1F1B, interleaved,
+zero bubble, V) and again in an activation-checkpointing recompute (inside that forward). Nothing is sent
+between stages for them; each stage builds its own mask.
+
 Evaluation. Forward only, stage by stage with point-to-point sends; each send carries a header with the
 activation's dtype and shape, so the receiving stage never assumes the training dtype.
 """
@@ -127,10 +134,14 @@ class PipelineRunner:
         dist.broadcast(value, src=self._global(self.plan.last_stage_rank), group=self.group)
         return value
 
-    def train_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward + backward of the whole batch; returns the mean loss (on every pipeline rank)."""
+    def train_step(self, tokens: torch.Tensor, targets: torch.Tensor,
+                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Forward + backward of the whole batch; returns the mean loss (on every pipeline rank). ``positions``
+        [B, T]: the batch's document positions (data.document_masking), given on every pipeline rank."""
         losses: List[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.has_last else {}
+        if positions is not None:  # a stage input keyword: the schedule splits it like the tokens and hands
+            kwargs["positions"] = positions  # micro batch i's rows to every stage's forward of micro batch i
         args = (tokens,) if self.has_first else ()
         self.schedule.step(*args, **kwargs)
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.has_last \
@@ -154,14 +165,17 @@ class PipelineRunner:
         return h
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
-        return self.eval_forward(tokens, lambda logits: cross_entropy_loss(logits, targets).float(), ())
+        return self.eval_forward(tokens, lambda logits: cross_entropy_loss(logits, targets).float(), (), positions)
 
     @torch.no_grad()
-    def eval_forward(self, tokens: torch.Tensor, head, shape) -> torch.Tensor:
+    def eval_forward(self, tokens: torch.Tensor, head, shape, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Forward only; ``head(logits)`` on the last stage gives an fp32 tensor of ``shape``, broadcast to every
-        pipeline rank (the loss; per-token log-likelihoods for downstream evaluation)."""
+        pipeline rank (the loss; per-token log-likelihoods for downstream evaluation). ``positions``: the batch's
+        document positions, given to every stage (data.document_masking)."""
+        extra = {} if positions is None else {"positions": positions}
         h: Optional[torch.Tensor] = tokens
         by_index = {stage.stage_index: stage for stage in self.stages}
         loss = torch.zeros(shape, device=self.device)
@@ -173,7 +187,7 @@ class PipelineRunner:
                 prev = self.plan.stage_to_rank[s - 1]
                 if prev != self.pp_rank:
                     h = self.recv_activation(prev)
-            h = by_index[s](h)
+            h = by_index[s](h, **extra)
             if s == self.plan.n_stages - 1:
                 loss = head(h)
             else:
