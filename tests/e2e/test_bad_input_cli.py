@@ -179,3 +179,16 @@ def test_control_a_matching_checkpoint_and_good_shard_resume_and_train(inputs, t
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from step 1" in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "step-00000002" / "COMPLETE").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", [["--nproc", "2"], ["--slurm", "--nodes", "2"]])
+def test_launch_names_a_bad_key_in_one_line_before_starting_or_submitting(mode, tmp_path):
+    """``lmforge launch`` (local torchrun or sbatch) validates the config first, like ``train``: a typo is one line
+    and exit 2 (it was a ConfigError traceback and exit 1), and nothing is started, submitted or written."""
+    cmd = [sys.executable, "-m", "lmforge.cli", "launch", *mode, *BASE, "trian.max_steps=3", f"run.root={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "lmforge launch: config key 'trian': is not a known key. Fix: did you mean 'train'?"], proc.stderr[-2000:]
+    assert not any(tmp_path.iterdir())

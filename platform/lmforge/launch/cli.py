@@ -36,6 +36,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         print(f"lmforge launch: unknown option {bad[0]}; see lmforge launch --help", file=sys.stderr)
         return 2
+    from lmforge.config.errors import ActionableError
+
+    try:
+        return _launch(args, overrides)
+    except ActionableError as e:  # a bad key, layout or path: one line, exit 2, before anything starts or is submitted
+        print(f"lmforge launch: {e}", file=sys.stderr)
+        return 2
+
+
+def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     if args.slurm:
         from lmforge.launch import slurm
 
