@@ -17,6 +17,8 @@ not supported (validated).
 Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage and scales gradients by the
 number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
 With FSDP the schedule turns gradient sync off until the last microbatch (one reduce-scatter per step).
+Zero-bubble schedules with FSDP need ``reshard_after_forward=false`` (validated): their input backward takes the
+parameters for the later weight backward from the stage module, which after a reshard holds the sharded ones.
 
 Evaluation. Forward only, stage by stage with point-to-point sends; each send carries a header with the
 activation's dtype and shape, so the receiving stage never assumes the training dtype.
