@@ -121,13 +121,15 @@ def shift_positions_by_micro_batches(pipeline, shift: int) -> None:
 def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
              save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
              expert_destination_shift: int = 0, drop_first_stage_router_loss: bool = False,
-             later_stage_positions_shift: int = 0) -> dict:
+             later_stage_positions_shift: int = 0, reshard_blocks_after_forward: bool = False) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
     from lmforge.model.init import canonical_name
 
     cfg = build_config(overrides)
+    if reshard_blocks_after_forward:  # negative control of zero bubble x FSDP: the layout validation refuses
+        cfg.parallelism.reshard_after_forward = True
     engine = build_engine(cfg)
     if not grad_sync:  # negative control: no DDP wrapper and no manual all-reduce
         assert not cfg.parallelism.overlap_grad_reduce and engine.manual_grad_sync

@@ -61,6 +61,36 @@ def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
     assert err.value.fix
 
 
+@pytest.mark.parametrize("overrides,text", [
+    (["parallelism=pp2_zb", "parallelism.dp_shard=2", "parallelism.reshard_after_forward=true"],
+     "InterleavedZeroBubble with FSDP (dp_shard=2, cp=1) and reshard_after_forward=true loses weight gradients"),
+    (["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble", "parallelism.pp_virtual_stages=2", "parallelism.cp=2"],
+     "ZBVZeroBubble with FSDP (dp_shard=1, cp=2) and reshard_after_forward=true loses weight gradients"),
+])
+def test_zero_bubble_with_fsdp_resharding_after_forward_is_refused(overrides, text, capsys):
+    """Zero bubble x FSDP with blocks resharded after forward trains on wrong weight gradients (torch 2.13;
+    test_parallel_parity.py's pp2_zb_fsdp_resharded measures it): refused in one line, exit 2 (lmforge plan)."""
+    with pytest.raises(ConfigError) as err:
+        check(overrides, 4)
+    assert err.value.key == "parallelism.reshard_after_forward"
+    assert text in str(err.value)
+    assert "set parallelism.reshard_after_forward=false" in err.value.fix and "1F1B" in err.value.fix
+    from lmforge.parallel import plan_cli
+
+    assert plan_cli.main(TINY + overrides + ["cluster.gpus_per_node=4"]) == 2  # one line, exit 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmforge plan: refused: config key "
+                                                   "'parallelism.reshard_after_forward': ")
+
+
+def test_zero_bubble_with_fsdp_validates_with_blocks_gathered():
+    """Control of the refusal: the pp2_zb preset with dp_shard=2, 1F1B resharding after forward, and zero bubble
+    over dp_replicate (no FSDP) validate."""
+    assert check(["parallelism=pp2_zb", "parallelism.dp_shard=2"], 4).parallelism.reshard_after_forward is False
+    check(["parallelism=pp2_dp2", "parallelism.reshard_after_forward=true"], 4)
+    check(["parallelism=pp2_zb", "parallelism.dp_replicate=2", "parallelism.reshard_after_forward=true"], 4)
+
+
 def test_fsdp_grad_sync_modes_resolve_per_layout():
     from lmforge.config.parallelism import fsdp_grad_sync_mode
 

@@ -177,6 +177,13 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     if p.compile and p.pp > 1 and p.pp_schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
         raise ConfigError("parallelism.compile", f"{p.pp_schedule} splits backward into input and weight parts, "
                           "which torch.compile does not support", "set parallelism.compile=false or use 1F1B/Interleaved1F1B")
+    if p.pp > 1 and "ZeroBubble" in p.pp_schedule and (p.dp_shard > 1 or p.cp > 1) and p.reshard_after_forward:
+        raise ConfigError("parallelism.reshard_after_forward", f"{p.pp_schedule} with FSDP (dp_shard={p.dp_shard}, "
+                          f"cp={p.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
+                          "backward takes the stage's parameters from the module, which holds the resharded ones, not "
+                          "the gathered ones the graph used; step-1 gradient norm 0.913 vs 1.087)",
+                          "set parallelism.reshard_after_forward=false (blocks stay gathered until the weight "
+                          "backward), or use pp_schedule=1F1B or Interleaved1F1B")
     if p.compile and p.tp > 1:
         raise ConfigError("parallelism.compile", "torch.compile of tensor-parallel blocks fails in the first backward "
                           "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "

@@ -17,6 +17,8 @@ not supported (validated).
 Loss. The schedule computes ``cross_entropy`` per microbatch on the last stage and scales gradients by the
 number of microbatches, so gradients equal those of the mean loss over the batch, as without pipelining.
 With FSDP the schedule turns gradient sync off until the last microbatch (one reduce-scatter per step).
+Zero-bubble schedules with FSDP need ``reshard_after_forward=false`` (validated): their input backward takes the
+parameters for the later weight backward from the stage module, which after a reshard holds the sharded ones.
 
 Document masking. Every pipeline rank holds the whole batch, so its document positions [B, T] (int64, no
 gradient) go to the schedule as a keyword stage input: ``torch.distributed.pipelining`` splits keyword inputs
