@@ -39,13 +39,13 @@ def root(experts: int = 4, **layout) -> RootConfig:
     (4, {"ep": 2, "engine": "deepspeed"}, "parallelism.ep", "expert parallelism is a native-engine layout"),
     (4, {"ep": 2, "tp": 2}, "parallelism.tp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
     (4, {"ep": 2, "pp": 2}, "parallelism.pp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
-    (4, {"ep": 2, "compile": True}, "parallelism.compile", "not supported with parallelism.ep > 1 (ep=2): not verified"),
 ])
 def test_ep_refusals_name_key_reason_fix(experts, layout, key, reason):
     with pytest.raises(ConfigError) as err:
         check_expert_parallel(root(experts, **layout))
     assert err.value.key == key and err.value.reason == reason and err.value.fix
     check_expert_parallel(root(4, ep=2))  # control: ep dividing both dp_shard and the experts passes
+    check_expert_parallel(root(4, ep=2, compile=True))  # compile composes with ep (test_compile_layouts)
     check_expert_parallel(RootConfig())  # and the dense default (ep=1)
 
 

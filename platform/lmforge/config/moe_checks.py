@@ -24,10 +24,10 @@ def check_expert_parallel(cfg: RootConfig) -> None:
     if m.experts % p.ep:
         raise ConfigError("parallelism.ep", f"model.moe.experts ({m.experts}) is not divisible by ep ({p.ep}): each "
                           "ep rank holds experts/ep experts", "choose ep dividing model.moe.experts")
-    # Not verified with expert parallelism (the MoE + tp/pp/cp/compile refusals below may be lifted for the dense
-    # parts first; ep with them stays refused until its parity is shown).
-    for key, hit in (("parallelism.tp", p.tp > 1), ("parallelism.pp", p.pp > 1), ("parallelism.cp", p.cp > 1),
-                     ("parallelism.compile", p.compile)):
+    # Not verified with expert parallelism (the MoE + tp/pp/cp refusals below may be lifted for the dense parts
+    # first; ep with them stays refused until its parity is shown). compile composes: the dispatch runs eagerly
+    # (model/moe.py Experts.forward), ep2 compiled parity in tests/distributed/test_compile_layouts.py.
+    for key, hit in (("parallelism.tp", p.tp > 1), ("parallelism.pp", p.pp > 1), ("parallelism.cp", p.cp > 1)):
         if hit:
             raise ConfigError(key, f"not supported with parallelism.ep > 1 (ep={p.ep}): not verified",
                               f"set {key}={'false' if key.endswith('compile') else 1}, or parallelism.ep=1")
@@ -69,8 +69,6 @@ def check_moe(cfg: RootConfig) -> None:
     # parallel/tensor_parallel.py.
     refused = [("parallelism.cp", p.cp > 1, "context-parallel ranks route different tokens and the expert loads "
                 "(and the bias update) are summed over data-parallel ranks only", "set parallelism.cp=1"),
-               ("parallelism.compile", p.compile, "torch.compile of the MoE block is not verified",
-                "set parallelism.compile=false"),
                ("parallelism.engine", p.engine == "deepspeed", "the DeepSpeed engine does not add the router losses",
                 "set parallelism.engine=native")]
     for key, hit, why, fix in refused:
