@@ -1,5 +1,5 @@
 """MoE step throughput: moe_smoke (8 experts of width 384, top-2) vs the dense smoke model of equal active
-FLOPs per token (d_ff = 2 x 384 = 768), and the grouped vs loop expert compute; the engine's full step
+FLOPs per token (d_ff = 2 x 384 = 768), the grouped vs loop expert compute, and both compiled; the engine's full step
 (forward, backward with the router losses, clipping, AdamW, the bias update), interleaved repeats, medians, the
 ratio to the dense case.
 
@@ -39,10 +39,22 @@ def moe_smoke_grouped() -> List[str]:
     return ["model=moe_smoke", "model.moe.compute=grouped"]
 
 
+def dense_equal_active_compiled() -> List[str]:
+    """The dense baseline with ``parallelism.compile=true`` (the compile happens in the harness's warm-up)."""
+    return dense_equal_active() + ["parallelism.compile=true"]
+
+
+def moe_smoke_loop_compiled() -> List[str]:
+    """moe_smoke compiled: the blocks traced except the expert compute (docs/model.md, MoE and torch.compile)."""
+    return moe_smoke_loop() + ["parallelism.compile=true"]
+
+
 CASES: Dict[str, Callable[[], List[str]]] = {
     "dense smoke d_ff=768 (equal active FLOPs)": dense_equal_active,
     "moe_smoke loop (compute=auto on CPU)": moe_smoke_loop,
     "moe_smoke grouped (torch._grouped_mm)": moe_smoke_grouped,
+    "dense smoke d_ff=768 compiled": dense_equal_active_compiled,
+    "moe_smoke loop compiled": moe_smoke_loop_compiled,
     # "moe_smoke ep2 ...": the all-to-all share at ep2 (its own launch), added with parallelism.ep
 }
 

@@ -39,7 +39,7 @@ def root(experts: int = 4, **layout) -> RootConfig:
     (4, {"ep": 2, "engine": "deepspeed"}, "parallelism.ep", "expert parallelism is a native-engine layout"),
     (4, {"ep": 2, "tp": 2, "pp": 2}, "parallelism.ep", "ep=2 with both tp (2) and pp (2) is not verified (ep x tp and "
      "ep x pp are, each on 4 ranks)"),
-    (4, {"ep": 2, "compile": True}, "parallelism.compile", "not supported with parallelism.ep > 1 (ep=2): not verified"),
+    (4, {"ep": 2, "cp": 2}, "parallelism.cp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
 ])
 def test_ep_refusals_name_key_reason_fix(experts, layout, key, reason):
     with pytest.raises(ConfigError) as err:
@@ -50,6 +50,7 @@ def test_ep_refusals_name_key_reason_fix(experts, layout, key, reason):
     check_expert_parallel(root(4, ep=2, pp=2))  # and with pp 1F1B (parity: test_parallel_parity.py)
     # and zero bubble (parity: moe_ep2_pp2_zbv; its FSDP resharding refused in config/validate.py, not here)
     check_expert_parallel(root(4, ep=2, pp=2, pp_schedule="ZBVZeroBubble", pp_virtual_stages=2))
+    check_expert_parallel(root(4, ep=2, compile=True))  # compile composes with ep (test_compile_layouts)
     check_expert_parallel(RootConfig())  # and the dense default (ep=1)
 
 

@@ -179,8 +179,6 @@ def root(**moe) -> RootConfig:
     (dict(experts=4, layers=[7]), {}, "model.moe.layers", "layer indices must be in [0, n_layers=4), got [7]"),
     (dict(experts=4, capacity_factor=0.0), {}, "model.moe.capacity_factor", "must be > 0 or null, got 0.0"),
     (dict(experts=4, aux_loss_coef=-1.0), {}, "model.moe.aux_loss_coef", "must be >= 0, got -1.0"),
-    (dict(experts=4), {"compile": True}, "parallelism.compile", "not supported with model.moe.experts > 0: torch."
-     "compile of the MoE block is not verified"),
     (dict(experts=4), {"cp": 2}, "parallelism.cp", "not supported with model.moe.experts > 0: context-parallel ranks "
      "route different tokens and the expert loads (and the bias update) are summed over data-parallel ranks only"),
 ])
@@ -194,6 +192,7 @@ def test_config_errors_name_key_reason_fix(moe, layout, key, reason):
     check_moe(root(experts=4))  # control: a valid MoE config passes
     composed = root(experts=4)
     composed.parallelism.pp, composed.parallelism.tp = 2, 2  # pp and tp compose with MoE (parity-tested)
+    composed.parallelism.compile = True  # and compile (test_moe_compile, test_compile_layouts)
     check_moe(composed)
     check_moe(RootConfig())  # and the dense default
 

@@ -29,6 +29,9 @@ call (CPU and CUDA in torch 2.13; it needs rows 16-byte aligned: ``d_model`` and
 element size divisible by 16); ``compute=auto`` uses it on CUDA and the loop on CPU. The loop path runs one matmul per expert over the same slices: it is exact and
 is what the grouped path is tested against; it reads the slice sizes on the host (a device sync per layer).
 
+torch.compile (``parallelism.compile``) traces everything but ``Experts.forward``, which is a
+``torch.compiler.disable`` boundary (its shapes depend on the routing; docs/model.md lists the breaks).
+
 The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
 once by the engine over its model) adds them to the training loss and gathers the per-layer expert-load
 metrics. The engine, not this module, reduces the loads over ranks.
@@ -161,6 +164,12 @@ class Experts(nn.Module):
             return self.compute == "grouped"
         return x.is_cuda and grouped_mm_fits(self.w1.shape[1], self.w1.shape[2], x.dtype)
 
+    # torch.compile boundary (docs/model.md, MoE and torch.compile): the expert compute and the expert-parallel
+    # dispatch run eagerly, one graph break per MoE layer. Their shapes depend on the routing (the loop's
+    # slice sizes and the all-to-all splits are read on the host), and torch 2.13's fake kernel of
+    # _grouped_mm accepts only bf16, so tracing them would either break inside or fail for fp32 weights.
+    # The router, the sort, the combine and the loss terms around this call compile.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
         if self.token_dispatch is not None:
@@ -213,7 +222,9 @@ class MoEFeedForward(nn.Module):
         chosen, weights, logits, probs = self.router(x)
         flat = chosen.reshape(-1)  # [N*k]: assignment a is token a // k
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=e)
+        # per-expert assignment counts with a static shape [E] (bincount's output shape is data-dependent: a
+        # graph break under torch.compile); exact integers, as bincount
+        counts = torch.zeros(e, dtype=flat.dtype, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
         keep = None
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * n * k / e)
