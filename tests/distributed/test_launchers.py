@@ -1,6 +1,6 @@
 """launchers/: torchrun without Slurm, through real bash, real torchrun (lmforge.launch.agent) and real gloo ranks.
 
-* launchers/torchrun_local.sh: a 2-process smoke run whose rank 1 crashes once after step 3 is restarted by
+* launchers/torchrun_local.sh: a 2-process tiny run (4 steps) whose rank 1 crashes once after step 3 is restarted by
   torchrun (the negative control of the verdict rule: a plain crash *is* retried), resumes and completes;
 * launchers/torchrun_multinode.sh: the same layout as two "nodes" on this host (two invocations, one process
   each, c10d rendezvous on 127.0.0.1, node 0 hosting the store) completes with the same losses, step for step;
@@ -24,10 +24,9 @@ pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "launchers" / "torchrun_local.sh"
 MULTI = REPO / "launchers" / "torchrun_multinode.sh"
-SMOKE = ["+exp=smoke", "parallelism=ddp", "train.micro_batch_size=8", "train.max_steps=4", "train.threads=1",
-         "train.eval_every=0", "logging.console=plain", "logging.every_steps=1"]
 TINY = ["model=tiny", "parallelism=ddp", "train.micro_batch_size=2", "train.global_batch_size=4", "train.threads=1",
         "train.device=cpu", "train.eval_every=0", "logging.console=plain", "logging.every_steps=1"]
+RUN = [*TINY, "train.max_steps=4"]  # both launcher runs: the launchers are under test, not the model
 
 
 def script_env(data_cache: Path) -> Dict[str, str]:
@@ -75,7 +74,7 @@ def two_nodes(tmp_path: Path, name: str, overrides: List[str], data_cache: Path,
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, data_cache):
     root = tmp_path_factory.mktemp("launch-local")
-    cmd = ["bash", str(LOCAL), "--nproc", "2", "--max-restarts", "1", "--", *SMOKE, "checkpoint.every_steps=2",
+    cmd = ["bash", str(LOCAL), "--nproc", "2", "--max-restarts", "1", "--", *RUN, "checkpoint.every_steps=2",
            "fault.drill.crash_step=3", "fault.drill.crash_rank=1", "fault.drill.crash_times=1",
            f"run.root={root}", "run.name=local"]
     proc = subprocess.run(cmd, cwd=root, env=script_env(data_cache), capture_output=True, text=True, timeout=420)
@@ -102,7 +101,7 @@ def test_local_script_restarts_a_crash_and_the_run_completes(local_run):
 def test_two_nodes_on_localhost_complete_with_the_single_node_losses(tmp_path, local_run, data_cache):
     reference = losses(local_run[1])
     assert local_run[0].returncode == 0, why(local_run[0])
-    node0, node1 = two_nodes(tmp_path, "mn", [*SMOKE, "checkpoint.every_steps=0"], data_cache)
+    node0, node1 = two_nodes(tmp_path, "mn", [*RUN, "checkpoint.every_steps=0"], data_cache)
     assert node0.returncode == 0 and node1.returncode == 0, why(node0) + "\n=== node 1 ===\n" + why(node1)
     run = tmp_path / "mn"
     assert (run / "DONE").exists()

@@ -63,12 +63,13 @@ def sweep_torn(index_dir: Path) -> List[str]:
             for path in index_dir.glob(f"{base}*"):
                 path.unlink(missing_ok=True)
             removed.append(base.rstrip("-"))
-    for path in index_dir.glob("*.npy"):  # arrays whose description is gone
-        base = path.name.rsplit("-", 1)[0]
-        prefix = path.name[: path.name.find("-")]
-        if not any(index_dir.glob(f"{prefix}-*-description.txt")):
+    # Arrays whose description is gone. One listing of the descriptions, not one per array: the index dir of a
+    # long-lived cache holds thousands of files, and every run's rank 0 sweeps it (a glob per array was quadratic).
+    described = {d.name[: d.name.find("-")] for d in index_dir.glob("*-description.txt")}
+    for path in index_dir.glob("*.npy"):
+        if path.name[: path.name.find("-")] not in described:
             path.unlink(missing_ok=True)
-            removed.append(base)
+            removed.append(path.name.rsplit("-", 1)[0])
     if removed:
         log.warning("data: removed %d torn index cache set(s) in %s: %s", len(removed), index_dir, removed)
     return removed
