@@ -516,16 +516,6 @@ def check_no_host_sync() -> dict:
     return out
 
 
-def segment_sdpa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False, **_):
-    """The dry run's stand-in for torch's CUDA-only ``varlen_attn`` (same signature and layout): causal SDPA on
-    each segment ``[cu[i], cu[i+1])`` of the packed [total, H, D] stream."""
-    bounds = cu_q.tolist()
-    return torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
-                                                     is_causal=window_size == (-1, 0),
-                                                     enable_gqa=enable_gqa).transpose(0, 1)
-                      for a, b in zip(bounds, bounds[1:])])
-
-
 def check_document_attention_varlen() -> dict:
     """data.document_attention=varlen (model/document_mask.py: positions -> cu_seqlens, the batch packed into
     one stream, torch's varlen_attn) against the sdpa reference: the same tiny GPT, init, documents (an EOD
@@ -533,7 +523,7 @@ def check_document_attention_varlen() -> dict:
     step-time ratio varlen / sdpa; fails if the first losses differ by more than bf16 noise (2e-2)."""
     import torch.nn.attention.varlen as varlen_module
 
-    from lmforge.model.document_mask import document_positions
+    from lmforge.model.document_mask import document_positions, segment_sdpa
 
     cfg, eod = S.tiny, 0
     g = torch.Generator().manual_seed(1)
@@ -544,7 +534,7 @@ def check_document_attention_varlen() -> dict:
     stand_in = S.device.type == "cpu"
     kernel = varlen_module.varlen_attn
     if stand_in:
-        varlen_module.varlen_attn = segment_sdpa_varlen
+        varlen_module.varlen_attn = segment_sdpa
     try:
         for backend in ("sdpa", "varlen"):
             free_memory()

@@ -16,7 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig
 from lmforge.model.document_mask import (DocumentMask, document_ids, document_positions, document_square_sum,
-                                         pack_batch, unpack_batch, varlen_attention, varlen_boundaries)
+                                         pack_batch, segment_sdpa, unpack_batch, varlen_attention,
+                                         varlen_boundaries)
 from lmforge.model.flops import document_attention_flops, document_flops_per_token, flops_per_token, matmul_params
 from lmforge.model.gpt import GPT, apply_rope
 
@@ -127,18 +128,6 @@ def test_flex_attention_equals_the_sdpa_reference():
     model.document_attention = "sdpa"
     with torch.no_grad():  # control: the flex result is not today's unmasked forward
         assert not torch.allclose(flex, model(tokens), atol=1e-3)
-
-
-def segment_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size, enable_gqa):
-    """``varlen_attn``'s contract on the CPU: causal SDPA on each segment ``[cu[i], cu[i+1])`` of the packed
-    [total, H, D] stream, on its own (the CPU stand-in of torch's CUDA-only kernel, for the layout around it)."""
-    assert cu_q is cu_k and cu_q.dtype == torch.int32 and window_size == (-1, 0)
-    bounds = cu_q.tolist()
-    assert bounds[0] == 0 and bounds[-1] == q.shape[0] and max(b - a for a, b in zip(bounds, bounds[1:])) <= max_q
-    outs = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True,
-                                           enable_gqa=enable_gqa).transpose(0, 1)
-            for a, b in zip(bounds, bounds[1:])]
-    return torch.cat(outs)
 
 
 def test_varlen_layout_equals_the_block_diagonal_sdpa_reference():

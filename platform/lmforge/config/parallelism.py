@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
+# Schedules that split each backward into an input-gradient and a later weight-gradient part.
+ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
 
 @dataclass

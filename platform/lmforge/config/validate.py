@@ -23,6 +23,7 @@ from lmforge.config.deepspeed import check as check_deepspeed, check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
+from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.paths import check_paths
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
@@ -174,10 +175,10 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     if p.pp > 1 and m.tie_embeddings:
         raise ConfigError("model.tie_embeddings", "tied input/output embeddings would live on the first and the last "
                           "pipeline stage", "set model.tie_embeddings=false for pp > 1")
-    if p.compile and p.pp > 1 and p.pp_schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"):
+    if p.compile and p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES:
         raise ConfigError("parallelism.compile", f"{p.pp_schedule} splits backward into input and weight parts, "
                           "which torch.compile does not support", "set parallelism.compile=false or use 1F1B/Interleaved1F1B")
-    if p.pp > 1 and "ZeroBubble" in p.pp_schedule and (p.dp_shard > 1 or p.cp > 1) and p.reshard_after_forward:
+    if p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES and (p.dp_shard > 1 or p.cp > 1) and p.reshard_after_forward:
         raise ConfigError("parallelism.reshard_after_forward", f"{p.pp_schedule} with FSDP (dp_shard={p.dp_shard}, "
                           f"cp={p.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
                           "backward takes the stage's parameters from the module, which holds the resharded ones, not "

@@ -95,6 +95,22 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return unpack_batch(out, bsz).flatten(2)
 
 
+def segment_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 max_q: int, max_k: int, *, window_size=(-1, 0), enable_gqa: bool = False, **_) -> torch.Tensor:
+    """``varlen_attn``'s contract (as :func:`varlen_attention` calls it) on any device: causal SDPA on each
+    segment ``[cu[i], cu[i+1])`` of the packed [total, H, D] stream, on its own. The exact stand-in of torch's
+    CUDA-only kernel for the layout around it (tests/unit/test_document_mask.py, gpu_check's dry run)."""
+    if cu_q is not cu_k or cu_q.dtype != torch.int32 or tuple(window_size) != (-1, 0):
+        raise ValueError("segment_sdpa: one int32 cu_seqlens for queries and keys, causal window (-1, 0)")
+    bounds = cu_q.tolist()
+    if bounds[0] != 0 or bounds[-1] != q.shape[0] or max(b - a for a, b in zip(bounds, bounds[1:])) > max_q:
+        raise ValueError(f"segment_sdpa: cu_seqlens {bounds[:4]}... do not cover the {q.shape[0]} tokens in "
+                         f"segments of at most {max_q}")
+    return torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True,
+                                                     enable_gqa=enable_gqa).transpose(0, 1)
+                      for a, b in zip(bounds, bounds[1:])])
+
+
 @dataclass
 class DocumentMask:
     """What every layer's attention needs for one forward: per-token RoPE tables and the mask of the backend."""

@@ -137,6 +137,14 @@ def stages_per_rank(cfg: RootConfig) -> int:
     return 2 if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 else p.pp_virtual_stages
 
 
+def layer_owner(cfg: RootConfig, layer: int) -> int:
+    """Pipeline rank holding block ``layer``: the layers split into ``pp * stages_per_rank`` chunks of
+    ceil(n_layers / chunks), each placed by :func:`chunk_owner`."""
+    p = cfg.parallelism
+    per_chunk = -(-cfg.model.n_layers // (p.pp * stages_per_rank(cfg)))
+    return chunk_owner(layer // per_chunk, p.pp, p.pp_schedule)
+
+
 @dataclass
 class StateBytes:
     """Model state on one rank: bytes of parameters, gradients and AdamW state, and tensor counts."""
@@ -165,7 +173,6 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     chunks = p.pp * stages_per_rank(cfg)
-    per_chunk = m.n_layers // chunks if m.n_layers % chunks == 0 else math.ceil(m.n_layers / chunks)
     first_rank = chunk_owner(0, p.pp, p.pp_schedule)
     last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
     out = StateBytes(first=pp_rank == first_rank, last=pp_rank == last_rank)
@@ -192,7 +199,7 @@ def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int 
     for name, shape in parameter_shapes(m):
         if name.startswith("layers."):
             layer = int(name.split(".")[1])
-            if chunk_owner(layer // per_chunk, p.pp, p.pp_schedule) == pp_rank:
+            if layer_owner(cfg, layer) == pp_rank:
                 held.append((name, shape))
         elif name.startswith("tok_embeddings.") and out.first:
             held.append((name, shape))

@@ -21,13 +21,14 @@ from typing import Callable, List, Optional, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
+from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.model.moe import moe_layer_ids
-from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, chunk_owner,
-                                              dtypes_for, estimate_memory, gib, resolve_precision, stages_per_rank)
+from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
+                                              estimate_memory, gib, layer_owner, resolve_precision)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
@@ -92,7 +93,7 @@ def bubble_fraction(cfg: RootConfig, n_micro: int) -> float:
         return 0.0
     v = p.pp_virtual_stages if p.pp_schedule in ("Interleaved1F1B", "InterleavedZeroBubble") else 1
     bubble = (p.pp - 1) / (v * n_micro)
-    if "ZeroBubble" in p.pp_schedule:
+    if p.pp_schedule in ZERO_BUBBLE_SCHEDULES:
         bubble *= ZERO_BUBBLE_FACTOR
     return bubble
 
@@ -196,9 +197,7 @@ def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
     ids = moe_layer_ids(m)
     if p.pp == 1:
         return len(ids)
-    chunks = p.pp * stages_per_rank(cfg)
-    per_chunk = -(-m.n_layers // chunks)  # (as memory_estimate.state_bytes splits the layers)
-    owners = [chunk_owner(layer // per_chunk, p.pp, p.pp_schedule) for layer in ids]
+    owners = [layer_owner(cfg, layer) for layer in ids]
     return max(owners.count(rank) for rank in range(p.pp))
 
 
