@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -219,14 +220,28 @@ def main() -> None:
     live = by[MODEL_GEMM_CASE].rate
     print(f"\nsame-run fp32 GEMM rate (model shapes): {live / 1e12:.3f} TFLOP/s; load average "
           f"{os.getloadavg()[0]:.2f}")
+    gemm_times = by[MODEL_GEMM_CASE].times_s
+    print("  case                         rate        of the same-run GEMM: medians / paired (median over rounds of "
+          "the round's own ratio, min-max)")
     for r in results:
         if r.name != MODEL_GEMM_CASE:
-            print(f"  {r.name:<28} {r.rate * fpt / 1e12:.3f} TFLOP/s = {r.rate * fpt / live:6.1%} of the same-run GEMM")
+            gemm = by[MODEL_GEMM_CASE]
+            paired = paired_ratios(r.times_s, gemm_times, r.rate * r.median_s * fpt, gemm.rate * gemm.median_s)
+            print(f"  {r.name:<28} {r.rate * fpt / 1e12:.3f} TFLOP/s = {r.rate * fpt / live:6.1%} / "
+                  f"{statistics.median(paired):6.1%} ({min(paired):.1%}-{max(paired):.1%})")
     for mode in ("eager", "compiled"):
         if f"engine {mode}" in by:
             eng, bare = by[f"engine {mode}"], by[f"bare loop {mode}"]
-            print(f"engine overhead vs bare loop, {mode}: {eng.median_s / bare.median_s - 1:+.1%} "
-                  f"(engine step time / bare loop step time - 1)")
+            rounds = [e / b - 1 for e, b in zip(eng.times_s, bare.times_s)]
+            print(f"engine overhead vs bare loop, {mode}: {eng.median_s / bare.median_s - 1:+.1%} of the medians, "
+                  f"{statistics.median(rounds):+.1%} paired (min {min(rounds):+.1%}, max {max(rounds):+.1%}; "
+                  f"engine step time / bare loop step time - 1)")
+
+
+def paired_ratios(times: List[float], gemm_times: List[float], flops: float, gemm_flops: float) -> List[float]:
+    """Per interleaved round, the case's FLOP rate over that round's own GEMM rate: the machine's drift between
+    rounds (this VM's GEMM rate moves by +-15% within minutes) cancels out of each pair."""
+    return [(flops / t) / (gemm_flops / g) for t, g in zip(times, gemm_times)]
 
 
 if __name__ == "__main__":

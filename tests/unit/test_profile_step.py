@@ -57,3 +57,15 @@ def test_compiled_kernel_names_and_view_ops():
     assert op_category("graph_0_cpp_fused__unsafe_view_add_flip_lift_fresh_mul_unsqueeze_view_1") == "RoPE"
     assert op_category("aten::mm") == "GEMM" and op_category("aten::view") is None
     assert op_category("aten::embedding") == "other ops"
+
+
+def test_paired_ratios_cancel_the_machine_drift_between_rounds():
+    from benchmarks.step import paired_ratios
+
+    # Round 2 runs on a machine twice as slow: the step and the GEMM probe both take twice as long.
+    steps, gemms = [1.0, 2.0, 1.25], [0.8, 1.6, 0.8]
+    paired = paired_ratios(steps, gemms, flops=90.0, gemm_flops=80.0)
+    assert paired == pytest.approx([0.9, 0.9, 0.72])
+    # Negative control: the ratio of the medians mixes rounds (a slow step with a fast probe) and differs.
+    import statistics
+    assert (90.0 / statistics.median(steps)) / (80.0 / statistics.median(gemms)) != pytest.approx(0.9)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config.model import ModelConfig
+from lmforge.model.activation import gelu_tanh
 from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
 from lmforge.model.document_mask import DocumentMask
 from lmforge.model.loss import chunked_cross_entropy
@@ -101,7 +102,7 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(gelu_tanh(self.w1(x)))
 
 
 class Block(nn.Module):

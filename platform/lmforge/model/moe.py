@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config.model import ModelConfig, MoEConfig
+from lmforge.model.activation import gelu_tanh
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -189,7 +190,7 @@ class Experts(nn.Module):
                 return torch.cat([p @ w[e] for e, p in enumerate(a.split(sizes))])
         if self.gated:
             return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
-        return mm(F.gelu(mm(x, w1), approximate="tanh"), w2)
+        return mm(gelu_tanh(mm(x, w1)), w2)
 
 
 class MoEFeedForward(nn.Module):
