@@ -32,7 +32,9 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
         typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
         from lmforge.data.epochs import check_run
 
-        check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists
+        # a corpus repeated past data.max_epochs is refused before any process group exists (on a fresh cache too:
+        # the embedded corpora are prepared here, under their locks, instead of by the trainer's mixture builder)
+        check_run(typed, prepare=True)
         from lmforge.trainer.trainer import Trainer
 
         trainer = Trainer(typed, run_dir)
