@@ -31,6 +31,9 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     with VerdictRecorder(run_dir) as verdict:
         typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
         from lmforge.data.epochs import check_run
+        from lmforge.evaluation.tasks import check_eval_config
+
+        check_eval_config(typed.eval)  # a bad task file is refused before the data is prepared (the Trainer keeps them)
 
         # a corpus repeated past data.max_epochs is refused before any process group exists (on a fresh cache too:
         # the embedded corpora are prepared here, under their locks, instead of by the trainer's mixture builder)
