@@ -56,10 +56,11 @@ def _comm(argv: Sequence[str]) -> int:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from lmforge.data.epochs import plan_line
+    from lmforge.data.epochs import plan_line as data_line
+    from lmforge.evaluation.tasks import plan_line as eval_line
     from lmforge.parallel.plan_cli import main
 
-    return main(list(argv), extra_checks=[plan_line])
+    return main(list(argv), extra_checks=[eval_line, data_line])
 
 
 def _sweep(argv: Sequence[str]) -> int:

@@ -31,8 +31,13 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     with VerdictRecorder(run_dir) as verdict:
         typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
         from lmforge.data.epochs import check_run
+        from lmforge.evaluation.tasks import check_eval_config
 
-        check_run(typed)  # a corpus repeated past data.max_epochs is refused before any process group exists
+        check_eval_config(typed.eval)  # a bad task file is refused before the data is prepared (the Trainer keeps them)
+
+        # a corpus repeated past data.max_epochs is refused before any process group exists (on a fresh cache too:
+        # the embedded corpora are prepared here, under their locks, instead of by the trainer's mixture builder)
+        check_run(typed, prepare=True)
         from lmforge.trainer.trainer import Trainer
 
         trainer = Trainer(typed, run_dir)
@@ -77,6 +82,52 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
     check_run_names(run)
 
 
+def _app(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (ActionableError, DeviceContractError) as e:  # bad input (config, a refused checkpoint file, ...)
+        print(f"lmforge: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def run_composed_once(overrides: Sequence[str]) -> None:
+    """``@hydra.main``'s run for plain overrides, with the config composed once (hydra.main composes it twice,
+    once for ``hydra.mode``, and the run-name check needed a third composition): compose as Hydra's own run
+    does, check the run names on that composition, then Hydra's ``run_job`` (run dir, .hydra/, job logging)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.errors import CompactHydraException
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import OmegaConf
+
+    from lmforge.config.compose import composition_error
+    from lmforge.config.paths import check_run_names
+
+    with initialize_config_dir(config_dir=str(conf_dir()), job_name="train", version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        try:
+            # hydra.mode=RUN: what hydra.main adds when the config sets no mode (recorded in .hydra/hydra.yaml)
+            cfg = hydra.compose_config(config_name="config", overrides=[*overrides, "hydra.mode=RUN"],
+                                       run_mode=RunMode.RUN, with_log_configuration=True)
+        except CompactHydraException as e:
+            raise composition_error(e, list(overrides)) from None
+        check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before run_job makes hydra.run.dir
+
+        def job() -> None:
+            callbacks = Callbacks(cfg)
+            callbacks.on_run_start(config=cfg, config_name="config")
+            ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                          task_function=_app, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                          configure_logging=True)
+            callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
+            _ = ret.return_value  # re-raises the job's exception, reported as hydra.main reports it
+
+        run_and_report(job)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import hydra
 
@@ -88,20 +139,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:
         check_override_keys(overrides)
+        if len(overrides) == len(sys.argv[1:]):  # no Hydra flag (-m, -cn, --cfg, ...): what every worker runs
+            run_composed_once(overrides)
+            return 0
         check_run_dir_before_hydra(sys.argv[1:])  # also reports a composition error as one line
     except ConfigError as e:
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2
 
-    @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
-    def _app(cfg: DictConfig) -> None:
-        try:
-            run(cfg)
-        except (ActionableError, DeviceContractError) as e:  # bad input (config, a refused checkpoint file, ...)
-            print(f"lmforge: {e}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-
-    _app()
+    hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_app)()
     return 0
 
 

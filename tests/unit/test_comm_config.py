@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -39,11 +41,12 @@ def test_presets_produce_the_expected_environment(presets, tmp_path):
     assert comm_environment(presets["infiniband"], tmp_path / "dumps") == {
         "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5", "NCCL_NET_GDR_LEVEL": "PXB",
         "NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
-    }
+    }  # torch 2.13: the flight recorder's TORCH_FR_* names only (the older TORCH_NCCL_* ones print a warning)
+    older = comm_environment(presets["infiniband"], tmp_path / "dumps", torch_version="2.7.1+cu126")
+    assert older["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and not any(k.startswith("TORCH_FR_") for k in older)
+    assert older["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "dumps" / "nccl_trace_rank_")
     roce = comm_environment(presets["roce"])
     assert roce["NCCL_IB_GID_INDEX"] == "3" and roce["NCCL_IB_TC"] == "106" and roce["NCCL_IB_DISABLE"] == "0"
     eth = comm_environment(presets["ethernet"])
@@ -59,10 +62,17 @@ def test_presets_produce_the_expected_environment(presets, tmp_path):
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
 
 
+def isolate_comm_environment(monkeypatch, names):
+    """Unset every comm variable and each of ``names``; all of them are put back as they were after the test
+    (the ones export_comm_env sets in this process included: a subprocess a later test starts inherits none)."""
+    for key in {*names, *(k for k in os.environ if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_")))}:
+        monkeypatch.setenv(key, "")  # recorded by monkeypatch even when unset, so undone at teardown
+        monkeypatch.delenv(key)
+
+
 def test_export_keeps_user_values_and_records_them_redacted(presets, monkeypatch, tmp_path):
-    for key in list(os.environ):
-        if key.startswith(("NCCL_", "TORCH_NCCL_")):
-            monkeypatch.delenv(key)
+    isolate_comm_environment(monkeypatch, [*comm_environment(presets["infiniband"], tmp_path / "dumps"),
+                                           "NCCL_SECRET_TOKEN", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0:1")  # the site's value wins over the preset
     monkeypatch.setenv("NCCL_SECRET_TOKEN", "hunter2-very-secret")
     comm = presets["infiniband"]
@@ -74,6 +84,39 @@ def test_export_keeps_user_values_and_records_them_redacted(presets, monkeypatch
     record = json.dumps(comm_env_record(comm, applied, "nccl", 16))
     assert "hunter2" not in record and '"NCCL_SECRET_TOKEN": "***REDACTED***"' in record
     assert json.loads(record)["variables"]["NCCL_NET_GDR_LEVEL"]["value"] == "PXB"
+    # A user's value under the older spelling of a flight recorder name wins too (not overridden by the newer one).
+    del os.environ["TORCH_FR_BUFFER_SIZE"]
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
+    applied = export_comm_env(comm, tmp_path / "dumps")
+    assert applied["TORCH_NCCL_TRACE_BUFFER_SIZE"] == {"value": "500", "source": "inherited", "preset_value": "2000"}
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ and "TORCH_FR_BUFFER_SIZE" not in applied
+
+
+FLIGHT_RECORDER_PROBE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+dist.all_reduce(torch.ones(1))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_torch_reads_the_exported_flight_recorder_variables_without_a_warning(presets, tmp_path):
+    """A real one-process gloo group with a collective, in a fresh process (torch warns once per process), under
+    the preset's environment prints nothing; the older spelling (negative control) prints torch's warning."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_"))}
+
+    def stderr_with(env):
+        proc = subprocess.run([sys.executable, "-c", FLIGHT_RECORDER_PROBE], env={**base, **env},
+                              capture_output=True, text=True, timeout=100)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    dumps = tmp_path / "dumps"
+    assert stderr_with(comm_environment(presets["infiniband"], dumps)) == ""
+    older = comm_environment(presets["infiniband"], dumps, torch_version="2.7.1")
+    assert "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use TORCH_FR_BUFFER_SIZE instead" \
+        in stderr_with(older)
 
 
 def with_env(comm, **env):

@@ -38,8 +38,10 @@ def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_proces
     assert "50,161.0 times, more than data.max_epochs=4" in lines[0]
     for fix in ("data=<preset>", "`lmforge data prepare`", "data.max_epochs=50162"):
         assert fix in lines[0]
-    # Refused before the Trainer: no run files, no process group, no rank output.
+    # Refused before the Trainer, on a fresh cache too: no run files, no process group (it writes comm_env.json),
+    # no rank output.
     assert not (tmp_path / "big" / "config.yaml").exists() and not (tmp_path / "big" / "metrics.jsonl").exists()
+    assert not (tmp_path / "big" / "comm_env.json").exists()
     assert "gloo" not in proc.stderr.lower() and proc.stdout.strip() == ""
 
 

@@ -20,7 +20,7 @@ class CommConfig:
     # TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (0 when false): on an NCCL error or timeout the watchdog ends the process
     # instead of letting the job hang.
     async_error_handling: bool = True
-    flight_recorder_entries: int = 0  # TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE; 0 disables
+    flight_recorder_entries: int = 0  # TORCH_FR_BUFFER_SIZE (older torch: TORCH_NCCL_TRACE_BUFFER_SIZE); 0: unset
     dump_on_timeout: bool = False  # TORCH_NCCL_DUMP_ON_TIMEOUT (needs flight_recorder_entries > 0)
     # Environment variables exported before any process group is created (NCCL_*, GLOO_*, ...). Values must
     # be strings (or integers); a variable already set in the environment wins over the preset.

@@ -6,9 +6,9 @@ epochs). A run whose most-repeated source would exceed ``data.max_epochs`` (defa
 training mostly on repeats says nothing about the model a real corpus would give.
 
 The counts come from the shards' ``.idx`` files alone (sequence lengths; no tokens are read), so the check
-runs before any process group exists (``lmforge.train``) and in ``lmforge plan``, for every source whose shard
-is already there; the trainer repeats it once every shard is prepared (embedded corpora are prepared on first
-use), before megatron-core builds an index.
+runs before any process group exists (``lmforge.train``, which prepares the embedded corpora first) and in
+``lmforge plan``, for every source whose shard is already there; the mixture builder repeats it once every shard
+is prepared, before megatron-core builds an index.
 """
 from __future__ import annotations
 
@@ -112,11 +112,33 @@ def run_planned_tokens(cfg) -> int:
     return total * cfg.model.seq_len
 
 
-def check_run(cfg) -> List[SourceEpochs]:
-    """``check_epochs`` for a RootConfig, with the sources whose shards exist already (no preparing)."""
+def prepare_embedded(cfg: DataConfig, cache_dir: Path) -> Dict[str, Tuple[Path, int]]:
+    """Prepare the tokenizer and the embedded corpora of ``cfg`` (each once, under its lock, as the mixture
+    builder would next); {source: (shard prefix, train split tokens)} of the embedded sources."""
+    from lmforge.data.mixture import resolve_source
+    from lmforge.data.tokenizer import load_tokenizer
+
+    embedded = {n: s.path for n, s in cfg.sources.items() if s.path.startswith("embedded:")}
+    if not embedded:
+        return {}
+    tokenizer = load_tokenizer(cfg.tokenizer, cache_dir)
+    workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
+    known = {}
+    for name, path in embedded.items():
+        prefix = resolve_source(name, path, tokenizer, cache_dir, workers)
+        known[name] = (prefix, train_split_tokens(Path(f"{prefix}.idx"), cfg.valid_fraction))
+    return known
+
+
+def check_run(cfg, prepare: bool = False) -> List[SourceEpochs]:
+    """``check_epochs`` for a RootConfig. ``prepare=False`` (``lmforge plan``, the Slurm prepare step): the
+    sources whose shards exist already, nothing written. ``prepare=True`` (``lmforge.train``, before its process
+    group): the embedded corpora are prepared first, so a fresh cache is checked as fully as a warm one."""
     from lmforge.data.mixture import default_cache_dir
 
-    return check_epochs(cfg.data, run_planned_tokens(cfg), default_cache_dir(cfg.data, cfg.run.root))
+    cache = default_cache_dir(cfg.data, cfg.run.root)
+    known = prepare_embedded(cfg.data, cache) if prepare else None
+    return check_epochs(cfg.data, run_planned_tokens(cfg), cache, known)
 
 
 def plan_line(cfg) -> str:

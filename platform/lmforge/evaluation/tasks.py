@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import yaml
 
 from lmforge.config.errors import ConfigError
+from lmforge.config.eval import EvalConfig
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "tasks"
 KEY = "eval.tasks"
@@ -290,10 +291,20 @@ def load_tasks(specs: Sequence[str]) -> List[Task]:
     return tasks
 
 
-def check_eval_config(specs: Sequence[str], batch_size: int, limit: int) -> Optional[List[Task]]:
-    """What ``lmforge train`` checks before any process group: the tasks parse and their data is there."""
-    if batch_size < 1:
-        raise ConfigError("eval.batch_size", f"{batch_size} is not positive", "use 1 or more")
-    if limit < 0:
-        raise ConfigError("eval.limit", f"{limit} is negative", "use 0 (all documents) or a positive count")
-    return load_tasks(specs) if specs else None
+def check_eval_config(eval_cfg: EvalConfig) -> Optional[List[Task]]:
+    """The eval section's check, before anything starts: the tasks parse and their data is there (ConfigError,
+    one line). Run by every entry point (``lmforge plan``, ``lmforge launch`` local and ``--slurm``, the Slurm
+    prepare step, ``lmforge.train`` before its data) and by the Trainer, which keeps the parsed tasks."""
+    if eval_cfg.batch_size < 1:
+        raise ConfigError("eval.batch_size", f"{eval_cfg.batch_size} is not positive", "use 1 or more")
+    if eval_cfg.limit < 0:
+        raise ConfigError("eval.limit", f"{eval_cfg.limit} is negative", "use 0 (all documents) or a positive count")
+    return load_tasks(eval_cfg.tasks) if eval_cfg.tasks else None
+
+
+def plan_line(cfg) -> str:
+    """``lmforge plan``'s eval line (``cfg``: a RootConfig); raises ConfigError like the trainer would."""
+    tasks = check_eval_config(cfg.eval)
+    if not tasks:
+        return "eval       downstream tasks: none (eval.tasks)"
+    return "eval       downstream tasks: " + ", ".join(f"{t.name} {len(t.docs)} docs" for t in tasks)

@@ -101,6 +101,9 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
     from lmforge.data.epochs import check_run
+    from lmforge.evaluation.tasks import check_eval_config
+
+    check_eval_config(cfg.eval)  # the task files, read where the job runs
 
     check_run(cfg)  # the planned tokens against the mixture's (data.max_epochs)
     return cfg, extra

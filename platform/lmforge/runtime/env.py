@@ -65,6 +65,7 @@ VARIABLES: Dict[str, str] = {
 FAMILIES: Dict[str, str] = {
     "NCCL_": "NCCL settings",
     "TORCH_NCCL_": "torch's NCCL settings",
+    "TORCH_FR_": "torch's flight recorder settings",
     "TORCH_DISTRIBUTED_": "torch.distributed settings",
     "GLOO_": "gloo settings",
     "UCX_": "UCX transport settings",

@@ -82,7 +82,7 @@ class Trainer:
         self.cfg, self.plan = cfg  # validate()'s typed config and batch plan (cfg.<group> reads the config)
         self.paths = RunPaths(Path(run_dir))
         # eval.tasks: parsed (and their data read) before any process group: a bad task file is exit 2 here
-        eval_tasks = check_eval_config(cfg.eval.tasks, cfg.eval.batch_size, cfg.eval.limit)
+        eval_tasks = check_eval_config(cfg.eval)
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
