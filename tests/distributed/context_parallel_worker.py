@@ -1,7 +1,7 @@
 """Rank-side code of the context-parallel tests (started by tests/harness.py ``run_ranks``).
 
 ``run_cases`` runs the parity harness's cases (``parallel_worker.run_case``: real config, NativeEngine, real
-BatchStream, 5 AdamW steps), resumes (``resume_from``: ``parallel_worker.resume_case`` from a checkpoint an
+BatchStream, 3 AdamW steps), resumes (``resume_from``: ``parallel_worker.resume_case`` from a checkpoint an
 earlier case saved) plus two cp-specific kinds:
 
 - ``kernel``: the cp attention of each exchange against single-device SDPA on the same full sequence, values

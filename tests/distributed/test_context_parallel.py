@@ -1,6 +1,6 @@
 """Context parallelism (parallel/context_parallel.py) on real gloo ranks, against the single-process run.
 
-The parity harness of test_parallel_parity.py (tiny GQA GPT, seq_len 32, 5 AdamW steps, clipping far below the
+The parity harness of test_parallel_parity.py (tiny GQA GPT, seq_len 32, 3 AdamW steps, clipping far below the
 real gradient norm, the shared single-process reference): every cp layout must reproduce the reference losses
 within 1e-5, pre-clip gradient norms within 5e-5 relative, the eval loss, and the data consumption (cp ranks of a
 group read the same samples). One 2-rank launch runs cp2 ring, cp2 with document masking (against the
@@ -32,7 +32,7 @@ KERNEL_VARIANTS = [f"{e} kv{h}{m}" for e in ("ring", "allgather") for h in (2, 1
 
 @pytest.fixture(scope="module")
 def cp2_checkpoint(tmp_path_factory) -> Path:
-    """Where the cp2 ring case saves its state after the 5 steps (test_cp2_checkpoint_resumes_...)."""
+    """Where the cp2 ring case saves its state after the STEPS steps (test_cp2_checkpoint_resumes_...)."""
     return tmp_path_factory.mktemp("cp2") / "ckpt"
 
 
@@ -97,7 +97,7 @@ def test_context_parallel_parity_cp2_document_masking(two_rank_runs, references)
 def test_cp2_checkpoint_resumes_under_cp2_dp2_and_cp1(two_rank_runs, cp2_checkpoint, parity_samples, reference):
     """DCP reshards across cp sizes: the cp2 run's checkpoint (FSDP over cp) loads under cp2, under dp2 (DDP, cp1)
     and in a single process (cp1, no mesh dims at all), and the next two steps' losses are the same in all three,
-    after the samples of the 5 saved steps."""
+    after the samples of the STEPS saved steps."""
     assert (cp2_checkpoint / f"step-{STEPS:08d}").is_dir()
     single = run_ranks(CP_WORKER, 1, {"samples": parity_samples, "steps": STEPS,
                                       "cases": {"resumed_cp1": {"overrides": [], "resume_from": str(cp2_checkpoint),

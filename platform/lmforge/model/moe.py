@@ -30,7 +30,8 @@ element size divisible by 16); ``compute=auto`` uses it on CUDA and the loop on 
 is what the grouped path is tested against; it reads the slice sizes on the host (a device sync per layer).
 
 torch.compile (``parallelism.compile``) traces everything but ``Experts.forward``, which is a
-``torch.compiler.disable`` boundary (its shapes depend on the routing; docs/model.md lists the breaks).
+``torch.compiler.disable`` boundary (its shapes depend on the routing; docs/model.md lists the breaks), applied by
+``keep_experts_eager`` when a model is compiled (so a process that never compiles never imports torch._dynamo).
 
 The aux terms of the last forward are kept on the layer (``MoEFeedForward.last``); ``MoECollector`` (built
 once by the engine over its model) adds them to the training loss and gathers the per-layer expert-load
@@ -169,8 +170,9 @@ class Experts(nn.Module):
     # dispatch run eagerly, one graph break per MoE layer. Their shapes depend on the routing (the loop's
     # slice sizes and the all-to-all splits are read on the host), and torch 2.13's fake kernel of
     # _grouped_mm accepts only bf16, so tracing them would either break inside or fail for fp32 weights.
-    # The router, the sort, the combine and the loss terms around this call compile.
-    @torch.compiler.disable
+    # The router, the sort, the combine and the loss terms around this call compile. The boundary is applied by
+    # keep_experts_eager() when parallel/compile.py compiles a model, not by a decorator here: torch.compiler.disable
+    # imports torch._dynamo (~2.3 CPU-s), which every process that imports the model would pay without compiling.
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
         if self.token_dispatch is not None:
@@ -191,6 +193,17 @@ class Experts(nn.Module):
         if self.gated:
             return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
         return mm(gelu_tanh(mm(x, w1)), w2)
+
+
+_EXPERTS_EAGER = False
+
+
+def keep_experts_eager() -> None:
+    """Make ``Experts.forward`` the ``torch.compiler.disable`` boundary (idempotent); called before compiling."""
+    global _EXPERTS_EAGER
+    if not _EXPERTS_EAGER:
+        Experts.forward = torch.compiler.disable(Experts.forward)
+        _EXPERTS_EAGER = True
 
 
 class MoEFeedForward(nn.Module):
