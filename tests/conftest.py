@@ -42,13 +42,58 @@ def data_cache(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory, data_cache) -> Path:
-    """The smoke experiment run once per session, exactly as the README runs it; tests only read it."""
+SMOKE_READERS = pytest.StashKey[bool]()
+SMOKE_OVERLAP = pytest.StashKey[bool]()  # enough other tests selected to train under (else: both cores, now)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that read the smoke run go last. The run itself starts at the first test (``smoke_background``)
+    at the lowest CPU priority, so it trains on the cycles the rest of the suite leaves idle (Slurm and fault
+    tests wait on timers; most multi-rank tests use one thread a rank) instead of holding both cores for five
+    minutes on its own."""
+    readers = [item for item in items if "smoke_run" in getattr(item, "fixturenames", ())]
+    config.stash[SMOKE_READERS] = bool(readers)
+    config.stash[SMOKE_OVERLAP] = len(items) - len(readers) >= 50
+    if readers:
+        items[:] = [item for item in items if "smoke_run" not in getattr(item, "fixturenames", ())] + readers
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smoke_background(request, tmp_path_factory):
+    """The README's smoke experiment started once per session in the background (``nice -n 19``, one intra-op
+    thread: two threads of a process that holds only the idle core would wait on each other at every op), with
+    its own CPU-peak cache (a peak measured at nice 19 under load must not reach other runs). None when no
+    selected test reads it. With few other tests selected (``pytest tests/e2e/test_smoke.py``) it runs exactly as
+    the README does: default threads, normal priority."""
+    if not request.config.stash.get(SMOKE_READERS, False):
+        yield None
+        return
+    data_cache = request.getfixturevalue("data_cache")
     root = tmp_path_factory.mktemp("smoke")
-    cmd = [sys.executable, "-m", "lmforge.train", "+exp=smoke", f"run.root={root}", "logging.console=plain"]
-    env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    (root / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    assert proc.returncode == 0, f"smoke run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    overlap = request.config.stash.get(SMOKE_OVERLAP, False)
+    cmd = [sys.executable, "-m", "lmforge.train", "+exp=smoke", f"run.root={root}", "logging.console=plain",
+           *(["train.threads=1"] if overlap else [])]
+    env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache), "LMFORGE_CACHE": str(root / "lmforge-cache")}
+    with open(root / "stdout.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: os.nice(19)) if overlap else None)
+    try:
+        yield proc, root
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(smoke_background) -> Path:
+    """The smoke experiment's run directory once its run has finished; tests only read it."""
+    proc, root = smoke_background
+    try:
+        rc = proc.wait(timeout=900)  # what is left of the run, now on a machine the other tests have released
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    log = (root / "stdout.log").read_text()
+    assert rc == 0, f"smoke run failed ({rc}):\n{log[-6000:]}"
     return root / "smoke"
