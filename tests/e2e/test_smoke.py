@@ -77,6 +77,9 @@ def test_console_entry_point_and_module_both_work(tmp_path, data_cache):
     b = subprocess.run([sys.executable, "-m", "lmforge.train", *common, "run.name=b"], env=env, capture_output=True,
                        text=True, timeout=240)
     assert b.returncode == 0, b.stderr[-2000:]
+    for proc in (a, b):  # a plain start prints no library warning (megatron's pad id, torch's mesh slicing)
+        warned = [line for line in proc.stderr.splitlines() if "Warning" in line]
+        assert not warned, "a plain start printed warnings:\n" + "\n".join(warned)
     la = [r["loss"] for r in records(tmp_path / "a", "train")]
     lb = [r["loss"] for r in records(tmp_path / "b", "train")]
     assert la == lb and len(la) == 2

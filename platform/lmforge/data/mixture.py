@@ -35,11 +35,14 @@ from lmforge.runtime.env import read
 
 
 class MegatronTokenizerAdapter:
-    """The few attributes GPTDataset reads from a tokenizer; ``unique_identifiers`` enter the cache hash."""
+    """The few attributes GPTDataset reads from a tokenizer; ``unique_identifiers`` enter the cache hash.
+
+    No ``pad``: lmforge's tokenizers have none. Without one megatron-core uses its own pad id, -1 (no token's id),
+    the very id it fell back to when this adapter claimed ``pad = eod``, then without its warning that the pad id
+    collides with another special token. ``pad`` is not in ``unique_identifiers``: the cache hash is unchanged."""
 
     def __init__(self, tok: Tokenizer, shard_digests: Optional[Dict[str, str]] = None):
         self.eod = tok.eod
-        self.pad = tok.eod
         self.vocab_size = tok.vocab_size
         self.unique_identifiers = {"class": "lmforge", **tok.identity, "shards": dict(shard_digests or {})}
 

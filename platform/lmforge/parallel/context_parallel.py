@@ -48,11 +48,11 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.model.document_mask import document_ids
 from lmforge.model.gpt import Attention, RotaryTables, rope_tables
 from lmforge.model.rope import apply_rope
+from lmforge.parallel.mesh import ParallelMesh
 
 
 @dataclass(frozen=True)
@@ -351,12 +351,12 @@ def context_attention(group: dist.ProcessGroup, layout: ContextLayout, exchange:
     return attend
 
 
-def layout_of(mesh: DeviceMesh, seq_len: int) -> ContextLayout:
+def layout_of(mesh: ParallelMesh, seq_len: int) -> ContextLayout:
     cp = mesh["cp"]
     return ContextLayout(cp.size(), cp.get_local_rank(), seq_len)
 
 
-def apply_context_parallel(model: nn.Module, mesh: DeviceMesh, exchange: str) -> ContextLayout:
+def apply_context_parallel(model: nn.Module, mesh: ParallelMesh, exchange: str) -> ContextLayout:
     """The cp step of ``parallelize()`` (after TP): this rank's RoPE tables and the exchange's attention on
     every ``Attention`` module, and the document-mask builder of document-masked forwards (which take the
     whole batch's positions). Returns the layout the engine shards each batch by."""

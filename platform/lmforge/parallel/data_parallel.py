@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.parallelism import ParallelismConfig
+from lmforge.parallel.mesh import ParallelMesh
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> None:
+def apply_fsdp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     shard = "dp_shard_cp" if cfg.cp > 1 else "dp_shard"  # cp ranks hold replicas: shard (and reduce) over them too
@@ -46,7 +46,7 @@ def set_fsdp_gradient_sync(parts, enabled: bool) -> None:
             part.set_requires_gradient_sync(enabled, recurse=True)
 
 
-def apply_ddp(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig) -> nn.Module:
+def apply_ddp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> nn.Module:
     if not cfg.overlap_grad_reduce:
         return model  # gradients are all-reduced after backward by allreduce_gradients()
     from torch.nn.parallel import DistributedDataParallel

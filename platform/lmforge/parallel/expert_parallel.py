@@ -36,11 +36,11 @@ from typing import List
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from lmforge.config.parallelism import ParallelismConfig
 from lmforge.model.moe import Experts
+from lmforge.parallel.mesh import ParallelMesh
 
 
 class _AllToAll(torch.autograd.Function):
@@ -110,7 +110,7 @@ def expert_modules(model: nn.Module) -> List[Experts]:
     return [m for m in model.modules() if isinstance(m, Experts)]
 
 
-def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
+def apply_expert_parallel(model: nn.Module, mesh: ParallelMesh) -> None:
     """Split every MoE layer's experts over ``mesh["ep"]`` (Shard(0) DTensors, on the meta device before
     materialize) and install the all-to-all token dispatch. Model code stays single-device."""
     ep_mesh = mesh["ep"]
@@ -123,7 +123,7 @@ def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
         experts.token_dispatch = TokenDispatch(ep_mesh.get_group(), ep, experts.w1.shape[0])
 
 
-def shard_experts(model: nn.Module, mesh: DeviceMesh, cfg: ParallelismConfig, mp_policy) -> None:
+def shard_experts(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig, mp_policy) -> None:
     """FSDP2 of each layer's experts over the ranks that hold the same experts (before the blocks are wrapped,
     which then leave the experts' parameters to these groups); gradients divided by the full dp degree."""
     from torch.distributed.fsdp import fully_shard

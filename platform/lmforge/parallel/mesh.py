@@ -12,10 +12,17 @@ Expert parallelism (ep > 1) is borrowed from ``dp_shard``: that dim is built as 
 dense-part use of ``mesh["dp_shard"]`` and every data-parallel rank is exactly what it is without ep. The
 experts of a rank are split over ``ep`` and FSDP-sharded over ``dp_shard_mod_ep`` (replicated over
 ``dp_replicate``): the ranks holding the same experts.
+
+``build_mesh`` returns a :class:`ParallelMesh`: the root DeviceMesh and the flattened meshes ``_flatten()`` made,
+kept by name, so ``mesh["dp"]`` or ``mesh["dp_replicate", "dp_shard_cp"]`` never slices a flattened dim from the
+root (deprecated since torch 2.11, with a warning at every start). The answer is the same DeviceMesh the root
+slice gave (same ranks, same process groups, a new object per call): a flattened dim's own mesh, concatenated
+with root dims where several are named (``DeviceMesh._concatenate``, what FSDP2 itself uses for HSDP).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Dict, Tuple, Union
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -52,25 +59,38 @@ class ParallelDims:
         return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
 
-def build_mesh(dims: ParallelDims, device: torch.device) -> DeviceMesh:
+class ParallelMesh:
+    """The root DeviceMesh and its flattened dims by name; ``mesh[name]`` / ``mesh[names]`` is a DeviceMesh."""
+
+    def __init__(self, root: DeviceMesh, flattened: Dict[str, DeviceMesh]):
+        self.root, self.flattened = root, dict(flattened)
+
+    def __getitem__(self, names: Union[str, Tuple[str, ...]]) -> DeviceMesh:
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if not any(n in self.flattened for n in names) or not hasattr(DeviceMesh, "_concatenate"):
+            return self.root[names]  # (torch before _concatenate slices flattened dims from the root, silently)
+        return DeviceMesh._concatenate([self.flattened[n] if n in self.flattened else self.root[n] for n in names])
+
+
+def build_mesh(dims: ParallelDims, device: torch.device) -> ParallelMesh:
     if dims.ep > 1:
-        mesh = init_device_mesh(device.type, (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.cp,
+        root = init_device_mesh(device.type, (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.cp,
                                               dims.tp), mesh_dim_names=EP_DIM_NAMES)
-        mesh[("dp_shard_mod_ep", "ep")]._flatten(mesh_dim_name="dp_shard")
-        mesh[("dp_replicate", "dp_shard_mod_ep", "ep")]._flatten(mesh_dim_name="dp")
-        return mesh  # (cp > 1 with ep > 1 is refused by config/moe_checks.py)
-    mesh = init_device_mesh(device.type, dims.shape, mesh_dim_names=DIM_NAMES)
+        return ParallelMesh(root, {  # (cp > 1 with ep > 1 is refused by config/moe_checks.py)
+            "dp_shard": root["dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp_shard"),
+            "dp": root["dp_replicate", "dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp")})
+    root = init_device_mesh(device.type, dims.shape, mesh_dim_names=DIM_NAMES)
     # A flattened data-parallel dim for loss averaging and FSDP over (replicate x shard) when needed.
-    mesh[("dp_replicate", "dp_shard")]._flatten(mesh_dim_name="dp")
+    flattened = {"dp": root["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")}
     if dims.cp > 1:  # (only then: each flattened dim is a new process group)
-        mesh[("dp_shard", "cp")]._flatten(mesh_dim_name="dp_shard_cp")
-        mesh[("dp_replicate", "dp_shard", "cp")]._flatten(mesh_dim_name="dp_cp")
-    return mesh
+        flattened["dp_shard_cp"] = root["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
+        flattened["dp_cp"] = root["dp_replicate", "dp_shard", "cp"]._flatten(mesh_dim_name="dp_cp")
+    return ParallelMesh(root, flattened)
 
 
-def dp_rank(mesh: DeviceMesh) -> int:
+def dp_rank(mesh: ParallelMesh) -> int:
     return mesh["dp"].get_local_rank()
 
 
-def describe(mesh: DeviceMesh) -> dict:
+def describe(mesh: ParallelMesh) -> dict:
     return {name: mesh[name].size() for name in DIM_NAMES}

@@ -11,7 +11,6 @@ from typing import Dict, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.parallelism import fsdp_grad_sync_mode
@@ -22,7 +21,7 @@ from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
-from lmforge.parallel.mesh import ParallelDims, build_mesh, dp_rank
+from lmforge.parallel.mesh import ParallelDims, ParallelMesh, build_mesh, dp_rank
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import autocast_context, resolve_precision
 
@@ -65,7 +64,7 @@ class NativeEngine:
         self.cfg = cfg  # validate()'s result: the typed config (cfg.<group>) and its batch plan (cfg.plan)
         self.device = device
         self.dims = ParallelDims.from_config(cfg.parallelism)
-        self.mesh: DeviceMesh = build_mesh(self.dims, device)
+        self.mesh: ParallelMesh = build_mesh(self.dims, device)
         self.precision = resolve_precision(cfg.train.precision, device)
         with torch.device("meta"):
             model = GPT(cfg.model)

@@ -26,7 +26,6 @@ from typing import List, Optional
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from lmforge.config.batch import BatchPlan
@@ -38,6 +37,7 @@ from lmforge.parallel.compile import apply_compile
 from lmforge.parallel.context_parallel import ContextLayout, apply_context_parallel
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp
 from lmforge.parallel.expert_parallel import apply_expert_parallel
+from lmforge.parallel.mesh import ParallelMesh
 from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
 from lmforge.parallel.precision import resolve_precision
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel, keep_grads_in_param_layout
@@ -60,7 +60,7 @@ class ParallelModel:
     context: Optional[ContextLayout] = None  # cp > 1: the sequence layout each batch is sharded by
 
 
-def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[DeviceMesh], device: torch.device,
+def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[ParallelMesh], device: torch.device,
                 batch: Optional[BatchPlan] = None, fsdp: Optional[bool] = None) -> ParallelModel:
     """Steps 1-5, then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
 
