@@ -56,11 +56,10 @@ def _comm(argv: Sequence[str]) -> int:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from lmforge.data.epochs import plan_line as data_line
-    from lmforge.evaluation.tasks import plan_line as eval_line
     from lmforge.parallel.plan_cli import main
+    from lmforge.trainer.entry_checks import plan_lines
 
-    return main(list(argv), extra_checks=[eval_line, data_line])
+    return main(list(argv), extra_checks=[plan_lines])  # the eval and data lines: lmforge train's entry checks
 
 
 def _sweep(argv: Sequence[str]) -> int:

@@ -30,39 +30,18 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
     with VerdictRecorder(run_dir) as verdict:
         typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
-        from lmforge.data.epochs import check_run
-        from lmforge.evaluation.tasks import check_eval_config
+        from lmforge.trainer.entry_checks import entry_checks
 
-        check_eval_config(typed.eval)  # a bad task file is refused before the data is prepared (the Trainer keeps them)
-
-        # A resume target that does not fit this model or tokenizer is refused before any corpus is tokenized
-        # for it (the Trainer resolves it again, reading the small sidecar once more).
-        check_resume_before_data(typed, run_dir)
-        # a corpus repeated past data.max_epochs is refused before any process group exists (on a fresh cache too:
-        # the embedded corpora are prepared here, under their locks, instead of by the trainer's mixture builder)
-        check_run(typed, prepare=True)
+        # Once, before any process group: the eval tasks, the tokenizer, train.resume's checkpoint against this
+        # model and tokenizer (before any corpus is tokenized for it), then data.max_epochs with the embedded
+        # corpora prepared (trainer/entry_checks.py). The Trainer uses what they resolved, loading nothing again.
+        checks = entry_checks(typed, prepare=True, run_dir=run_dir)
         from lmforge.trainer.trainer import Trainer
 
-        trainer = Trainer(typed, run_dir)
+        trainer = Trainer(typed, run_dir, checked=checks)
         verdict.step = lambda: trainer.step
         trainer.fit()
     return 0
-
-
-def check_resume_before_data(cfg, run_dir: Path) -> None:
-    """``train.resume``'s checkpoint checked against this run's model and tokenizer (``find_resume``'s one-line
-    errors), before ``check_run`` prepares any corpus with that tokenizer."""
-    from lmforge.checkpoint.layout import latest
-    from lmforge.checkpoint.manager import find_resume
-    from lmforge.data.mixture import default_cache_dir
-    from lmforge.data.tokenizer import load_tokenizer
-    from lmforge.runtime.rundir import RunPaths
-
-    checkpoints = RunPaths(Path(run_dir)).checkpoints
-    if cfg.train.resume == "none" or (cfg.train.resume == "auto" and latest(checkpoints) is None):
-        return  # nothing to resume: no tokenizer load here
-    tokenizer = load_tokenizer(cfg.data.tokenizer, default_cache_dir(cfg.data, cfg.run.root))
-    find_resume(checkpoints, cfg.train.resume, cfg.model, tokenizer.identity)
 
 
 def check_run_dir_before_hydra(args: Sequence[str]) -> None:

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -228,9 +228,13 @@ class CheckpointManager:
         return self.load(point.path, restore_rng=restore_rng, sidecar=point.sidecar)
 
 
-def find_resume(root: Path, resume: str, model: ModelConfig, tokenizer_identity: dict) -> Optional[ResumePoint]:
+def find_resume(root: Path, resume: str, model: ModelConfig,
+                tokenizer_identity: Union[dict, Callable[[], dict]]) -> Optional[ResumePoint]:
     """Resolve ``train.resume`` under ``root`` (a run's ``checkpoints/``), check that the checkpoint fits this
-    model and tokenizer, and read its sidecar once. None: start fresh. A bad target is one ConfigError line."""
+    model and tokenizer, and read its sidecar once. None: start fresh. A bad target is one ConfigError line.
+
+    ``tokenizer_identity``: this run's tokenizer identity, or a callable giving it, called only when there is a
+    checkpoint to check (a fresh start loads no tokenizer for it)."""
     try:
         path = resolve_resume(root, resume)
     except CheckpointError:
@@ -238,7 +242,8 @@ def find_resume(root: Path, resume: str, model: ModelConfig, tokenizer_identity:
         raise
     if path is None:
         return None
-    return ResumePoint(path, check_resume_fits(path, model, tokenizer_identity))  # the sidecar, read once
+    identity = tokenizer_identity() if callable(tokenizer_identity) else tokenizer_identity
+    return ResumePoint(path, check_resume_fits(path, model, identity))  # the sidecar, read once
 
 
 def resolve_resume(root: Path, resume: str) -> Optional[Path]:

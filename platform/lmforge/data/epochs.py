@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
 from lmforge.data.checks import normalise_weights, split_bounds, split_string
 from lmforge.data.shards import ShardFormatError, read_index
+
+if TYPE_CHECKING:
+    from lmforge.data.tokenizer import Tokenizer
 
 
 @dataclass
@@ -45,23 +48,39 @@ def train_split_tokens(idx_path: Path, valid_fraction: float) -> int:
     return int(index.lengths[beg:end].sum(dtype=np.int64))
 
 
-def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path) -> Optional[Path]:
-    """The shard prefix of a source when it can be named without preparing anything, else None."""
+# How the checks get this run's tokenizer when they need it: a loader called at most once per check (the entry
+# checks pass theirs, lmforge.trainer.entry_checks, so one start loads it once); None: data.tokenizer loaded here.
+TokenizerSource = Optional[Callable[[], "Tokenizer"]]
+
+
+def _tokenizer_of(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource):
+    if tokenizer is not None:
+        return tokenizer()
+    from lmforge.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(cfg.tokenizer, cache_dir)
+
+
+def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path,
+                 tokenizer: TokenizerSource = None) -> Optional[Path]:
+    """The shard prefix of a source when it can be named without preparing anything, else None (``tokenizer``:
+    this run's, asked for only when the embedded tokenizer is already built)."""
     if not path.startswith("embedded:"):
         return Path(path).expanduser() if path else None
     if cfg.tokenizer != "embedded":
         return None  # the fingerprint of another tokenizer needs it loaded; the trainer checks after preparing
     from lmforge.data.embedded import VERSION
-    from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer
+    from lmforge.data.tokenizer import embedded_tokenizer_path
 
     if not embedded_tokenizer_path(cache_dir).exists():
         return None
-    tokenizer = load_tokenizer("embedded", cache_dir)
-    return cache_dir / "shards" / f"embedded-{path.split(':', 1)[1]}-v{VERSION}-{tokenizer.fingerprint}"
+    fingerprint = _tokenizer_of(cfg, cache_dir, tokenizer).fingerprint  # cfg.tokenizer is "embedded" here
+    return cache_dir / "shards" / f"embedded-{path.split(':', 1)[1]}-v{VERSION}-{fingerprint}"
 
 
 def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                  known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
+                  known: Optional[Dict[str, Tuple[Path, int]]] = None,
+                  tokenizer: TokenizerSource = None) -> List[SourceEpochs]:
     """Epochs per source for the sources whose shard index is readable. ``known``: {source: (shard prefix, train
     split tokens)} for sources checked already (the mixture builder's ``check_splits``), read from no file again."""
     names, weights, _ = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
@@ -71,7 +90,7 @@ def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
             prefix, tokens = known[name]
             out.append(SourceEpochs(name, Path(prefix), tokens, weight, planned_tokens))
             continue
-        prefix = known_prefix(name, cfg.sources[name].path, cfg, cache_dir)
+        prefix = known_prefix(name, cfg.sources[name].path, cfg, cache_dir, tokenizer)
         if prefix is None or not Path(f"{prefix}.idx").exists():
             continue
         try:
@@ -83,9 +102,10 @@ def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
 
 
 def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                 known: Optional[Dict[str, Tuple[Path, int]]] = None) -> List[SourceEpochs]:
+                 known: Optional[Dict[str, Tuple[Path, int]]] = None,
+                 tokenizer: TokenizerSource = None) -> List[SourceEpochs]:
     """Raise ConfigError (``data.max_epochs``) when a source would be repeated more than ``cfg.max_epochs`` times."""
-    found = source_epochs(cfg, planned_tokens, cache_dir, known)
+    found = source_epochs(cfg, planned_tokens, cache_dir, known, tokenizer)
     if cfg.max_epochs <= 0 or not found:
         return found
     worst = max(found, key=lambda s: s.epochs)
@@ -112,38 +132,33 @@ def run_planned_tokens(cfg) -> int:
     return total * cfg.model.seq_len
 
 
-def prepare_embedded(cfg: DataConfig, cache_dir: Path) -> Dict[str, Tuple[Path, int]]:
+def prepare_embedded(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource = None) -> Dict[str, Tuple[Path, int]]:
     """Prepare the tokenizer and the embedded corpora of ``cfg`` (each once, under its lock, as the mixture
     builder would next); {source: (shard prefix, train split tokens)} of the embedded sources."""
     from lmforge.data.mixture import resolve_source
-    from lmforge.data.tokenizer import load_tokenizer
 
     embedded = {n: s.path for n, s in cfg.sources.items() if s.path.startswith("embedded:")}
     if not embedded:
         return {}
-    tokenizer = load_tokenizer(cfg.tokenizer, cache_dir)
+    tok = _tokenizer_of(cfg, cache_dir, tokenizer)
     workers = max(1, int(getattr(cfg, "prepare_workers", 1) or 1))
     known = {}
     for name, path in embedded.items():
-        prefix = resolve_source(name, path, tokenizer, cache_dir, workers)
+        prefix = resolve_source(name, path, tok, cache_dir, workers)
         known[name] = (prefix, train_split_tokens(Path(f"{prefix}.idx"), cfg.valid_fraction))
     return known
 
 
-def check_run(cfg, prepare: bool = False) -> List[SourceEpochs]:
+def check_run(cfg, prepare: bool = False, tokenizer: TokenizerSource = None) -> List[SourceEpochs]:
     """``check_epochs`` for a RootConfig. ``prepare=False`` (``lmforge plan``, the Slurm prepare step): the
     sources whose shards exist already, nothing written. ``prepare=True`` (``lmforge.train``, before its process
-    group): the embedded corpora are prepared first, so a fresh cache is checked as fully as a warm one."""
+    group): the embedded corpora are prepared first, so a fresh cache is checked as fully as a warm one.
+    ``tokenizer``: how to get this run's tokenizer if it is needed (``trainer.entry_checks`` passes its one load)."""
     from lmforge.data.mixture import default_cache_dir
 
     cache = default_cache_dir(cfg.data, cfg.run.root)
-    known = prepare_embedded(cfg.data, cache) if prepare else None
-    return check_epochs(cfg.data, run_planned_tokens(cfg), cache, known)
-
-
-def plan_line(cfg) -> str:
-    """``lmforge plan``'s data line; raises ConfigError like the trainer would."""
-    return describe(check_run(cfg), cfg.data.max_epochs)
+    known = prepare_embedded(cfg.data, cache, tokenizer) if prepare else None
+    return check_epochs(cfg.data, run_planned_tokens(cfg), cache, known, tokenizer)
 
 
 def describe(found: List[SourceEpochs], max_epochs: float) -> str:

@@ -293,8 +293,9 @@ def load_tasks(specs: Sequence[str]) -> List[Task]:
 
 def check_eval_config(eval_cfg: EvalConfig) -> Optional[List[Task]]:
     """The eval section's check, before anything starts: the tasks parse and their data is there (ConfigError,
-    one line). Run by every entry point (``lmforge plan``, ``lmforge launch`` local and ``--slurm``, the Slurm
-    prepare step, ``lmforge.train`` before its data) and by the Trainer, which keeps the parsed tasks."""
+    one line). Run once per start by ``trainer.entry_checks``, which every entry point calls (``lmforge plan``,
+    ``lmforge launch`` local and ``--slurm``, the Slurm prepare step, ``lmforge.train`` before its data; the
+    Trainer keeps the parsed tasks), and by a Trainer built without them."""
     if eval_cfg.batch_size < 1:
         raise ConfigError("eval.batch_size", f"{eval_cfg.batch_size} is not positive", "use 1 or more")
     if eval_cfg.limit < 0:
@@ -302,9 +303,8 @@ def check_eval_config(eval_cfg: EvalConfig) -> Optional[List[Task]]:
     return load_tasks(eval_cfg.tasks) if eval_cfg.tasks else None
 
 
-def plan_line(cfg) -> str:
-    """``lmforge plan``'s eval line (``cfg``: a RootConfig); raises ConfigError like the trainer would."""
-    tasks = check_eval_config(cfg.eval)
+def describe(tasks: Optional[List[Task]]) -> str:
+    """``lmforge plan``'s eval line for the tasks ``check_eval_config`` returned (``trainer.entry_checks``)."""
     if not tasks:
         return "eval       downstream tasks: none (eval.tasks)"
     return "eval       downstream tasks: " + ", ".join(f"{t.name} {len(t.docs)} docs" for t in tasks)

@@ -61,10 +61,10 @@ def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from lmforge.launch import local
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.evaluation.tasks import check_eval_config
+    from lmforge.trainer.entry_checks import entry_checks
 
     cfg = validate(compose(list(overrides)))
-    check_eval_config(cfg.eval)  # a bad task file: one line here, not in every worker
+    entry_checks(cfg, epochs=False)  # a bad task file: one line here, not in every worker (epochs: the workers')
     nproc = args.nproc or cfg.cluster.gpus_per_node
     launch = local.LocalLaunch(nproc=nproc, overrides=list(overrides),
                                max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,

@@ -100,12 +100,11 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     world = c.nodes * c.gpus_per_node
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
-    from lmforge.data.epochs import check_run
-    from lmforge.evaluation.tasks import check_eval_config
+    from lmforge.trainer.entry_checks import entry_checks
 
-    check_eval_config(cfg.eval)  # the task files, read where the job runs
-
-    check_run(cfg)  # the planned tokens against the mixture's (data.max_epochs)
+    # lmforge.train's entry checks where the job runs, writing nothing: the task files, then the planned tokens
+    # against the mixture's shards already there (data.max_epochs); train.resume is the workers' check
+    entry_checks(cfg)
     return cfg, extra
 
 

@@ -57,10 +57,10 @@ def plan(overrides: Sequence[str], nodes: Optional[int] = None, time_min: Option
          extra: Sequence[str] = ()) -> SlurmLaunch:
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.evaluation.tasks import check_eval_config
+    from lmforge.trainer.entry_checks import entry_checks
 
     cfg = validate(compose(list(overrides)))
-    check_eval_config(cfg.eval)  # a bad task file is refused before sbatch, not in the job
+    entry_checks(cfg, epochs=False)  # a bad task file is refused before sbatch (the epochs: the job's prepare step)
     c = cfg.cluster
     need = resources(cfg, nodes)  # the node count travels as --nodes only: the job's SLURM_NNODES sets cluster.nodes
     return SlurmLaunch(list(overrides), need.nodes, need.gpus_per_node, time_min or c.time_limit_min,

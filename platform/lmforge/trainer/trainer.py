@@ -58,6 +58,7 @@ from lmforge.runtime.dist import barrier, is_distributed
 from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
+from lmforge.trainer.entry_checks import EntryChecks
 
 
 class Preempted(SystemExit):
@@ -78,11 +79,16 @@ def config_dict(cfg: RootConfig) -> dict:
 
 
 class Trainer:
-    def __init__(self, cfg: Validated, run_dir: Path):
+    def __init__(self, cfg: Validated, run_dir: Path, checked: Optional[EntryChecks] = None):
+        """``checked``: ``entry_checks(cfg, prepare=True, run_dir=run_dir)``'s result (``lmforge.train``): its
+        eval tasks, tokenizer and resume point are used as they are. None (tests, benchmarks building a Trainer
+        directly): the Trainer parses, loads and resolves them itself."""
         self.cfg, self.plan = cfg  # validate()'s typed config and batch plan (cfg.<group> reads the config)
         self.paths = RunPaths(Path(run_dir))
+        if checked is not None and checked.run_dir is not None and Path(checked.run_dir) != self.paths.root:
+            raise ValueError(f"entry checks resolved the resume point in {checked.run_dir}, not in {run_dir}")
         # eval.tasks: parsed (and their data read) before any process group: a bad task file is exit 2 here
-        eval_tasks = check_eval_config(cfg.eval)
+        eval_tasks = checked.eval_tasks if checked is not None else check_eval_config(cfg.eval)
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -100,9 +106,11 @@ class Trainer:
 
         # Data
         cache = default_cache_dir(cfg.data, cfg.run.root)
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
+        self.tokenizer = checked.tokenizer if checked is not None and checked.tokenizer is not None \
+            else load_tokenizer(cfg.data.tokenizer, cache)
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
-        self.resume_point = find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, self.tokenizer.identity)
+        self.resume_point = checked.resume_point if checked is not None and checked.run_dir is not None \
+            else find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, self.tokenizer.identity)
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)

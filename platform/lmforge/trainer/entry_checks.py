@@ -1,0 +1,83 @@
+"""The checks a start runs after ``validate()`` and before any work, once, shared by every entry point.
+
+``entry_checks(cfg, prepare, run_dir, epochs)`` runs, in this order and each at most once:
+
+1. the eval section (``evaluation.tasks.check_eval_config``: the task files parse and their data is there);
+2. the tokenizer (``data.tokenizer.load_tokenizer``): loaded here when ``prepare`` (a training start needs it), else
+   only when a later check asks for it (an embedded tokenizer already built, a checkpoint to check), so a check
+   that writes nothing (``lmforge plan``, the Slurm prepare step) trains no tokenizer;
+3. the resume target, when ``run_dir`` is given (``checkpoint.manager.find_resume``: the checkpoint resolved and
+   checked against this model and tokenizer, its sidecar read once);
+4. the data epochs, when ``epochs`` (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
+
+The result (``EntryChecks``) carries what the checks resolved: ``lmforge.train`` hands it to the ``Trainer``, which
+loads, resolves and parses none of it again. Who calls it: ``lmforge.train`` (``prepare=True, run_dir``),
+``lmforge plan`` (``plan_lines``), the Slurm prepare step (``launch.jobctl.check_job``) and ``lmforge launch``
+(local and ``--slurm``, ``epochs=False``: the data epochs are the job's prepare step's and the workers' check, as
+before). Every check raises ConfigError (one line, exit 2 at the entry point).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+from lmforge.data.epochs import SourceEpochs, check_run, describe
+from lmforge.data.mixture import default_cache_dir
+from lmforge.data.tokenizer import Tokenizer, load_tokenizer
+from lmforge.evaluation.tasks import Task, check_eval_config
+from lmforge.evaluation.tasks import describe as describe_tasks
+from lmforge.runtime.rundir import RunPaths
+
+if TYPE_CHECKING:
+    from lmforge.checkpoint.manager import ResumePoint
+
+
+@dataclass
+class EntryChecks:
+    """What ``entry_checks`` resolved. ``tokenizer`` is None when no check needed it (``prepare=False``)."""
+
+    eval_tasks: Optional[List[Task]]  # check_eval_config's parsed tasks (None: eval.tasks is empty)
+    epochs: Optional[List[SourceEpochs]]  # check_run's verdict per source; None when not checked (epochs=False)
+    run_dir: Optional[Path]  # the run directory the resume point was resolved in (None: not resolved)
+    resume_point: Optional[ResumePoint]  # None: a fresh start (or not resolved, run_dir None)
+    tokenizer: Optional[Tokenizer]
+
+
+class _TokenizerOnce:
+    """``load_tokenizer(data.tokenizer)`` on the first call, the same object on every later one."""
+
+    def __init__(self, cfg) -> None:
+        self.spec, self.cache = cfg.data.tokenizer, default_cache_dir(cfg.data, cfg.run.root)
+        self.loaded: Optional[Tokenizer] = None
+
+    def __call__(self) -> Tokenizer:
+        if self.loaded is None:
+            self.loaded = load_tokenizer(self.spec, self.cache)
+        return self.loaded
+
+
+def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epochs: bool = True) -> EntryChecks:
+    """The checks above on ``cfg`` (``validate()``'s result). ``prepare``: a training start (the tokenizer loaded,
+    the embedded corpora prepared for the epochs check); ``run_dir``: resolve ``train.resume`` there."""
+    eval_tasks = check_eval_config(cfg.eval)  # a bad task file is refused before the data is prepared
+    tokenizer = _TokenizerOnce(cfg)
+    if prepare:
+        tokenizer()
+    # A resume target that does not fit this model or tokenizer is refused before any corpus is tokenized for it.
+    resume_point = None
+    if run_dir is not None:
+        from lmforge.checkpoint.manager import find_resume  # torch: only a start that resumes imports it here
+
+        resume_point = find_resume(RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model,
+                                   lambda: tokenizer().identity)
+    # A corpus repeated past data.max_epochs is refused before any process group exists (with prepare: on a fresh
+    # cache too, the embedded corpora prepared here, under their locks, instead of by the trainer's mixture builder).
+    found = check_run(cfg, prepare=prepare, tokenizer=tokenizer) if epochs else None
+    return EntryChecks(eval_tasks, found, None if run_dir is None else Path(run_dir), resume_point, tokenizer.loaded)
+
+
+def plan_lines(cfg) -> List[str]:
+    """``lmforge plan``'s eval and data lines, from one ``entry_checks`` pass (nothing prepared or written)."""
+    checks = entry_checks(cfg)
+    return [describe_tasks(checks.eval_tasks), describe(checks.epochs, cfg.data.max_epochs)]
