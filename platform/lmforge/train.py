@@ -1,4 +1,4 @@
-"""Thin Hydra entry point: compose -> validate -> Trainer.fit().
+"""Thin Hydra entry point: compose -> validate -> entry_checks (once) -> Trainer.fit().
 
     python -m lmforge.train +exp=smoke optim.lr=1e-3
     lmforge train +exp=gpt_1b cluster.nodes=4
