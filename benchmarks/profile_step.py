@@ -42,7 +42,7 @@ CONTEXT_FUNCTIONS = {"apply_rope": "RoPE", "rope_tables": "RoPE", "cross_entropy
                      "clip_grad_norm": "optimizer", "global_grad_norm": "optimizer"}
 CONTEXT_SCOPES = (("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "optimizer"))
 # Backward nodes of custom autograd Functions: their backward ops belong here whatever the op.
-NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss"}  # model/loss.py
+NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss", "RotateHalfBackward": "RoPE"}  # model/loss.py, model/rope.py
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
             "aten::addmm_", "mkldnn::_linear_pointwise"}
