@@ -1,6 +1,8 @@
 """Where one training step's time goes: torch.profiler over a few engine steps, every op's own (self) time
 put into one category, each category's share of the step and, for GEMMs and attention, its achieved FLOP/s
-against an fp32 GEMM probe measured in the same run.
+against an fp32 GEMM probe measured in the same run. Two *ceiling* rows say how far the step could go if every
+other category took no time (GEMMs at the probe's rate or at their own, attention at its own): a goal above them
+needs faster GEMM or attention kernels, not less work around them.
 
     python -m benchmarks.profile_step [--model bench_small smoke gpt_125m] [--steps 3] [--batch 8] [--repeats 3]
                                       [--threads N] [--no-compile]
@@ -40,7 +42,7 @@ CONTEXT_FUNCTIONS = {"apply_rope": "RoPE", "rope_tables": "RoPE", "cross_entropy
                      "clip_grad_norm": "optimizer", "global_grad_norm": "optimizer"}
 CONTEXT_SCOPES = (("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "optimizer"))
 # Backward nodes of custom autograd Functions: their backward ops belong here whatever the op.
-NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss"}  # model/loss.py
+NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss", "RotateHalfBackward": "RoPE"}  # model/loss.py, model/rope.py
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
             "aten::addmm_", "mkldnn::_linear_pointwise"}
@@ -244,6 +246,15 @@ class ProfileRun:
     gemm_rate: float  # same-run fp32 GEMM FLOP/s (median of probes around the steps)
     model_flops: float  # per step, by the project's one FLOPs function
 
+    def ceiling(self, gemm_at_probe: bool = True) -> float:
+        """The fraction of the same-run GEMM rate the step would reach if every category but GEMM and attention
+        took no time: attention at its measured rate, GEMMs at the probe's rate (``gemm_at_probe``) or at their
+        own measured rate. No change outside those two kernels can take the step past it."""
+        b = self.breakdown
+        gemm_s = (b.flops.get("GEMM", 0.0) / self.gemm_rate if gemm_at_probe else b.self_us.get("GEMM", 0.0) * 1e-6)
+        seconds = (gemm_s + b.self_us.get("attention", 0.0) * 1e-6) / b.steps
+        return self.model_flops / seconds / self.gemm_rate
+
 
 def run_profile(model: str, batch: int, steps: int, compiled: bool, repeats: int = 3) -> ProfileRun:
     from benchmarks.step import base_overrides, engine_step, gemm
@@ -291,6 +302,10 @@ def table(runs: List[ProfileRun]) -> str:
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("| step (unprofiled) | " + " | ".join(
         f"{r.step_s * 1e3:.0f} ms, {r.model_flops / r.step_s / r.gemm_rate:.0%} of GEMM" for r in runs) + " |")
+    lines.append("| ceiling: GEMM at the probe rate, attention as measured, the rest 0 | " + " | ".join(
+        f"{r.ceiling():.0%} of GEMM" for r in runs) + " |")
+    lines.append("| ceiling: GEMM and attention as measured, the rest 0 | " + " | ".join(
+        f"{r.ceiling(gemm_at_probe=False):.0%} of GEMM" for r in runs) + " |")
     lines.append("| same-run fp32 GEMM | " + " | ".join(f"{r.gemm_rate / 1e12:.3f} TFLOP/s" for r in runs) + " |")
     return "\n".join(lines)
 

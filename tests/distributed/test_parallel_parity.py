@@ -32,6 +32,8 @@ def _run(world: int, cases: Dict[str, dict], samples, timeout: int, worker: str 
     results = run_ranks(worker, world, {"cases": cases, "samples": samples, "steps": STEPS}, timeout=timeout)
     for r in results:  # each rank's stdout and stderr
         assert MESH_SLICE_WARNING not in r.output, f"rank {r.rank} printed torch's mesh warning:\n{r.output[-3000:]}"
+        # nor a deprecation of torch's (DDP's broadcast_buffers since 2.13: parallel/data_parallel.py)
+        assert "FutureWarning" not in r.output, f"rank {r.rank} printed a FutureWarning:\n{r.output[-3000:]}"
     return [r.value for r in results]
 
 

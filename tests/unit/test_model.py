@@ -100,19 +100,29 @@ def test_tied_embeddings_share_storage():
 
 
 def test_rope_is_the_rotate_half_formula_bit_for_bit():
-    """apply_rope (halves view, flip, signed sin: no cat/neg of activations) equals x*cos + [-x2, x1]*sin
-    exactly, for [T, D] tables and per-sample [B, T, D] ones; a wrong sign (the negative control) does not."""
-    from lmforge.model.gpt import apply_rope, rope_tables
+    """rope_formula (halves view, flip, signed sin: no cat/neg of activations) equals x*cos + [-x2, x1]*sin
+    exactly, for [T, D] tables and per-sample [B, T, D] ones; apply_rope's eager two-pass Function equals it to
+    float rounding, values and gradients; a wrong sign (the negative control) does not."""
+    from lmforge.model.rope import apply_rope, rope_formula, rope_tables
 
     torch.manual_seed(0)
-    x = torch.randn(2, 16, 3, 8)
+    x = torch.randn(2, 16, 3, 8, requires_grad=True)
     cos, sin = rope_tables(8, 16, 10000.0)
     x1, x2 = x[..., :4], x[..., 4:]
     expected = x * cos[None, :, None] + torch.cat([-x2, x1], dim=-1) * sin[None, :, None]
-    assert torch.equal(apply_rope(x, cos, sin), expected)
+    assert torch.equal(rope_formula(x, cos, sin), expected)
     positions = torch.tensor([list(range(16)), list(range(8)) * 2])  # per-sample tables (restarting positions)
-    per_sample = apply_rope(x, cos[positions], sin[positions])
+    per_sample = rope_formula(x, cos[positions], sin[positions])
     assert torch.equal(per_sample[0], expected[0]) and torch.equal(per_sample[1, :8], expected[1, :8])
+    grad = torch.randn_like(expected).transpose(1, 2)  # a non-contiguous incoming gradient, as from attention
+    for c, s in ((cos, sin), (cos[positions], sin[positions])):
+        want = rope_formula(x, c, s)
+        (want_grad,) = torch.autograd.grad(want.transpose(1, 2), x, grad)
+        got = apply_rope(x, c, s)
+        assert got.grad_fn.name() == "RotateHalfBackward"  # the eager path is the Function
+        (got_grad,) = torch.autograd.grad(got.transpose(1, 2), x, grad)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-6)
     wrong_sign = x * cos[None, :, None] + torch.cat([x2, -x1], dim=-1) * sin[None, :, None]
     assert not torch.allclose(apply_rope(x, cos, sin), wrong_sign)
 

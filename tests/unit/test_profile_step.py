@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.profile_step import CATEGORIES, bucket, op_category, profile_steps  # noqa: E402
+from benchmarks.profile_step import (CATEGORIES, Breakdown, ProfileRun, bucket, op_category,  # noqa: E402
+                                     profile_steps, table)
 from benchmarks.step import base_overrides, engine_step  # noqa: E402
 from lmforge.config.compose import compose  # noqa: E402
 from lmforge.config.validate import validate  # noqa: E402
@@ -42,12 +43,12 @@ def test_one_step_is_bucketed_by_op_and_context():
     assert b.flops["attention"] == attention_flops_per_token(cfg) * tokens
     for category in ("GEMM", "attention", "norms", "activations", "RoPE", "loss", "optimizer"):
         assert b.self_us.get(category, 0) > 0, category
-    assert "aten::flip" not in b.other_ops and "aten::_log_softmax" not in b.other_ops
+    assert not {"aten::addcmul_", "aten::_log_softmax"} & set(b.other_ops)
     # The chunked loss's own ops, forward and (custom autograd Function) backward, are the loss.
     assert not {"aten::logsumexp", "aten::gather", "aten::exp_", "aten::scatter_add_"} & set(b.other_ops)
-    # Negative control: without the context rules RoPE's ops (forward flip/mul, their backward) are "other".
+    # Negative control: without the context rules RoPE's ops (mul/addcmul_, forward and backward) are "other".
     blind = bucket(events, step_s=1.0, use_context=False)
-    assert blind.self_us.get("RoPE", 0) == 0 and "aten::flip" in blind.other_ops
+    assert blind.self_us.get("RoPE", 0) == 0 and "aten::addcmul_" in blind.other_ops
     assert blind.self_us["other ops"] > b.self_us.get("other ops", 0)
 
 
@@ -69,3 +70,22 @@ def test_paired_ratios_cancel_the_machine_drift_between_rounds():
     # Negative control: the ratio of the medians mixes rounds (a slow step with a fast probe) and differs.
     import statistics
     assert (90.0 / statistics.median(steps)) / (80.0 / statistics.median(gemms)) != pytest.approx(0.9)
+
+
+def test_ceiling_counts_only_gemm_and_attention_time():
+    # Two profiled steps: GEMMs do 80 flops a step in 1.0 s (the probe would take 0.8 s), attention 0.2 s,
+    # everything else 0.5 s; the model does 90 flops a step.
+    b = Breakdown(wall_us=2 * 1.7e6, steps=2, self_us={"GEMM": 2.0e6, "attention": 0.4e6, "norms": 1.0e6},
+                  flops={"GEMM": 160.0, "attention": 10.0})
+    run = ProfileRun("m", "eager", b, step_s=1.7, gemm_rate=100.0, model_flops=90.0)
+    assert run.ceiling() == pytest.approx(90.0 / (0.8 + 0.2) / 100.0)  # 0.9
+    assert run.ceiling(gemm_at_probe=False) == pytest.approx(90.0 / (1.0 + 0.2) / 100.0)  # 0.75
+    assert run.model_flops / run.step_s / run.gemm_rate < run.ceiling(gemm_at_probe=False)  # the step is below
+    # The other categories do not move it (norms 5x slower: same ceilings); attention does.
+    slow_norms = Breakdown(b.wall_us, 2, {**b.self_us, "norms": 5.0e6}, b.flops)
+    assert ProfileRun("m", "eager", slow_norms, 3.7, 100.0, 90.0).ceiling() == pytest.approx(run.ceiling())
+    slow_attention = Breakdown(b.wall_us, 2, {**b.self_us, "attention": 0.8e6}, b.flops)
+    assert ProfileRun("m", "eager", slow_attention, 1.9, 100.0, 90.0).ceiling() == pytest.approx(90.0 / 1.2 / 100.0)
+    rows = table([run]).splitlines()
+    assert "| ceiling: GEMM at the probe rate, attention as measured, the rest 0 | 90% of GEMM |" in rows
+    assert "| ceiling: GEMM and attention as measured, the rest 0 | 75% of GEMM |" in rows

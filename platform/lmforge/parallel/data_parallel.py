@@ -53,7 +53,10 @@ def apply_ddp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> n
 
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
     return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), bucket_cap_mb=cfg.ddp_bucket_cap_mb,
-                                   device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True)
+                                   device_ids=device_ids, gradient_as_bucket_view=True,
+                                   # the buffers (RoPE tables, MoE routing biases) are equal on every dp replica and
+                                   # change only with the parameters: synced once at wrap, never per forward
+                                   forward_sync_buffers=False)
 
 
 @torch.no_grad()

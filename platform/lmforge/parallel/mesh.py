@@ -91,6 +91,3 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> ParallelMesh:
 def dp_rank(mesh: ParallelMesh) -> int:
     return mesh["dp"].get_local_rank()
 
-
-def describe(mesh: ParallelMesh) -> dict:
-    return {name: mesh[name].size() for name in DIM_NAMES}
