@@ -86,6 +86,23 @@ def test_gpu_config_refused_on_this_cpu_node_and_its_sbatch_request(tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_a_checkpoint_of_another_model_shape_is_refused_before_srun(tmp_path):
+    """A (requeued) job resuming a checkpoint this model cannot load is refused at the prepare step, before srun
+    starts a worker on every node; the same checkpoint with the same model passes."""
+    run = [*BASE, "parallelism=ddp", f"run.root={tmp_path}", "run.name=r", "train.resume=auto"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    trained = subprocess.run([sys.executable, "-m", "lmforge.train", *BASE, f"run.root={tmp_path}", "run.name=r",
+                              "train.max_steps=1", "train.eval_every=0", "checkpoint.every_steps=1",
+                              "logging.console=plain"], env=env, capture_output=True, text=True, timeout=240)
+    assert (tmp_path / "r" / "checkpoints" / "step-00000001" / "COMPLETE").is_file(), trained.stderr[-3000:]
+    assert check_job(run, JOB)[0].model.d_model == 64
+    message = refused([*run, "model.d_model=128"])
+    assert message.startswith("config key 'train.resume': checkpoint ") and "is of another model shape: it was " \
+        "saved with model.d_model=64 (this run: 128)" in message, message
+
+
 def test_prepare_exits_2_with_one_line_and_exports_otherwise(tmp_path):
     env = {**os.environ, **JOB, "PYTHONPATH": str(REPO / "platform")}
     env.pop("WORLD_SIZE", None)

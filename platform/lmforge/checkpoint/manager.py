@@ -8,8 +8,7 @@ engine it is. Everything else (step, data position, scheduler, config, W&B run i
 the JSON sidecar ``state.json``. ``find_resume`` resolves ``train.resume`` before the engine exists and reads
 the sidecar once (the data position sizes the data index). Nothing is unpickled on load: every file is read
 through ``safe_io`` (DCP tensors and allow-listed metadata types, the sidecar as JSON); a crafted file raises
-``UnsafeCheckpointError``. Nothing is unpickled on load: every file is read through ``safe_io`` (DCP
-tensors and allow-listed metadata types, the sidecar as JSON); a crafted file raises ``UnsafeCheckpointError``.
+``UnsafeCheckpointError``.
 
 A save writes into ``.tmp-step-N/``; only when every rank has finished writing (for an async save: when every
 rank's background write has completed) does rank 0 run the commit protocol (``checkpoint/commit.py``: files

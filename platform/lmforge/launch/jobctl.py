@@ -102,9 +102,10 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     check_allocation(cfg, env)
     from lmforge.trainer.entry_checks import entry_checks
 
-    # lmforge.train's entry checks where the job runs, writing nothing: the task files, then the planned tokens
-    # against the mixture's shards already there (data.max_epochs); train.resume is the workers' check
-    entry_checks(cfg)
+    # lmforge.train's entry checks where the job runs, writing nothing: the task files, train.resume's checkpoint
+    # against this model and tokenizer (a requeued job's too), then the planned tokens against the mixture's shards
+    # already there (data.max_epochs)
+    entry_checks(cfg, run_dir=run_dir_for(cfg))
     return cfg, extra
 
 

@@ -12,7 +12,8 @@
 
 The result (``EntryChecks``) carries what the checks resolved: ``lmforge.train`` hands it to the ``Trainer``, which
 loads, resolves and parses none of it again. Who calls it: ``lmforge.train`` (``prepare=True, run_dir``),
-``lmforge plan`` (``plan_lines``), the Slurm prepare step (``launch.jobctl.check_job``) and ``lmforge launch``
+``lmforge plan`` (``plan_lines``), the Slurm prepare step (``launch.jobctl.check_job``, with the job's run dir)
+and ``lmforge launch``
 (local and ``--slurm``, ``epochs=False``: the data epochs are the job's prepare step's and the workers' check, as
 before). Every check raises ConfigError (one line, exit 2 at the entry point).
 """
