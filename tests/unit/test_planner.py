@@ -63,16 +63,16 @@ INVALID = {
 OUT_OF_MEMORY = {
     "activations_fix_checkpointing": (
         G1 + ["train.micro_batch_size=16"],
-        "config key 'parallelism': estimated 87.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 78.0 GiB). Fix: "
-        "parallelism.activation_checkpointing=selective (53.0 GiB) or parallelism.activation_checkpointing=full "
-        "(21.9 GiB)"),
+        "config key 'parallelism': estimated 84.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 75.0 GiB). Fix: "
+        "parallelism.activation_checkpointing=selective (52.9 GiB) or parallelism.activation_checkpointing=full "
+        "(21.7 GiB)"),
     "activations_fix_micro_batch": (
         G1 + ["train.micro_batch_size=96", "train.global_batch_size=1536", "cluster.nodes=2"],
-        "config key 'parallelism': estimated 492.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 468.0 GiB). Fix: train.micro_batch_size=48 "
-        "parallelism.activation_checkpointing=full (53.6 GiB) or train.micro_batch_size=24 "
-        "parallelism.activation_checkpointing=full (29.8 GiB)"),
+        "config key 'parallelism': estimated 474.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 450.0 GiB). Fix: train.micro_batch_size=48 "
+        "parallelism.activation_checkpointing=full (53.2 GiB) or train.micro_batch_size=24 "
+        "parallelism.activation_checkpointing=full (29.6 GiB)"),
     "model_state_fix_dp_shard": (
         G7 + ["cluster.nodes=4", "parallelism.dp_shard=1", "parallelism.dp_replicate=32",
               "parallelism.activation_checkpointing=full"],
@@ -213,7 +213,7 @@ def test_trainer_start_up_memory_warning():
     cfg = validate(compose(G1), world_size=8)
     lines = []
     assert warn_if_over_memory(cfg, 10 * GIB, "h100", emit=lines.append)
-    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 26.3 GiB per device")
+    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 25.5 GiB per device")
     assert not warn_if_over_memory(cfg, 80 * GIB, "h100", emit=lines.append)
 
 

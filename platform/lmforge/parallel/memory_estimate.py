@@ -254,7 +254,8 @@ def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int
         return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
     norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
     norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    attention = 4 * n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
+    # rotated q and k, v and the attention output (SDPA's grouped path keeps K/V at their own n_kv heads)
+    attention = 2 * n * (d + dkv) * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
     mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
     return norms + attention + mlp
 
