@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
 
@@ -50,10 +50,9 @@ def plan_json(plan) -> dict:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None,
-         extra_checks: Sequence[Callable[[object], Union[str, Sequence[str]]]] = ()) -> int:
+def main(argv: Optional[Sequence[str]] = None, extra_checks: Sequence[Callable[[object], Sequence[str]]] = ()) -> int:
     """``extra_checks`` (from higher layers, e.g. ``trainer.entry_checks.plan_lines``: the eval tasks and the data
-    epochs) take the typed config and return a line (or lines) for the plan, or raise ConfigError to refuse it."""
+    epochs) take the typed config and return lines for the plan, or raise ConfigError to refuse it."""
     from lmforge.parallel.planner import check_fits, format_plan
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -69,8 +68,7 @@ def main(argv: Optional[Sequence[str]] = None,
         return 2
     lines, refusal = [], None
     try:
-        found = [check(plan.cfg) for check in extra_checks]
-        lines = [line for out in found for line in ([out] if isinstance(out, str) else out)]
+        lines = [line for check in extra_checks for line in check(plan.cfg)]
     except ConfigError as e:
         refusal = e
     if as_json:
