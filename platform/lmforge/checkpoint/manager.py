@@ -28,7 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -228,12 +228,12 @@ class CheckpointManager:
 
 
 def find_resume(root: Path, resume: str, model: ModelConfig,
-                tokenizer_identity: Union[dict, Callable[[], dict]]) -> Optional[ResumePoint]:
+                tokenizer_identity: Callable[[], dict]) -> Optional[ResumePoint]:
     """Resolve ``train.resume`` under ``root`` (a run's ``checkpoints/``), check that the checkpoint fits this
     model and tokenizer, and read its sidecar once. None: start fresh. A bad target is one ConfigError line.
 
-    ``tokenizer_identity``: this run's tokenizer identity, or a callable giving it, called only when there is a
-    checkpoint to check (a fresh start loads no tokenizer for it)."""
+    ``tokenizer_identity``: gives this run's tokenizer identity, called only when there is a checkpoint to check
+    (a fresh start loads no tokenizer for it)."""
     try:
         path = resolve_resume(root, resume)
     except CheckpointError:
@@ -241,8 +241,7 @@ def find_resume(root: Path, resume: str, model: ModelConfig,
         raise
     if path is None:
         return None
-    identity = tokenizer_identity() if callable(tokenizer_identity) else tokenizer_identity
-    return ResumePoint(path, check_resume_fits(path, model, identity))  # the sidecar, read once
+    return ResumePoint(path, check_resume_fits(path, model, tokenizer_identity()))  # the sidecar, read once
 
 
 def resolve_resume(root: Path, resume: str) -> Optional[Path]:

@@ -110,7 +110,7 @@ class Trainer:
             else load_tokenizer(cfg.data.tokenizer, cache)
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.resume_point = checked.resume_point if checked is not None and checked.run_dir is not None \
-            else find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, self.tokenizer.identity)
+            else find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, lambda: self.tokenizer.identity)
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
         self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
                                                              self.plan.global_batch_size, cfg.model.seq_len, prior)
