@@ -90,3 +90,17 @@ def report(suite: str, results: List[Result], baseline: str) -> None:
                      "unit": r.unit_name, "ratio": r.rate / base.rate, **r.extra} for r in results],
     }
     (RESULTS_DIR / f"{suite}.json").write_text(json.dumps(payload, indent=1))
+
+
+def add_host_malloc_flag(ap) -> None:
+    """``--host-malloc``: the allocator mode of a CPU training run (``train.host_malloc``; ``auto`` resolves to
+    ``retain`` on the CPU), so a suite measures what the trainer does; ``system`` (glibc as it is) for a before/after
+    in a second invocation (the switches are process-wide)."""
+    ap.add_argument("--host-malloc", choices=["retain", "system"], default="retain",
+                    help="train.host_malloc for this process (default retain, as a CPU run)")
+
+
+def apply_host_malloc(mode: str) -> str:
+    from lmforge.runtime import host_memory
+
+    return host_memory.apply(mode)

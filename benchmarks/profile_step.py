@@ -5,7 +5,7 @@ other category took no time (GEMMs at the probe's rate or at their own, attentio
 needs faster GEMM or attention kernels, not less work around them.
 
     python -m benchmarks.profile_step [--model bench_small smoke gpt_125m] [--steps 3] [--batch 8] [--repeats 3]
-                                      [--threads N] [--no-compile]
+                                      [--threads N] [--no-compile] [--host-malloc retain|system]
 
 Categories: GEMM, attention, norms, activations, RoPE, loss, optimizer (AdamW, zero_grad, clipping),
 copies/layout (copies, casts, concatenations, repeats; views count with the op they feed), other ops
@@ -32,6 +32,8 @@ from typing import Dict, List, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.harness import add_host_malloc_flag, apply_host_malloc
 
 CATEGORIES = ("GEMM", "attention", "norms", "activations", "RoPE", "loss", "optimizer", "copies/layout",
               "other ops", "framework overhead")
@@ -320,8 +322,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="unprofiled steps (and GEMM probes), interleaved")
     ap.add_argument("--no-compile", action="store_true")
+    add_host_malloc_flag(ap)
     args = ap.parse_args()
     threads = pin_threads(args.threads)
+    malloc = apply_host_malloc(args.host_malloc)
     runs = []
     for model in args.model:
         big = model == "gpt_125m"
@@ -333,7 +337,7 @@ def main() -> None:
             print(f"{model} {run.mode}: step {run.step_s * 1e3:.1f} ms; other ops: "
                   + ", ".join(f"{k} {v / run.breakdown.wall_us:.1%}" for k, v in other), flush=True)
             print(table([run]), flush=True)  # each run's column as soon as it is measured (slow machines)
-    print(f"\nthreads={threads}, torch {torch.__version__}\n")
+    print(f"\nthreads={threads}, host malloc {malloc}, torch {torch.__version__}\n")
     print(table(runs))
 
 

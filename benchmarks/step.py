@@ -3,6 +3,7 @@
 
     python -m benchmarks.step [--model bench_small] [--batch 8] [--steps 1] [--repeats 5] [--threads 0]
                               [--no-compile] [--variants bf16 ac-full ac-selective foreach-adamw]
+                              [--host-malloc retain|system]
 
 Cases, interleaved round-robin after warm-up (``benchmarks/harness.py``), each timed over ``--steps`` steps:
 
@@ -31,7 +32,7 @@ from typing import List, Tuple
 
 import torch
 
-from benchmarks.harness import Case, run_suite
+from benchmarks.harness import Case, add_host_malloc_flag, apply_host_malloc, run_suite
 from lmforge.config.compose import compose
 from lmforge.config.tokenizer_files import EMBEDDED_VOCAB, EOD_TOKEN
 from lmforge.config.validate import validate
@@ -185,13 +186,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved timed calls per case (median)")
     ap.add_argument("--no-compile", action="store_true", help="eager cases only (compile takes ~20-40 s a case)")
     ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS), help="extra engine cases")
+    add_host_malloc_flag(ap)
     args = ap.parse_args()
     threads = pin_threads(args.threads)
+    malloc = apply_host_malloc(args.host_malloc)
     base = base_overrides(args.model, args.batch, args.seq_len)
     cfg = validate(compose(base), world_size=1)
     tokens = args.batch * cfg.model.seq_len * args.steps
     fpt = flops_per_token(cfg.model)
-    print(f"{args.model}: threads={threads}, micro batch {args.batch} x seq {cfg.model.seq_len}, {args.steps} "
+    print(f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq {cfg.model.seq_len}, {args.steps} "
           f"step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} (lmforge.model.flops); "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
 

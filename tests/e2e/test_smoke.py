@@ -39,6 +39,7 @@ def test_smoke_run_directory(smoke_run):
     assert (smoke_run / "checkpoints" / "step-00000300" / "COMPLETE").exists()
     prov = json.loads((smoke_run / "provenance.json").read_text())
     assert prov["packages"]["torch"] and prov["layout"]["world_size"] == 1 and prov["threads"] >= 1
+    assert prov["layout"]["host_malloc"] == "retain", "a CPU run keeps freed memory (train.host_malloc=auto)"
     assert (smoke_run / ".hydra" / "overrides.yaml").exists(), "Hydra's own output belongs in the run directory"
 
 

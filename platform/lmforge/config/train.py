@@ -19,6 +19,9 @@ class TrainConfig:
     # auto = bf16-mixed on CUDA, fp32 on CPU.
     precision: Annotated[str, Literal["auto", "fp32", "bf16-mixed", "bf16"]] = "auto"
     device: Annotated[str, Literal["auto", "cpu", "cuda"]] = "auto"
+    # What the C allocator does with freed memory (runtime/host_memory.py): retain (glibc keeps it: a CPU step
+    # reuses its pages instead of faulting in new ones) | system (malloc as it is) | auto (retain on CPU).
+    host_malloc: Annotated[str, Literal["auto", "retain", "system"]] = "auto"
     seed: int = 1234
     # Intra-op threads per process; 0 = physical cores / local ranks, so any launch computes identically.
     threads: int = 0

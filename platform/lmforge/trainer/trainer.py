@@ -52,7 +52,7 @@ from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.mesh import DIM_NAMES
 from lmforge.parallel.planner import startup_memory_check
-from lmforge.runtime import env, provenance
+from lmforge.runtime import env, host_memory, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
 from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
@@ -96,6 +96,8 @@ class Trainer:
         check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device,
                               env.local_world_size())
         self.device = select_device(cfg.train.device, env.local_rank())
+        # Before the model and data are built: on the CPU, glibc keeps freed blocks for the next step's tensors.
+        self.host_malloc = host_memory.apply(host_memory.resolve(cfg.train.host_malloc, self.device.type))
         self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)
         self.rank = self.world.rank
         seed_everything(cfg.train.seed)
@@ -130,6 +132,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         say = print if self.rank == 0 else (lambda _line: None)
+        if self.host_malloc.startswith("system ("):  # retain was asked for (or auto on the CPU) and is not in force
+            say(f"lmforge: warning: host malloc: {self.host_malloc}")
         peak = peak_tflops(self.device, dtype, warn=say)
         refresh = (lambda achieved, old: refresh_cpu_peak(dtype, achieved, old, warn=say)) \
             if self.device.type == "cpu" else None  # a cached CPU peak measured under contention is re-measured
@@ -152,6 +156,7 @@ class Trainer:
         layout = {"world_size": self.world.world_size, "backend": self.world.backend,
                   "mesh": {k: v for k, v in zip(DIM_NAMES, self.engine.dims.shape)},
                   "batch": asdict(self.plan), "threads": self.threads, "device": str(self.device),
+                  "host_malloc": self.host_malloc,
                   "precision": self.engine.precision}
         provenance.write(self.paths.provenance, provenance.collect(layout=layout))
 
