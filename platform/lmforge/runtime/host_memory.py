@@ -19,7 +19,6 @@ The switches exist in glibc only: elsewhere (musl, macOS) ``retain`` changes not
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Optional
 
 # <malloc.h>: mallopt parameters
@@ -36,14 +35,9 @@ def resolve(mode: str, device_type: str) -> str:
 
 
 def _glibc() -> Optional[ctypes.CDLL]:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-    try:
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        libc.gnu_get_libc_version()
-        libc.mallopt
-    except AttributeError:
-        return None
-    return libc
+    """The process's C library if it is glibc (it has ``gnu_get_libc_version`` and ``mallopt``), else None."""
+    libc = ctypes.CDLL(None)  # the symbols already loaded into this process: the C library's among them
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 
 
 def apply(mode: str) -> str:
