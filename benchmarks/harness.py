@@ -98,9 +98,3 @@ def add_host_malloc_flag(ap) -> None:
     in a second invocation (the switches are process-wide)."""
     ap.add_argument("--host-malloc", choices=["retain", "system"], default="retain",
                     help="train.host_malloc for this process (default retain, as a CPU run)")
-
-
-def apply_host_malloc(mode: str) -> str:
-    from lmforge.runtime import host_memory
-
-    return host_memory.apply(mode)

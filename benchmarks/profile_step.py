@@ -33,7 +33,8 @@ from typing import Dict, List, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.harness import add_host_malloc_flag, apply_host_malloc
+from benchmarks.harness import add_host_malloc_flag
+from lmforge.runtime import host_memory
 
 CATEGORIES = ("GEMM", "attention", "norms", "activations", "RoPE", "loss", "optimizer", "copies/layout",
               "other ops", "framework overhead")
@@ -325,7 +326,7 @@ def main() -> None:
     add_host_malloc_flag(ap)
     args = ap.parse_args()
     threads = pin_threads(args.threads)
-    malloc = apply_host_malloc(args.host_malloc)
+    malloc = host_memory.apply(args.host_malloc)
     runs = []
     for model in args.model:
         big = model == "gpt_125m"

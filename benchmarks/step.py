@@ -32,12 +32,13 @@ from typing import List, Tuple
 
 import torch
 
-from benchmarks.harness import Case, add_host_malloc_flag, apply_host_malloc, run_suite
+from benchmarks.harness import Case, add_host_malloc_flag, run_suite
 from lmforge.config.compose import compose
 from lmforge.config.tokenizer_files import EMBEDDED_VOCAB, EOD_TOKEN
 from lmforge.config.validate import validate
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.runtime import host_memory
 from lmforge.runtime.hardware import pin_threads
 
 
@@ -189,14 +190,14 @@ def main() -> None:
     add_host_malloc_flag(ap)
     args = ap.parse_args()
     threads = pin_threads(args.threads)
-    malloc = apply_host_malloc(args.host_malloc)
+    malloc = host_memory.apply(args.host_malloc)
     base = base_overrides(args.model, args.batch, args.seq_len)
     cfg = validate(compose(base), world_size=1)
     tokens = args.batch * cfg.model.seq_len * args.steps
     fpt = flops_per_token(cfg.model)
-    print(f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq {cfg.model.seq_len}, {args.steps} "
-          f"step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} (lmforge.model.flops); "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq "
+          f"{cfg.model.seq_len}, {args.steps} step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} "
+          f"(lmforge.model.flops); load average {os.getloadavg()[0]:.2f}", flush=True)
 
     def case(name, fn, compiled=False):
         t0 = time.perf_counter()

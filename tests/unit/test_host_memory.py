@@ -1,7 +1,8 @@
-"""train.host_malloc (runtime/host_memory.py): with ``retain`` a process that frees and re-allocates a large
-tensor, as every CPU training step does with its logits and gradients, reuses the same pages (no page faults after
-the first round); with ``system`` (glibc as it is, the negative control) every round faults all of its pages in
-again (after a few rounds in which the heap grows to fit the blocks). Each mode runs in a fresh process: the switches are process-wide and cannot be undone."""
+"""train.host_malloc (runtime/host_memory.py): with ``retain`` a process that frees and re-allocates large
+tensors, as every CPU training step does with its logits and gradients, reuses the same pages once its heap has
+grown to fit them (no page faults in the last rounds); with ``system`` (glibc as it is, the negative control) the
+block over glibc's mmap threshold is faulted in anew every round. Each mode runs in a fresh process: the switches
+are process-wide and cannot be undone."""
 from __future__ import annotations
 
 import json
