@@ -4,6 +4,11 @@ against an fp32 GEMM probe measured in the same run. Two *ceiling* rows say how 
 other category took no time (GEMMs at the probe's rate or at their own, attention at its own): a goal above them
 needs faster GEMM or attention kernels, not less work around them.
 
+The profiler disturbs a CPU step: op times it reports for memory-bound kernels can be 2-3x their unprofiled
+time, and its own allocations defeat ``train.host_malloc=retain``'s page reuse (docs/step-speed.md, session 33).
+``benchmarks/ablate_step.py`` measures the parts' costs without it; read the shares here as where to look, and
+its figures as what a part costs.
+
     python -m benchmarks.profile_step [--model bench_small smoke gpt_125m] [--steps 3] [--batch 8] [--repeats 3]
                                       [--threads N] [--no-compile] [--host-malloc retain|system]
 
