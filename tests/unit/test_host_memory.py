@@ -58,3 +58,10 @@ def test_auto_retains_on_the_cpu_only_and_bad_modes_are_refused():
     assert host_memory.resolve("retain", "cuda") == "retain"
     with pytest.raises(ValueError, match="resolve 'auto' first"):
         host_memory.apply("auto")
+
+
+def test_retain_without_glibc_says_it_is_not_in_force(monkeypatch):
+    # musl or macOS: no mallopt to call; the Trainer prints this line (a warning) on rank 0 and records it
+    monkeypatch.setattr(host_memory, "_glibc", lambda: None)
+    in_force = host_memory.apply("retain")
+    assert in_force == "system (train.host_malloc=retain needs glibc's mallopt; this C library has none)"

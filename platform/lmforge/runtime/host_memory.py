@@ -10,9 +10,9 @@ sessions 32-33).
 
 ``retain`` sets ``mallopt(M_MMAP_MAX, 0)`` (every block from the heap) and ``mallopt(M_TRIM_THRESHOLD, 2**31-1)``
 (the heap is never trimmed): after the first steps a step reuses the pages the previous one freed (faults per step
-fall to ~0) and the process's resident memory stays at its peak instead of shrinking between steps. It is
-PyTorch's CPU-side equivalent of the CUDA caching allocator, done with the C library's own switches (no allocator
-to preload, nothing to install). ``system`` leaves malloc as it is. ``auto``: ``retain`` when training on the
+fall to ~0) and the process's resident memory stays at its peak instead of shrinking between steps: what the CUDA
+caching allocator does for a GPU's tensors, done with the C library's own switches (no allocator to preload,
+nothing to install). ``system`` leaves malloc as it is. ``auto``: ``retain`` when training on the
 CPU, ``system`` on a GPU (whose tensors the CUDA caching allocator already keeps; host-side effects unmeasured).
 
 The switches exist in glibc only: elsewhere (musl, macOS) ``retain`` changes nothing and says so.
