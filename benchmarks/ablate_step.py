@@ -28,6 +28,7 @@ A part's cost is the median over rounds of (whole step - step without it), in ms
 step. The shares need not add up to the whole: parts interact (a norm's output feeds a GEMM's cache).
 Eager only: a compiled step would recompile for every stand-in.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,6 @@ import statistics
 from typing import Callable, Dict, Iterator, List
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.harness import Case, add_host_malloc_flag, run_suite
@@ -124,6 +124,7 @@ def ablation_cases(step: Callable[[], None]) -> Dict[str, Callable[[], None]]:
         def run() -> None:
             with ablated(parts):
                 step()
+
         return run
 
     return {"whole step": step, **{name: under([name]) for name in names}, ALL: under(names)}
@@ -146,30 +147,43 @@ def main() -> None:
     malloc = host_memory.apply(args.host_malloc)
     base = base_overrides(args.model, args.batch)
     cfg = validate(compose(base), world_size=1)
-    print(f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq "
-          f"{cfg.model.seq_len}, {args.repeats} repeats, eager; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq "
+        f"{cfg.model.seq_len}, {args.repeats} repeats, eager; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     step = engine_step(base, args.batch)
     cases = [Case(name, fn) for name, fn in ablation_cases(step).items()]
     cases.append(model_gemm(cfg, args.batch))
-    results = {r.name: r for r in run_suite(f"ablate-{args.model}", cases, repeats=args.repeats, warmup=2,
-                                            baseline="whole step", progress=True)}
+    results = {
+        r.name: r
+        for r in run_suite(
+            f"ablate-{args.model}", cases, repeats=args.repeats, warmup=2, baseline="whole step", progress=True
+        )
+    }
     whole = results["whole step"]
-    print(f"\n| part taken out | cost, ms (paired median, min-max) | share of the whole step "
-          f"({whole.median_s * 1e3:.0f} ms) |")
+    print(
+        f"\n| part taken out | cost, ms (paired median, min-max) | share of the whole step "
+        f"({whole.median_s * 1e3:.0f} ms) |"
+    )
     print("|---|---|---|")
     for name, r in results.items():
         if name in ("whole step", MODEL_GEMM_CASE):
             continue
         deltas = [w - t for w, t in zip(whole.times_s, r.times_s)]
         cost = statistics.median(deltas)
-        print(f"| {name} | {cost * 1e3:.1f} ({min(deltas) * 1e3:.1f} to {max(deltas) * 1e3:.1f}) | "
-              f"{cost / whole.median_s:.1%} |")
+        print(
+            f"| {name} | {cost * 1e3:.1f} ({min(deltas) * 1e3:.1f} to {max(deltas) * 1e3:.1f}) | "
+            f"{cost / whole.median_s:.1%} |"
+        )
     gemm, rest = results[MODEL_GEMM_CASE], results[ALL]
     left = [t / g for t, g in zip(rest.times_s, gemm.times_s)]
-    print(f"\nfp32 GEMM probe at the step's shapes: {gemm.median_s * 1e3:.0f} ms "
-          f"({gemm.median_s / whole.median_s:.1%} of the whole step); '{ALL}': {rest.median_s * 1e3:.0f} ms, "
-          f"{statistics.median(left):.2f}x the probe (paired), the GEMMs' in-step time plus the embedding, residual "
-          f"adds, autograd and the engine")
+    print(
+        f"\nfp32 GEMM probe at the step's shapes: {gemm.median_s * 1e3:.0f} ms "
+        f"({gemm.median_s / whole.median_s:.1%} of the whole step); '{ALL}': {rest.median_s * 1e3:.0f} ms, "
+        f"{statistics.median(left):.2f}x the probe (paired), the GEMMs' in-step time plus the embedding, residual "
+        f"adds, autograd and the engine"
+    )
 
 
 if __name__ == "__main__":

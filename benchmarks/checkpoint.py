@@ -10,6 +10,7 @@ one training step of ``--tokens`` tokens measured in the same run (a real gpt_12
 256 x 1024 tokens is ~500x longer, so the ratio printed here is a pessimistic upper bound).
 Prints a table and one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,8 @@ from lmforge.config.comm import CommConfig
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.model.gpt import GPT, cross_entropy_loss
-from lmforge.runtime.hardware import pin_threads
 from lmforge.optim.adamw import build_optimizer
+from lmforge.runtime.hardware import pin_threads
 
 
 def train_step(model, opt, tokens: torch.Tensor) -> float:
@@ -86,17 +87,29 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
-    print(f"gpt_125m: {n_params / 1e6:.1f}M params, checkpoint {size:.2f} GiB (model + AdamW, fp32), "
-          f"{threads} threads, step of {args.tokens} tokens = {step_s:.2f} s (median of {args.repeats})")
+    print(
+        f"gpt_125m: {n_params / 1e6:.1f}M params, checkpoint {size:.2f} GiB (model + AdamW, fp32), "
+        f"{threads} threads, step of {args.tokens} tokens = {step_s:.2f} s (median of {args.repeats})"
+    )
     print(f"{'operation':<14} {'total s':>9} {'stall s':>9} {'stall/step':>11}")
     for name, (total, stall) in rows.items():
         ratio = f"{stall / step_s:>10.1%}" if stall is not None else f"{'-':>10}"
         print(f"{name:<14} {total:>9.2f} {stall if stall is not None else float('nan'):>9.2f} {ratio}")
     stall_thread = rows["async thread"][1]
     print(f"async thread stall vs sync save: {stall_thread / rows['sync save'][0]:.2f}x of the blocking time")
-    print(json.dumps({"bench": "checkpoint", "params": n_params, "size_gib": size, "step_s": step_s,
-                      "step_tokens": args.tokens, "threads": threads,
-                      **{name.replace(" ", "_"): {"total_s": t, "stall_s": s} for name, (t, s) in rows.items()}}))
+    print(
+        json.dumps(
+            {
+                "bench": "checkpoint",
+                "params": n_params,
+                "size_gib": size,
+                "step_s": step_s,
+                "step_tokens": args.tokens,
+                "threads": threads,
+                **{name.replace(" ", "_"): {"total_s": t, "stall_s": s} for name, (t, s) in rows.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ after backward, on 2 real gloo ranks with the tiny GPT and the same synthetic ba
 For each mode it prints the median unprofiled step time and the overlap numbers of ``lmforge.comm.overlap``
 (median over the profiled steps and ranks), then the ratios; ``--json PATH`` also writes them as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,14 @@ from typing import List
 
 
 def _rank(rank: int, world: int, port: int, overlap: bool, args: dict, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
 
     from lmforge.comm.process_group import destroy_process_group, init_process_group
@@ -32,16 +39,32 @@ def _rank(rank: int, world: int, port: int, overlap: bool, args: dict, out: str)
     from lmforge.parallel.native_engine import NativeEngine
 
     torch.set_num_threads(1)
-    cfg = validate(compose(["model=tiny", "parallelism=ddp", "comm=cpu_gloo", f"parallelism.overlap_grad_reduce={overlap}",
-                            f"parallelism.ddp_bucket_cap_mb={args['bucket_mb']}", "train.global_batch_size=16"]), world_size=world)
+    cfg = validate(
+        compose(
+            [
+                "model=tiny",
+                "parallelism=ddp",
+                "comm=cpu_gloo",
+                f"parallelism.overlap_grad_reduce={overlap}",
+                f"parallelism.ddp_bucket_cap_mb={args['bucket_mb']}",
+                "train.global_batch_size=16",
+            ]
+        ),
+        world_size=world,
+    )
     device = torch.device("cpu")
     init_process_group(cfg.comm, device)
     engine = NativeEngine(cfg, device)
     g = torch.Generator().manual_seed(100 + rank)
     T, m = cfg.model.seq_len, args["micro_batch"]
-    batches = [MicroBatch(tokens=torch.randint(0, 8000, (m, T), generator=g),
-                          targets=torch.randint(0, 8000, (m, T), generator=g), source_ids=[0] * m)
-               for _ in range(args["steps"])]
+    batches = [
+        MicroBatch(
+            tokens=torch.randint(0, 8000, (m, T), generator=g),
+            targets=torch.randint(0, 8000, (m, T), generator=g),
+            source_ids=[0] * m,
+        )
+        for _ in range(args["steps"])
+    ]
     records: List[dict] = []
 
     class Collect:
@@ -93,13 +116,24 @@ def main(argv=None) -> int:
     print(f"{'mode':<34}{'step ms':>10}{'comm ms':>10}{'exposed ms':>12}{'overlap':>10}")
     for overlap, name in ((True, "DDP buckets (overlap_grad_reduce)"), (False, "all-reduce after backward")):
         r = rows[overlap]
-        print(f"{name:<34}{r['step_ms']:>10.1f}{r['comm_ms']:>10.1f}{r['exposed_ms']:>12.1f}{r['overlap_fraction']:>10.3f}")
+        print(
+            f"{name:<34}{r['step_ms']:>10.1f}{r['comm_ms']:>10.1f}{r['exposed_ms']:>12.1f}{r['overlap_fraction']:>10.3f}"
+        )
     ratio = rows[False]["step_ms"] / rows[True]["step_ms"]
     exp_ratio = rows[False]["exposed_ms"] / max(rows[True]["exposed_ms"], 1e-9)
     print(f"step time ratio (after-backward / bucketed): {ratio:.2f}x; exposed comm ratio: {exp_ratio:.2f}x")
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": args, "rows": {str(k): v for k, v in rows.items()},
-                                            "step_time_ratio": ratio, "exposed_ratio": exp_ratio}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "args": args,
+                    "rows": {str(k): v for k, v in rows.items()},
+                    "step_time_ratio": ratio,
+                    "exposed_ratio": exp_ratio,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -8,6 +8,7 @@ group of one process, so the collectives carry a few KB and the fingerprint pass
 ``benchmarks.harness``. Prints the medians and the check's cost as a share of step time at
 ``fault.consistency_every`` = 1000 (the default) and at 100.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,12 @@ def main(argv=None) -> int:
     from lmforge.parallel.native_engine import NativeEngine
 
     threads = pin_threads(args.threads)
-    overrides = [f"model={args.model}", f"train.micro_batch_size={args.batch}",
-                 f"train.global_batch_size={args.batch}", f"train.device={args.device}"]
+    overrides = [
+        f"model={args.model}",
+        f"train.micro_batch_size={args.batch}",
+        f"train.global_batch_size={args.batch}",
+        f"train.device={args.device}",
+    ]
     if args.seq_len:
         overrides.append(f"model.seq_len={args.seq_len}")
     cfg = validate(compose(overrides), world_size=1)
@@ -56,15 +61,32 @@ def main(argv=None) -> int:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     tokens = args.batch * cfg.model.seq_len
-    results = run_suite(f"consistency-{args.model}-{args.device}", [
-        Case(f"{args.model} engine step (batch {args.batch}x{cfg.model.seq_len})",
-             lambda: engine.train_step([MB], 1e-4), tokens, "tokens"),
-        Case(f"replica check ({len(named)} tensors, {nbytes / 2**20:.0f} MiB)", lambda: check.check(1000), 1, "checks"),
-    ], repeats=args.repeats, warmup=1, sync=sync)
+    results = run_suite(
+        f"consistency-{args.model}-{args.device}",
+        [
+            Case(
+                f"{args.model} engine step (batch {args.batch}x{cfg.model.seq_len})",
+                lambda: engine.train_step([MB], 1e-4),
+                tokens,
+                "tokens",
+            ),
+            Case(
+                f"replica check ({len(named)} tensors, {nbytes / 2**20:.0f} MiB)",
+                lambda: check.check(1000),
+                1,
+                "checks",
+            ),
+        ],
+        repeats=args.repeats,
+        warmup=1,
+        sync=sync,
+    )
     step, chk = results
-    print(f"\nthreads={threads} device={device}: check {chk.median_s * 1e3:.1f} ms = {chk.median_s / step.median_s:.2%} "
-          f"of one step ({step.median_s:.3f} s); as a share of step time at consistency_every=1000: "
-          f"{chk.median_s / (1000 * step.median_s):.4%}, at 100: {chk.median_s / (100 * step.median_s):.3%}")
+    print(
+        f"\nthreads={threads} device={device}: check {chk.median_s * 1e3:.1f} ms = {chk.median_s / step.median_s:.2%} "
+        f"of one step ({step.median_s:.3f} s); as a share of step time at consistency_every=1000: "
+        f"{chk.median_s / (1000 * step.median_s):.4%}, at 100: {chk.median_s / (100 * step.median_s):.3%}"
+    )
     dist.destroy_process_group()
     return 0
 

@@ -11,6 +11,7 @@ warm-up step, with ``--threads`` intra-op threads per rank (default 1, so cp2 us
 one: the step-time ratio is what a second device buys, net of the exchange). Writes
 benchmarks/results/context_parallel.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,8 +96,17 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, th
 
 def run(model: str, layout: str, seq_len: int, steps: int, threads: int) -> dict:
     world, par = LAYOUTS[layout]
-    overrides = [f"model={model}", "model.tie_embeddings=false", f"model.seq_len={seq_len}", *par, "comm=cpu_gloo",
-                 "train.device=cpu", "train.precision=fp32", "train.micro_batch_size=1", "train.global_batch_size=1"]
+    overrides = [
+        f"model={model}",
+        "model.tie_embeddings=false",
+        f"model.seq_len={seq_len}",
+        *par,
+        "comm=cpu_gloo",
+        "train.device=cpu",
+        "train.precision=fp32",
+        "train.micro_batch_size=1",
+        "train.global_batch_size=1",
+    ]
     result = run_on_ranks(_rank, world, (overrides, steps, threads), f"{layout} seq_len {seq_len}")
     return {"world": world, "median_step_s": statistics.median(result["step_times"]), **result}
 
@@ -107,9 +117,13 @@ def main() -> None:
     ap.add_argument("--seq-lens", default="512,1024,2048,4096")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="intra-op threads per rank (default 1: on a shared machine, OpenMP teams on oversubscribed "
-                         "cores stall; 0: the cores split evenly between the ranks)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads per rank (default 1: on a shared machine, OpenMP teams on oversubscribed "
+        "cores stall; 0: the cores split evenly between the ranks)",
+    )
     ap.add_argument("--out", default="benchmarks/results/context_parallel.json")
     args = ap.parse_args()
     layouts = args.layouts.split(",")
@@ -123,9 +137,11 @@ def main() -> None:
         for layout, row in rows.items():
             row["memory_vs_cp1"] = row["activation_bytes"] / base["activation_bytes"]
             row["step_vs_cp1"] = row["median_step_s"] / base["median_step_s"]
-            print(f"{'':8s}{seq_len:7d}  {layout:14s} {row['activation_bytes'] / 2**20:10.1f} MiB  "
-                  f"{row['memory_vs_cp1']:6.2f}x  {row['median_step_s'] * 1e3:10.0f} ms  {row['step_vs_cp1']:6.2f}x",
-                  flush=True)
+            print(
+                f"{'':8s}{seq_len:7d}  {layout:14s} {row['activation_bytes'] / 2**20:10.1f} MiB  "
+                f"{row['memory_vs_cp1']:6.2f}x  {row['median_step_s'] * 1e3:10.0f} ms  {row['step_vs_cp1']:6.2f}x",
+                flush=True,
+            )
         report[str(seq_len)] = rows
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

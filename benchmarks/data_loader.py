@@ -18,6 +18,7 @@ loop waits for in ``step_batches()`` (including the host-to-device copy on CUDA)
 simulated step, which also shows any GIL contention the worker threads cause), for each worker count side by
 side on the same mixture. The first step of each loop (built before any prefetch could start) is left out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def median_time(fn: Callable[[], None], repeats: int, warmup: int = 1,
-                sync: Callable[[], None] = lambda: None) -> float:
+def median_time(
+    fn: Callable[[], None], repeats: int, warmup: int = 1, sync: Callable[[], None] = lambda: None
+) -> float:
     for _ in range(warmup):
         fn()
     sync()
@@ -52,8 +54,9 @@ def ensure_world() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp(prefix='lmforge-bench-')}", rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp(prefix='lmforge-bench-')}", rank=0, world_size=1
+        )
 
 
 def loader_and_train(exp: str, steps: int, train_micro: int, repeats: int, cache: Path, device: torch.device) -> Dict:
@@ -92,11 +95,18 @@ def loader_and_train(exp: str, steps: int, train_micro: int, repeats: int, cache
 
     train_s = median_time(fwd_bwd, max(2, repeats // 2), sync=sync)
     train_tps = micro * m.seq_len / train_s
-    return {"config": exp, "seq_len": m.seq_len, "global_batch": plan.global_batch_size,
-            "tokens_per_step": plan.tokens_per_step, "loader_tokens_per_s": loader_tps,
-            "loader_step_ms": 1000 * loader_s / steps, "train_micro_measured": micro,
-            "train_tokens_per_s": train_tps, "train_step_s": plan.tokens_per_step / train_tps,
-            "headroom": loader_tps / train_tps}
+    return {
+        "config": exp,
+        "seq_len": m.seq_len,
+        "global_batch": plan.global_batch_size,
+        "tokens_per_step": plan.tokens_per_step,
+        "loader_tokens_per_s": loader_tps,
+        "loader_step_ms": 1000 * loader_s / steps,
+        "train_micro_measured": micro,
+        "train_tokens_per_s": train_tps,
+        "train_step_s": plan.tokens_per_step / train_tps,
+        "headroom": loader_tps / train_tps,
+    }
 
 
 def simulated_compute(ms: float, device: torch.device) -> Callable[[], None]:
@@ -115,8 +125,9 @@ def simulated_compute(ms: float, device: torch.device) -> Callable[[], None]:
     return step
 
 
-def prefetch_latency(exp: str, workers: List[int], loop_steps: int, compute_ms: float, cache: Path,
-                     device: torch.device) -> List[Dict]:
+def prefetch_latency(
+    exp: str, workers: List[int], loop_steps: int, compute_ms: float, cache: Path, device: torch.device
+) -> List[Dict]:
     from lmforge.config.batch import batch_plan
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
@@ -150,10 +161,18 @@ def prefetch_latency(exp: str, workers: List[int], loop_steps: int, compute_ms: 
                     steps.append(time.perf_counter() - t0)
         finally:
             stream.close()
-        rows.append({"config": exp, "workers": w, "samples_per_step": plan.global_batch_size,
-                     "micro_batches": plan.grad_accum, "compute_ms": compute_ms,
-                     "wait_ms_median": 1000 * statistics.median(waits), "wait_ms_max": 1000 * max(waits),
-                     "step_ms_median": 1000 * statistics.median(steps)})
+        rows.append(
+            {
+                "config": exp,
+                "workers": w,
+                "samples_per_step": plan.global_batch_size,
+                "micro_batches": plan.grad_accum,
+                "compute_ms": compute_ms,
+                "wait_ms_median": 1000 * statistics.median(waits),
+                "wait_ms_max": 1000 * max(waits),
+                "step_ms_median": 1000 * statistics.median(steps),
+            }
+        )
     for r in rows:
         r["wait_ratio_vs_first"] = r["wait_ms_median"] / rows[0]["wait_ms_median"]
         r["step_ratio_vs_first"] = r["step_ms_median"] / rows[0]["step_ms_median"]
@@ -182,15 +201,23 @@ def prepare_rate(megabytes: float, cache: Path, workers: List[int]) -> List[Dict
         t0 = time.perf_counter()
         meta = prepare([str(tmp / "text")], tmp / f"w{w}", tok, workers=w)
         seconds = time.perf_counter() - t0
-        out.append({"workers": w, "mb": size / 1e6, "seconds": seconds, "mb_per_s": size / 1e6 / seconds,
-                    "tokens": meta["tokens"]})
+        out.append(
+            {
+                "workers": w,
+                "mb": size / 1e6,
+                "seconds": seconds,
+                "mb_per_s": size / 1e6 / seconds,
+                "tokens": meta["tokens"],
+            }
+        )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suites", nargs="+", default=["loader", "prepare", "prefetch"],
-                    choices=["loader", "prepare", "prefetch"])
+    ap.add_argument(
+        "--suites", nargs="+", default=["loader", "prepare", "prefetch"], choices=["loader", "prepare", "prefetch"]
+    )
     ap.add_argument("--configs", nargs="+", default=["smoke", "gpt_125m"])
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps per loader timing")
     ap.add_argument("--repeats", type=int, default=5)
@@ -203,18 +230,30 @@ def main() -> None:
     args = ap.parse_args()
     cache = Path(args.cache).absolute()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = [loader_and_train(c, args.steps, args.train_micro, args.repeats, cache, device)
-            for c in args.configs] if "loader" in args.suites else []
+    rows = (
+        [loader_and_train(c, args.steps, args.train_micro, args.repeats, cache, device) for c in args.configs]
+        if "loader" in args.suites
+        else []
+    )
     prep = prepare_rate(args.prepare_mb, cache, [1, 2]) if args.prepare_mb > 0 and "prepare" in args.suites else []
-    prefetch = [r for c in args.configs for r in prefetch_latency(c, args.workers, args.loop_steps, args.compute_ms,
-                                                                  cache, device)] if "prefetch" in args.suites else []
+    prefetch = (
+        [
+            r
+            for c in args.configs
+            for r in prefetch_latency(c, args.workers, args.loop_steps, args.compute_ms, cache, device)
+        ]
+        if "prefetch" in args.suites
+        else []
+    )
 
     if rows:
         print(f"\nloader vs training consumption ({device}, {torch.get_num_threads()} threads)")
         print(f"{'config':<10} {'seq':>5} {'tok/step':>9} {'loader tok/s':>13} {'train tok/s':>12} {'headroom':>9}")
         for r in rows:
-            print(f"{r['config']:<10} {r['seq_len']:>5} {r['tokens_per_step']:>9} {r['loader_tokens_per_s']:>13,.0f} "
-                  f"{r['train_tokens_per_s']:>12,.0f} {r['headroom']:>8.1f}x")
+            print(
+                f"{r['config']:<10} {r['seq_len']:>5} {r['tokens_per_step']:>9} {r['loader_tokens_per_s']:>13,.0f} "
+                f"{r['train_tokens_per_s']:>12,.0f} {r['headroom']:>8.1f}x"
+            )
     if prep:
         print("\nprepare (real text, embedded BPE)")
         print(f"{'workers':>7} {'MB':>6} {'seconds':>8} {'MB/s':>7}")
@@ -222,20 +261,27 @@ def main() -> None:
             print(f"{p['workers']:>7} {p['mb']:>6.2f} {p['seconds']:>8.2f} {p['mb_per_s']:>7.3f}")
         print(f"prepare speedup 2 workers / 1 worker: {prep[1]['mb_per_s'] / prep[0]['mb_per_s']:.2f}x")
     if prefetch:
-        print(f"\nstep_batches() wait seen by the loop, next to a {args.compute_ms:.0f} ms simulated step ({device}, "
-              f"median of {args.loop_steps - 1} steps)")
+        print(
+            f"\nstep_batches() wait seen by the loop, next to a {args.compute_ms:.0f} ms simulated step ({device}, "
+            f"median of {args.loop_steps - 1} steps)"
+        )
         first = f"vs {args.workers[0]}"
-        print(f"{'config':<10} {'samples/step':>12} {'workers':>7} {'wait ms':>9} {'max ms':>8} {first:>7} "
-              f"{'loop step ms':>12} {first:>7}")
+        print(
+            f"{'config':<10} {'samples/step':>12} {'workers':>7} {'wait ms':>9} {'max ms':>8} {first:>7} "
+            f"{'loop step ms':>12} {first:>7}"
+        )
         for r in prefetch:
-            print(f"{r['config']:<10} {r['samples_per_step']:>12} {r['workers']:>7} {r['wait_ms_median']:>9.3f} "
-                  f"{r['wait_ms_max']:>8.3f} {r['wait_ratio_vs_first']:>6.3f}x {r['step_ms_median']:>12.2f} "
-                  f"{r['step_ratio_vs_first']:>6.3f}x")
+            print(
+                f"{r['config']:<10} {r['samples_per_step']:>12} {r['workers']:>7} {r['wait_ms_median']:>9.3f} "
+                f"{r['wait_ms_max']:>8.3f} {r['wait_ratio_vs_first']:>6.3f}x {r['step_ms_median']:>12.2f} "
+                f"{r['step_ratio_vs_first']:>6.3f}x"
+            )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "data_loader.json"
     saved = json.loads(out.read_text()) if out.exists() else {}  # keep the suites not run this time
-    saved.update({"device": str(device), **{k: v for k, v in (("loader", rows), ("prepare", prep),
-                                                                ("prefetch", prefetch)) if v}})
+    saved.update(
+        {"device": str(device), **{k: v for k, v in (("loader", rows), ("prepare", prep), ("prefetch", prefetch)) if v}}
+    )
     out.write_text(json.dumps(saved, indent=1))
 
 

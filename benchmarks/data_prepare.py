@@ -19,6 +19,7 @@ the reader thread's work overlapping the tokenizer's.
 TOKENIZERS_PARALLELISM=false throughout, so W processes use W threads in both cases. JSON goes to
 benchmarks/results/data_prepare.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     tok = load_tokenizer("embedded", cache)
     docs = corpus(args.mb)
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: F401  one-time import, untimed
+
     mb = sum(len(d.encode()) for d in docs) / 1e6
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory(prefix="lmforge-bench-prepare-") as tmp:
@@ -140,33 +142,49 @@ def main(argv=None) -> int:
             for w in args.workers:
                 raw, prep, raw_cpu, prep_cpu = [], [], [], []
                 for _ in range(args.repeats):  # interleaved: drift of a shared machine hits both alike
-                    for times, cpus, (wall, cpu) in ((raw, raw_cpu, raw_rate(docs, tok, w)),
-                                                     (prep, prep_cpu, prepare_time(src, tok, w, args.files_per_shard,
-                                                                                   root))):
+                    for times, cpus, (wall, cpu) in (
+                        (raw, raw_cpu, raw_rate(docs, tok, w)),
+                        (prep, prep_cpu, prepare_time(src, tok, w, args.files_per_shard, root)),
+                    ):
                         times.append(wall)
                         cpus.append(cpu)
                 r, p = statistics.median(raw), statistics.median(prep)
                 pairs = sorted(a / b for a, b in zip(raw, prep))  # each repeat's raw / prepare, run back to back
-                row = {"format": fmt, "workers": w, "text_mb": round(mb, 2), "raw_mb_per_s": round(mb / r, 3),
-                       "prepare_mb_per_s": round(mb / p, 3), "prepare_mb_per_s_per_worker": round(mb / p / w, 3),
-                       "ratio": round(r / p, 3), "pair_ratio_median": round(statistics.median(pairs), 3),
-                       "pair_ratio_min": round(pairs[0], 3), "pair_ratio_max": round(pairs[-1], 3),
-                       "raw_s": [round(x, 3) for x in raw], "prepare_s": [round(x, 3) for x in prep],
-                       # CPU seconds (all threads and worker processes): the work done, whatever the load
-                       "cpu_ratio": round(statistics.median(raw_cpu) / statistics.median(prep_cpu), 3),
-                       "raw_cpu_s": [round(x, 3) for x in raw_cpu], "prepare_cpu_s": [round(x, 3) for x in prep_cpu],
-                       "load_average": [round(x, 2) for x in os.getloadavg()]}
+                row = {
+                    "format": fmt,
+                    "workers": w,
+                    "text_mb": round(mb, 2),
+                    "raw_mb_per_s": round(mb / r, 3),
+                    "prepare_mb_per_s": round(mb / p, 3),
+                    "prepare_mb_per_s_per_worker": round(mb / p / w, 3),
+                    "ratio": round(r / p, 3),
+                    "pair_ratio_median": round(statistics.median(pairs), 3),
+                    "pair_ratio_min": round(pairs[0], 3),
+                    "pair_ratio_max": round(pairs[-1], 3),
+                    "raw_s": [round(x, 3) for x in raw],
+                    "prepare_s": [round(x, 3) for x in prep],
+                    # CPU seconds (all threads and worker processes): the work done, whatever the load
+                    "cpu_ratio": round(statistics.median(raw_cpu) / statistics.median(prep_cpu), 3),
+                    "raw_cpu_s": [round(x, 3) for x in raw_cpu],
+                    "prepare_cpu_s": [round(x, 3) for x in prep_cpu],
+                    "load_average": [round(x, 2) for x in os.getloadavg()],
+                }
                 rows.append(row)
-                print(f"{fmt:14s} workers={w}  raw {row['raw_mb_per_s']:7.2f} MB/s  prepare "
-                      f"{row['prepare_mb_per_s']:7.2f} MB/s ({row['prepare_mb_per_s_per_worker']:.2f}/worker)  "
-                      f"ratio {row['ratio']:.2f} (pairs {pairs[0]:.2f}-{pairs[-1]:.2f}, median "
-                      f"{row['pair_ratio_median']:.2f}; cpu ratio {row['cpu_ratio']:.2f}; "
-                      f"load {row['load_average'][0]})",
-                      flush=True)
+                print(
+                    f"{fmt:14s} workers={w}  raw {row['raw_mb_per_s']:7.2f} MB/s  prepare "
+                    f"{row['prepare_mb_per_s']:7.2f} MB/s ({row['prepare_mb_per_s_per_worker']:.2f}/worker)  "
+                    f"ratio {row['ratio']:.2f} (pairs {pairs[0]:.2f}-{pairs[-1]:.2f}, median "
+                    f"{row['pair_ratio_median']:.2f}; cpu ratio {row['cpu_ratio']:.2f}; "
+                    f"load {row['load_average'][0]})",
+                    flush=True,
+                )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "data_prepare.json").write_text(json.dumps(
-        {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args), "rows": rows},
-        indent=1))
+    (RESULTS / "data_prepare.json").write_text(
+        json.dumps(
+            {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args), "rows": rows},
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -10,6 +10,7 @@
    multi-query attention at the gpt_1b and gpt_7b shapes, read from a cache allocated on the meta device and checked
    against the formula 2 * layers * tokens * kv_heads * head_dim * bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,16 +37,24 @@ def speed(model_name: str, seq_len: int, prompt_len: int, lengths: list[int], re
     cfg = preset(model_name)
     cfg = dataclasses.replace(cfg, seq_len=seq_len or cfg.seq_len)
     if prompt_len + max(lengths) > cfg.seq_len:
-        raise SystemExit(f"--prompt {prompt_len} + --lengths max {max(lengths)} exceeds {model_name}'s seq_len "
-                         f"{cfg.seq_len}. Fix: shorter lengths or a larger --seq-len")
+        raise SystemExit(
+            f"--prompt {prompt_len} + --lengths max {max(lengths)} exceeds {model_name}'s seq_len "
+            f"{cfg.seq_len}. Fix: shorter lengths or a larger --seq-len"
+        )
     model = GPT(cfg)
     model.init_weights(0)
     model.eval()
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     for n in lengths:
-        cases = [Case(f"{model_name} +{n} tokens, {'KV cache' if cached else 'no cache'}",
-                      (lambda cached=cached, n=n: generate(model, [prompt], n, use_cache=cached)), n, "tokens")
-                 for cached in (False, True)]
+        cases = [
+            Case(
+                f"{model_name} +{n} tokens, {'KV cache' if cached else 'no cache'}",
+                (lambda cached=cached, n=n: generate(model, [prompt], n, use_cache=cached)),
+                n,
+                "tokens",
+            )
+            for cached in (False, True)
+        ]
         run_suite(f"decode-{model_name}-{n}", cases, repeats=repeats, warmup=1)
 
 

@@ -8,6 +8,7 @@ uses), back to back, so peak memory is the engine's own: ``torch.cuda.max_memory
 process's peak RSS on CPU. Step time is the median over ``--steps`` timed steps after 2 warm-up steps.
 The engines are asked for ZeRO-3-equivalent sharding (FSDP2 reshard_after_forward=true).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ def worker(args) -> None:
     from lmforge.parallel.build_engine import build_engine
     from lmforge.runtime.hardware import select_device
 
-    over = [f"model={args.model}", args.parallelism, f"train.micro_batch_size={args.micro}",
-            f"train.global_batch_size={args.micro * 2}"]
+    over = [
+        f"model={args.model}",
+        args.parallelism,
+        f"train.micro_batch_size={args.micro}",
+        f"train.global_batch_size={args.micro * 2}",
+    ]
     if args.seq_len:
         over.append(f"model.seq_len={args.seq_len}")
     cfg = validate(compose(over), world_size=2)
@@ -63,8 +68,12 @@ def worker(args) -> None:
         peak = torch.cuda.max_memory_allocated(device) / 2**30
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    out = {"median_s": statistics.median(times), "tokens_per_step": args.micro * 2 * cfg.model.seq_len,
-           "peak_gib": peak, "device": str(device)}
+    out = {
+        "median_s": statistics.median(times),
+        "tokens_per_step": args.micro * 2 * cfg.model.seq_len,
+        "peak_gib": peak,
+        "device": str(device),
+    }
     Path(args.out).write_text(json.dumps(out))
 
 
@@ -75,14 +84,38 @@ def launch(model: str, parallelism: str, steps: int, micro: int, seq_len: int) -
     tmp = Path(tempfile.mkdtemp(prefix="lmforge-dsbench-"))
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
         if not torch.cuda.is_available():
             env.setdefault("DS_ACCELERATOR", "cpu")
-        cmd = [sys.executable, "-m", "benchmarks.deepspeed_vs_fsdp", "--worker", "--model", model, "--steps", str(steps),
-               "--micro", str(micro), "--seq-len", str(seq_len), "--parallelism", parallelism,
-               "--out", str(tmp / f"rank{rank}.json")]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=open(tmp / f"rank{rank}.log", "w"), stderr=subprocess.STDOUT))
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.deepspeed_vs_fsdp",
+            "--worker",
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--micro",
+            str(micro),
+            "--seq-len",
+            str(seq_len),
+            "--parallelism",
+            parallelism,
+            "--out",
+            str(tmp / f"rank{rank}.json"),
+        ]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=open(tmp / f"rank{rank}.log", "w"), stderr=subprocess.STDOUT)
+        )
     for p in procs:
         p.wait(timeout=3600)
     results = []
@@ -111,18 +144,28 @@ def main() -> None:
     for name, par in ENGINES.items():
         ranks = launch(args.model, par, args.steps, args.micro, args.seq_len)
         step = max(r["median_s"] for r in ranks)
-        rows[name] = {"tokens_per_s": ranks[0]["tokens_per_step"] / step, "step_s": step,
-                      "peak_gib_per_rank": max(r["peak_gib"] for r in ranks), "device": ranks[0]["device"]}
+        rows[name] = {
+            "tokens_per_s": ranks[0]["tokens_per_step"] / step,
+            "step_s": step,
+            "peak_gib_per_rank": max(r["peak_gib"] for r in ranks),
+            "device": ranks[0]["device"],
+        }
     base = rows["native FSDP2"]
-    print(f"\n== native FSDP2 vs DeepSpeed ZeRO-3, model={args.model}, 2 ranks, micro batch {args.micro}, "
-          f"median of {args.steps} steps ==")
+    print(
+        f"\n== native FSDP2 vs DeepSpeed ZeRO-3, model={args.model}, 2 ranks, micro batch {args.micro}, "
+        f"median of {args.steps} steps =="
+    )
     print(f"{'engine':<20} {'step s':>8} {'tokens/s':>10} {'peak GiB/rank':>14} {'tok/s ratio':>12} {'mem ratio':>10}")
     for name, r in rows.items():
-        print(f"{name:<20} {r['step_s']:>8.3f} {r['tokens_per_s']:>10,.0f} {r['peak_gib_per_rank']:>14.3f} "
-              f"{r['tokens_per_s'] / base['tokens_per_s']:>12.3f} {r['peak_gib_per_rank'] / base['peak_gib_per_rank']:>10.3f}")
+        print(
+            f"{name:<20} {r['step_s']:>8.3f} {r['tokens_per_s']:>10,.0f} {r['peak_gib_per_rank']:>14.3f} "
+            f"{r['tokens_per_s'] / base['tokens_per_s']:>12.3f} {r['peak_gib_per_rank'] / base['peak_gib_per_rank']:>10.3f}"
+        )
     out = Path(__file__).resolve().parent / "results" / f"deepspeed_vs_fsdp-{args.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "micro": args.micro, "steps": args.steps, "results": rows}, indent=1))
+    out.write_text(
+        json.dumps({"model": args.model, "micro": args.micro, "steps": args.steps, "results": rows}, indent=1)
+    )
 
 
 if __name__ == "__main__":

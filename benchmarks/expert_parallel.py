@@ -9,6 +9,7 @@ The all-to-all time is the wall time rank 0 spends inside ``all_to_all_single`` 
 combine exchanges of every MoE layer, forward and backward: the blocking calls are timed, waiting for the
 other rank included), summed per step. Writes benchmarks/results/expert_parallel.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,15 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, th
 
 
 def run(layout: str, steps: int, batch: int, threads: int) -> dict:
-    overrides = ["model=moe_smoke", *LAYOUTS[layout], "comm=cpu_gloo", "train.device=cpu", "train.precision=fp32",
-                 f"train.micro_batch_size={batch}", f"train.global_batch_size={2 * batch}"]
+    overrides = [
+        "model=moe_smoke",
+        *LAYOUTS[layout],
+        "comm=cpu_gloo",
+        "train.device=cpu",
+        "train.precision=fp32",
+        f"train.micro_batch_size={batch}",
+        f"train.global_batch_size={2 * batch}",
+    ]
     result = run_on_ranks(_rank, 2, (overrides, steps, threads), layout)
     step = statistics.median(result["step_times"])
     share = statistics.median(a / s for a, s in zip(result["all_to_all_times"], result["step_times"]))
@@ -75,10 +83,15 @@ def main() -> None:
     args = ap.parse_args()
     rows = {layout: run(layout, args.steps, args.batch, args.threads) for layout in LAYOUTS}
     for layout, row in rows.items():
-        print(f"moe_smoke 2 ranks {layout}: step {row['median_step_s'] * 1e3:8.0f} ms (median of {args.steps}), "
-              f"all-to-all {row['all_to_all_share']:.1%} of the step", flush=True)
-    print(f"all-to-all share of step at ep2: {rows['ep2']['all_to_all_share']:.1%}; ep2 step / ep1 step "
-          f"{rows['ep2']['median_step_s'] / rows['ep1']['median_step_s']:.2f}x")
+        print(
+            f"moe_smoke 2 ranks {layout}: step {row['median_step_s'] * 1e3:8.0f} ms (median of {args.steps}), "
+            f"all-to-all {row['all_to_all_share']:.1%} of the step",
+            flush=True,
+        )
+    print(
+        f"all-to-all share of step at ep2: {rows['ep2']['all_to_all_share']:.1%}; ep2 step / ep1 step "
+        f"{rows['ep2']['median_step_s'] / rows['ep1']['median_step_s']:.2f}x"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"batch": args.batch, "steps": args.steps, "layouts": rows}, indent=1))

@@ -28,6 +28,7 @@ and the JSON is rewritten after every check so a timeout still leaves data):
 
 The exit status is non-zero if any check failed or was skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,6 +62,7 @@ H200_SPEC_BF16 = PEAK_TFLOPS["h200"]["bf16"]  # 989.4 dense TFLOP/s
 @dataclass(frozen=True)
 class Sizes:
     """Everything that differs between the GPU run and the CPU dry run (the code paths do not)."""
+
     device: torch.device
     matmul_n: int
     sdpa_shape: Tuple[int, int, int, int]  # B, H, T, head_dim
@@ -76,10 +78,14 @@ class Sizes:
 
 
 GPU_PRESETS = {
-    "gpt_125m": (ModelConfig(name="gpt_125m", vocab_size=50304, d_model=768, n_layers=12, n_heads=12,
-                             seq_len=1024), 16),
-    "gpt_1b": (ModelConfig(name="gpt_1b", vocab_size=50304, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=8,
-                           seq_len=2048), 8),
+    "gpt_125m": (
+        ModelConfig(name="gpt_125m", vocab_size=50304, d_model=768, n_layers=12, n_heads=12, seq_len=1024),
+        16,
+    ),
+    "gpt_1b": (
+        ModelConfig(name="gpt_1b", vocab_size=50304, d_model=2048, n_layers=24, n_heads=16, n_kv_heads=8, seq_len=2048),
+        8,
+    ),
 }
 # Dry-run stand-ins (named like the GPU models so the JSON keys match): the block shape and batch equal the
 # compile check's, so every compiled block of the dry run reuses that one compile (a CPU compile costs ~30-50 s).
@@ -91,9 +97,21 @@ CPU_PRESETS = {
 
 
 def gpu_sizes() -> Sizes:
-    est = {"matmul_tflops": 5, "flash_sdpa": 5, "bf16_step": 10, "process_group_world_1": 10, "fsdp2_one_device": 15,
-           "compile_block": 40, "gpt_125m_eager": 15, "gpt_125m_compiled": 45, "gpt_125m_engine": 35,
-           "engine_no_host_sync": 5, "document_attention_varlen": 20, "gpt_1b_compiled": 120, "gpt_1b_engine": 80}
+    est = {
+        "matmul_tflops": 5,
+        "flash_sdpa": 5,
+        "bf16_step": 10,
+        "process_group_world_1": 10,
+        "fsdp2_one_device": 15,
+        "compile_block": 40,
+        "gpt_125m_eager": 15,
+        "gpt_125m_compiled": 45,
+        "gpt_125m_engine": 35,
+        "engine_no_host_sync": 5,
+        "document_attention_varlen": 20,
+        "gpt_1b_compiled": 120,
+        "gpt_1b_engine": 80,
+    }
     tiny = ModelConfig(name="tiny", vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
     return Sizes(torch.device("cuda", 0), 8192, (2, 16, 2048, 128), tiny, 8, 20, 1.0, GPU_PRESETS, 9, 3, 445.0, est)
 
@@ -120,8 +138,12 @@ class Report:
 
     def _on_sigterm(self, signum, frame) -> None:
         if self.current:
-            self.data["checks"][self.current] = {"ok": False, "status": "fail", "error": "killed by SIGTERM (timeout) "
-                                                 f"after {self.elapsed():.0f}s of the run", "est_s": None}
+            self.data["checks"][self.current] = {
+                "ok": False,
+                "status": "fail",
+                "error": f"killed by SIGTERM (timeout) after {self.elapsed():.0f}s of the run",
+                "est_s": None,
+            }
         self.data["summary"] = {"killed_during": self.current, "wall_s": round(self.elapsed(), 1)}
         self.write()
         print(f"KILLED during {self.current} after {self.elapsed():.0f}s; partial results in {self.path}", flush=True)
@@ -139,8 +161,12 @@ class Report:
     def check(self, name: str, fn: Callable[[], object], est_s: float) -> None:
         left = self.budget_s - self.elapsed()
         if est_s > left:
-            self.data["checks"][name] = {"ok": False, "status": "skipped", "est_s": est_s,
-                                         "error": f"skipped: estimate {est_s:.0f}s > {left:.0f}s left of the budget"}
+            self.data["checks"][name] = {
+                "ok": False,
+                "status": "skipped",
+                "est_s": est_s,
+                "error": f"skipped: estimate {est_s:.0f}s > {left:.0f}s left of the budget",
+            }
             print(f"SKIP {name}: estimate {est_s:.0f}s > {left:.0f}s left", flush=True)
             self.write()
             return
@@ -152,8 +178,12 @@ class Report:
             entry = {"ok": True, "status": "pass", "value": value}
             print(f"PASS {name}: {value} ({time.perf_counter() - t0:.1f}s)", flush=True)
         except Exception as e:  # noqa: BLE001 - report every failure and go on with the next check
-            entry = {"ok": False, "status": "fail", "error": f"{type(e).__name__}: {e}"[:800],
-                     "trace": traceback.format_exc()[-2000:]}
+            entry = {
+                "ok": False,
+                "status": "fail",
+                "error": f"{type(e).__name__}: {e}"[:800],
+                "trace": traceback.format_exc()[-2000:],
+            }
             print(f"FAIL {name}: {type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}", flush=True)
         entry.update(est_s=est_s, s=round(time.perf_counter() - t0, 2))
         self.data["checks"][name] = entry
@@ -196,8 +226,10 @@ def sdpa_kernel_ctx(backend_name: str):
 
         return sdpa_kernel(getattr(SDPBackend, backend_name))
     except ImportError:  # pragma: no cover - old torch
-        flags = {"FLASH_ATTENTION": dict(enable_flash=True, enable_math=False, enable_mem_efficient=False),
-                 "MATH": dict(enable_flash=False, enable_math=True, enable_mem_efficient=False)}[backend_name]
+        flags = {
+            "FLASH_ATTENTION": dict(enable_flash=True, enable_math=False, enable_mem_efficient=False),
+            "MATH": dict(enable_flash=False, enable_math=True, enable_mem_efficient=False),
+        }[backend_name]
         return torch.backends.cuda.sdp_kernel(**flags)
 
 
@@ -257,12 +289,16 @@ def check_flash_sdpa() -> dict:
         with sdpa_kernel_ctx("FLASH_ATTENTION"), counter:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     except RuntimeError as e:
-        raise RuntimeError(f"torch {torch.__version__} did not select the flash SDPA kernel on {S.device.type} "
-                           f"for bf16 {tuple(q.shape)}: {e}") from e
+        raise RuntimeError(
+            f"torch {torch.__version__} did not select the flash SDPA kernel on {S.device.type} "
+            f"for bf16 {tuple(q.shape)}: {e}"
+        ) from e
     flash_ops = sorted(op for op in counter.counts if "flash" in op)
     if not flash_ops:
-        raise AssertionError(f"flash SDPA was requested but the ops run were {sorted(counter.counts)} "
-                             f"(no flash kernel on {S.device.type})")
+        raise AssertionError(
+            f"flash SDPA was requested but the ops run were {sorted(counter.counts)} "
+            f"(no flash kernel on {S.device.type})"
+        )
     with sdpa_kernel_ctx("MATH"):
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     err = (out.float() - ref).abs().max().item()
@@ -319,8 +355,13 @@ def check_fsdp2_one_device() -> str:
     mesh = build_mesh(ParallelDims.from_config(pcfg), S.device)
     with torch.device("meta"):
         model = GPT(cfg)
-    par = parallelize(model, RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(precision="fp32", seed=0)),
-                      mesh, S.device, fsdp=True)
+    par = parallelize(
+        model,
+        RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(precision="fp32", seed=0)),
+        mesh,
+        S.device,
+        fsdp=True,
+    )
     model = par.module
     n_dtensor = sum(isinstance(p, DTensor) for p in par.model.parameters())
     assert n_dtensor == len(list(par.model.parameters())), "FSDP2 did not turn every parameter into a DTensor"
@@ -362,8 +403,11 @@ def check_compile_block() -> dict:
     out_err = (out_c - out_e).abs().max().item() / max(out_e.abs().max().item(), 1e-6)
     grad_err = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-12) for a, b in zip(grads_c, grads_e))
     assert out_err < 5e-2 and grad_err < 1e-1, f"compiled vs eager: out rel err {out_err:.2e}, grad {grad_err:.2e}"
-    return {"first_call_s": round(first_s, 1), "out_rel_err": float(f"{out_err:.2e}"),
-            "grad_rel_err": float(f"{grad_err:.2e}")}
+    return {
+        "first_call_s": round(first_s, 1),
+        "out_rel_err": float(f"{out_err:.2e}"),
+        "grad_rel_err": float(f"{grad_err:.2e}"),
+    }
 
 
 @torch.no_grad()
@@ -398,9 +442,18 @@ def time_steps(step: Callable[[], None]) -> Tuple[float, float]:
 def rates(cfg: ModelConfig, batch: int, step_s: float, first_s: float) -> dict:
     tokens = batch * cfg.seq_len
     achieved = tokens / step_s * flops_per_token(cfg) / 1e12
-    out = {"model": cfg.name, "params": param_count_from_config(cfg), "batch": batch, "seq_len": cfg.seq_len,
-           "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s), "tflops": round(achieved, 3),
-           **mfu(achieved), "first_step_s": round(first_s, 1), "timed_steps": S.steps}
+    out = {
+        "model": cfg.name,
+        "params": param_count_from_config(cfg),
+        "batch": batch,
+        "seq_len": cfg.seq_len,
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(tokens / step_s),
+        "tflops": round(achieved, 3),
+        **mfu(achieved),
+        "first_step_s": round(first_s, 1),
+        "timed_steps": S.steps,
+    }
     if S.device.type == "cuda":
         out["peak_mem_gib"] = peak_mem_gib()
     return out
@@ -444,20 +497,22 @@ class _MicroBatch:  # the fields NativeEngine.train_step reads (lmforge.data.loa
 
 def build_engine(name: str):
     """NativeEngine exactly as the trainer builds it, from a plain RootConfig (bf16-mixed, fused AdamW, compile)."""
+    from lmforge.config.batch import batch_plan
     from lmforge.config.optim import OptimConfig
     from lmforge.config.parallelism import ParallelismConfig
     from lmforge.config.schema import RootConfig
     from lmforge.config.train import TrainConfig
-    from lmforge.fault.loss_guard import LossGuard
-    from lmforge.config.batch import batch_plan
     from lmforge.config.validated import Validated
+    from lmforge.fault.loss_guard import LossGuard
     from lmforge.parallel.native_engine import NativeEngine
 
     cfg, batch = S.presets[name]
-    root = RootConfig(model=cfg, parallelism=ParallelismConfig(compile=True),
-                      train=TrainConfig(precision="bf16-mixed", micro_batch_size=batch, global_batch_size=batch,
-                                        seed=0),
-                      optim=OptimConfig(lr=1e-4, fused=True))
+    root = RootConfig(
+        model=cfg,
+        parallelism=ParallelismConfig(compile=True),
+        train=TrainConfig(precision="bf16-mixed", micro_batch_size=batch, global_batch_size=batch, seed=0),
+        optim=OptimConfig(lr=1e-4, fused=True),
+    )
     ensure_process_group()
     engine = NativeEngine(Validated(root, batch_plan(batch, batch, 1, cfg.seq_len)), S.device)
     assert engine.precision == "bf16-mixed", engine.precision
@@ -556,8 +611,12 @@ def check_document_attention_varlen() -> dict:
                 losses.append(loss.detach().float())
 
             first, step_s = time_steps(step)
-            runs[backend] = {"losses": [float(v) for v in losses], "step_s": step_s, "ops": ops,
-                             "peak_mem_gib": peak_mem_gib()}
+            runs[backend] = {
+                "losses": [float(v) for v in losses],
+                "step_s": step_s,
+                "ops": ops,
+                "peak_mem_gib": peak_mem_gib(),
+            }
             del model, opt
     finally:
         varlen_module.varlen_attn = kernel
@@ -567,22 +626,39 @@ def check_document_attention_varlen() -> dict:
         assert any("varlen" in op for op in varlen["ops"]), f"varlen_attn did not run: {varlen['ops']}"
     assert diffs[0] < 2e-2, f"first-step loss varlen {varlen['losses'][0]} vs sdpa {sdpa['losses'][0]}"
     assert varlen["losses"][-1] < varlen["losses"][0], f"varlen training did not lower the loss: {varlen['losses']}"
-    return {"kernel": "cpu stand-in: segment SDPA" if stand_in else "torch varlen_attn",
-            "documents": int((positions == 0).sum()), "tokens": x.numel(), "steps": len(diffs),
-            "first_loss_diff": float(f"{diffs[0]:.2e}"), "max_loss_diff": float(f"{max(diffs):.2e}"),
-            "step_s_sdpa": round(sdpa["step_s"], 5), "step_s_varlen": round(varlen["step_s"], 5),
-            "step_time_ratio_varlen_vs_sdpa": round(varlen["step_s"] / sdpa["step_s"], 3),
-            "ops_sdpa": sdpa["ops"], "ops_varlen": varlen["ops"],
-            "peak_mem_gib_sdpa": sdpa["peak_mem_gib"], "peak_mem_gib_varlen": varlen["peak_mem_gib"]}
+    return {
+        "kernel": "cpu stand-in: segment SDPA" if stand_in else "torch varlen_attn",
+        "documents": int((positions == 0).sum()),
+        "tokens": x.numel(),
+        "steps": len(diffs),
+        "first_loss_diff": float(f"{diffs[0]:.2e}"),
+        "max_loss_diff": float(f"{max(diffs):.2e}"),
+        "step_s_sdpa": round(sdpa["step_s"], 5),
+        "step_s_varlen": round(varlen["step_s"], 5),
+        "step_time_ratio_varlen_vs_sdpa": round(varlen["step_s"] / sdpa["step_s"], 3),
+        "ops_sdpa": sdpa["ops"],
+        "ops_varlen": varlen["ops"],
+        "peak_mem_gib_sdpa": sdpa["peak_mem_gib"],
+        "peak_mem_gib_varlen": varlen["peak_mem_gib"],
+    }
 
 
 # ----------------------------------------------------------------------------------------------- main
 def environment() -> dict:
-    env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(S.device),
-           "dry_run": S.device.type == "cpu", "cuda": torch.version.cuda, "h200_spec_bf16_tflops": H200_SPEC_BF16}
+    env = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "device": str(S.device),
+        "dry_run": S.device.type == "cpu",
+        "cuda": torch.version.cuda,
+        "h200_spec_bf16_tflops": H200_SPEC_BF16,
+    }
     if S.device.type == "cuda":
-        env.update(gpu=torch.cuda.get_device_name(S.device), kind=device_kind(S.device),
-                   capability=".".join(map(str, torch.cuda.get_device_capability(S.device))))
+        env.update(
+            gpu=torch.cuda.get_device_name(S.device),
+            kind=device_kind(S.device),
+            capability=".".join(map(str, torch.cuda.get_device_capability(S.device))),
+        )
     else:
         env.update(threads=torch.get_num_threads())
     env["not_importable"] = [mod for mod in ("hydra", "omegaconf", "wandb", "deepspeed") if not importable(mod)]
@@ -615,32 +691,46 @@ def api_probe() -> dict:
 
     def fully_shard():
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401  (public since 2.6)
+
         return True
 
     def sdpa_kernel():
         from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+
         return True
 
     def mesh_flatten():
         from torch.distributed.device_mesh import DeviceMesh
+
         return hasattr(DeviceMesh, "_flatten")
 
     def distribute_src_rank():
         from torch.distributed.tensor import distribute_tensor
+
         return "src_data_rank" in inspect.signature(distribute_tensor).parameters
 
     def init_pg_device_id():
         import torch.distributed as dist
+
         return "device_id" in inspect.signature(dist.init_process_group).parameters
 
     def selective_ac():
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts  # noqa: F401
+
         return True
 
     def pipelining_schedules():
         from torch.distributed.pipelining import schedules
-        return all(hasattr(schedules, n) for n in ("Schedule1F1B", "ScheduleInterleaved1F1B",
-                                                   "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"))
+
+        return all(
+            hasattr(schedules, n)
+            for n in (
+                "Schedule1F1B",
+                "ScheduleInterleaved1F1B",
+                "ScheduleInterleavedZeroBubble",
+                "ScheduleZBVZeroBubble",
+            )
+        )
 
     probe("fsdp_fully_shard", fully_shard)
     probe("nn_attention_sdpa_kernel", sdpa_kernel)
@@ -657,10 +747,12 @@ def api_probe() -> dict:
 
 def summarize() -> dict:
     checks = R.data["checks"]
-    out = {"passed": sum(c["status"] == "pass" for c in checks.values()),
-           "failed": sorted(k for k, c in checks.items() if c["status"] == "fail"),
-           "skipped": sorted(k for k, c in checks.items() if c["status"] == "skipped"),
-           "wall_s": round(R.elapsed(), 1)}
+    out = {
+        "passed": sum(c["status"] == "pass" for c in checks.values()),
+        "failed": sorted(k for k, c in checks.items() if c["status"] == "fail"),
+        "skipped": sorted(k for k, c in checks.items() if c["status"] == "skipped"),
+        "wall_s": round(R.elapsed(), 1),
+    }
     for name in S.presets:
         engine = R.value(f"{name}_engine")
         if engine and "platform_overhead" in engine:
@@ -692,8 +784,11 @@ def main(argv=None) -> int:
     out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "gpu_check.json"
     R = Report(out_path, environment(), args.budget_s or S.budget_s)
     env = R.data["env"]
-    print(f"torch {env['torch']} on {env.get('gpu', 'cpu')} ({env.get('kind', 'dry run')}); "
-          f"not importable: {env['not_importable']}; json -> {out_path}", flush=True)
+    print(
+        f"torch {env['torch']} on {env.get('gpu', 'cpu')} ({env.get('kind', 'dry run')}); "
+        f"not importable: {env['not_importable']}; json -> {out_path}",
+        flush=True,
+    )
 
     checks = [
         ("matmul_tflops", check_matmul),
@@ -723,17 +818,23 @@ def main(argv=None) -> int:
         print(f"{name:24} {c['status']:8} {c.get('s', 0):7.1f}  {json.dumps(shown, default=str)[:160]}")
     mm = R.value("matmul_tflops")
     if mm:
-        print(f"\nmeasured bf16 matmul {mm} TFLOP/s = {mm / H200_SPEC_BF16:.3f} of the H200 spec {H200_SPEC_BF16}; "
-              "MFU/989 = achieved / spec, MFU/mm = achieved / measured matmul, overhead = engine / bare compiled step")
-    print(f"\n{'model':10} {'path':9} {'step_s':>9} {'tok/s':>10} {'TFLOP/s':>9} {'MFU/989':>8} {'MFU/mm':>7} "
-          f"{'overhead':>8}")
+        print(
+            f"\nmeasured bf16 matmul {mm} TFLOP/s = {mm / H200_SPEC_BF16:.3f} of the H200 spec {H200_SPEC_BF16}; "
+            "MFU/989 = achieved / spec, MFU/mm = achieved / measured matmul, overhead = engine / bare compiled step"
+        )
+    print(
+        f"\n{'model':10} {'path':9} {'step_s':>9} {'tok/s':>10} {'TFLOP/s':>9} {'MFU/989':>8} {'MFU/mm':>7} "
+        f"{'overhead':>8}"
+    )
     for name in S.presets:
         for path in ("eager", "compiled", "engine"):
             v = R.value(f"{name}_{path}")
             if v:
-                print(f"{name:10} {path:9} {v['step_s']:9.4f} {v['tokens_per_s']:10d} {v['tflops']:9.3f} "
-                      f"{v['mfu_vs_spec_989']:8.4f} {v.get('mfu_vs_measured_matmul', float('nan')):7.4f} "
-                      f"{v.get('platform_overhead', float('nan')):8.3f}")
+                print(
+                    f"{name:10} {path:9} {v['step_s']:9.4f} {v['tokens_per_s']:10d} {v['tflops']:9.3f} "
+                    f"{v['mfu_vs_spec_989']:8.4f} {v.get('mfu_vs_measured_matmul', float('nan')):7.4f} "
+                    f"{v.get('platform_overhead', float('nan')):8.3f}"
+                )
     print(json.dumps(R.data["summary"]))
     with contextlib.suppress(Exception):
         import torch.distributed as dist

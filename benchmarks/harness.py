@@ -5,6 +5,7 @@ A case is a callable doing one unit of work (e.g. one training step). Cases are 
 reports the median of its repeats. Results are printed as a table and written as JSON under
 ``benchmarks/results/<suite>.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,15 @@ class Result:
     extra: Dict[str, float]
 
 
-def run_suite(suite: str, cases: List[Case], repeats: int = 7, warmup: int = 2, baseline: Optional[str] = None,
-              sync: Optional[Callable[[], None]] = None, progress: bool = False) -> List[Result]:
+def run_suite(
+    suite: str,
+    cases: List[Case],
+    repeats: int = 7,
+    warmup: int = 2,
+    baseline: Optional[str] = None,
+    sync: Optional[Callable[[], None]] = None,
+    progress: bool = False,
+) -> List[Result]:
     """``progress``: print each repeat round's times as it finishes (flushed), for long cases."""
     sync = sync or (lambda: None)
     for case in cases:
@@ -59,8 +67,11 @@ def run_suite(suite: str, cases: List[Case], repeats: int = 7, warmup: int = 2, 
             sync()
             times[case.name].append(time.perf_counter() - t0)
         if progress:
-            print(f"  round {len(times[cases[0].name])}/{repeats}: "
-                  + ", ".join(f"{c.name} {times[c.name][-1]:.3f} s" for c in cases), flush=True)
+            print(
+                f"  round {len(times[cases[0].name])}/{repeats}: "
+                + ", ".join(f"{c.name} {times[c.name][-1]:.3f} s" for c in cases),
+                flush=True,
+            )
     results = []
     for case in cases:
         med = statistics.median(times[case.name])
@@ -82,12 +93,28 @@ def report(suite: str, results: List[Result], baseline: str) -> None:
         print(line)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
-        "suite": suite, "baseline": baseline, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-        "results": [{"name": r.name, "median_s": r.median_s, "times_s": r.times_s, "rate": r.rate,
-                     "unit": r.unit_name, "ratio": r.rate / base.rate, **r.extra} for r in results],
+        "suite": suite,
+        "baseline": baseline,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        },
+        "results": [
+            {
+                "name": r.name,
+                "median_s": r.median_s,
+                "times_s": r.times_s,
+                "rate": r.rate,
+                "unit": r.unit_name,
+                "ratio": r.rate / base.rate,
+                **r.extra,
+            }
+            for r in results
+        ],
     }
     (RESULTS_DIR / f"{suite}.json").write_text(json.dumps(payload, indent=1))
 
@@ -96,5 +123,9 @@ def add_host_malloc_flag(ap) -> None:
     """``--host-malloc``: the allocator mode of a CPU training run (``train.host_malloc``; ``auto`` resolves to
     ``retain`` on the CPU), so a suite measures what the trainer does; ``system`` (glibc as it is) for a before/after
     in a second invocation (the switches are process-wide)."""
-    ap.add_argument("--host-malloc", choices=["retain", "system"], default="retain",
-                    help="train.host_malloc for this process (default retain, as a CPU run)")
+    ap.add_argument(
+        "--host-malloc",
+        choices=["retain", "system"],
+        default="retain",
+        help="train.host_malloc for this process (default retain, as a CPU run)",
+    )

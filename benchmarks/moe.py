@@ -9,6 +9,7 @@ One function per case (``CASES``): each returns the overrides of its run; ``main
 them side by side. Expert parallelism (the all-to-all share of the step at ep2, a multi-process measurement) is
 measured by ``benchmarks/expert_parallel.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,10 @@ def main() -> None:
     print(f"\nthreads={threads}")
     for r in results:
         flops, params = fpt[r.name]
-        print(f"  {r.name:<44} {r.rate:10,.0f} tok/s  flops/token {flops:,}  params {params:,}  "
-              f"{r.rate * flops / 1e12:.3f} TFLOP/s")
+        print(
+            f"  {r.name:<44} {r.rate:10,.0f} tok/s  flops/token {flops:,}  params {params:,}  "
+            f"{r.rate * flops / 1e12:.3f} TFLOP/s"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ matrices, 30 warm-up steps, clipping at 1.0); batches are 8 random windows of 64
 (a megatron ``.bin`` of uint16 token ids). ``shared`` is |mean over tokens of x| / mean |x| for each MoE
 layer's router input x: 1.0 means every token gives the router the same input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,17 @@ def main() -> None:
     d = args.d_model
     moe = dict(experts=8, top_k=2, d_ff=(384 * d) // 256, aux_loss_coef=0.01, z_loss_coef=0.001)
     moe.update(json.loads(args.moe))
-    cfg = ModelConfig(name="routing", vocab_size=8192, d_model=d, n_layers=4, n_heads=4, n_kv_heads=2, seq_len=64,
-                      tie_embeddings=not args.untied, moe=MoEConfig(**moe))
+    cfg = ModelConfig(
+        name="routing",
+        vocab_size=8192,
+        d_model=d,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=64,
+        tie_embeddings=not args.untied,
+        moe=MoEConfig(**moe),
+    )
     model = GPT(cfg)
     model.init_weights(0)
     collector = MoECollector(model, cfg.moe)
@@ -62,9 +72,11 @@ def main() -> None:
             if type(m).__name__ == "Router":
                 m.register_forward_pre_hook(lambda _m, inputs: (inputs[0] - inputs[0].mean(0, keepdim=True),))
     if args.jitter > 0:
+
         def jitter(_module, inputs):
             x = inputs[0]
             return (x * torch.empty_like(x).uniform_(1 - args.jitter, 1 + args.jitter),)
+
         for m in model.modules():
             if type(m).__name__ == "Router":
                 m.register_forward_pre_hook(jitter)
@@ -77,6 +89,7 @@ def main() -> None:
         def hook(_module, inputs):
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
             shared[name] = (x.mean(0).norm() / x.norm(dim=-1).mean()).item()
+
         return hook
 
     for name, m in model.named_modules():
@@ -86,7 +99,7 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = max(3e-3 * min(1.0, step / args.warmup), 1e-4) * g.get("lr_mult", 1.0)
         starts = rng.integers(0, len(data) - cfg.seq_len - 1, 8)
-        seq = torch.from_numpy(np.stack([data[s:s + cfg.seq_len + 1].astype(np.int64) for s in starts]))
+        seq = torch.from_numpy(np.stack([data[s : s + cfg.seq_len + 1].astype(np.int64) for s in starts]))
         logits = model(seq[:, :-1])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), seq[:, 1:].reshape(-1))
         opt.zero_grad()
@@ -99,13 +112,20 @@ def main() -> None:
         loads.append([float(metrics[f"moe/layer{i}/load_max_over_mean"]) for i in range(cfg.n_layers)])
         if step == 1 or step % args.every == 0:
             load = " ".join(f"{float(metrics[f'moe/layer{i}/load_max_over_mean']):.2f}" for i in range(cfg.n_layers))
-            print(f"step {step:3d}  ce {ce.item():.3f}  load max/mean {load}  shared "
-                  + " ".join(f"{v:.2f}" for v in shared.values()), flush=True)
+            print(
+                f"step {step:3d}  ce {ce.item():.3f}  load max/mean {load}  shared "
+                + " ".join(f"{v:.2f}" for v in shared.values()),
+                flush=True,
+            )
 
     per_step = np.array(loads)
-    print(f"summary over steps 1-{args.steps}: load max/mean mean {per_step.mean():.2f} (layers "
-          + " ".join(f"{v:.2f}" for v in per_step.mean(0)) + f"), worst layer mean {per_step.max(1).mean():.2f}, "
-          f"final ce {ce.item():.3f}", flush=True)
+    print(
+        f"summary over steps 1-{args.steps}: load max/mean mean {per_step.mean():.2f} (layers "
+        + " ".join(f"{v:.2f}" for v in per_step.mean(0))
+        + f"), worst layer mean {per_step.max(1).mean():.2f}, "
+        f"final ce {ce.item():.3f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ to the single-process run of the same model, plus DDP with vs without gradient-r
 Embeddings are untied for every layout (pipeline stages need it) so rows compare the same model.
 Writes benchmarks/results/parallel_layouts.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, warmup: int, threads: int,
-          queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, warmup: int, threads: int, queue) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
 
     from lmforge.comm.process_group import destroy_process_group, init_process_group
@@ -71,9 +77,14 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, wa
     T, m = cfg.model.seq_len, plan.micro_batch_size
 
     def batches():
-        return [MicroBatch(torch.randint(0, cfg.model.vocab_size, (m, T), generator=g),
-                           torch.randint(0, cfg.model.vocab_size, (m, T), generator=g), [0] * m)
-                for _ in range(plan.grad_accum)]
+        return [
+            MicroBatch(
+                torch.randint(0, cfg.model.vocab_size, (m, T), generator=g),
+                torch.randint(0, cfg.model.vocab_size, (m, T), generator=g),
+                [0] * m,
+            )
+            for _ in range(plan.grad_accum)
+        ]
 
     times = []
     for step in range(warmup + steps):
@@ -83,28 +94,45 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, wa
         float(result.loss)
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        queue.put({"step_times": times[warmup:], "tokens_per_step": plan.tokens_per_step,
-                   "threads": torch.get_num_threads()})
+        queue.put(
+            {"step_times": times[warmup:], "tokens_per_step": plan.tokens_per_step, "threads": torch.get_num_threads()}
+        )
     destroy_process_group()
 
 
 def run_layout(model: str, layout: str, steps: int, warmup: int, threads: int = 0) -> dict:
     world, par = LAYOUTS[layout]
     overrides, micro, global_batch = MODELS[model]
-    overrides = overrides + par + ["comm=cpu_gloo", "train.device=cpu", "train.precision=fp32",
-                                   f"train.micro_batch_size={micro}", f"train.global_batch_size={global_batch}"]
+    overrides = (
+        overrides
+        + par
+        + [
+            "comm=cpu_gloo",
+            "train.device=cpu",
+            "train.precision=fp32",
+            f"train.micro_batch_size={micro}",
+            f"train.global_batch_size={global_batch}",
+        ]
+    )
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, overrides, steps, warmup, threads, queue)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, port, overrides, steps, warmup, threads, queue)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     result = queue.get(timeout=1800)
     for p in procs:
         p.join(timeout=120)
     med = statistics.median(result["step_times"])
-    return {"world": world, "median_step_s": med, "tokens_per_s": result["tokens_per_step"] / med,
-            "threads_per_rank": result["threads"], **result}
+    return {
+        "world": world,
+        "median_step_s": med,
+        "tokens_per_s": result["tokens_per_step"] / med,
+        "threads_per_rank": result["threads"],
+        **result,
+    }
 
 
 def main() -> None:
@@ -124,9 +152,12 @@ def main() -> None:
         rows = {}
         for layout in layouts:
             rows[layout] = run_layout(model, layout, args.steps, args.warmup, args.threads)
-            print(f"{model:9s} {layout:16s} ranks {rows[layout]['world']}  "
-                  f"median step {rows[layout]['median_step_s'] * 1e3:8.1f} ms  "
-                  f"{rows[layout]['tokens_per_s']:9.0f} tokens/s", flush=True)
+            print(
+                f"{model:9s} {layout:16s} ranks {rows[layout]['world']}  "
+                f"median step {rows[layout]['median_step_s'] * 1e3:8.1f} ms  "
+                f"{rows[layout]['tokens_per_s']:9.0f} tokens/s",
+                flush=True,
+            )
         base = rows["single"]["tokens_per_s"]
         for row in rows.values():
             row["ratio_vs_single"] = row["tokens_per_s"] / base
@@ -134,7 +165,9 @@ def main() -> None:
     print("\nmodel     layout            ranks  tokens/s   vs single")
     for model, rows in report.items():
         for layout, row in rows.items():
-            print(f"{model:9s} {layout:16s} {row['world']:5d} {row['tokens_per_s']:9.0f}   {row['ratio_vs_single']:6.2f}x")
+            print(
+                f"{model:9s} {layout:16s} {row['world']:5d} {row['tokens_per_s']:9.0f}   {row['ratio_vs_single']:6.2f}x"
+            )
         if "ddp" in rows and "ddp_no_overlap" in rows:
             ratio = rows["ddp"]["tokens_per_s"] / rows["ddp_no_overlap"]["tokens_per_s"]
             print(f"{model:9s} DDP overlap vs no overlap: {ratio:.2f}x tokens/s")

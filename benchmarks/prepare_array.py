@@ -16,6 +16,7 @@ each task built. So the report shows how the work splits (tokens and CPU seconds
 (this machine's): T tasks can go at most min(T, free cores) times faster. ``--shard-size`` is passed through
 (default 1 file per shard). JSON goes to benchmarks/results/prepare_array.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,12 +58,20 @@ def task_figures(out: Path, timing: Path, job: str, tasks: int) -> list:
     total = manifest["tokens"]
     for t in range(tasks):
         rec = json.loads((timing / f"{job}_{t}.json").read_text())
-        shards = [s for s in manifest["shards"] if group_of[s["name"][:len("shard-00000")]] % tasks == t]
+        shards = [s for s in manifest["shards"] if group_of[s["name"][: len("shard-00000")]] % tasks == t]
         tokens = sum(s["tokens"] for s in shards)
-        figures.append({"task": t, "tokens": tokens, "token_share": round(tokens / total, 4),
-                        "documents": sum(s["documents"] for s in shards), "wall_s": round(rec["wall_s"], 2),
-                        "user_s": round(rec["user_s"], 2), "sys_s": round(rec["sys_s"], 2),
-                        "cpu_s": round(rec["user_s"] + rec["sys_s"], 2)})
+        figures.append(
+            {
+                "task": t,
+                "tokens": tokens,
+                "token_share": round(tokens / total, 4),
+                "documents": sum(s["documents"] for s in shards),
+                "wall_s": round(rec["wall_s"], 2),
+                "user_s": round(rec["user_s"], 2),
+                "sys_s": round(rec["sys_s"], 2),
+                "cpu_s": round(rec["user_s"] + rec["sys_s"], 2),
+            }
+        )
     return figures
 
 
@@ -92,14 +101,19 @@ def main(argv=None) -> int:
         wrapper.chmod(0o755)
         # one core per task: --workers 1 tokenizes in the task's process, where the tokenizers library would
         # otherwise use a thread per core for encode_batch
-        env = {"LMFORGE_REPO": str(REPO), "LMFORGE_PYTHON": str(wrapper), "LMFORGE_DATA_CACHE": str(cache),
-               "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            "LMFORGE_REPO": str(REPO),
+            "LMFORGE_PYTHON": str(wrapper),
+            "LMFORGE_DATA_CACHE": str(cache),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), os.environ.get("PYTHONPATH", "")]),
+        }
         docs = corpus(args.mb)
         (root / "in").mkdir()
         for i in range(args.files):
-            (root / "in" / f"p{i:03d}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
-                                                                 for t in docs[i::args.files]))
+            (root / "in" / f"p{i:03d}.jsonl").write_text(
+                "".join(json.dumps({"text": t}) + "\n" for t in docs[i :: args.files])
+            )
         mb = sum(len(d.encode()) for d in docs) / 1e6
         (root / "slurm").mkdir()
         cluster = SlurmCluster.start(root / "slurm", nodes=4)
@@ -107,9 +121,25 @@ def main(argv=None) -> int:
             for tasks in args.tasks:
                 out = root / f"out-{tasks}"
                 t0 = time.time()
-                submit = [sys.executable, "-m", "lmforge.data.prepare", str(root / "in"), "--out", str(out),
-                          "--shard-size", args.shard_size, "--workers", "1", "--cache-dir", str(cache),
-                          "--launcher", "slurm-array", "--array-tasks", str(tasks), "--sbatch-arg=--exclusive"]
+                submit = [
+                    sys.executable,
+                    "-m",
+                    "lmforge.data.prepare",
+                    str(root / "in"),
+                    "--out",
+                    str(out),
+                    "--shard-size",
+                    args.shard_size,
+                    "--workers",
+                    "1",
+                    "--cache-dir",
+                    str(cache),
+                    "--launcher",
+                    "slurm-array",
+                    "--array-tasks",
+                    str(tasks),
+                    "--sbatch-arg=--exclusive",
+                ]
                 proc = cluster.client(submit, cwd=root, env=env, timeout=120)
                 job = re.search(r"array job (\d+)", proc.stdout).group(1)
                 while not (out / "manifest.json").exists():
@@ -117,30 +147,45 @@ def main(argv=None) -> int:
                         raise RuntimeError(f"no manifest after 900 s: {sorted(p.name for p in out.iterdir())}")
                     time.sleep(0.2)
                 shards_done = max(p.stat().st_mtime for p in out.glob("shard-*.meta.json"))
-                row = {"tasks": tasks, "text_mb": round(mb, 2), "array_s": round(shards_done - t0, 2),
-                       "finalize_s": round((out / "manifest.json").stat().st_mtime - shards_done, 2),
-                       "per_task": task_figures(out, root / "timing", job, tasks)}
+                row = {
+                    "tasks": tasks,
+                    "text_mb": round(mb, 2),
+                    "array_s": round(shards_done - t0, 2),
+                    "finalize_s": round((out / "manifest.json").stat().st_mtime - shards_done, 2),
+                    "per_task": task_figures(out, root / "timing", job, tasks),
+                }
                 final_job = re.search(r"job (\d+) checks", proc.stdout).group(1)
                 final_path = root / "timing" / f"{final_job}_final.json"
                 while not final_path.exists() and time.time() - t0 < 900:  # written as the finalize job exits
                     time.sleep(0.2)
                 final = json.loads(final_path.read_text())
                 # the finalize job: Python, imports, reading the plan and indexes: about a task's fixed cost
-                row["finalize_job"] = {"wall_s": round(final["wall_s"], 2),
-                                       "cpu_s": round(final["user_s"] + final["sys_s"], 2)}
+                row["finalize_job"] = {
+                    "wall_s": round(final["wall_s"], 2),
+                    "cpu_s": round(final["user_s"] + final["sys_s"], 2),
+                }
                 row["task_wall_sum_s"] = round(sum(t["wall_s"] for t in row["per_task"]), 2)
                 row["task_cpu_sum_s"] = round(sum(t["cpu_s"] for t in row["per_task"]), 2)
                 rows.append(row)
                 for t in row["per_task"]:
-                    print(f"  task {t['task']}: {t['tokens']} tokens ({t['token_share']:.3f}), "
-                          f"wall {t['wall_s']:.1f} s, cpu {t['cpu_s']:.1f} s (user {t['user_s']:.1f} + "
-                          f"sys {t['sys_s']:.1f})", flush=True)
-                outputs[tasks] = {p.name: p.read_bytes() for p in sorted(out.iterdir())
-                                  if p.suffix in (".bin", ".idx") or p.name == "manifest.json"}
-                print(f"tasks={tasks}  array {row['array_s']:.1f} s ({mb / row['array_s']:.2f} MB/s)  "
-                      f"finalize {row['finalize_s']:.1f} s  sum of task walls {row['task_wall_sum_s']:.1f} s, "
-                      f"of task CPU {row['task_cpu_sum_s']:.1f} s; finalize job wall {final['wall_s']:.1f} s, "
-                      f"CPU {row['finalize_job']['cpu_s']:.1f} s", flush=True)
+                    print(
+                        f"  task {t['task']}: {t['tokens']} tokens ({t['token_share']:.3f}), "
+                        f"wall {t['wall_s']:.1f} s, cpu {t['cpu_s']:.1f} s (user {t['user_s']:.1f} + "
+                        f"sys {t['sys_s']:.1f})",
+                        flush=True,
+                    )
+                outputs[tasks] = {
+                    p.name: p.read_bytes()
+                    for p in sorted(out.iterdir())
+                    if p.suffix in (".bin", ".idx") or p.name == "manifest.json"
+                }
+                print(
+                    f"tasks={tasks}  array {row['array_s']:.1f} s ({mb / row['array_s']:.2f} MB/s)  "
+                    f"finalize {row['finalize_s']:.1f} s  sum of task walls {row['task_wall_sum_s']:.1f} s, "
+                    f"of task CPU {row['task_cpu_sum_s']:.1f} s; finalize job wall {final['wall_s']:.1f} s, "
+                    f"CPU {row['finalize_job']['cpu_s']:.1f} s",
+                    flush=True,
+                )
         finally:
             cluster.stop()
     base, cpu_base = rows[0]["array_s"], rows[0]["task_cpu_sum_s"]
@@ -151,8 +196,9 @@ def main(argv=None) -> int:
     same = all(o == outputs[args.tasks[0]] for o in outputs.values())
     print(f"speed-up vs {args.tasks[0]} task(s): {[r['speedup'] for r in rows]}; outputs byte-identical: {same}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "prepare_array.json").write_text(json.dumps({"args": vars(args), "rows": rows,
-                                                            "byte_identical": same}, indent=1))
+    (RESULTS / "prepare_array.json").write_text(
+        json.dumps({"args": vars(args), "rows": rows, "byte_identical": same}, indent=1)
+    )
     return 0 if same else 1
 
 

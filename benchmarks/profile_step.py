@@ -25,6 +25,7 @@ blocks run inductor's fused C++ kernels, named after the ops they fuse (``cpp_fu
 a fused kernel goes to the first category of ``FUSED_TOKENS`` whose token its name contains (best effort:
 a kernel fusing a residual add into a norm counts as norms).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,40 +42,135 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.harness import add_host_malloc_flag
 from lmforge.runtime import host_memory
 
-CATEGORIES = ("GEMM", "attention", "norms", "activations", "RoPE", "loss", "optimizer", "copies/layout",
-              "other ops", "framework overhead")
+CATEGORIES = (
+    "GEMM",
+    "attention",
+    "norms",
+    "activations",
+    "RoPE",
+    "loss",
+    "optimizer",
+    "copies/layout",
+    "other ops",
+    "framework overhead",
+)
 
 STEP_MARK = "lmforge_step#"  # the profiler keeps "ProfilerStep#" for itself
 # The function names (innermost frame first wins) whose ops belong to a category whatever the op.
-CONTEXT_FUNCTIONS = {"apply_rope": "RoPE", "rope_tables": "RoPE", "cross_entropy_loss": "loss",
-                     "clip_grad_norm": "optimizer", "global_grad_norm": "optimizer"}
+CONTEXT_FUNCTIONS = {
+    "apply_rope": "RoPE",
+    "rope_tables": "RoPE",
+    "cross_entropy_loss": "loss",
+    "clip_grad_norm": "optimizer",
+    "global_grad_norm": "optimizer",
+}
 CONTEXT_SCOPES = (("Optimizer.step", "optimizer"), ("Optimizer.zero_grad", "optimizer"))
 # Backward nodes of custom autograd Functions: their backward ops belong here whatever the op.
 NODE_CONTEXT = {"ChunkedCrossEntropyBackward": "loss", "RotateHalfBackward": "RoPE"}  # model/loss.py, model/rope.py
 
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-            "aten::addmm_", "mkldnn::_linear_pointwise"}
+GEMM_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::addmm_",
+    "mkldnn::_linear_pointwise",
+}
 ATTENTION_PREFIX = "aten::_scaled_dot_product"
 ATTENTION_OPS = {"aten::scaled_dot_product_attention", "aten::_softmax", "aten::_softmax_backward_data"}
-NORM_OPS = {"aten::layer_norm", "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::rms_norm",
-            "aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"}
-ACTIVATION_OPS = {"aten::gelu", "aten::gelu_backward", "aten::silu", "aten::silu_backward", "aten::sigmoid",
-                  "aten::tanh", "aten::tanh_backward", "aten::relu", "aten::threshold_backward"}
-LOSS_OPS = {"aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax", "aten::nll_loss",
-            "aten::nll_loss_nd", "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::_log_softmax_backward_data"}
-COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::to", "aten::cat",
-            "aten::repeat_interleave", "aten::index_select", "aten::stack", "aten::repeat", "aten::_unsafe_index",
-            "aten::type_as"}
+NORM_OPS = {
+    "aten::layer_norm",
+    "aten::native_layer_norm",
+    "aten::native_layer_norm_backward",
+    "aten::rms_norm",
+    "aten::_fused_rms_norm",
+    "aten::_fused_rms_norm_backward",
+}
+ACTIVATION_OPS = {
+    "aten::gelu",
+    "aten::gelu_backward",
+    "aten::silu",
+    "aten::silu_backward",
+    "aten::sigmoid",
+    "aten::tanh",
+    "aten::tanh_backward",
+    "aten::relu",
+    "aten::threshold_backward",
+}
+LOSS_OPS = {
+    "aten::cross_entropy_loss",
+    "aten::log_softmax",
+    "aten::_log_softmax",
+    "aten::nll_loss",
+    "aten::nll_loss_nd",
+    "aten::nll_loss_forward",
+    "aten::nll_loss_backward",
+    "aten::_log_softmax_backward_data",
+}
+COPY_OPS = {
+    "aten::copy_",
+    "aten::clone",
+    "aten::contiguous",
+    "aten::_to_copy",
+    "aten::to",
+    "aten::cat",
+    "aten::repeat_interleave",
+    "aten::index_select",
+    "aten::stack",
+    "aten::repeat",
+    "aten::_unsafe_index",
+    "aten::type_as",
+}
 # Ops that only make views or allocate: their time belongs to whatever op called them.
-VIEW_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::reshape", "aten::_reshape_alias", "aten::as_strided",
-            "aten::slice", "aten::select", "aten::expand", "aten::unsqueeze", "aten::squeeze", "aten::permute",
-            "aten::_unsafe_view", "aten::detach", "aten::alias", "aten::flatten", "aten::unflatten", "aten::split",
-            "aten::narrow", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resize_",
-            "aten::lift_fresh", "aten::result_type", "aten::view_as", "aten::numpy_T", "detach"}
-FUSED_TOKENS = (("scaled_dot_product", "attention"), ("flip", "RoPE"), ("layer_norm", "norms"), ("rms_norm", "norms"), ("rsqrt", "norms"), ("gelu", "activations"),
-                ("silu", "activations"), ("tanh", "activations"), ("sigmoid", "activations"), ("neg", "RoPE"),
-                ("cos", "RoPE"), ("softmax", "attention"), ("nll", "loss"), ("cat", "copies/layout"),
-                ("clone", "copies/layout"))
+VIEW_OPS = {
+    "aten::view",
+    "aten::t",
+    "aten::transpose",
+    "aten::reshape",
+    "aten::_reshape_alias",
+    "aten::as_strided",
+    "aten::slice",
+    "aten::select",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::permute",
+    "aten::_unsafe_view",
+    "aten::detach",
+    "aten::alias",
+    "aten::flatten",
+    "aten::unflatten",
+    "aten::split",
+    "aten::narrow",
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::resize_",
+    "aten::lift_fresh",
+    "aten::result_type",
+    "aten::view_as",
+    "aten::numpy_T",
+    "detach",
+}
+FUSED_TOKENS = (
+    ("scaled_dot_product", "attention"),
+    ("flip", "RoPE"),
+    ("layer_norm", "norms"),
+    ("rms_norm", "norms"),
+    ("rsqrt", "norms"),
+    ("gelu", "activations"),
+    ("silu", "activations"),
+    ("tanh", "activations"),
+    ("sigmoid", "activations"),
+    ("neg", "RoPE"),
+    ("cos", "RoPE"),
+    ("softmax", "attention"),
+    ("nll", "loss"),
+    ("cat", "copies/layout"),
+    ("clone", "copies/layout"),
+)
 
 
 def op_category(name: str) -> Optional[str]:
@@ -259,7 +355,7 @@ class ProfileRun:
         took no time: attention at its measured rate, GEMMs at the probe's rate (``gemm_at_probe``) or at their
         own measured rate. No change outside those two kernels can take the step past it."""
         b = self.breakdown
-        gemm_s = (b.flops.get("GEMM", 0.0) / self.gemm_rate if gemm_at_probe else b.self_us.get("GEMM", 0.0) * 1e-6)
+        gemm_s = b.flops.get("GEMM", 0.0) / self.gemm_rate if gemm_at_probe else b.self_us.get("GEMM", 0.0) * 1e-6
         seconds = (gemm_s + b.self_us.get("attention", 0.0) * 1e-6) / b.steps
         return self.model_flops / seconds / self.gemm_rate
 
@@ -289,9 +385,14 @@ def run_profile(model: str, batch: int, steps: int, compiled: bool, repeats: int
         step()
         times.append(time.perf_counter() - t0)
     prof = profile_steps(step, steps)
-    return ProfileRun(model, "compiled" if compiled else "eager", bucket(prof.events(), statistics.median(times)),
-                      statistics.median(times),
-                      statistics.median(rates), flops_per_token(cfg.model) * batch * cfg.model.seq_len)
+    return ProfileRun(
+        model,
+        "compiled" if compiled else "eager",
+        bucket(prof.events(), statistics.median(times)),
+        statistics.median(times),
+        statistics.median(rates),
+        flops_per_token(cfg.model) * batch * cfg.model.seq_len,
+    )
 
 
 def table(runs: List[ProfileRun]) -> str:
@@ -308,12 +409,21 @@ def table(runs: List[ProfileRun]) -> str:
                 cell += f" ({b.rate(c) / r.gemm_rate:.0%} of GEMM)"
             cells.append(cell)
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    lines.append("| step (unprofiled) | " + " | ".join(
-        f"{r.step_s * 1e3:.0f} ms, {r.model_flops / r.step_s / r.gemm_rate:.0%} of GEMM" for r in runs) + " |")
-    lines.append("| ceiling: GEMM at the probe rate, attention as measured, the rest 0 | " + " | ".join(
-        f"{r.ceiling():.0%} of GEMM" for r in runs) + " |")
-    lines.append("| ceiling: GEMM and attention as measured, the rest 0 | " + " | ".join(
-        f"{r.ceiling(gemm_at_probe=False):.0%} of GEMM" for r in runs) + " |")
+    lines.append(
+        "| step (unprofiled) | "
+        + " | ".join(f"{r.step_s * 1e3:.0f} ms, {r.model_flops / r.step_s / r.gemm_rate:.0%} of GEMM" for r in runs)
+        + " |"
+    )
+    lines.append(
+        "| ceiling: GEMM at the probe rate, attention as measured, the rest 0 | "
+        + " | ".join(f"{r.ceiling():.0%} of GEMM" for r in runs)
+        + " |"
+    )
+    lines.append(
+        "| ceiling: GEMM and attention as measured, the rest 0 | "
+        + " | ".join(f"{r.ceiling(gemm_at_probe=False):.0%} of GEMM" for r in runs)
+        + " |"
+    )
     lines.append("| same-run fp32 GEMM | " + " | ".join(f"{r.gemm_rate / 1e12:.3f} TFLOP/s" for r in runs) + " |")
     return "\n".join(lines)
 
@@ -340,8 +450,11 @@ def main() -> None:
             run = run_profile(model, batch, steps, compiled, repeats=1 if big else args.repeats)
             runs.append(run)
             other = sorted(run.breakdown.other_ops.items(), key=lambda kv: -kv[1])[:6]
-            print(f"{model} {run.mode}: step {run.step_s * 1e3:.1f} ms; other ops: "
-                  + ", ".join(f"{k} {v / run.breakdown.wall_us:.1%}" for k, v in other), flush=True)
+            print(
+                f"{model} {run.mode}: step {run.step_s * 1e3:.1f} ms; other ops: "
+                + ", ".join(f"{k} {v / run.breakdown.wall_us:.1%}" for k, v in other),
+                flush=True,
+            )
             print(table([run]), flush=True)  # each run's column as soon as it is measured (slow machines)
     print(f"\nthreads={threads}, host malloc {malloc}, torch {torch.__version__}\n")
     print(table(runs))

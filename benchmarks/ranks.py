@@ -1,5 +1,6 @@
 """Multi-rank benchmark plumbing shared by benchmarks/context_parallel.py and benchmarks/expert_parallel.py:
 spawn ``world`` local gloo ranks, build each one's NativeEngine, and bring rank 0's result back."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -17,8 +18,14 @@ def free_port() -> int:
 def engine_on_rank(rank: int, world: int, port: int, overrides: List[str], threads: int):
     """In a spawned rank: the torch.distributed environment, threads, the validated config, the process group
     and the engine. Returns (cfg, engine); the caller ends with ``destroy_process_group()``."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
 
     from lmforge.comm.process_group import init_process_group

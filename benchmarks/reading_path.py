@@ -18,6 +18,7 @@ Point ``LMFORGE_DATA_CACHE`` at a built cache (tokenizer, shards: e.g. the test 
 ``LMFORGE_TEST_DATA_CACHE``) so the run does not build them first; building them changes no figure but the time.
 Extra arguments are Hydra overrides appended to the run's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,10 +83,13 @@ def report(recorder: PathRecorder, stack: List[Tuple[str, int, str]]) -> Dict:
 
 
 def print_table(r: Dict) -> None:
-    rows = [("lmforge functions called", r["functions"]), ("lmforge files (with a called function)", r["files"]),
-            ("lmforge modules imported", r["modules"]),
-            ("stack depth at optimizer.step: lmforge frames", r["stack_depth_lmforge"]),
-            ("stack depth at optimizer.step: all frames", r["stack_depth_all"])]
+    rows = [
+        ("lmforge functions called", r["functions"]),
+        ("lmforge files (with a called function)", r["files"]),
+        ("lmforge modules imported", r["modules"]),
+        ("stack depth at optimizer.step: lmforge frames", r["stack_depth_lmforge"]),
+        ("stack depth at optimizer.step: all frames", r["stack_depth_all"]),
+    ]
     width = max(len(k) for k, _ in rows)
     print("lmforge train +exp=smoke -> first optimizer.step()")
     for k, v in rows:

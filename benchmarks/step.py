@@ -20,6 +20,7 @@ prints as soon as it is built and warmed, and every repeat round as it finishes 
 shows progress. The default run (bench_small, 5 repeats, eager + compiled) is sized for about 3 minutes on an idle
 2-core machine (an estimate from ~1.5 s steps and ~30 s compiles: not yet timed idle).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,8 +128,14 @@ def model_gemm(cfg, batch: int, steps: int = 1) -> Case:
     shapes, mats = linear_shapes(cfg), []
     for k, n in sorted(set(shapes)):
         count = shapes.count((k, n))
-        mats.append((count, torch.randn(tokens, k, generator=gen), torch.randn(n, k, generator=gen),
-                     torch.randn(tokens, n, generator=gen)))
+        mats.append(
+            (
+                count,
+                torch.randn(tokens, k, generator=gen),
+                torch.randn(n, k, generator=gen),
+                torch.randn(tokens, n, generator=gen),
+            )
+        )
     flops = sum(6.0 * tokens * k * n for k, n in shapes) * steps
     assert flops == 6.0 * matmul_params(cfg.model) * tokens * steps, "the probe must do the model's matmul FLOPs"
 
@@ -195,9 +202,12 @@ def main() -> None:
     cfg = validate(compose(base), world_size=1)
     tokens = args.batch * cfg.model.seq_len * args.steps
     fpt = flops_per_token(cfg.model)
-    print(f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq "
-          f"{cfg.model.seq_len}, {args.steps} step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} "
-          f"(lmforge.model.flops); load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{args.model}: threads={threads}, host malloc {malloc}, micro batch {args.batch} x seq "
+        f"{cfg.model.seq_len}, {args.steps} step(s) per call, {args.repeats} repeats; model FLOPs/token {fpt:,} "
+        f"(lmforge.model.flops); load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
     def case(name, fn, compiled=False):
         t0 = time.perf_counter()
@@ -205,41 +215,52 @@ def main() -> None:
         extra = {"compile_s": time.perf_counter() - t0} if compiled else {}
         return Case(name, repeated(fn, args.steps), tokens, "tokens", extra=extra)
 
-    builders = [(MODEL_GEMM_CASE, None, False),
-                ("bare loop eager", lambda: bare_loop(cfg, args.batch), False),
-                ("engine eager", lambda: engine_step(base, args.batch), False)]
+    builders = [
+        (MODEL_GEMM_CASE, None, False),
+        ("bare loop eager", lambda: bare_loop(cfg, args.batch), False),
+        ("engine eager", lambda: engine_step(base, args.batch), False),
+    ]
     if not args.no_compile:
-        builders += [("bare loop compiled", lambda: bare_loop(cfg, args.batch, compiled=True), True),
-                     ("engine compiled", lambda: engine_step(base + ["parallelism.compile=true"], args.batch), True)]
-    builders += [(f"engine eager {v}", lambda v=v: engine_step(base + VARIANTS[v], args.batch), False)
-                 for v in args.variants]
+        builders += [
+            ("bare loop compiled", lambda: bare_loop(cfg, args.batch, compiled=True), True),
+            ("engine compiled", lambda: engine_step(base + ["parallelism.compile=true"], args.batch), True),
+        ]
+    builders += [
+        (f"engine eager {v}", lambda v=v: engine_step(base + VARIANTS[v], args.batch), False) for v in args.variants
+    ]
     cases = []
     for name, build, compiled in builders:
         t0 = time.perf_counter()
         cases.append(model_gemm(cfg, args.batch, args.steps) if build is None else case(name, build(), compiled))
         print(f"  built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    results = run_suite(f"step-{args.model}", cases, repeats=args.repeats, warmup=1, baseline="engine eager",
-                        progress=True)
+    results = run_suite(
+        f"step-{args.model}", cases, repeats=args.repeats, warmup=1, baseline="engine eager", progress=True
+    )
     by = {r.name: r for r in results}
     live = by[MODEL_GEMM_CASE].rate
-    print(f"\nsame-run fp32 GEMM rate (model shapes): {live / 1e12:.3f} TFLOP/s; load average "
-          f"{os.getloadavg()[0]:.2f}")
+    print(f"\nsame-run fp32 GEMM rate (model shapes): {live / 1e12:.3f} TFLOP/s; load average {os.getloadavg()[0]:.2f}")
     gemm_times = by[MODEL_GEMM_CASE].times_s
-    print("  case                         rate        of the same-run GEMM: medians / paired (median over rounds of "
-          "the round's own ratio, min-max)")
+    print(
+        "  case                         rate        of the same-run GEMM: medians / paired (median over rounds of "
+        "the round's own ratio, min-max)"
+    )
     for r in results:
         if r.name != MODEL_GEMM_CASE:
             gemm = by[MODEL_GEMM_CASE]
             paired = paired_ratios(r.times_s, gemm_times, r.rate * r.median_s * fpt, gemm.rate * gemm.median_s)
-            print(f"  {r.name:<28} {r.rate * fpt / 1e12:.3f} TFLOP/s = {r.rate * fpt / live:6.1%} / "
-                  f"{statistics.median(paired):6.1%} ({min(paired):.1%}-{max(paired):.1%})")
+            print(
+                f"  {r.name:<28} {r.rate * fpt / 1e12:.3f} TFLOP/s = {r.rate * fpt / live:6.1%} / "
+                f"{statistics.median(paired):6.1%} ({min(paired):.1%}-{max(paired):.1%})"
+            )
     for mode in ("eager", "compiled"):
         if f"engine {mode}" in by:
             eng, bare = by[f"engine {mode}"], by[f"bare loop {mode}"]
             rounds = [e / b - 1 for e, b in zip(eng.times_s, bare.times_s)]
-            print(f"engine overhead vs bare loop, {mode}: {eng.median_s / bare.median_s - 1:+.1%} of the medians, "
-                  f"{statistics.median(rounds):+.1%} paired (min {min(rounds):+.1%}, max {max(rounds):+.1%}; "
-                  f"engine step time / bare loop step time - 1)")
+            print(
+                f"engine overhead vs bare loop, {mode}: {eng.median_s / bare.median_s - 1:+.1%} of the medians, "
+                f"{statistics.median(rounds):+.1%} paired (min {min(rounds):+.1%}, max {max(rounds):+.1%}; "
+                f"engine step time / bare loop step time - 1)"
+            )
 
 
 def paired_ratios(times: List[float], gemm_times: List[float], flops: float, gemm_flops: float) -> List[float]:

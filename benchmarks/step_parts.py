@@ -13,6 +13,7 @@ default), foreach AdamW, ``torch.compile`` of a foreach AdamW's ``step`` (compil
 gradient clipping: lmforge's ``clip_grad_norm`` (fp64 ``_foreach_norm`` + ``_foreach_mul_``), torch's
 ``clip_grad_norm_(foreach=True)`` and ``torch.compile`` of lmforge's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,8 +85,10 @@ def optim_suite(model, repeats):
     params = list(GPT(cfg).parameters())
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    print(f"\n{model}: {sum(p.numel() for p in params) / 1e6:.1f}M parameters; load average "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"\n{model}: {sum(p.numel() for p in params) / 1e6:.1f}M parameters; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
     def adamw(**kw):
         copies = [p.detach().clone().requires_grad_(True) for p in params]
@@ -109,10 +112,16 @@ def optim_suite(model, repeats):
         Case("AdamW foreach", foreach.step, 1, "steps"),
         Case("AdamW foreach, compiled step", compiled_step, 1, "steps", extra={"compile_s": compile_s}),
         Case("clip lmforge (fp64 foreach norm)", lambda: clip_grad_norm(params, 1e9), 1, "steps"),
-        Case("clip torch clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(params, 1e9, foreach=True), 1,
-             "steps"),
-        Case("clip lmforge, compiled", lambda: compiled_clip(params, 1e9), 1, "steps",
-             extra={"compile_s": clip_compile_s}),
+        Case(
+            "clip torch clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(params, 1e9, foreach=True), 1, "steps"
+        ),
+        Case(
+            "clip lmforge, compiled",
+            lambda: compiled_clip(params, 1e9),
+            1,
+            "steps",
+            extra={"compile_s": clip_compile_s},
+        ),
     ]
     run_suite(f"optim-{model}", cases, repeats=repeats, baseline=cases[0].name)
 

@@ -1,4 +1,5 @@
 """Shared fixtures. In CI (CI=true) a skipped test is a failure: nothing is silently left out."""
+
 from __future__ import annotations
 
 import os
@@ -71,12 +72,25 @@ def smoke_background(request, tmp_path_factory):
     data_cache = request.getfixturevalue("data_cache")
     root = tmp_path_factory.mktemp("smoke")
     overlap = request.config.stash.get(SMOKE_OVERLAP, False)
-    cmd = [sys.executable, "-m", "lmforge.train", "+exp=smoke", f"run.root={root}", "logging.console=plain",
-           *(["train.threads=1"] if overlap else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.train",
+        "+exp=smoke",
+        f"run.root={root}",
+        "logging.console=plain",
+        *(["train.threads=1"] if overlap else []),
+    ]
     env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache), "LMFORGE_CACHE": str(root / "lmforge-cache")}
     with open(root / "stdout.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=(lambda: os.nice(19)) if overlap else None)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.nice(19)) if overlap else None,
+        )
     try:
         yield proc, root
     finally:

@@ -1,4 +1,5 @@
 """Helpers shared by the data tests and their rank processes: a world of one, a mixture, a batch stream."""
+
 from __future__ import annotations
 
 import os
@@ -21,16 +22,35 @@ def ensure_world() -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def data_config(cache: Path, weights: Dict[str, float], paths: Optional[Dict[str, str]] = None,
-                valid_fraction: float = 0.02, tokenizer: str = "embedded") -> DataConfig:
+def data_config(
+    cache: Path,
+    weights: Dict[str, float],
+    paths: Optional[Dict[str, str]] = None,
+    valid_fraction: float = 0.02,
+    tokenizer: str = "embedded",
+) -> DataConfig:
     paths = paths or {n: f"embedded:{n}" for n in weights}
-    return DataConfig(sources={n: DataSourceConfig(paths[n], w) for n, w in weights.items()}, tokenizer=tokenizer,
-                      cache_dir=str(cache), valid_fraction=valid_fraction)
+    return DataConfig(
+        sources={n: DataSourceConfig(paths[n], w) for n, w in weights.items()},
+        tokenizer=tokenizer,
+        cache_dir=str(cache),
+        valid_fraction=valid_fraction,
+    )
 
 
-def make_stream(cache: Path, weights: Dict[str, float], seq_len: int, micro: int, global_batch: int, dp: int,
-                dp_rank: int, num_train_samples: int, seed: int = 1234, total: Optional[int] = None,
-                paths: Optional[Dict[str, str]] = None):
+def make_stream(
+    cache: Path,
+    weights: Dict[str, float],
+    seq_len: int,
+    micro: int,
+    global_batch: int,
+    dp: int,
+    dp_rank: int,
+    num_train_samples: int,
+    seed: int = 1234,
+    total: Optional[int] = None,
+    paths: Optional[Dict[str, str]] = None,
+):
     from lmforge.data.loader import BatchStream
     from lmforge.data.mixture import build_mixture
     from lmforge.data.tokenizer import load_tokenizer
@@ -64,7 +84,9 @@ def rank_stream(cache: str, steps: int, seq_len: int, micro: int, global_batch: 
 
     os.environ["LMFORGE_DATA_CACHE"] = cache
     world = init_process_group(CommConfig(backend="gloo"), torch.device("cpu"))
-    stream = make_stream(Path(cache), THREE_SOURCES, seq_len, micro, global_batch, world.world_size, world.rank, n, seed)
+    stream = make_stream(
+        Path(cache), THREE_SOURCES, seq_len, micro, global_batch, world.world_size, world.rank, n, seed
+    )
     return {"rank": world.rank, "steps": step_records(stream, steps)}
 
 

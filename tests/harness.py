@@ -5,6 +5,7 @@ WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT set
 ``function(**args)`` in each, and returns every rank's JSON result. A hard timeout per case kills every
 rank (SIGKILL) and fails with what each rank printed; a rank's exception comes back with its traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,22 +43,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(target: str, world_size: int, args: Optional[Dict[str, Any]] = None, timeout: float = 180,
-              env: Optional[Dict[str, str]] = None, check: bool = True) -> List[RankResult]:
+def run_ranks(
+    target: str,
+    world_size: int,
+    args: Optional[Dict[str, Any]] = None,
+    timeout: float = 180,
+    env: Optional[Dict[str, str]] = None,
+    check: bool = True,
+) -> List[RankResult]:
     workdir = Path(tempfile.mkdtemp(prefix="lmforge-ranks-"))
     port = free_port()
     procs = []
     for rank in range(world_size):
         rank_env = {
-            **os.environ, **(env or {}),
-            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            **os.environ,
+            **(env or {}),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
             "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
         }
         out = open(workdir / f"rank{rank}.log", "w")
-        cmd = [sys.executable, "-m", "harness_worker", target, json.dumps(args or {}), str(workdir / f"rank{rank}.json")]
-        procs.append((subprocess.Popen(cmd, env=rank_env, stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True), out))
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness_worker",
+            target,
+            json.dumps(args or {}),
+            str(workdir / f"rank{rank}.json"),
+        ]
+        procs.append(
+            (subprocess.Popen(cmd, env=rank_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out)
+        )
     deadline = time.monotonic() + timeout
     timed_out = False
     while any(p.poll() is None for p, _ in procs):
@@ -91,7 +111,8 @@ def run_ranks(target: str, world_size: int, args: Optional[Dict[str, Any]] = Non
     shutil.rmtree(workdir, ignore_errors=True)  # the logs live on in RankResult.output (and in RanksFailed)
     if check and (timed_out or any(r.returncode != 0 or r.error for r in results)):
         head = f"{target} x{world_size} " + ("timed out after %.0fs" % timeout if timed_out else "failed")
-        detail = "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.error or ''}\n{r.output[-4000:]}"
-                           for r in results)
+        detail = "\n".join(
+            f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.error or ''}\n{r.output[-4000:]}" for r in results
+        )
         raise RanksFailed(f"{head}\n{detail}")
     return results

@@ -1,4 +1,5 @@
 """Entry of one rank started by harness.run_ranks: call the target, write its JSON result or traceback."""
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ Trains the same tiny run through the real Trainer with ``data.num_workers`` 0 an
 this process, and reports what the loop saw. It also leaves one prefetching stream unclosed on purpose: the
 process must still exit (the prefetch threads are daemons), or the harness's hard timeout fails the test.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,17 +26,34 @@ def train_with_workers(root: str, cache: str, workers: List[int], steps: int) ->
     os.environ["LMFORGE_DATA_CACHE"] = cache
     out: Dict[str, dict] = {}
     for w in workers:
-        overrides = ["model=tiny", f"train.max_steps={steps}", "train.micro_batch_size=2",
-                     "train.global_batch_size=8", "train.eval_every=0", "train.threads=1", "train.deterministic=true",
-                     "train.precision=fp32", "train.device=cpu", "optim.warmup_steps=1", "optim.lr=3e-3",
-                     "logging.every_steps=1", "logging.console=none", "checkpoint.enabled=false",
-                     f"data.num_workers={w}", f"run.root={root}", f"run.name=w{w}"]
+        overrides = [
+            "model=tiny",
+            f"train.max_steps={steps}",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=8",
+            "train.eval_every=0",
+            "train.threads=1",
+            "train.deterministic=true",
+            "train.precision=fp32",
+            "train.device=cpu",
+            "optim.warmup_steps=1",
+            "optim.lr=3e-3",
+            "logging.every_steps=1",
+            "logging.console=none",
+            "checkpoint.enabled=false",
+            f"data.num_workers={w}",
+            f"run.root={root}",
+            f"run.name=w{w}",
+        ]
         trainer = Trainer(validate(compose(overrides)), Path(root) / f"w{w}")
         history = trainer.fit()
-        out[str(w)] = {"loss": [r["loss"] for r in history], "grad_norm": [r["grad_norm"] for r in history],
-                       "consumed": [r["consumed_samples"] for r in history],
-                       "prefetcher_after_fit": trainer.data.prefetcher is not None,
-                       "threads_after_fit": prefetch_threads()}
+        out[str(w)] = {
+            "loss": [r["loss"] for r in history],
+            "grad_norm": [r["grad_norm"] for r in history],
+            "consumed": [r["consumed_samples"] for r in history],
+            "prefetcher_after_fit": trainer.data.prefetcher is not None,
+            "threads_after_fit": prefetch_threads(),
+        }
         if w:  # a stream nobody closes: its daemon threads must not keep the process alive at exit
             left_open = BatchStream(trainer.mixture, trainer.plan, 0, trainer.device, num_workers=w)
             left_open.step_batches()

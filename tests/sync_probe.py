@@ -6,6 +6,7 @@ dispatch mode that records it finds, on a CPU run, every place a GPU run would s
 ``trainer.step`` at each such read: during the compute of step ``k`` the trainer's counter is ``k - 1``, during
 the logging after it ``k``.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -44,6 +45,8 @@ def syncs_per_step(overrides: List[str], run_dir: str) -> dict:
     recorder = SyncRecorder(trainer)
     with recorder:
         trainer.fit()
-    return {"counts": {str(k): v for k, v in sorted(recorder.steps.items())},
-            "where": {str(k): v for k, v in recorder.where.items()},
-            "losses": [r["loss"] for r in trainer.history]}
+    return {
+        "counts": {str(k): v for k, v in sorted(recorder.steps.items())},
+        "where": {str(k): v for k, v in recorder.where.items()},
+        "losses": [r["loss"] for r in trainer.history],
+    }

@@ -1,18 +1,19 @@
 """``lmforge <verb>``: one console entry point for every tool.
 
-    lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
-    lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
-    lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
-    lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
-    lmforge generate RUN_OR_CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-    lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
-    lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
-    lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
-    lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
-    lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
-    lmforge data    prepare|train-tokenizer ...
-    lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
+lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
+lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
+lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
+lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
+lmforge generate RUN_OR_CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
+lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
+lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
+lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
+lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
+lmforge data    prepare|train-tokenizer ...
+lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
 """
+
 from __future__ import annotations
 
 import sys

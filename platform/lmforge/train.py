@@ -1,9 +1,10 @@
 """Thin Hydra entry point: compose -> validate -> entry_checks (once) -> Trainer.fit().
 
-    python -m lmforge.train +exp=smoke optim.lr=1e-3
-    lmforge train +exp=gpt_1b cluster.nodes=4
-    torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
+python -m lmforge.train +exp=smoke optim.lr=1e-3
+lmforge train +exp=gpt_1b cluster.nodes=4
+torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
 """
+
 from __future__ import annotations
 
 import sys
@@ -108,8 +109,12 @@ def run_composed_once(overrides: Sequence[str]) -> None:
         hydra = GlobalHydra.instance().hydra
         try:
             # hydra.mode=RUN: what hydra.main adds when the config sets no mode (recorded in .hydra/hydra.yaml)
-            cfg = hydra.compose_config(config_name="config", overrides=[*overrides, "hydra.mode=RUN"],
-                                       run_mode=RunMode.RUN, with_log_configuration=True)
+            cfg = hydra.compose_config(
+                config_name="config",
+                overrides=[*overrides, "hydra.mode=RUN"],
+                run_mode=RunMode.RUN,
+                with_log_configuration=True,
+            )
         except CompactHydraException as e:
             raise composition_error(e, list(overrides)) from None
         check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before run_job makes hydra.run.dir
@@ -117,9 +122,14 @@ def run_composed_once(overrides: Sequence[str]) -> None:
         def job() -> None:
             callbacks = Callbacks(cfg)
             callbacks.on_run_start(config=cfg, config_name="config")
-            ret = run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
-                          task_function=_app, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
-                          configure_logging=True)
+            ret = run_job(
+                hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                task_function=_app,
+                config=cfg,
+                job_dir_key="hydra.run.dir",
+                job_subdir_key=None,
+                configure_logging=True,
+            )
             callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
             _ = ret.return_value  # re-raises the job's exception, reported as hydra.main reports it
 

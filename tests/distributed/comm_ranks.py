@@ -3,6 +3,7 @@
 Several checks share one launch (a launch costs ~10 s here): after training, the same ranks can run
 ``lmforge comm bench`` and rank 0 can log the run's bench and overlap results to an offline W&B run.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,12 +19,16 @@ def _wandb_log(run_dir: Path, wandb_dir: str) -> None:
     from lmforge.comm.profiling import STEP_ANNOTATION
     from lmforge.comm.wandb_tables import log_bench, log_overlap
 
-    run = wandb.init(project="lmforge-test", dir=wandb_dir, mode="offline",
-                     settings=wandb.Settings(x_disable_stats=True, console="off"))
+    run = wandb.init(
+        project="lmforge-test",
+        dir=wandb_dir,
+        mode="offline",
+        settings=wandb.Settings(x_disable_stats=True, console="off"),
+    )
     log_bench(run, load_result(run_dir / "comm_bench.json"))
     last = sorted((run_dir / "traces").glob("step*-rank0.json"))[-1].name.split("-")[0]
     per_rank = [analyze_trace(run_dir / "traces" / f"{last}-rank{r}.json", STEP_ANNOTATION, r) for r in (0, 1)]
-    step = int(last[len("step"):])
+    step = int(last[len("step") :])
     log_overlap(run, aggregate(per_rank, step), [s.to_json() for s in per_rank], step=step)
     run.finish()
 
@@ -34,11 +39,10 @@ def train(runs: List[dict], bench_argv: Optional[List[str]] = None) -> dict:
     ``overrides``, ``run_dir`` and optionally ``wandb_dir`` (rank 0 then logs the run to an offline W&B run).
     A run stopped by the preflight is reported in ``preflight_failed``.
     Then optionally ``lmforge comm bench BENCH_ARGV`` on the same ranks."""
+    from lmforge.comm.preflight import PreflightFailed
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.trainer.trainer import Trainer
-
-    from lmforge.comm.preflight import PreflightFailed
 
     out: dict = {"overlap": [], "preflight_failed": []}
     for run in runs:

@@ -1,4 +1,5 @@
 """Fixtures of the multi-rank parallel tests."""
+
 from __future__ import annotations
 
 from typing import List
@@ -24,7 +25,7 @@ def parity_samples(data_cache) -> List[List[int]]:
         ids.extend(tok.encode(doc))
         if len(ids) >= N_SAMPLES * SAMPLE_TOKENS:
             break
-    return [ids[i * SAMPLE_TOKENS:(i + 1) * SAMPLE_TOKENS] for i in range(N_SAMPLES)]
+    return [ids[i * SAMPLE_TOKENS : (i + 1) * SAMPLE_TOKENS] for i in range(N_SAMPLES)]
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +35,15 @@ def references(parity_samples) -> dict:
     from distributed.parity_cases import MOE, docmask_case
     from harness import run_ranks
 
-    cases = {"untied": {"overrides": []}, "tied": {"overrides": ["model.tie_embeddings=true"]},
-             "docmask": docmask_case([], parity_samples),
-             # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
-             "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
-             "fp32_init": {"overrides": [], "steps": 0},
-             "moe": {"overrides": MOE}}
+    cases = {
+        "untied": {"overrides": []},
+        "tied": {"overrides": ["model.tie_embeddings=true"]},
+        "docmask": docmask_case([], parity_samples),
+        # eval loss of the initial weights, computed in bf16 (the reference for FSDP param_dtype=bf16)
+        "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
+        "fp32_init": {"overrides": [], "steps": 0},
+        "moe": {"overrides": MOE},
+    }
     args = {"cases": cases, "samples": parity_samples, "steps": PARITY_STEPS}
     return run_ranks("distributed.parallel_worker:run_cases", 1, args, timeout=150)[0].value
 

@@ -1,4 +1,5 @@
 """Rank function for tests/distributed/test_replica_consistency.py (run by harness.run_ranks)."""
+
 from __future__ import annotations
 
 from typing import List

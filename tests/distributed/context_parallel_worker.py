@@ -8,6 +8,7 @@ earlier case saved) plus two cp-specific kinds:
   and gradients of q, k, v (every rank builds the same full tensors from one seed and keeps its chunks);
 - ``wrong_exchange``: the negative control, a parity case whose ring sends the two K/V chunks swapped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,6 @@ from typing import Dict, List
 
 import torch
 import torch.distributed as dist
-
 from distributed.parallel_worker import init_world, resume_case, run_case
 
 
@@ -43,7 +43,7 @@ def kernel_case(seq_len: int = 64, heads: int = 4, head_dim: int = 16, batch: in
     from a real EOD scan of random tokens, several documents per row; the reference: SDPA with the
     block-diagonal causal mask). Every rank builds the same full tensors from one seed and keeps its chunks."""
     from lmforge.model.document_mask import document_ids, document_positions
-    from lmforge.parallel.context_parallel import ContextLayout, EXCHANGES
+    from lmforge.parallel.context_parallel import EXCHANGES, ContextLayout
 
     group = dist.group.WORLD
     layout = ContextLayout(dist.get_world_size(), dist.get_rank(), seq_len)

@@ -4,6 +4,7 @@ Every case trains the tiny GPT for STEPS optimizer steps of one global batch of 
 (the embedded Austen novels through the embedded BPE tokenizer). Micro batch j of data-parallel rank r
 takes sequences j*m*dp + r*m + [0, m), the platform's sampler rule, so every layout sees the same samples.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,15 @@ import torch
 
 STEPS = 5
 GLOBAL = 8
-BASE = ["model=tiny", "train.device=cpu", "train.threads=1", f"train.global_batch_size={GLOBAL}",
-        "optim.warmup_steps=2", "optim.lr=3e-3", "optim.grad_clip=0.5"]
+BASE = [
+    "model=tiny",
+    "train.device=cpu",
+    "train.threads=1",
+    f"train.global_batch_size={GLOBAL}",
+    "optim.warmup_steps=2",
+    "optim.lr=3e-3",
+    "optim.grad_clip=0.5",
+]
 
 
 class MicroBatch:
@@ -42,8 +50,10 @@ def real_text_batches(cache: str, seq_len: int) -> torch.Tensor:
 
 def micro_batches(step_tokens: torch.Tensor, micro: int, dp: int, rank: int) -> List[MicroBatch]:
     accum = GLOBAL // (micro * dp)
-    return [MicroBatch(step_tokens[j * micro * dp + rank * micro: j * micro * dp + rank * micro + micro])
-            for j in range(accum)]
+    return [
+        MicroBatch(step_tokens[j * micro * dp + rank * micro : j * micro * dp + rank * micro + micro])
+        for j in range(accum)
+    ]
 
 
 def lr_at(step: int, cfg) -> float:
@@ -88,8 +98,10 @@ def native_reference(cache: str, precision: str = "fp32") -> dict:
     torch.set_num_threads(1)
     out = {}
     for prec in ("fp32", "bf16-mixed"):
-        cfg = validate(compose(BASE + [f"train.micro_batch_size={GLOBAL}", f"train.precision={prec}",
-                                       f"train.max_steps={STEPS}"]), world_size=1)
+        cfg = validate(
+            compose(BASE + [f"train.micro_batch_size={GLOBAL}", f"train.precision={prec}", f"train.max_steps={STEPS}"]),
+            world_size=1,
+        )
         init_process_group(cfg.comm, device)
         engine = build_engine(cfg, device)
         out[prec] = train(engine, cfg, real_text_batches(cache, cfg.model.seq_len), GLOBAL, 1, 0)

@@ -1,5 +1,6 @@
 """Rank-side code of the in-loop evaluation parity test: one launch, several layouts built one after another on the
 same 2 ranks; each scores a shipped task through the Engine contract (``TaskRunner.run``)."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,6 @@ from pathlib import Path
 from typing import Dict, List
 
 import torch
-
 from distributed.parallel_worker import build_config, build_engine, init_world
 
 

@@ -1,11 +1,11 @@
 """Rank-side checks of expert parallelism that run inside the parity harness's launches (``{"call": ...}`` cases of
 parallel_worker.run_cases): resuming an ep2 checkpoint at other expert layouts."""
+
 from __future__ import annotations
 
 from typing import Dict, List
 
 import torch.distributed as dist
-
 from distributed.parallel_worker import resume_case
 
 

@@ -1,4 +1,5 @@
 """Rank functions for tests/distributed/test_fault_watchdog.py (run by harness.run_ranks)."""
+
 from __future__ import annotations
 
 import datetime
@@ -19,8 +20,9 @@ def withheld_collective(run_dir: str, timeout_s: float, hold_s: float) -> dict:
     dist.barrier()
     run = Path(run_dir)
     events = FaultEvents(run / "metrics.jsonl", rank)
-    dog = Watchdog(rank, timeout_s, run / "dumps", run / "heartbeats", poll_s=0.2, orphan_check=False,
-                   on_event=events.emit).start()
+    dog = Watchdog(
+        rank, timeout_s, run / "dumps", run / "heartbeats", poll_s=0.2, orphan_check=False, on_event=events.emit
+    ).start()
     dog.beat(7)
     if rank == 0:
         dog.pause()

@@ -6,6 +6,7 @@ its layout on the current world, and runs a few optimizer steps on fixed real-te
 norms, the sample indices this rank consumed, an eval loss, and every parameter's DTensor placements and
 local/global shapes, for the test process to compare with the single-process run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-BASE = ["model=tiny", "model.seq_len=32", "comm=cpu_gloo", "train.device=cpu", "train.precision=fp32",
-        "train.micro_batch_size=2", "train.global_batch_size=8", "optim.warmup_steps=0", "optim.lr=3e-3",
-        "optim.grad_clip=0.05"]
+BASE = [
+    "model=tiny",
+    "model.seq_len=32",
+    "comm=cpu_gloo",
+    "train.device=cpu",
+    "train.precision=fp32",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=8",
+    "optim.warmup_steps=0",
+    "optim.lr=3e-3",
+    "optim.grad_clip=0.05",
+]
 LR = 3e-3
 
 
@@ -72,10 +82,12 @@ def describe_params(module: torch.nn.Module) -> Dict[str, dict]:
     out = {}
     for name, p in module.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
-        out[canonical_name(name)] = {"placements": [str(x) for x in getattr(p, "placements", [])],
-                                     "mesh": list(getattr(p.device_mesh, "mesh_dim_names", None) or [])
-                                     if hasattr(p, "device_mesh") else [],
-                                     "local": list(local.shape), "global": list(p.shape)}
+        out[canonical_name(name)] = {
+            "placements": [str(x) for x in getattr(p, "placements", [])],
+            "mesh": list(getattr(p.device_mesh, "mesh_dim_names", None) or []) if hasattr(p, "device_mesh") else [],
+            "local": list(local.shape),
+            "global": list(p.shape),
+        }
     return out
 
 
@@ -100,8 +112,10 @@ def unsharded_grad_bytes(parts) -> int:
             for group in fully_shard.state(module)._fsdp_param_groups:
                 for fp in group.fsdp_params:
                     unsharded = getattr(fp, "_unsharded_param", None)
-                    for g in (getattr(fp, "unsharded_accumulated_grad", None),
-                              unsharded.grad if unsharded is not None else None):
+                    for g in (
+                        getattr(fp, "unsharded_accumulated_grad", None),
+                        unsharded.grad if unsharded is not None else None,
+                    ):
                         if g is not None:
                             total += g.numel() * g.element_size()
     return total
@@ -118,10 +132,19 @@ def shift_positions_by_micro_batches(pipeline, shift: int) -> None:
     pipeline.train_step = shifted
 
 
-def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sync: bool = True,
-             save_to: Optional[str] = None, count_reduce_scatters: bool = False, eod: Optional[int] = None,
-             expert_destination_shift: int = 0, drop_first_stage_router_loss: bool = False,
-             later_stage_positions_shift: int = 0, reshard_blocks_after_forward: bool = False) -> dict:
+def run_case(
+    overrides: List[str],
+    samples: List[List[int]],
+    steps: int,
+    grad_sync: bool = True,
+    save_to: Optional[str] = None,
+    count_reduce_scatters: bool = False,
+    eod: Optional[int] = None,
+    expert_destination_shift: int = 0,
+    drop_first_stage_router_loss: bool = False,
+    later_stage_positions_shift: int = 0,
+    reshard_blocks_after_forward: bool = False,
+) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
     from lmforge.model.document_mask import document_positions
@@ -147,10 +170,17 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     if later_stage_positions_shift and engine.mesh["pp"].get_local_rank() > 0:  # negative control (docmask, pp > 1)
         shift_positions_by_micro_batches(engine.pipeline, later_stage_positions_shift)
     data = FixedSamples(samples, eod)
-    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"),
-                         document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
+    stream = BatchStream(
+        data,
+        check_batch(cfg),
+        engine.dp_rank,
+        torch.device("cpu"),
+        document_masking=cfg.data.document_masking,
+        loss_after_eod=cfg.data.loss_after_eod,
+    )
     losses, norms, reduce_scatters, held_grad_bytes, moe = [], [], [], [], {}
     if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
+
         def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
             held_grad_bytes.append(unsharded_grad_bytes(engine.parts))
             return grad_sync(last)
@@ -172,20 +202,33 @@ def run_case(overrides: List[str], samples: List[List[int]], steps: int, grad_sy
     positions = document_positions(held_out[:, :-1], eod) if cfg.data.document_masking else None
     eval_loss = float(engine.eval_loss(held_out[:, :-1], held_out[:, 1:], positions))
     engine.train()
-    out = {"losses": losses, "grad_norms": norms, "consumed": data.consumed, "eval_loss": eval_loss,
-           "dp_rank": engine.dp_rank, "params": describe_params(engine.inner), "rank": dist.get_rank(),
-           "coords": {n: engine.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp")
-                      + (("ep",) if cfg.parallelism.ep > 1 else ())},
-           "reduce_scatters": reduce_scatters, "micro_batches": check_batch(cfg).grad_accum,
-           "held_grad_bytes": held_grad_bytes, "moe": moe,
-           "expert_bias": {canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers()
-                           if n.endswith("expert_bias")}}
+    out = {
+        "losses": losses,
+        "grad_norms": norms,
+        "consumed": data.consumed,
+        "eval_loss": eval_loss,
+        "dp_rank": engine.dp_rank,
+        "params": describe_params(engine.inner),
+        "rank": dist.get_rank(),
+        "coords": {
+            n: engine.mesh[n].get_local_rank()
+            for n in ("pp", "dp_replicate", "dp_shard", "tp") + (("ep",) if cfg.parallelism.ep > 1 else ())
+        },
+        "reduce_scatters": reduce_scatters,
+        "micro_batches": check_batch(cfg).grad_accum,
+        "held_grad_bytes": held_grad_bytes,
+        "moe": moe,
+        "expert_bias": {
+            canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers() if n.endswith("expert_bias")
+        },
+    }
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig
 
-        CheckpointManager(Path(save_to), CheckpointConfig(), engine).save(steps,
-                                                                          sidecar={"world_size": dist.get_world_size()})
+        CheckpointManager(Path(save_to), CheckpointConfig(), engine).save(
+            steps, sidecar={"world_size": dist.get_world_size()}
+        )
     dist.barrier()
     return out
 
@@ -225,8 +268,12 @@ def resume_case(overrides: List[str], samples: List[List[int]], steps: int, chec
     stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
     stream.state.consumed_samples = steps * cfg.train.global_batch_size
     results = [engine.train_step(stream.step_batches(), LR) for _ in range(more)]
-    return {"loss": float(results[0].loss), "grad_norm": float(results[0].grad_norm), "consumed": data.consumed,
-            "losses": [float(r.loss) for r in results]}
+    return {
+        "loss": float(results[0].loss),
+        "grad_norm": float(results[0].grad_norm),
+        "consumed": data.consumed,
+        "losses": [float(r.loss) for r in results],
+    }
 
 
 def resume_cases(cases: Dict[str, dict], samples: List[List[int]], steps: int, checkpoint: str) -> Dict[str, dict]:

@@ -1,4 +1,5 @@
 """Case builders shared by the parity harness's reference fixture (conftest.py) and test_parallel_parity.py."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -6,9 +7,16 @@ from typing import List
 
 # A Mixture-of-Experts tiny model (model/moe.py): 4 experts top-2 in every other layer, one shared expert,
 # aux + z losses and the bias update, capacity-limited (drops happen); the loop expert path (auto on CPU).
-MOE = ["model.moe.experts=4", "model.moe.top_k=2", "model.moe.d_ff=64", "model.moe.every_n_layers=2",
-       "model.moe.shared_experts=1", "model.moe.z_loss_coef=0.01", "model.moe.bias_update_rate=0.01",
-       "model.moe.capacity_factor=1.0"]
+MOE = [
+    "model.moe.experts=4",
+    "model.moe.top_k=2",
+    "model.moe.d_ff=64",
+    "model.moe.every_n_layers=2",
+    "model.moe.shared_experts=1",
+    "model.moe.z_loss_coef=0.01",
+    "model.moe.bias_update_rate=0.01",
+    "model.moe.capacity_factor=1.0",
+]
 
 
 def stand_in_eod(samples) -> int:
@@ -26,8 +34,11 @@ def docmask_pipeline_cases(samples) -> dict:
     keyword stage input, parallel/pipeline.py): 1F1B with full activation checkpointing (the recompute rebuilds
     the mask) and zero bubble (InterleavedZeroBubble: 4 looped stages, split backward, its own micro-batch order);
     negative control: the later pipeline rank's stages get the positions of the previous micro batch."""
-    return {"pp2_1f1b_ac_docmask": docmask_case(["parallelism=pp2", "parallelism.activation_checkpointing=full"],
-                                                samples),
-            "pp2_zero_bubble_docmask": docmask_case(["parallelism=pp2_zb"], samples),
-            "pp2_docmask_wrong_micro_batch": {**docmask_case(["parallelism=pp2"], samples),
-                                              "later_stage_positions_shift": 1}}
+    return {
+        "pp2_1f1b_ac_docmask": docmask_case(["parallelism=pp2", "parallelism.activation_checkpointing=full"], samples),
+        "pp2_zero_bubble_docmask": docmask_case(["parallelism=pp2_zb"], samples),
+        "pp2_docmask_wrong_micro_batch": {
+            **docmask_case(["parallelism=pp2"], samples),
+            "later_stage_positions_shift": 1,
+        },
+    }

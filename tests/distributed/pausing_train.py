@@ -4,6 +4,7 @@ checkpoint STEP freezes after AFTER_SHARDS ranks wrote their shard (tests/distri
 The pause is installed in this process, in Python, before the entry point runs
 (``checkpoint.fault_injection.install_save_pause``); production code reads no test setting from the environment.
 """
+
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,6 @@
 """Rank body for tests/distributed/test_planner_shards.py: build the real engine, train one step, and
 report the bytes of this rank's local shards of parameters, gradients and AdamW state."""
+
 from __future__ import annotations
 
 from typing import List
@@ -41,6 +42,7 @@ def measure(overrides: List[str]) -> dict:
         "optimizer": optimizer,
         "tensors": len(params),
         "dtensor": all(hasattr(p, "to_local") for p in params),
-        "local_shapes": {n: list((p.to_local() if hasattr(p, "to_local") else p).shape)
-                         for n, p in engine.inner.named_parameters()},
+        "local_shapes": {
+            n: list((p.to_local() if hasattr(p, "to_local") else p).shape) for n, p in engine.inner.named_parameters()
+        },
     }

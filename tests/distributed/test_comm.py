@@ -1,5 +1,6 @@
 """Collectives on real 2-rank gloo groups: the bench CLI, the training preflight, overlap measured on DDP
 with and without bucketed overlap, the kept traces, and the W&B (offline) read-back of both."""
+
 from __future__ import annotations
 
 import json
@@ -9,17 +10,28 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import run_ranks
+
 from lmforge.comm.bench import OPS, bus_factor, load_result
 from lmforge.comm.overlap import aggregate, analyze_trace
 from lmforge.comm.profiling import STEP_ANNOTATION
 
 pytestmark = pytest.mark.distributed
 
-TRAIN = ["model=tiny", "parallelism=ddp", "comm=cpu_gloo", "train.max_steps=4", "train.micro_batch_size=8",
-         "train.global_batch_size=16", "train.eval_every=0", "checkpoint.enabled=false", "logging.console=none",
-         "train.threads=1", "metrics.profile_every=2", "parallelism.ddp_bucket_cap_mb=1"]
+TRAIN = [
+    "model=tiny",
+    "parallelism=ddp",
+    "comm=cpu_gloo",
+    "train.max_steps=4",
+    "train.micro_batch_size=8",
+    "train.global_batch_size=16",
+    "train.eval_every=0",
+    "checkpoint.enabled=false",
+    "logging.console=none",
+    "train.threads=1",
+    "metrics.profile_every=2",
+    "parallelism.ddp_bucket_cap_mb=1",
+]
 
 
 def records(run_dir: Path, kind: str) -> list:
@@ -33,22 +45,66 @@ def ddp_runs(tmp_path_factory, data_cache):
     (plus the bus-bandwidth preflight and W&B logging on rank 0), then with one all-reduce after backward; then
     `lmforge comm bench` on the same two ranks."""
     root = tmp_path_factory.mktemp("overlap")
-    runs = [{"overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=true", "comm.preflight=true",
-                                   "comm.preflight_max_bytes=65536", "comm.preflight_iters=2",
-                                   "comm.preflight_floor_gbps=0.0001"],
-             "run_dir": str(root / "overlap_True"), "wandb_dir": str(root / "wandb")},
-            {"overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=false"],
-             "run_dir": str(root / "overlap_False")},
-            {"overrides": TRAIN + [f"run.root={root}", "comm.preflight=true", "comm.preflight_max_bytes=4096",
-                                   "comm.preflight_iters=1", "comm.preflight_floor_gbps=1000",
-                                   "comm.preflight_floor_ops='all_reduce,broadcast'"],
-             "run_dir": str(root / "floor")}]
-    bench_argv = ["--max-bytes", "64K", "--factor", "8", "--iters", "3", "--warmup", "1", "--floor-gbps", "1000",
-                  "--out", str(root / "bench.json"), "comm=cpu_gloo"]
-    results = run_ranks("distributed.comm_ranks:train", 2, {"runs": runs, "bench_argv": bench_argv}, timeout=300,
-                        env={"LMFORGE_DATA_CACHE": str(data_cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    return {"root": root, True: root / "overlap_True", False: root / "overlap_False", "floor": root / "floor",
-            "results": results}
+    runs = [
+        {
+            "overrides": TRAIN
+            + [
+                f"run.root={root}",
+                "parallelism.overlap_grad_reduce=true",
+                "comm.preflight=true",
+                "comm.preflight_max_bytes=65536",
+                "comm.preflight_iters=2",
+                "comm.preflight_floor_gbps=0.0001",
+            ],
+            "run_dir": str(root / "overlap_True"),
+            "wandb_dir": str(root / "wandb"),
+        },
+        {
+            "overrides": TRAIN + [f"run.root={root}", "parallelism.overlap_grad_reduce=false"],
+            "run_dir": str(root / "overlap_False"),
+        },
+        {
+            "overrides": TRAIN
+            + [
+                f"run.root={root}",
+                "comm.preflight=true",
+                "comm.preflight_max_bytes=4096",
+                "comm.preflight_iters=1",
+                "comm.preflight_floor_gbps=1000",
+                "comm.preflight_floor_ops='all_reduce,broadcast'",
+            ],
+            "run_dir": str(root / "floor"),
+        },
+    ]
+    bench_argv = [
+        "--max-bytes",
+        "64K",
+        "--factor",
+        "8",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--floor-gbps",
+        "1000",
+        "--out",
+        str(root / "bench.json"),
+        "comm=cpu_gloo",
+    ]
+    results = run_ranks(
+        "distributed.comm_ranks:train",
+        2,
+        {"runs": runs, "bench_argv": bench_argv},
+        timeout=300,
+        env={"LMFORGE_DATA_CACHE": str(data_cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    return {
+        "root": root,
+        True: root / "overlap_True",
+        False: root / "overlap_False",
+        "floor": root / "floor",
+        "results": results,
+    }
 
 
 @pytest.mark.timeout(400)
@@ -90,8 +146,12 @@ def test_bucketed_ddp_overlaps_more_than_allreduce_after_backward(ddp_runs):
 def test_traces_are_kept_and_reanalysis_matches_the_logged_numbers(ddp_runs):
     run_dir = ddp_runs[True]
     traces = sorted(p.name for p in (run_dir / "traces").iterdir())
-    assert traces == ["step0000002-rank0.json", "step0000002-rank1.json",
-                      "step0000004-rank0.json", "step0000004-rank1.json"]
+    assert traces == [
+        "step0000002-rank0.json",
+        "step0000002-rank1.json",
+        "step0000004-rank0.json",
+        "step0000004-rank1.json",
+    ]
     logged = records(run_dir, "overlap")[-1]
     per_rank = [analyze_trace(run_dir / "traces" / f"step0000004-rank{r}.json", STEP_ANNOTATION, r) for r in (0, 1)]
     again = aggregate(per_rank, step=4)
@@ -99,8 +159,10 @@ def test_traces_are_kept_and_reanalysis_matches_the_logged_numbers(ddp_runs):
         assert again[key] == pytest.approx(logged[key]), key
     env = json.loads((run_dir / "comm_env.json").read_text())
     assert env["preset"] == "cpu_gloo" and env["backend"] == "gloo" and env["world_size"] == 2
-    assert env["variables"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] in ("3", os.environ.get(
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+    assert env["variables"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] in (
+        "3",
+        os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+    )
 
 
 @pytest.mark.timeout(400)
@@ -135,8 +197,14 @@ def test_wandb_offline_read_back_has_overlap_and_bandwidth(ddp_runs):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     (wb_run,) = (ddp_runs["root"] / "wandb" / "wandb").glob("offline-run-*")
     wandb_bin = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_bin), "leet", "inspect", "--summary", "--json", str(wb_run)], env=env,
-                         check=True, timeout=60, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(wandb_bin), "leet", "inspect", "--summary", "--json", str(wb_run)],
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    ).stdout
     summary = json.loads(out)["summary"]
     logged = records(run_dir, "overlap")[-1]
     assert summary["comm/overlap_fraction"] == pytest.approx(logged["comm/overlap_fraction"])

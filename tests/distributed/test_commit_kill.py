@@ -15,6 +15,7 @@ of step 4 the writer sends itself SIGKILL.
 The stages after the rename-in, a first save killed before its rename, and the negative control (the old
 delete-then-rename protocol loses the step) run in one process in tests/unit/test_checkpoint_commit.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,22 +27,57 @@ from pathlib import Path
 
 import pytest
 
-ARGS = ["model=tiny", "train.max_steps=6", "train.micro_batch_size=2", "train.global_batch_size=2",
-        "train.eval_every=0", "train.threads=1", "train.deterministic=true", "train.precision=fp32",
-        "train.device=cpu", "logging.every_steps=1", "logging.console=plain", "checkpoint.every_steps=2",
-        "checkpoint.keep_last=5"]
+ARGS = [
+    "model=tiny",
+    "train.max_steps=6",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.eval_every=0",
+    "train.threads=1",
+    "train.deterministic=true",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "logging.every_steps=1",
+    "logging.console=plain",
+    "checkpoint.every_steps=2",
+    "checkpoint.keep_last=5",
+]
 KILL_STEP = 4
 # (case id, stage to kill at, whether step-4 already exists (a re-save), async mode, step the resume loads,
 #  the checkpoints directory right after the kill: name -> "complete" | "partial")
 CASES = [
-    ("resave-shards", "shards", True, "none", 4,
-     {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "partial"}),
-    ("resave-sidecar", "sidecar", True, "thread", 4,
-     {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "partial"}),
-    ("resave-complete", "complete", True, "none", 4,
-     {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "complete"}),
-    ("resave-between-renames", "aside", True, "thread", 4,  # step-4 is absent: its aside copy is resolved
-     {"step-00000002": "complete", ".old-step-00000004": "complete", ".tmp-step-00000004": "complete"}),
+    (
+        "resave-shards",
+        "shards",
+        True,
+        "none",
+        4,
+        {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "partial"},
+    ),
+    (
+        "resave-sidecar",
+        "sidecar",
+        True,
+        "thread",
+        4,
+        {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "partial"},
+    ),
+    (
+        "resave-complete",
+        "complete",
+        True,
+        "none",
+        4,
+        {"step-00000002": "complete", "step-00000004": "complete", ".tmp-step-00000004": "complete"},
+    ),
+    (
+        "resave-between-renames",
+        "aside",
+        True,
+        "thread",
+        4,  # step-4 is absent: its aside copy is resolved
+        {"step-00000002": "complete", ".old-step-00000004": "complete", ".tmp-step-00000004": "complete"},
+    ),
 ]
 
 
@@ -78,8 +114,10 @@ def _launch(ctx, root: Path, name: str, extra, kill_stage=None, timeout: float =
 
 
 def _state(ckpts: Path) -> dict:
-    return {p.name: "complete" if (p / "COMPLETE").is_file() and (p / "state.json").is_file() else "partial"
-            for p in ckpts.iterdir()}
+    return {
+        p.name: "complete" if (p / "COMPLETE").is_file() and (p / "state.json").is_file() else "partial"
+        for p in ckpts.iterdir()
+    }
 
 
 def _records(run: Path, kind: str, field: str = "kind"):
@@ -122,11 +160,11 @@ def test_kill_at_commit_stage_resumes_bit_identically(runs, case, stage, resave,
     train = _records(root / case, "train")
     steps = [r["step"] for r in train]
     resumed_steps = list(range(loads + 1, 7))
-    assert steps[:2] == [3, 4] and steps[-len(resumed_steps):] == resumed_steps, steps
+    assert steps[:2] == [3, 4] and steps[-len(resumed_steps) :] == resumed_steps, steps
     if mode == "none":  # a blocking save commits step 4 before step 5 runs
         assert steps == [3, 4, *resumed_steps]
     else:  # an async commit runs at a later step's poll (or the final save): the killed run may have logged 5 or 6
-        assert steps[:-len(resumed_steps)] in ([3, 4], [3, 4, 5], [3, 4, 5, 6]), steps
+        assert steps[: -len(resumed_steps)] in ([3, 4], [3, 4, 5], [3, 4, 5, 6]), steps
     keys = ("loss", "grad_norm", "lr", "consumed_samples", "tokens_seen")
     for r in train:
         assert {k: r[k] for k in keys} == {k: ref[r["step"]][k] for k in keys}, r["step"]

@@ -12,15 +12,15 @@ process (cp1). cp2 x FSDP 2 (all-gather exchange, full AC), cp2 x TP+SP 2, cp2 x
 test_parallel_parity.py's 4-rank launch (test_two_dimensional_parity,
 test_context_parallel_attention_kernel_is_exact_at_cp4).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List
 
 import pytest
-
 from distributed.parity_cases import docmask_case
-from distributed.test_parallel_parity import STEPS, WQ, assert_parity, placement, _run
+from distributed.test_parallel_parity import STEPS, WQ, _run, assert_parity, placement
 from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -44,13 +44,15 @@ def two_rank_runs(parity_samples, cp2_checkpoint) -> List[dict]:
     """One 2-rank launch: the kernel check, cp2 ring (saving its checkpoint), cp2 + document masking, the negative
     control, then the cp2 checkpoint resumed under cp2 and under dp2 (DDP, cp1)."""
     resume = {"resume_from": str(cp2_checkpoint), "more": RESUMED_STEPS}
-    cases = {"kernel": {"kernel": True},
-             "cp2_ring": {"overrides": ["parallelism=cp2"], "save_to": str(cp2_checkpoint)},
-             "cp2_docmask": docmask_case(["parallelism=cp2"], parity_samples),
-             # one step: a wrong exchange is wrong from the first forward on
-             "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True, "steps": 1},
-             "resumed_cp2": {"overrides": ["parallelism=cp2"], **resume},
-             "resumed_dp2": {"overrides": ["parallelism=ddp"], **resume}}
+    cases = {
+        "kernel": {"kernel": True},
+        "cp2_ring": {"overrides": ["parallelism=cp2"], "save_to": str(cp2_checkpoint)},
+        "cp2_docmask": docmask_case(["parallelism=cp2"], parity_samples),
+        # one step: a wrong exchange is wrong from the first forward on
+        "cp2_wrong_exchange": {"overrides": ["parallelism=cp2"], "wrong_exchange": True, "steps": 1},
+        "resumed_cp2": {"overrides": ["parallelism=cp2"], **resume},
+        "resumed_dp2": {"overrides": ["parallelism=ddp"], **resume},
+    }
     return _run(2, cases, parity_samples, timeout=360, worker=CP_WORKER)  # 300 before the resumes joined
 
 
@@ -99,9 +101,16 @@ def test_cp2_checkpoint_resumes_under_cp2_dp2_and_cp1(two_rank_runs, cp2_checkpo
     and in a single process (cp1, no mesh dims at all), and the next two steps' losses are the same in all three,
     after the samples of the STEPS saved steps."""
     assert (cp2_checkpoint / f"step-{STEPS:08d}").is_dir()
-    single = run_ranks(CP_WORKER, 1, {"samples": parity_samples, "steps": STEPS,
-                                      "cases": {"resumed_cp1": {"overrides": [], "resume_from": str(cp2_checkpoint),
-                                                                "more": RESUMED_STEPS}}}, timeout=150)
+    single = run_ranks(
+        CP_WORKER,
+        1,
+        {
+            "samples": parity_samples,
+            "steps": STEPS,
+            "cases": {"resumed_cp1": {"overrides": [], "resume_from": str(cp2_checkpoint), "more": RESUMED_STEPS}},
+        },
+        timeout=150,
+    )
     cp1 = single[0].value["resumed_cp1"]
     assert len(cp1["losses"]) == RESUMED_STEPS
     for out in two_rank_runs:

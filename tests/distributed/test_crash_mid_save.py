@@ -8,6 +8,7 @@ Two real gloo ranks (``python -m lmforge.train`` with RANK/WORLD_SIZE/MASTER_* s
 SIGKILLs both ranks, restarts them without the hook, and checks that step 2 is the checkpoint loaded, the
 partial directory is cleaned up, and the run finishes with a complete step-4 checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,24 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import free_port
 
 PAUSING_TRAIN = Path(__file__).resolve().parent / "pausing_train.py"
 
-ARGS = ["model=tiny", "parallelism=ddp", "train.max_steps=4", "train.micro_batch_size=2", "train.global_batch_size=8",
-        "train.eval_every=0", "train.threads=1", "train.device=cpu", "logging.every_steps=1", "logging.console=plain",
-        "checkpoint.every_steps=2", "checkpoint.keep_last=3"]
+ARGS = [
+    "model=tiny",
+    "parallelism=ddp",
+    "train.max_steps=4",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=8",
+    "train.eval_every=0",
+    "train.threads=1",
+    "train.device=cpu",
+    "logging.every_steps=1",
+    "logging.console=plain",
+    "checkpoint.every_steps=2",
+    "checkpoint.keep_last=3",
+]
 
 
 def start_ranks(root: Path, tag: str, pause=None, world: int = 2):
@@ -35,13 +46,21 @@ def start_ranks(root: Path, tag: str, pause=None, world: int = 2):
     procs = []
     entry = ["-m", "lmforge.train"] if pause is None else [str(PAUSING_TRAIN), *map(str, pause)]
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "LMFORGE_RUN_ID": "crash"}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "LMFORGE_RUN_ID": "crash",
+        }
         log = open(root / f"{tag}-rank{rank}.log", "w")
         cmd = [sys.executable, *entry, f"run.root={root}", "run.name=crash", *ARGS]
-        procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
     return procs
 
 

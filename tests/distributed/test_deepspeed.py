@@ -6,12 +6,12 @@ reference runs in a 1-rank launch beside it. Each case also asserts that the ZeR
 what each rank holds: parameters (full below stage 3, half at stage 3), gradients (the rank's half for its
 update), AdamW moments (2 x half) and, with offload, that the optimizer state lives on the CPU offload path.
 """
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from harness import run_ranks
 
 W = "distributed.deepspeed_workers"
@@ -34,8 +34,13 @@ def runs(data_cache):
     t = threading.Thread(target=reference)
     t.start()
     try:
-        ranks = run_ranks(f"{W}:deepspeed_cases", 2, {"cache": str(data_cache), "names": CASES}, timeout=280,
-                          env={"DS_ACCELERATOR": "cpu"})
+        ranks = run_ranks(
+            f"{W}:deepspeed_cases",
+            2,
+            {"cache": str(data_cache), "names": CASES},
+            timeout=280,
+            env={"DS_ACCELERATOR": "cpu"},
+        )
     finally:
         t.join()
     assert "value" in ref, "the native reference run failed"

@@ -11,6 +11,7 @@ Run A: ZeRO-3 on 2 gloo ranks trains 6 steps, checkpointing at 3 and 6. Then, si
 Each launch is judged by what it wrote (metrics.jsonl, checkpoints, DONE); a launch that finished all of that
 may still exit with the ZeRO-3 teardown abort, which is accepted only with its exact signature.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,27 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import free_port
 
 N = 6
-COMMON = ["model=tiny", f"train.max_steps={N}", "train.micro_batch_size=4", "train.global_batch_size=8",
-          "train.eval_every=3", "train.eval_batches=1", "train.threads=1", "train.deterministic=true", "train.precision=fp32",
-          "train.device=cpu", "optim.warmup_steps=2", "optim.lr=3e-3", "logging.every_steps=1",
-          "logging.console=plain", "checkpoint.every_steps=3", "checkpoint.keep_last=5"]
+COMMON = [
+    "model=tiny",
+    f"train.max_steps={N}",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.eval_every=3",
+    "train.eval_batches=1",
+    "train.threads=1",
+    "train.deterministic=true",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "optim.warmup_steps=2",
+    "optim.lr=3e-3",
+    "logging.every_steps=1",
+    "logging.console=plain",
+    "checkpoint.every_steps=3",
+    "checkpoint.keep_last=5",
+]
 EXIT_ABORT = "terminate called without an active exception"
 
 
@@ -36,9 +50,17 @@ def start(root: Path, name: str, world: int, extra) -> list:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "LMFORGE_RUN_ID": name, "DS_ACCELERATOR": "cpu"}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "LMFORGE_RUN_ID": name,
+            "DS_ACCELERATOR": "cpu",
+        }
         log = open(root / f"{name}-rank{rank}.log", "w")
         cmd = [sys.executable, "-m", "lmforge.train", f"run.root={root}", f"run.name={name}", *COMMON, *extra]
         procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -52,7 +74,9 @@ def finish(root: Path, name: str, procs, timeout: float = 400) -> None:
     for rank, p in enumerate(procs):
         out = (root / f"{name}-rank{rank}.log").read_text(errors="replace")
         finished = (root / name / "DONE").exists()
-        assert p.returncode == 0 or (finished and EXIT_ABORT in out), f"{name} rank {rank} exit {p.returncode}\n{out[-4000:]}"
+        assert p.returncode == 0 or (finished and EXIT_ABORT in out), (
+            f"{name} rank {rank} exit {p.returncode}\n{out[-4000:]}"
+        )
 
 
 def train_records(run: Path, kind: str = "train"):
@@ -76,9 +100,23 @@ def runs(tmp_path_factory, data_cache):
         shutil.copytree(step3, root / name / "checkpoints" / step3.name)
     b = start(root, "B", 2, ["parallelism=zero3"])
     c = start(root, "C", 1, ["parallelism=zero3", "parallelism.dp_replicate=1"])
-    conv = subprocess.run([sys.executable, "-m", "lmforge.cli", "ckpt", "convert", str(step3),
-                           str(root / "D" / "checkpoints"), "--to", "native"], capture_output=True, text=True,
-                          timeout=400, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    conv = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lmforge.cli",
+            "ckpt",
+            "convert",
+            str(step3),
+            str(root / "D" / "checkpoints"),
+            "--to",
+            "native",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert conv.returncode == 0, conv.stdout[-3000:] + conv.stderr[-3000:]
     shutil.copytree(root / "D" / "checkpoints" / step3.name, root / "E" / "checkpoints" / step3.name)
     d = start(root, "D", 1, ["parallelism=single"])
@@ -122,7 +160,9 @@ def test_resume_with_a_different_dp_size(runs):
     assert [r["step"] for r in c] == [4, 5, 6] and [e["step"] for e in events(runs / "C", "resume")] == [3]
     assert c[0]["consumed_samples"] == a[3]["consumed_samples"] and c[0]["lr"] == a[3]["lr"]
     for ra, rc in zip(a[3:], c):  # 1 rank x 2 micro batches instead of 2 ranks x 1: only summation order differs
-        assert abs(ra["loss"] - rc["loss"]) < 1e-5 and abs(ra["grad_norm"] - rc["grad_norm"]) < 1e-4 * ra["grad_norm"], (ra, rc)
+        assert (
+            abs(ra["loss"] - rc["loss"]) < 1e-5 and abs(ra["grad_norm"] - rc["grad_norm"]) < 1e-4 * ra["grad_norm"]
+        ), (ra, rc)
     assert not list((runs / "C" / "checkpoints").glob(".universal-*"))  # the temporary conversion is removed
     assert json.loads((runs / "C" / "checkpoints" / "step-00000006" / "state.json").read_text())["dp_size"] == 1
 

@@ -1,5 +1,6 @@
 """In-loop evaluation on the training mesh: 2 gloo ranks under DDP, FSDP, TP and PP (one launch) score a shipped
 task with the same per-choice log-likelihoods and accuracies as one process scoring the same model."""
+
 from __future__ import annotations
 
 import os
@@ -7,18 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
 
 TASK, LIMIT = "stdlib_next_line", 6
-LAYOUTS = {"ddp": ["parallelism=ddp"], "fsdp": ["parallelism=fsdp"], "tp2": ["parallelism=tp2"],
-           "pp2": ["parallelism=pp2"]}
+LAYOUTS = {
+    "ddp": ["parallelism=ddp"],
+    "fsdp": ["parallelism=fsdp"],
+    "tp2": ["parallelism=tp2"],
+    "pp2": ["parallelism=pp2"],
+}
 
 
 def single_process(seed=None):
     from distributed.parallel_worker import BASE
+
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.data.tokenizer import load_tokenizer
@@ -29,7 +34,9 @@ def single_process(seed=None):
 
     cfg = validate(compose(BASE), world_size=1)
     model = GPT(cfg.model)
-    model.init_weights(cfg.train.seed if seed is None else seed)  # what parallelize's materialize() does with train.seed on every layout
+    model.init_weights(
+        cfg.train.seed if seed is None else seed
+    )  # what parallelize's materialize() does with train.seed on every layout
     tok = load_tokenizer("embedded", Path(os.environ["LMFORGE_DATA_CACHE"]))
     loaded = LoadedModel(model.eval(), cfg.model, tok, None)
     task = load_task(TASK)
@@ -40,8 +47,13 @@ def single_process(seed=None):
 
 @pytest.mark.timeout(600)
 def test_task_scores_match_single_process_on_every_layout(data_cache):
-    results = run_ranks("distributed.eval_ranks:eval_layouts", 2, {"layouts": LAYOUTS, "task": TASK, "limit": LIMIT},
-                        timeout=540, env={"LMFORGE_DATA_CACHE": str(data_cache)})
+    results = run_ranks(
+        "distributed.eval_ranks:eval_layouts",
+        2,
+        {"layouts": LAYOUTS, "task": TASK, "limit": LIMIT},
+        timeout=540,
+        env={"LMFORGE_DATA_CACHE": str(data_cache)},
+    )
     cfg, metrics, lls = single_process(seed=None)
     assert len(lls) == LIMIT and all(len(x) == 4 for x in lls)
     for name in LAYOUTS:

@@ -1,10 +1,10 @@
 """The hang watchdog on real gloo ranks: a rank blocked in a collective dumps its stacks and exits 43."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -12,8 +12,13 @@ pytestmark = pytest.mark.distributed
 
 @pytest.mark.timeout(120)
 def test_rank_blocked_in_gloo_collective_dumps_stacks_and_exits(tmp_path):
-    results = run_ranks("distributed.fault_ranks:withheld_collective", 2,
-                        {"run_dir": str(tmp_path), "timeout_s": 2.0, "hold_s": 8.0}, timeout=90, check=False)
+    results = run_ranks(
+        "distributed.fault_ranks:withheld_collective",
+        2,
+        {"run_dir": str(tmp_path), "timeout_s": 2.0, "hold_s": 8.0},
+        timeout=90,
+        check=False,
+    )
     assert results[1].returncode == 43, results[1].output[-3000:]
     dumps = list((tmp_path / "dumps").glob("watchdog-rank1-step7-*.txt"))
     assert len(dumps) == 1, list(tmp_path.rglob("*"))

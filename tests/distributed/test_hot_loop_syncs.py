@@ -1,13 +1,13 @@
 """The training loop makes no host sync between logging steps (what would stall a GPU), in one process and
 in 2 real ranks, with the loss guard on and gradient clipping active; and skipping a step through the
 fused optimizer's ``found_inf`` leaves weights and optimizer state bit-identical."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-
 from harness import run_ranks
 from sync_probe import syncs_per_step
 
@@ -16,11 +16,27 @@ QUIET = {str(s) for s in range(2, MAX_STEPS)}  # compute of steps 3..8 and bookk
 
 
 def overrides(tmp_path, name, extra=()):
-    base = ["model=tiny", "model.seq_len=32", "train.device=cpu", "train.threads=1", f"train.max_steps={MAX_STEPS}",
-            "train.micro_batch_size=2", "train.global_batch_size=4", "train.eval_every=0",
-            "logging.every_steps=100", "logging.console=none", "checkpoint.enabled=false",
-            "optim.fused=true", "optim.grad_clip=0.5", "fault.loss_guard=true", "fault.spike_factor=3.0",
-            "~data.sources.code", "~data.sources.reference", f"run.root={tmp_path}", f"run.name={name}"]
+    base = [
+        "model=tiny",
+        "model.seq_len=32",
+        "train.device=cpu",
+        "train.threads=1",
+        f"train.max_steps={MAX_STEPS}",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=4",
+        "train.eval_every=0",
+        "logging.every_steps=100",
+        "logging.console=none",
+        "checkpoint.enabled=false",
+        "optim.fused=true",
+        "optim.grad_clip=0.5",
+        "fault.loss_guard=true",
+        "fault.spike_factor=3.0",
+        "~data.sources.code",
+        "~data.sources.reference",
+        f"run.root={tmp_path}",
+        f"run.name={name}",
+    ]
     keys = {e.split("=")[0] for e in extra}
     return [o for o in base if o.split("=")[0] not in keys] + list(extra)
 
@@ -49,14 +65,22 @@ def test_two_rank_steps_make_no_host_sync(tmp_path, data_cache, layout):
     extra = [f"parallelism={layout.split('+')[0]}", "comm=cpu_gloo"]
     quiet = QUIET
     if layout.endswith("async_ckpt"):  # saves after steps 3 and 6, their commits polled while training goes on
-        extra += ["checkpoint.enabled=true", "checkpoint.async_mode=thread", "checkpoint.every_steps=3",
-                  "checkpoint.save_final=false"]
+        extra += [
+            "checkpoint.enabled=true",
+            "checkpoint.async_mode=thread",
+            "checkpoint.every_steps=3",
+            "checkpoint.save_final=false",
+        ]
         quiet = QUIET - {"3", "6"}  # the save itself stages tensors; the polls after it must not stall
     if layout.endswith("deferred"):  # 2 micro batches per step, FSDP's reduce-scatter only after the last one
         extra += ["parallelism.fsdp_grad_sync=last_microbatch", "train.micro_batch_size=1"]
-    ranks = run_ranks("sync_probe:syncs_per_step", 2,
-                      {"overrides": overrides(tmp_path, layout, extra), "run_dir": str(tmp_path / layout)},
-                      timeout=240, env={"LMFORGE_DATA_CACHE": str(data_cache)})
+    ranks = run_ranks(
+        "sync_probe:syncs_per_step",
+        2,
+        {"overrides": overrides(tmp_path, layout, extra), "run_dir": str(tmp_path / layout)},
+        timeout=240,
+        env={"LMFORGE_DATA_CACHE": str(data_cache)},
+    )
     for r in ranks:
         busy = quiet_steps(r.value, quiet)
         assert not busy, f"rank {r.rank}: host syncs between logging steps: {busy}; first at {r.value['where']}"
@@ -81,7 +105,8 @@ def test_guard_skip_leaves_weights_and_optimizer_state_bit_identical(fused):
         opt.zero_grad(set_to_none=True)
         after = (model.state_dict(), opt.state_dict()["state"])
         unchanged = all(torch.equal(before[0][k], v) for k, v in after[0].items()) and all(
-            torch.equal(before[1][i][k], after[1][i][k]) for i in after[1] for k in after[1][i])
+            torch.equal(before[1][i][k], after[1][i][k]) for i in after[1] for k in after[1][i]
+        )
         assert unchanged == bad, (step, bad)
     verdicts = guard.resolve(force=True)
     assert [v.skipped for v in verdicts] == [False, False, True, False]

@@ -7,12 +7,12 @@ single-process losses within 1e-5 (pre-clip gradient norms within 5e-5 relative)
 the data-parallel rank only) and hold parameters with the expected DTensor placements and shard shapes.
 Several layouts share one launch (each builds its own mesh); each launch has its own timeout.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List
 
 import pytest
-
 from distributed.parity_cases import MOE, docmask_case, docmask_pipeline_cases
 from harness import run_ranks
 
@@ -67,8 +67,13 @@ def placement(per_rank: List[dict], name: str, param: str, rank: int = 0) -> dic
     return per_rank[rank][name]["params"][param]
 
 
-WQ, WO, EMB, NORM, OUT = ("layers.0.attention.wq.weight", "layers.0.attention.wo.weight", "tok_embeddings.weight",
-                          "layers.0.attention_norm.weight", "output.weight")
+WQ, WO, EMB, NORM, OUT = (
+    "layers.0.attention.wq.weight",
+    "layers.0.attention.wo.weight",
+    "tok_embeddings.weight",
+    "layers.0.attention_norm.weight",
+    "output.weight",
+)
 
 
 # Expert parallelism (parallel/expert_parallel.py): ep borrowed from dp_shard; the ep2 checkpoint is resumed at ep1.
@@ -83,17 +88,20 @@ def data_parallel_runs(parity_samples, tmp_path_factory) -> List[dict]:
         "ddp": {"overrides": ["parallelism=ddp"]},
         "ddp_no_overlap": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"]},
         "fsdp_zero3": {"overrides": ["parallelism=fsdp"], "count_reduce_scatters": True},
-        "fsdp_zero3_deferred": {"overrides": ["parallelism=fsdp", "parallelism.fsdp_grad_sync=last_microbatch"],
-                                "count_reduce_scatters": True},
+        "fsdp_zero3_deferred": {
+            "overrides": ["parallelism=fsdp", "parallelism.fsdp_grad_sync=last_microbatch"],
+            "count_reduce_scatters": True,
+        },
         "fsdp_zero2_ac": {"overrides": ["parallelism=fsdp_zero2", "parallelism.activation_checkpointing=full"]},
         "no_grad_sync": {"overrides": ["parallelism=ddp", "parallelism.overlap_grad_reduce=false"], "grad_sync": False},
         "fsdp_docmask": docmask_case(["parallelism=fsdp"], parity_samples),
         "moe_ddp": {"overrides": ["parallelism=ddp"] + MOE},
         "moe_fsdp_ac": {"overrides": ["parallelism=fsdp", "parallelism.activation_checkpointing=full"] + MOE},
         "moe_ep2": {"overrides": EP2, "save_to": ep2_checkpoint},
-        "moe_ep2_resume": {"call": "distributed.expert_parallel_worker:resume_across_ep",
-                           "args": {"layouts": EP_RESUME, "samples": parity_samples, "steps": STEPS,
-                                    "checkpoint": ep2_checkpoint}},
+        "moe_ep2_resume": {
+            "call": "distributed.expert_parallel_worker:resume_across_ep",
+            "args": {"layouts": EP_RESUME, "samples": parity_samples, "steps": STEPS, "checkpoint": ep2_checkpoint},
+        },
         # negative control: every ep rank's tokens go to the other rank's experts (and back)
         "moe_ep2_misrouted": {"overrides": EP2, "expert_destination_shift": 1},
     }
@@ -110,8 +118,12 @@ def test_data_parallel_parity(data_parallel_runs, reference, case):
         p = placement(data_parallel_runs, case, EMB, rank=1)
         assert p["placements"] == ["S(0)"] and p["local"] == [4096, 64] and p["global"] == [8192, 64]
     else:
-        assert placement(data_parallel_runs, case, WQ) == {"placements": [], "mesh": [], "local": [64, 64],
-                                                          "global": [64, 64]}
+        assert placement(data_parallel_runs, case, WQ) == {
+            "placements": [],
+            "mesh": [],
+            "local": [64, 64],
+            "global": [64, 64],
+        }
 
 
 def assert_moe_parity(case: str, runs: List[dict], references: dict, data_parallel: bool = True) -> None:
@@ -173,7 +185,9 @@ def test_expert_parallel_checkpoint_resumes_at_ep1(data_parallel_runs, reference
         runs = out["moe_ep2_resume"]
         ep2 = runs["ep2"]["loss"]
         for layout in ("ep1_fsdp", "ep1_ddp"):
-            assert abs(runs[layout]["loss"] - ep2) < TOL, f"{layout}: step {STEPS + 1} loss {runs[layout]['loss']} vs ep2 {ep2}"
+            assert abs(runs[layout]["loss"] - ep2) < TOL, (
+                f"{layout}: step {STEPS + 1} loss {runs[layout]['loss']} vs ep2 {ep2}"
+            )
             assert abs(runs[layout]["grad_norm"] - runs["ep2"]["grad_norm"]) < NORM_RTOL * runs["ep2"]["grad_norm"]
         assert ep2 < references["moe"]["losses"][-1] - 1e-3 < references["moe"]["losses"][0]
 
@@ -184,6 +198,7 @@ def test_fsdp_gradient_sync_per_micro_batch_or_deferred(data_parallel_runs):
     (4 blocks + the root: embedding, final norm, output) per micro batch by default, once per step deferred;
     equal losses; and the unsharded gradient bytes held between micro batches equal the planner's count."""
     from distributed.parallel_worker import BASE
+
     from lmforge.config.compose import compose
     from lmforge.config.validate import check_batch, validate
     from lmforge.model.gpt import param_count_from_config
@@ -217,9 +232,15 @@ def test_negative_control_without_gradient_sync_fails_parity(data_parallel_runs,
 
 
 @pytest.mark.timeout(460)
-@pytest.mark.parametrize("runs,case", [("data_parallel_runs", "fsdp_docmask"), ("tensor_parallel_runs", "tp2_sp_ac_docmask"),
-                                       ("pipeline_runs", "pp2_1f1b_ac_docmask"),
-                                       ("pipeline_runs", "pp2_zero_bubble_docmask")])
+@pytest.mark.parametrize(
+    "runs,case",
+    [
+        ("data_parallel_runs", "fsdp_docmask"),
+        ("tensor_parallel_runs", "tp2_sp_ac_docmask"),
+        ("pipeline_runs", "pp2_1f1b_ac_docmask"),
+        ("pipeline_runs", "pp2_zero_bubble_docmask"),
+    ],
+)
 def test_document_masking_parity(request, references, runs, case):
     """data.document_masking under FSDP, TP + sequence parallel + activation checkpointing, and two pipeline
     stages (1F1B + full AC, zero bubble; parity_cases.docmask_pipeline_cases): the single-process masked losses
@@ -239,13 +260,16 @@ def test_negative_control_later_stage_with_wrong_micro_batch_positions_fails_par
 
 @pytest.fixture(scope="module")
 def tensor_parallel_runs(parity_samples) -> List[dict]:
-    cases = {"tp2": {"overrides": ["parallelism=tp2"]},
-             "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
-             "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
-             "tp2_sp_ac_docmask": docmask_case(["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"],
-                                               parity_samples),
-             "moe_tp2": {"overrides": ["parallelism=tp2"] + MOE},
-             "moe_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MOE}}
+    cases = {
+        "tp2": {"overrides": ["parallelism=tp2"]},
+        "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
+        "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
+        "tp2_sp_ac_docmask": docmask_case(
+            ["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"], parity_samples
+        ),
+        "moe_tp2": {"overrides": ["parallelism=tp2"] + MOE},
+        "moe_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MOE},
+    }
     return _run(2, cases, parity_samples, timeout=300)
 
 
@@ -256,8 +280,12 @@ def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     assert_parity(case, runs, reference)
     # Column-parallel q (heads split), row-parallel o, vocab-parallel embedding and output.
     assert placement(runs, case, WQ) == {"placements": ["S(0)"], "mesh": ["tp"], "local": [32, 64], "global": [64, 64]}
-    assert placement(runs, case, WO, rank=1) == {"placements": ["S(1)"], "mesh": ["tp"], "local": [64, 32],
-                                                 "global": [64, 64]}
+    assert placement(runs, case, WO, rank=1) == {
+        "placements": ["S(1)"],
+        "mesh": ["tp"],
+        "local": [64, 32],
+        "global": [64, 64],
+    }
     assert placement(runs, case, "layers.3.feed_forward.w1.weight")["placements"] == ["S(0)"]
     assert placement(runs, case, "layers.3.feed_forward.w2.weight")["placements"] == ["S(1)"]
     assert placement(runs, case, EMB)["local"] == [4096, 64]
@@ -279,23 +307,32 @@ def test_tensor_parallel_with_tied_embeddings_projects_on_the_sharded_table(tens
 
 @pytest.fixture(scope="module")
 def pipeline_runs(parity_samples) -> List[dict]:
-    cases = {"pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"]},
-             "pp2_interleaved": {"overrides": ["parallelism=pp2_interleaved"]},
-             "pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"]},
-             "pp2_zbv": {"overrides": ["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble",
-                                       "parallelism.pp_virtual_stages=2"]},
-             "moe_pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"] + MOE},
-             "moe_pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"] + MOE},  # rank 0 holds no MoE layer
-             # negative control: the first stage's router losses left out of the backward (the old refusal's bug)
-             "moe_pp2_stage0_router_loss_dropped": {"overrides": ["parallelism=pp2"] + MOE,
-                                                   "drop_first_stage_router_loss": True}}
+    cases = {
+        "pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"]},
+        "pp2_interleaved": {"overrides": ["parallelism=pp2_interleaved"]},
+        "pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"]},
+        "pp2_zbv": {
+            "overrides": ["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble", "parallelism.pp_virtual_stages=2"]
+        },
+        "moe_pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"] + MOE},
+        "moe_pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"] + MOE},  # rank 0 holds no MoE layer
+        # negative control: the first stage's router losses left out of the backward (the old refusal's bug)
+        "moe_pp2_stage0_router_loss_dropped": {
+            "overrides": ["parallelism=pp2"] + MOE,
+            "drop_first_stage_router_loss": True,
+        },
+    }
     cases.update(docmask_pipeline_cases(parity_samples))
     return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three document-masking cases)
 
 
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
-PP_LAYERS = {"pp2_1f1b_ac": [["0", "1"], ["2", "3"]], "pp2_interleaved": [["0", "2"], ["1", "3"]],
-             "pp2_zero_bubble": [["0", "2"], ["1", "3"]], "pp2_zbv": [["0", "3"], ["1", "2"]]}
+PP_LAYERS = {
+    "pp2_1f1b_ac": [["0", "1"], ["2", "3"]],
+    "pp2_interleaved": [["0", "2"], ["1", "3"]],
+    "pp2_zero_bubble": [["0", "2"], ["1", "3"]],
+    "pp2_zbv": [["0", "3"], ["1", "2"]],
+}
 
 
 @pytest.mark.timeout(400)
@@ -307,23 +344,34 @@ def test_pipeline_parallel_parity(pipeline_runs, reference, case):
         layers = sorted({name.split(".")[1] for name in params if name.startswith("layers.")})
         assert layers == PP_LAYERS[case][pp_rank], f"{case}: pipeline rank {pp_rank} holds layers {layers}"
         holds_last = "3" in layers
-        assert (EMB in params) == (pp_rank == 0) and (OUT in params) == holds_last and ("norm.weight" in params) == holds_last
+        assert (
+            (EMB in params) == (pp_rank == 0)
+            and (OUT in params) == holds_last
+            and ("norm.weight" in params) == holds_last
+        )
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("runs,case", [("pipeline_runs", "moe_pp2_1f1b_ac"), ("pipeline_runs", "moe_pp2_zero_bubble"),
-                                       ("tensor_parallel_runs", "moe_tp2"), ("tensor_parallel_runs", "moe_tp2_sp")])
+@pytest.mark.parametrize(
+    "runs,case",
+    [
+        ("pipeline_runs", "moe_pp2_1f1b_ac"),
+        ("pipeline_runs", "moe_pp2_zero_bubble"),
+        ("tensor_parallel_runs", "moe_tp2"),
+        ("tensor_parallel_runs", "moe_tp2_sp"),
+    ],
+)
 def test_moe_pipeline_and_tensor_parallel_parity(request, references, runs, case):
     """MoE with pp2 (each stage's router losses enter the backward at its layers; full AC must not book a
-    recomputed forward twice; zero bubble splits the backward and leaves pipeline rank 0 without MoE layers,
-which still reports every layer's metrics) and with tp2 / tp2 + sequence parallel (attention
-    and the shared expert tensor-parallel, router and experts replicated) matches the single process, metrics
-    of every stage's layers on every rank included."""
+        recomputed forward twice; zero bubble splits the backward and leaves pipeline rank 0 without MoE layers,
+    which still reports every layer's metrics) and with tp2 / tp2 + sequence parallel (attention
+        and the shared expert tensor-parallel, router and experts replicated) matches the single process, metrics
+        of every stage's layers on every rank included."""
     per_rank = request.getfixturevalue(runs)
     assert_moe_parity(case, per_rank, references, data_parallel=False)
     if runs == "pipeline_runs":  # layers 1 and 3 are MoE (1F1B: one per rank; interleaved: both on rank 1)
         bias = {layer: f"layers.{layer}.feed_forward.router.expert_bias" for layer in "13"}
-        expected = ([[bias["1"]], [bias["3"]]] if case == "moe_pp2_1f1b_ac" else [[], [bias["1"], bias["3"]]])
+        expected = [[bias["1"]], [bias["3"]]] if case == "moe_pp2_1f1b_ac" else [[], [bias["1"], bias["3"]]]
         assert [sorted(out[case]["expert_bias"]) for out in per_rank] == expected
         return
     experts = placement(per_rank, case, "layers.1.feed_forward.experts.w1")
@@ -350,13 +398,16 @@ EP2_PP2 = ["parallelism=pp2_dp2", "parallelism.ep=2"] + MOE
 
 def ep_tp_pp_cases(samples, checkpoint: str) -> dict:
     resume = {"ep1_fsdp4": ["parallelism=fsdp", "parallelism.dp_shard=4"] + MOE}
-    return {"moe_ep2_tp2_sp": {"overrides": EP2_TP2_SP, "save_to": checkpoint},
-            "moe_ep2_tp2_resume": {"call": "distributed.expert_parallel_worker:resume_across_ep",
-                                   "args": {"layouts": resume, "samples": samples, "steps": STEPS,
-                                            "checkpoint": checkpoint}},
-            "moe_ep2_pp2_1f1b": {"overrides": EP2_PP2},
-            "moe_ep2_tp2_sp_misrouted": {"overrides": EP2_TP2_SP, "steps": 1, "expert_destination_shift": 1},
-            "moe_ep2_pp2_misrouted": {"overrides": EP2_PP2, "steps": 1, "expert_destination_shift": 1}}
+    return {
+        "moe_ep2_tp2_sp": {"overrides": EP2_TP2_SP, "save_to": checkpoint},
+        "moe_ep2_tp2_resume": {
+            "call": "distributed.expert_parallel_worker:resume_across_ep",
+            "args": {"layouts": resume, "samples": samples, "steps": STEPS, "checkpoint": checkpoint},
+        },
+        "moe_ep2_pp2_1f1b": {"overrides": EP2_PP2},
+        "moe_ep2_tp2_sp_misrouted": {"overrides": EP2_TP2_SP, "steps": 1, "expert_destination_shift": 1},
+        "moe_ep2_pp2_misrouted": {"overrides": EP2_PP2, "steps": 1, "expert_destination_shift": 1},
+    }
 
 
 # Zero bubble x FSDP (4 ranks): the blocks stay gathered from forward to the weight backward (the pp2_zb preset:
@@ -367,38 +418,63 @@ ZB_FSDP = ["parallelism=pp2_zb", "parallelism.dp_shard=2"]
 
 
 def zero_bubble_fsdp_cases() -> dict:
-    return {"pp2_zb_fsdp": {"overrides": ZB_FSDP},
-            "moe_ep2_pp2_zbv": {"overrides": EP2_PP2 + ["parallelism.pp_schedule=ZBVZeroBubble",
-                                                        "parallelism.pp_virtual_stages=2",
-                                                        "parallelism.reshard_after_forward=false"]},
-            "pp2_zb_fsdp_resharded": {"overrides": ZB_FSDP, "steps": 1, "reshard_blocks_after_forward": True}}
+    return {
+        "pp2_zb_fsdp": {"overrides": ZB_FSDP},
+        "moe_ep2_pp2_zbv": {
+            "overrides": EP2_PP2
+            + [
+                "parallelism.pp_schedule=ZBVZeroBubble",
+                "parallelism.pp_virtual_stages=2",
+                "parallelism.reshard_after_forward=false",
+            ]
+        },
+        "pp2_zb_fsdp_resharded": {"overrides": ZB_FSDP, "steps": 1, "reshard_blocks_after_forward": True},
+    }
 
 
 @pytest.fixture(scope="module")
 def four_rank_runs(parity_samples, tmp_path_factory) -> List[dict]:
     ep_tp_checkpoint = str(tmp_path_factory.mktemp("ep2_tp2_checkpoint"))
-    cases = {"tp2_dp2": {"overrides": ["parallelism=tp2_dp2"]},
-             "pp2_dp2_ac": {"overrides": ["parallelism=pp2_dp2", "parallelism.activation_checkpointing=full"]},
-             "tp2_pp2": {"overrides": ["parallelism=tp2_pp2"]},
-             "hsdp": {"overrides": ["parallelism=hsdp"]},
-             "hsdp_deferred": {"overrides": ["parallelism=hsdp", "parallelism.fsdp_grad_sync=last_microbatch",
-                                             "train.micro_batch_size=1"], "count_reduce_scatters": True},
-             # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
-             "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0},
-             # context parallelism (test_context_parallel.py): cp2 x FSDP 2 (all-gather exchange, full AC),
-             # cp2 x TP+SP 2 (ring), cp2 x pp2 (ring, 1F1B), the cp4 attention kernel
-             "cp2_dp2_allgather_ac": {"overrides": ["parallelism=cp2_dp2", "parallelism.cp_kv_exchange=allgather",
-                                                    "parallelism.activation_checkpointing=full"]},
-             "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
-             "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
-             # cp2 x pp2 x document masking, full AC (each stage's micro batch positions, masked ring blocks)
-             "cp2_pp2_ac_docmask": docmask_case(["parallelism=cp2_pp2", "parallelism.activation_checkpointing=full"],
-                                                parity_samples),
-             "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
-             # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
-             "moe_ep2_dp2_ac": {"overrides": ["parallelism=fsdp", "parallelism.dp_shard=4", "parallelism.ep=2",
-                                              "parallelism.activation_checkpointing=full"] + MOE},
-             **ep_tp_pp_cases(parity_samples, ep_tp_checkpoint), **zero_bubble_fsdp_cases()}
+    cases = {
+        "tp2_dp2": {"overrides": ["parallelism=tp2_dp2"]},
+        "pp2_dp2_ac": {"overrides": ["parallelism=pp2_dp2", "parallelism.activation_checkpointing=full"]},
+        "tp2_pp2": {"overrides": ["parallelism=tp2_pp2"]},
+        "hsdp": {"overrides": ["parallelism=hsdp"]},
+        "hsdp_deferred": {
+            "overrides": ["parallelism=hsdp", "parallelism.fsdp_grad_sync=last_microbatch", "train.micro_batch_size=1"],
+            "count_reduce_scatters": True,
+        },
+        # FSDP param_dtype=bf16: stages exchange bf16 activations; eval of the initial weights only
+        "pp2_dp2_bf16": {"overrides": ["parallelism=pp2_dp2", "parallelism.param_dtype=bf16"], "steps": 0},
+        # context parallelism (test_context_parallel.py): cp2 x FSDP 2 (all-gather exchange, full AC),
+        # cp2 x TP+SP 2 (ring), cp2 x pp2 (ring, 1F1B), the cp4 attention kernel
+        "cp2_dp2_allgather_ac": {
+            "overrides": [
+                "parallelism=cp2_dp2",
+                "parallelism.cp_kv_exchange=allgather",
+                "parallelism.activation_checkpointing=full",
+            ]
+        },
+        "cp2_tp2_sp": {"overrides": ["parallelism=cp2_tp2"]},
+        "cp2_pp2": {"overrides": ["parallelism=cp2_pp2"]},
+        # cp2 x pp2 x document masking, full AC (each stage's micro batch positions, masked ring blocks)
+        "cp2_pp2_ac_docmask": docmask_case(
+            ["parallelism=cp2_pp2", "parallelism.activation_checkpointing=full"], parity_samples
+        ),
+        "cp4_kernel": {"call": "distributed.context_parallel_worker:kernel_case"},
+        # expert parallelism ep2 x FSDP dp_shard 4 (experts sharded over the 2 ranks holding the same ones), full AC
+        "moe_ep2_dp2_ac": {
+            "overrides": [
+                "parallelism=fsdp",
+                "parallelism.dp_shard=4",
+                "parallelism.ep=2",
+                "parallelism.activation_checkpointing=full",
+            ]
+            + MOE
+        },
+        **ep_tp_pp_cases(parity_samples, ep_tp_checkpoint),
+        **zero_bubble_fsdp_cases(),
+    }
     # 360 before cp2_pp2 and moe_ep2_dp2_ac, 480 before ep x tp/pp, 570 before cp2_pp2_ac_docmask and zero bubble x FSDP
     return _run(4, cases, parity_samples, timeout=650)
 
@@ -408,13 +484,17 @@ def test_context_and_pipeline_parallel_document_masking_parity(four_rank_runs, r
     """cp2 x pp2 (1F1B, full AC) with data.document_masking: every stage gets its micro batch's whole document
     positions, each cp rank rotates and masks its two chunks by them; the single-process masked losses within 1e-5."""
     assert_parity("cp2_pp2_ac_docmask", four_rank_runs, references["docmask"])
-    coords = sorted((r["cp2_pp2_ac_docmask"]["coords"]["pp"], r["cp2_pp2_ac_docmask"]["dp_rank"]) for r in four_rank_runs)
+    coords = sorted(
+        (r["cp2_pp2_ac_docmask"]["coords"]["pp"], r["cp2_pp2_ac_docmask"]["dp_rank"]) for r in four_rank_runs
+    )
     assert coords == [(0, 0), (0, 0), (1, 0), (1, 0)]  # two stages, each over a cp pair, one data-parallel replica
 
 
 @pytest.mark.timeout(720)
-@pytest.mark.parametrize("case", ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred",
-                                  "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"])
+@pytest.mark.parametrize(
+    "case",
+    ["tp2_dp2", "pp2_dp2_ac", "tp2_pp2", "hsdp", "hsdp_deferred", "cp2_dp2_allgather_ac", "cp2_tp2_sp", "cp2_pp2"],
+)
 def test_two_dimensional_parity(four_rank_runs, reference, case):
     runs = four_rank_runs
     assert_parity(case, runs, reference)
@@ -426,7 +506,10 @@ def test_two_dimensional_parity(four_rank_runs, reference, case):
             assert f"layers.{2 * (1 - c['pp'])}.attention.wq.weight" not in out[case]["params"]
     elif case.startswith("cp2"):  # cp ranks hold replicas: FSDP shards over dp_shard x cp (4 ways, or 2 x TP)
         p = placement(runs, case, WQ)
-        assert p["mesh"] == (["dp_shard_cp", "tp"] if case == "cp2_tp2_sp" else ["dp_shard_cp"]) and p["local"] == [16, 64]
+        assert p["mesh"] == (["dp_shard_cp", "tp"] if case == "cp2_tp2_sp" else ["dp_shard_cp"]) and p["local"] == [
+            16,
+            64,
+        ]
     elif case == "tp2_dp2":
         # FSDP over dp_shard on top of TP: dim 0 of q split 4 ways (strided shard over dp, then tp).
         p = placement(runs, case, WQ)
@@ -582,8 +665,9 @@ def test_three_dimensional_parity(three_d_runs, reference):
     runs = three_d_runs
     assert_parity("3d", runs, reference)
     coords = [out["3d"]["coords"] for out in runs]
-    assert sorted((c["pp"], c["dp_shard"], c["tp"]) for c in coords) == [(p, d, t) for p in (0, 1) for d in (0, 1)
-                                                                           for t in (0, 1)]
+    assert sorted((c["pp"], c["dp_shard"], c["tp"]) for c in coords) == [
+        (p, d, t) for p in (0, 1) for d in (0, 1) for t in (0, 1)
+    ]
     for out in runs:
         r = out["3d"]
         layers = sorted({name.split(".")[1] for name in r["params"] if name.startswith("layers.")})

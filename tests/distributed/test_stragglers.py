@@ -6,12 +6,12 @@ rule could never fire); the ranks' compute times (loop top to the first blocking
 gradient under DDP, the root forward pre-hook under FSDP2) tell rank 2 apart, and only rank 2 is named. The same
 DDP run without the slow rank names nobody. The three trainings share one launch of the ranks (train_entries).
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from distributed.train_entries import section
 from harness import run_ranks
 
@@ -27,11 +27,28 @@ LAYOUTS = {  # layout overrides, where the compute window ends
 
 
 def argv(root, name, extra, layout):
-    return ["model=tiny", "model.seq_len=32", *LAYOUTS[layout][0], "comm=cpu_gloo",
-            "train.device=cpu", "train.threads=1", "train.max_steps=8", "train.micro_batch_size=2",
-            "train.global_batch_size=8", "train.eval_every=0", "logging.every_steps=4", "logging.console=none",
-            "checkpoint.enabled=false", "metrics.straggler_every=4", f"metrics.straggler_threshold={THRESHOLD}",
-            "~data.sources.code", "~data.sources.reference", f"run.root={root}", f"run.name={name}", *extra]
+    return [
+        "model=tiny",
+        "model.seq_len=32",
+        *LAYOUTS[layout][0],
+        "comm=cpu_gloo",
+        "train.device=cpu",
+        "train.threads=1",
+        "train.max_steps=8",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=8",
+        "train.eval_every=0",
+        "logging.every_steps=4",
+        "logging.console=none",
+        "checkpoint.enabled=false",
+        "metrics.straggler_every=4",
+        f"metrics.straggler_threshold={THRESHOLD}",
+        "~data.sources.code",
+        "~data.sources.reference",
+        f"run.root={root}",
+        f"run.name={name}",
+        *extra,
+    ]
 
 
 SLOW = ["fault.drill.slow_rank=2", "fault.drill.slow_s=1.0"]
@@ -44,8 +61,13 @@ def runs(tmp_path_factory, data_cache):
     console output and the run's metrics records."""
     root = tmp_path_factory.mktemp("stragglers")
     argvs = [argv(root, name, extra, layout) for name, (layout, extra) in RUNS.items()]
-    ranks = run_ranks("distributed.train_entries:train_entries", 4, {"argvs": argvs}, timeout=900,
-                      env={"LMFORGE_DATA_CACHE": str(data_cache)})
+    ranks = run_ranks(
+        "distributed.train_entries:train_entries",
+        4,
+        {"argvs": argvs},
+        timeout=900,
+        env={"LMFORGE_DATA_CACHE": str(data_cache)},
+    )
     out = {}
     for i, name in enumerate(RUNS):
         records = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines() if line]

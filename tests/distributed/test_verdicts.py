@@ -3,6 +3,7 @@ is not restarted, its exit code survives the agent, and a crash that recurs at t
 
 Each case is one ``lmforge launch`` of a tiny 2-rank DDP run (a few steps); the checks of a case share it.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,40 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-BASE = ["model=tiny", "parallelism=ddp", "train.micro_batch_size=2", "train.global_batch_size=4", "train.threads=1",
-        "train.device=cpu", "train.eval_every=0", "logging.console=plain", "logging.every_steps=1"]
+BASE = [
+    "model=tiny",
+    "parallelism=ddp",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=4",
+    "train.threads=1",
+    "train.device=cpu",
+    "train.eval_every=0",
+    "logging.console=plain",
+    "logging.every_steps=1",
+]
 
 
 def launch(tmp_path: Path, name: str, overrides: List[str], data_cache: Path, timeout: int = 280):
-    cmd = [sys.executable, "-m", "lmforge.cli", "launch", "--nproc", "2", *BASE, f"run.root={tmp_path}",
-           f"run.name={name}", *overrides]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.cli",
+        "launch",
+        "--nproc",
+        "2",
+        *BASE,
+        f"run.root={tmp_path}",
+        f"run.name={name}",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)},
+    )
     return proc, tmp_path / name
 
 
@@ -46,8 +72,12 @@ def test_config_error_at_worker_start_is_not_restarted_and_keeps_exit_2(tmp_path
     # A resume target that does not exist: `lmforge launch` validates the config fine (validate() reads no
     # checkpoint), each worker refuses it when it resolves the checkpoint.
     missing = tmp_path / "nothing"
-    proc, run = launch(tmp_path, "cfg", [f"train.resume={missing}", "train.max_steps=4", "fault.max_restarts=3",
-                                         "cluster.max_requeues=3"], data_cache)
+    proc, run = launch(
+        tmp_path,
+        "cfg",
+        [f"train.resume={missing}", "train.max_steps=4", "fault.max_restarts=3", "cluster.max_requeues=3"],
+        data_cache,
+    )
     assert proc.returncode == 2, why(proc)
     v = verdicts(run)
     assert set(v) <= {0, 1} and v, why(proc)
@@ -65,9 +95,20 @@ def test_config_error_at_worker_start_is_not_restarted_and_keeps_exit_2(tmp_path
 
 @pytest.mark.timeout(300)
 def test_divergence_under_torchrun_runs_once_with_its_verdict(tmp_path, data_cache):
-    proc, run = launch(tmp_path, "div", ["optim.lr=1e30", "optim.warmup_steps=0", "train.max_steps=20",
-                                         "fault.max_consecutive_skips=2", "checkpoint.every_steps=0",
-                                         "fault.max_restarts=2", "cluster.max_requeues=2"], data_cache)
+    proc, run = launch(
+        tmp_path,
+        "div",
+        [
+            "optim.lr=1e30",
+            "optim.warmup_steps=0",
+            "train.max_steps=20",
+            "fault.max_consecutive_skips=2",
+            "checkpoint.every_steps=0",
+            "fault.max_restarts=2",
+            "cluster.max_requeues=2",
+        ],
+        data_cache,
+    )
     assert proc.returncode == 45, why(proc)
     v = verdicts(run)
     assert v, why(proc)
@@ -85,9 +126,20 @@ def test_divergence_under_torchrun_runs_once_with_its_verdict(tmp_path, data_cac
 def test_crash_recurring_at_the_same_step_stops_after_the_second_with_both_tracebacks(tmp_path, data_cache):
     # Rank 1 raises after step 3 on every attempt; torchrun restarts once (resume from step 2), the crash
     # recurs at step 3: a repeated crash, deterministic, although 2 restarts and 2 requeues are left.
-    proc, run = launch(tmp_path, "rep", ["train.max_steps=6", "checkpoint.every_steps=2", "fault.drill.crash_step=3",
-                                         "fault.drill.crash_rank=1", "fault.drill.crash_times=0",
-                                         "fault.max_restarts=3", "cluster.max_requeues=2"], data_cache)
+    proc, run = launch(
+        tmp_path,
+        "rep",
+        [
+            "train.max_steps=6",
+            "checkpoint.every_steps=2",
+            "fault.drill.crash_step=3",
+            "fault.drill.crash_rank=1",
+            "fault.drill.crash_times=0",
+            "fault.max_restarts=3",
+            "cluster.max_requeues=2",
+        ],
+        data_cache,
+    )
     assert proc.returncode == 46, why(proc)
     v = verdicts(run)[1]
     assert v["kind"] == "repeated_crash" and v["rank"] == 1 and v["step"] == 3 and v["exit_code"] == 46
@@ -109,9 +161,20 @@ def test_crash_recurring_at_the_same_step_stops_after_the_second_with_both_trace
 def test_negative_control_a_crash_that_happens_once_is_retried_and_the_run_completes(tmp_path, data_cache):
     # The same crash, once: torchrun may not restart (max_restarts=0), so the launcher's retry relaunches it
     # (a retryable 'crash' verdict), the relaunch resumes from step 2 and finishes.
-    proc, run = launch(tmp_path, "once", ["train.max_steps=6", "checkpoint.every_steps=2", "fault.drill.crash_step=3",
-                                          "fault.drill.crash_rank=1", "fault.drill.crash_times=1",
-                                          "fault.max_restarts=0", "cluster.max_requeues=1"], data_cache)
+    proc, run = launch(
+        tmp_path,
+        "once",
+        [
+            "train.max_steps=6",
+            "checkpoint.every_steps=2",
+            "fault.drill.crash_step=3",
+            "fault.drill.crash_rank=1",
+            "fault.drill.crash_times=1",
+            "fault.max_restarts=0",
+            "cluster.max_requeues=1",
+        ],
+        data_cache,
+    )
     assert proc.returncode == 0, why(proc)
     assert (run / "DONE").exists()
     state = json.loads((run / "requeues.json").read_text())

@@ -5,6 +5,7 @@ the process group the first one initialised; sharing the launch saves the ranks'
 lmforge, gloo rendezvous), most of the cost of a few-step run on CPU. Each training's console output follows a
 ``MARK`` line, so a test can read one training's output (``section``).
 """
+
 from __future__ import annotations
 
 import sys

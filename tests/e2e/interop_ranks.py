@@ -1,4 +1,5 @@
 """Rank entry points for tests/e2e/test_interop_hf_e2e.py (started by harness.run_ranks)."""
+
 from __future__ import annotations
 
 import os
@@ -25,11 +26,11 @@ def save_tensor_parallel_checkpoint(root: str, model: dict, seed: int) -> dict:
     from lmforge.config.checkpoint import CheckpointConfig
     from lmforge.config.model import ModelConfig
     from lmforge.config.parallelism import ParallelismConfig
-    from lmforge.parallel.mesh import ParallelDims, build_mesh
     from lmforge.config.schema import RootConfig
     from lmforge.config.train import TrainConfig
-    from lmforge.parallel.parallelize import parallelize
     from lmforge.model.gpt import GPT
+    from lmforge.parallel.mesh import ParallelDims, build_mesh
+    from lmforge.parallel.parallelize import parallelize
 
     dist.init_process_group("gloo")
     # lmforge's own tensor-parallel engine path (parallel/tensor_parallel.py), exactly as training shards the model.
@@ -38,9 +39,11 @@ def save_tensor_parallel_checkpoint(root: str, model: dict, seed: int) -> dict:
     cfg = ModelConfig(**model)
     with torch.device("meta"):
         gpt = GPT(cfg)
-    gpt = parallelize(gpt, RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(seed=seed)), mesh,
-                      torch.device("cpu")).model
+    gpt = parallelize(
+        gpt, RootConfig(model=cfg, parallelism=pcfg, train=TrainConfig(seed=seed)), mesh, torch.device("cpu")
+    ).model
     local = tuple(gpt.layers["0"].attention.wo.weight.to_local().shape)
     CheckpointManager(Path(root) / "checkpoints", CheckpointConfig()).save(
-        0, gpt, None, {"config": {"model": model}, "world_size": dist.get_world_size()})
+        0, gpt, None, {"config": {"model": model}, "world_size": dist.get_world_size()}
+    )
     return {"wo_local_shape": list(local)}

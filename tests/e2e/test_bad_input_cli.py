@@ -1,5 +1,6 @@
 """Every bad input through the CLI (`python -m lmforge.cli train ...`): exit 2, one line naming the key/file/rank,
 the reason and the fix on stderr, no traceback, and nothing written outside the run directory."""
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,27 @@ from lmforge.data.shards import HEADER_BYTES
 from lmforge.data.tokenizer import load_tokenizer, train_bpe
 
 REPO = Path(__file__).resolve().parents[2]
-EXPS = ", ".join(sorted(p.stem for p in (REPO / "conf" / "exp").glob("*.yaml")))  # every preset, as the error lists them
-BASE = ["model=tiny", "train.max_steps=1", "train.micro_batch_size=2", "train.global_batch_size=2",
-        "train.eval_every=0", "train.threads=1", "train.device=cpu", "logging.console=plain"]
+EXPS = ", ".join(
+    sorted(p.stem for p in (REPO / "conf" / "exp").glob("*.yaml"))
+)  # every preset, as the error lists them
+BASE = [
+    "model=tiny",
+    "train.max_steps=1",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.eval_every=0",
+    "train.threads=1",
+    "train.device=cpu",
+    "logging.console=plain",
+]
 ONE_SOURCE = ["~data.sources.code", "~data.sources.reference"]
 
 
 def cli(args, root, name, env=None, timeout=240):
     cmd = [sys.executable, "-m", "lmforge.cli", "train", *BASE, *args, f"run.root={root}", f"run.name={name}"]
-    return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd, cwd=root, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def snapshot(*dirs, skip=None):
@@ -85,76 +97,139 @@ def _rows(i):
     prep_fix = "re-run `lmforge data prepare INPUTS --out PREFIX` (see docs/data.md)"
     tok = load_tokenizer("embedded", Path(os.environ["LMFORGE_DATA_CACHE"])).identity
     other = load_tokenizer(str(small)).identity
-    desc = lambda t: (f"hf tokenizer (vocab {t['vocab_size']}, eod {t['eod']}, "  # noqa: E731
-                      f"fingerprint {t['fingerprint']})")
+    desc = lambda t: (
+        f"hf tokenizer (vocab {t['vocab_size']}, eod {t['eod']}, "  # noqa: E731
+        f"fingerprint {t['fingerprint']})"
+    )
     return {
-        "tp2_single_process": (["parallelism=tp2"], {},
+        "tp2_single_process": (
+            ["parallelism=tp2"],
+            {},
             "config key 'parallelism': dp_replicate*dp_shard*tp*pp = 1*1*2*1 = 2 but the job has world size 1. "
             "Fix: start 2 processes: lmforge launch --nproc 2 <same overrides> (torchrun --nproc_per_node=2 -m "
-            "lmforge.train <same overrides>), or choose a layout of 1 (parallelism=single)"),
-        "vocab_smaller_than_tokenizer": (["model.vocab_size=100"], {},
+            "lmforge.train <same overrides>), or choose a layout of 1 (parallelism=single)",
+        ),
+        "vocab_smaller_than_tokenizer": (
+            ["model.vocab_size=100"],
+            {},
             "config key 'model.vocab_size': 100 is smaller than the tokenizer's vocabulary (8192, embedded). "
-            "Fix: set model.vocab_size >= 8192"),
-        "deepspeed_compile": (["parallelism.engine=deepspeed", "parallelism.zero_stage=1", "parallelism.compile=true"],
-            {}, "config key 'parallelism.compile': the deepspeed engine runs the model eagerly (it never calls "
+            "Fix: set model.vocab_size >= 8192",
+        ),
+        "deepspeed_compile": (
+            ["parallelism.engine=deepspeed", "parallelism.zero_stage=1", "parallelism.compile=true"],
+            {},
+            "config key 'parallelism.compile': the deepspeed engine runs the model eagerly (it never calls "
             "torch.compile), so compile=true would be silently ignored. Fix: set parallelism.compile=false, or use "
-            "parallelism.engine=native to compile"),
-        "resume_nothing": ([f"train.resume={i['root'] / 'nonexistent'}"], {},
+            "parallelism.engine=native to compile",
+        ),
+        "resume_nothing": (
+            [f"train.resume={i['root'] / 'nonexistent'}"],
+            {},
             f"config key 'train.resume': {i['root'] / 'nonexistent'} does not exist. Fix: point at a step-NNNNNNNN "
             "checkpoint directory (or the checkpoints/ directory holding it), or use train.resume=auto (the newest "
-            "of this run) or train.resume=none"),
-        "resume_tmp_dir": ([f"train.resume={broken / '.tmp-step-00000002'}"], {},
+            "of this run) or train.resume=none",
+        ),
+        "resume_tmp_dir": (
+            [f"train.resume={broken / '.tmp-step-00000002'}"],
+            {},
             f"config key 'train.resume': {broken / '.tmp-step-00000002'} is an uncommitted save (a .tmp-step-* "
             "directory is a save that never finished; its shards may be partial). Fix: resume from a complete "
-            f"checkpoint: train.resume={broken / 'step-00000001'}"),
-        "resume_other_shape": ([f"train.resume={good}", "model.d_model=128"], {},
+            f"checkpoint: train.resume={broken / 'step-00000001'}",
+        ),
+        "resume_other_shape": (
+            [f"train.resume={good}", "model.d_model=128"],
+            {},
             f"config key 'train.resume': checkpoint {good} is of another model shape: it was saved with "
-            f"model.d_model=64 (this run: 128). Fix: resume with the checkpoint's model (model.d_model=64) {fresh}"),
-        "resume_other_vocab": ([f"train.resume={good}", "model.vocab_size=9000"], {},
+            f"model.d_model=64 (this run: 128). Fix: resume with the checkpoint's model (model.d_model=64) {fresh}",
+        ),
+        "resume_other_vocab": (
+            [f"train.resume={good}", "model.vocab_size=9000"],
+            {},
             f"config key 'train.resume': checkpoint {good} is of another vocabulary: it was saved with "
             f"model.vocab_size=8192 (this run: 9000). Fix: resume with the checkpoint's model (model.vocab_size=8192) "
-            f"{fresh}"),
-        "resume_other_tokenizer": ([f"train.resume={good}", f"data.tokenizer={small}"], {},
+            f"{fresh}",
+        ),
+        "resume_other_tokenizer": (
+            [f"train.resume={good}", f"data.tokenizer={small}"],
+            {},
             f"config key 'train.resume': checkpoint {good} was trained with a hf tokenizer (vocab 8192, fingerprint "
             f"{tok['fingerprint']}), this run's data.tokenizer has vocab 600, fingerprint {other['fingerprint']}. "
-            f"Fix: set data.tokenizer to the checkpoint's tokenizer {fresh}"),
-        "resume_missing_rank_shard": ([f"train.resume={broken / 'step-00000001'}"], {},
+            f"Fix: set data.tokenizer to the checkpoint's tokenizer {fresh}",
+        ),
+        "resume_missing_rank_shard": (
+            [f"train.resume={broken / 'step-00000001'}"],
+            {},
             f"config key 'train.resume': checkpoint {broken / 'step-00000001'} is missing __0_0.distcp (rank 0's "
             "shard, listed in its .metadata): the checkpoint is incomplete. Fix: restore the file, resume from "
-            f"another complete checkpoint {fresh}"),
-        "truncated_bin": (sh("truncated"), {},
+            f"another complete checkpoint {fresh}",
+        ),
+        "truncated_bin": (
+            sh("truncated"),
+            {},
             f"config key 'data.sources.books.path': {shards / 'truncated.bin'} has {idx_bytes - 10} bytes but "
             f"truncated.idx describes {idx_bytes} ({bin_tokens} tokens of uint16): the shard is truncated. "
-            f"Fix: {prep_fix}"),
-        "idx_disagrees_with_bin": (sh("badidx"), {},
+            f"Fix: {prep_fix}",
+        ),
+        "idx_disagrees_with_bin": (
+            sh("badidx"),
+            {},
             f"config key 'data.sources.books.path': {shards / 'badidx.bin'} has {idx_bytes} bytes but badidx.idx "
             f"describes {idx_bytes - 6} ({bin_tokens - 3} tokens of uint16): the shard is longer than its index "
-            f"(corrupt). Fix: {prep_fix}"),
-        "shard_of_other_tokenizer": (sh("other_tok"), {},
+            f"(corrupt). Fix: {prep_fix}",
+        ),
+        "shard_of_other_tokenizer": (
+            sh("other_tok"),
+            {},
             f"config key 'data.sources.books.path': shard {shards / 'other_tok'} was tokenized with {desc(other)}, "
             f"but this run's tokenizer (data.tokenizer) is {desc(tok)}. Fix: re-prepare the shard with the run's "
             "tokenizer (lmforge data prepare --tokenizer ...), or set data.tokenizer to the one the shard was made "
-            "with"),
-        "yaml_wrong_type": (["+exp=bad"], {"LMFORGE_CONF_DIR": str(conf)},
+            "with",
+        ),
+        "yaml_wrong_type": (
+            ["+exp=bad"],
+            {"LMFORGE_CONF_DIR": str(conf)},
             f"config key 'train.max_steps': Value 'lots' of type 'str' could not be converted to Integer (in "
-            f"{conf / 'exp' / 'bad'}.yaml). Fix: give a value of the schema's type"),
-        "document_flex_on_cpu": (["data.document_masking=true", "data.document_attention=flex", "train.device=cpu"],
-            {}, "config key 'data.document_attention': flex cannot train on the CPU: torch's FlexAttention has no "
-            "backward there. Fix: use data.document_attention=sdpa on the CPU (flex needs CUDA)"),
-        "eval_task_missing": (["eval.tasks=[nope.yaml]"], {},
+            f"{conf / 'exp' / 'bad'}.yaml). Fix: give a value of the schema's type",
+        ),
+        "document_flex_on_cpu": (
+            ["data.document_masking=true", "data.document_attention=flex", "train.device=cpu"],
+            {},
+            "config key 'data.document_attention': flex cannot train on the CPU: torch's FlexAttention has no "
+            "backward there. Fix: use data.document_attention=sdpa on the CPU (flex needs CUDA)",
+        ),
+        "eval_task_missing": (
+            ["eval.tasks=[nope.yaml]"],
+            {},
             "config key 'eval.tasks': nope.yaml: no such task file. Fix: give the path of an lm-eval task YAML, or a "
-            "shipped task: austen_next_sentence, austen_word_order, stdlib_next_line"),
-        "unknown_exp": (["+exp=smok"], {},
+            "shipped task: austen_next_sentence, austen_word_order, stdlib_next_line",
+        ),
+        "unknown_exp": (
+            ["+exp=smok"],
+            {},
             f"config key 'exp': 'smok' is not one of {EXPS} (no exp/smok.yaml in "
-            f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of {EXPS}"),
+            f"{REPO / 'conf'}). Fix: did you mean 'smoke'? choose one of {EXPS}",
+        ),
     }
 
 
-ROWS = ["tp2_single_process", "vocab_smaller_than_tokenizer", "deepspeed_compile", "resume_nothing", "resume_tmp_dir",
-        "resume_other_shape", "resume_other_vocab",
-        "resume_other_tokenizer", "resume_missing_rank_shard", "truncated_bin", "idx_disagrees_with_bin",
-        "shard_of_other_tokenizer", "yaml_wrong_type", "unknown_exp", "document_flex_on_cpu",
-        "eval_task_missing"]
+ROWS = [
+    "tp2_single_process",
+    "vocab_smaller_than_tokenizer",
+    "deepspeed_compile",
+    "resume_nothing",
+    "resume_tmp_dir",
+    "resume_other_shape",
+    "resume_other_vocab",
+    "resume_other_tokenizer",
+    "resume_missing_rank_shard",
+    "truncated_bin",
+    "idx_disagrees_with_bin",
+    "shard_of_other_tokenizer",
+    "yaml_wrong_type",
+    "unknown_exp",
+    "document_flex_on_cpu",
+    "eval_task_missing",
+]
 
 
 @pytest.mark.timeout(900)
@@ -173,9 +248,17 @@ def test_bad_input_exits_2_with_one_line(row, inputs, data_cache, tmp_path):
 @pytest.mark.timeout(600)
 def test_control_a_matching_checkpoint_and_good_shard_resume_and_train(inputs, tmp_path):
     """Negative control: the same entry point with the undamaged checkpoint and shard trains on (exit 0)."""
-    proc = cli([f"train.resume={inputs['good']}", "train.max_steps=2",
-                f"data.sources.books.path={inputs['shards'] / 'books'}", "data.valid_fraction=0.1", *ONE_SOURCE],
-               tmp_path, "run")
+    proc = cli(
+        [
+            f"train.resume={inputs['good']}",
+            "train.max_steps=2",
+            f"data.sources.books.path={inputs['shards'] / 'books'}",
+            "data.valid_fraction=0.1",
+            *ONE_SOURCE,
+        ],
+        tmp_path,
+        "run",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from step 1" in proc.stdout
     assert (tmp_path / "run" / "checkpoints" / "step-00000002" / "COMPLETE").exists()
@@ -190,5 +273,6 @@ def test_launch_names_a_bad_key_in_one_line_before_starting_or_submitting(mode, 
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
-        "lmforge launch: config key 'trian': is not a known key. Fix: did you mean 'train'?"], proc.stderr[-2000:]
+        "lmforge launch: config key 'trian': is not a known key. Fix: did you mean 'train'?"
+    ], proc.stderr[-2000:]
     assert not any(tmp_path.iterdir())

@@ -3,6 +3,7 @@ the embedded tokenizer (recorded in its state.json as a training run records it)
 the decoded KV-cached tokens of `lmforge.generation.generate`, a seed reproduces a sample, `--stop` cuts after its
 text; bad input exits 2 with one line and no traceback. (Layouts: tests/e2e/test_interop_hf_e2e.py decodes an
 FSDP2-sharded checkpoint through the same loader.)"""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -38,8 +39,11 @@ def run_dir(tmp_path_factory, data_cache) -> Path:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
     tok = load_tokenizer("embedded", data_cache)
     run = tmp_path_factory.mktemp("generate") / "run"
-    sidecar = {"config": {"model": asdict(cfg), "data": {"tokenizer": "embedded"}, "run": {"root": str(run.parent)}},
-               "tokenizer": tok.identity, "world_size": 1}
+    sidecar = {
+        "config": {"model": asdict(cfg), "data": {"tokenizer": "embedded"}, "run": {"root": str(run.parent)}},
+        "tokenizer": tok.identity,
+        "world_size": 1,
+    }
     CheckpointManager(run / "checkpoints", CheckpointConfig()).save(7, model, None, sidecar)
     return run
 
@@ -61,15 +65,28 @@ def test_generate_prints_the_cached_greedy_continuation(run_dir, capsys):
     assert rc == 0, err
     assert out == PROMPT + tok.decode([t for t in ids if t != tok.eod]) + "\n"
 
-    sample = [run_dir, "--prompt", PROMPT, "--prompt", "Emma", "--max-new-tokens", 12, "--temperature", 1.0,
-              "--top-k", 40, "--top-p", 0.95]
+    sample = [
+        run_dir,
+        "--prompt",
+        PROMPT,
+        "--prompt",
+        "Emma",
+        "--max-new-tokens",
+        12,
+        "--temperature",
+        1.0,
+        "--top-k",
+        40,
+        "--top-p",
+        0.95,
+    ]
     a, b, c = (run(capsys, *sample, "--seed", s)[1] for s in (1, 1, 2))
     assert a == b and a != c and a.count("\n---\n") == 1 and a.startswith(PROMPT)
 
-    continuation = out[len(PROMPT):-1]
+    continuation = out[len(PROMPT) : -1]
     stop = continuation.strip()[:3]
     rc, cut, _ = run(capsys, run_dir, "--prompt", PROMPT, "--max-new-tokens", 16, "--stop", stop)
-    assert rc == 0 and cut == PROMPT + continuation[:continuation.index(stop) + len(stop)] + "\n"
+    assert rc == 0 and cut == PROMPT + continuation[: continuation.index(stop) + len(stop)] + "\n"
 
 
 def test_bad_input_exits_2_with_one_line(run_dir, tmp_path, capsys):

@@ -1,12 +1,13 @@
 """HF interop end to end, one training launch:
 
-    transformers writes a tiny Llama (lm_head zeroed)  --lmforge import hf-->  step-0 checkpoint + exp config
-    --lmforge train --config-dir ... +exp=... parallelism=fsdp  (2 real ranks, 6 steps on the embedded real text)-->
-    FSDP2-sharded checkpoint  --lmforge export hf-->  LlamaForCausalLM.from_pretrained: logits within 1e-4 of
-    lmforge's on an Austen passage, identical greedy tokens (uncached, and KV-cached through `lmforge generate`'s
-    loader); import that export (a single-process checkpoint) and export it again: bit-identical to the export of
-    the sharded one.
+transformers writes a tiny Llama (lm_head zeroed)  --lmforge import hf-->  step-0 checkpoint + exp config
+--lmforge train --config-dir ... +exp=... parallelism=fsdp  (2 real ranks, 6 steps on the embedded real text)-->
+FSDP2-sharded checkpoint  --lmforge export hf-->  LlamaForCausalLM.from_pretrained: logits within 1e-4 of
+lmforge's on an Austen passage, identical greedy tokens (uncached, and KV-cached through `lmforge generate`'s
+loader); import that export (a single-process checkpoint) and export it again: bit-identical to the export of
+the sharded one.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
 from harness import run_ranks
+
 from lmforge.checkpoint.weights import load_full_model_state, read_metadata_safely
 from lmforge.cli import main as lmforge_main
 from lmforge.data.embedded import iter_documents
@@ -39,9 +40,19 @@ def work(tmp_path_factory) -> Path:
 def hf_source(work, data_cache) -> Path:
     """A Llama written by transformers in conf/model/tiny.yaml's shape (GQA 4q/2kv, untied), lm_head = 0, with the
     embedded BPE as its tokenizer.json."""
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -58,9 +69,21 @@ def fsdp_run(work, hf_source, data_cache) -> Path:
     assert lmforge_main(["import", "hf", str(hf_source), "--out", str(imported), "--name", "tiny_hf"]) == 0
     exp = (imported / "conf" / "exp" / "tiny_hf.yaml").read_text()
     assert f"init_from: {imported / 'checkpoints' / 'step-00000000'}" in exp and "n_kv_heads: 2" in exp
-    argv = ["--config-dir", str(imported / "conf"), "+exp=tiny_hf", "parallelism=fsdp", "train.micro_batch_size=2",
-            "train.global_batch_size=4", "train.max_steps=6", "train.eval_every=0", "optim.lr=3e-3",
-            "optim.warmup_steps=0", "logging.console=plain", f"run.root={work}", "run.name=fsdp"]
+    argv = [
+        "--config-dir",
+        str(imported / "conf"),
+        "+exp=tiny_hf",
+        "parallelism=fsdp",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=4",
+        "train.max_steps=6",
+        "train.eval_every=0",
+        "optim.lr=3e-3",
+        "optim.warmup_steps=0",
+        "logging.console=plain",
+        f"run.root={work}",
+        "run.name=fsdp",
+    ]
     run_ranks("e2e.interop_ranks:train", 2, {"argv": argv}, timeout=400, env={"LMFORGE_DATA_CACHE": str(data_cache)})
     return work / "fsdp"
 
@@ -92,8 +115,14 @@ def test_training_starts_from_imported_weights_on_fsdp2_ranks(fsdp_run):
 @pytest.mark.timeout(500)
 def test_trained_model_matches_transformers_logits_and_greedy_tokens(fsdp_run, exported, data_cache):
     assert sorted(p.name for p in exported.iterdir()) == [
-        "config.json", "generation_config.json", "lmforge_export.json", "model.safetensors",
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "lmforge_export.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     cfg, state = load_full_model_state(fsdp_run / "checkpoints" / "step-00000006")
     ours = GPT(cfg)
     ours.init_weights(0)
@@ -118,9 +147,13 @@ def test_trained_model_matches_transformers_logits_and_greedy_tokens(fsdp_run, e
     loaded = load_for_generation(fsdp_run)
     assert loaded.tokenizer.fingerprint == our_tok.fingerprint
     assert generate(loaded.model, [prompt], 20, eos_token_id=loaded.tokenizer.eod)[0] == mine
-    hf_out = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=20, do_sample=False)
-    assert hf_out[0, len(prompt):].tolist() == mine
+    hf_out = theirs.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=20,
+        do_sample=False,
+    )
+    assert hf_out[0, len(prompt) :].tolist() == mine
     assert len(mine) == 20, f"generation stopped early at EOD: {mine}"
     config = json.loads((exported / "config.json").read_text())
     assert config["eos_token_id"] == our_tok.eod and config["num_key_value_heads"] == 2

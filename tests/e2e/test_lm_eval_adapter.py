@@ -1,6 +1,7 @@
 """lm-evaluation-harness's own offline run of a local task with ``--model lmforge``: the same accuracies and
 per-choice log-likelihoods as lmforge's in-loop scorer on the checkpoint; rolling log-likelihood and
 generate_until against direct computations."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,11 @@ def checkpoint(tmp_path, data_cache):
             if "norm" not in name:
                 p.mul_(8.0)
     tok = load_tokenizer("embedded", data_cache)
-    sidecar = {"config": {"model": asdict(cfg), "data": {"tokenizer": "embedded", "cache_dir": str(data_cache)}},
-               "world_size": 1, "tokenizer": tok.identity}
+    sidecar = {
+        "config": {"model": asdict(cfg), "data": {"tokenizer": "embedded", "cache_dir": str(data_cache)}},
+        "world_size": 1,
+        "tokenizer": tok.identity,
+    }
     CheckpointManager(tmp_path / "run" / "checkpoints", CheckpointConfig()).save(1, model.eval(), None, sidecar)
     return tmp_path / "run"
 
@@ -63,9 +67,14 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
     from lmforge.generation.decode import generate
 
     path = local_task(tmp_path)
-    out = lm_eval.simple_evaluate(model="lmforge", model_args=f"path={checkpoint},batch_size=8",
-                                  tasks=["stdlib_local"], task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
-                                  limit=LIMIT, log_samples=True)
+    out = lm_eval.simple_evaluate(
+        model="lmforge",
+        model_args=f"path={checkpoint},batch_size=8",
+        tasks=["stdlib_local"],
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+        limit=LIMIT,
+        log_samples=True,
+    )
     theirs = out["results"]["stdlib_local"]
     samples = sorted(out["samples"]["stdlib_local"], key=lambda s: s["doc_id"])
 
@@ -94,7 +103,7 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
         for s in range(1, len(ids), L):  # targets ids[s:e], each window given at most L tokens of input
             e = min(s + L, len(ids))
             a = max(0, e - 1 - L)
-            logp = torch.log_softmax(loaded.model(torch.tensor([ids[a:e - 1]])).double(), -1)[0]
+            logp = torch.log_softmax(loaded.model(torch.tensor([ids[a : e - 1]])).double(), -1)[0]
             direct += float(sum(logp[i - a - 1, ids[i]] for i in range(s, e)))
     assert rolled == pytest.approx(direct, abs=1e-3)
     prompt = "def main():\n"

@@ -7,6 +7,7 @@ two, plants a payload whose unpickling writes a marker file (``builtins.exec``) 
 and asserts a one-line refusal naming the file, the reason and the fix (exit 2 where the path is a CLI) and no
 marker. The negative controls: each path loads the honest checkpoint, and the stock readers do run the payload.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,14 +20,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from harness import free_port
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-COMMON = ["model=tiny", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_every=0",
-          "train.threads=1", "train.precision=fp32", "train.device=cpu", "logging.console=plain",
-          "checkpoint.every_steps=1", "parallelism=zero1", "parallelism.dp_replicate=1"]
+COMMON = [
+    "model=tiny",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=4",
+    "train.eval_every=0",
+    "train.threads=1",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "logging.console=plain",
+    "checkpoint.every_steps=1",
+    "parallelism=zero1",
+    "parallelism.dp_replicate=1",
+]
 STEP = "step-00000001"
 DS_MODEL, DS_OPTIM = "deepspeed/mp_rank_00_model_states.pt", "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
@@ -48,8 +58,16 @@ class Payload:
 
 
 def ds_env() -> dict:
-    return {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
+    return {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "DS_ACCELERATOR": "cpu",
+    }
 
 
 def train(root: Path, name: str, extra, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -79,10 +97,12 @@ def built(tmp_path_factory, data_cache):
 
 # ---- planting -------------------------------------------------------------------------------------------------
 
+
 def plant_file(name: str):
     def plant(ckpt: Path, marker: Path) -> str:
         (ckpt / name).write_bytes(pickle.dumps(Payload(marker)))
         return name
+
     return plant
 
 
@@ -90,6 +110,7 @@ def plant_torch_file(name: str):
     def plant(ckpt: Path, marker: Path) -> str:
         torch.save({"module": Payload(marker), "w": torch.ones(2)}, ckpt / name)
         return Path(name).name
+
     return plant
 
 
@@ -119,6 +140,7 @@ def _model_and_optimizer(side: dict):
 
 # ---- load paths ------------------------------------------------------------------------------------------------
 # Each returns the refusal line (CLI paths: after asserting exit 2) or raises the path's own error type.
+
 
 def native_resume(ckpt: Path, capsys, root: Path, built: dict) -> str:
     from lmforge.checkpoint.manager import CheckpointManager
@@ -224,10 +246,22 @@ def test_negative_control_the_payloads_are_live_for_the_stock_readers(built, tmp
     assert (tmp_path / "M2").read_text() == "payload ran"
 
 
-@pytest.mark.parametrize("source,plant,named", [
-    ("ds", plant_torch_file(DS_MODEL), DS_MODEL),  # DeepSpeed's own load_checkpoint -> torch.load(weights_only=False)
-    ("native", plant_file(".metadata"), ".metadata"),  # the way back: a DeepSpeed run continuing a native checkpoint
-], ids=["deepspeed-files", "native-into-deepspeed"])
+@pytest.mark.parametrize(
+    "source,plant,named",
+    [
+        (
+            "ds",
+            plant_torch_file(DS_MODEL),
+            DS_MODEL,
+        ),  # DeepSpeed's own load_checkpoint -> torch.load(weights_only=False)
+        (
+            "native",
+            plant_file(".metadata"),
+            ".metadata",
+        ),  # the way back: a DeepSpeed run continuing a native checkpoint
+    ],
+    ids=["deepspeed-files", "native-into-deepspeed"],
+)
 def test_deepspeed_resume_refuses_a_planted_file_through_the_cli(source, plant, named, built, tmp_path):
     """``lmforge train`` (DeepSpeed ZeRO-1, 1 rank) resuming the planted checkpoint: one line, exit 2, no marker."""
     ckpt = _copy(built, source, tmp_path / "run")

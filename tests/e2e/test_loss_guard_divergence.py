@@ -1,5 +1,6 @@
 """A real training run that diverges: the loss guard skips the bad updates, then stops with exit 45 and a
 pinned reference to the last checkpoint before the divergence."""
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,34 @@ import pytest
 
 @pytest.mark.timeout(300)
 def test_divergence_skips_updates_then_stops_with_pinned_checkpoint(tmp_path, data_cache):
-    cmd = [sys.executable, "-m", "lmforge.train", "model=tiny", "train.max_steps=30", "train.micro_batch_size=2",
-           "train.global_batch_size=2", "train.eval_every=0", "train.threads=1", "train.device=cpu",
-           "optim.lr=1e30", "optim.warmup_steps=0", "checkpoint.every_steps=1", "checkpoint.keep_last=1",
-           "fault.max_consecutive_skips=4", "logging.console=plain", f"run.root={tmp_path}", "run.name=div"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.train",
+        "model=tiny",
+        "train.max_steps=30",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "train.eval_every=0",
+        "train.threads=1",
+        "train.device=cpu",
+        "optim.lr=1e30",
+        "optim.warmup_steps=0",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep_last=1",
+        "fault.max_consecutive_skips=4",
+        "logging.console=plain",
+        f"run.root={tmp_path}",
+        "run.name=div",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)},
+    )
     assert proc.returncode == 45, proc.stdout[-2000:] + proc.stderr[-3000:]
     run = tmp_path / "div"
     events = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "event"]

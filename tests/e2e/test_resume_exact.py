@@ -7,6 +7,7 @@ losses, must be bit-identical. Run B also saves asynchronously (thread mode) and
 secrets planted in its environment, so the same three launches check the metrics JSONL fields, the W&B run
 (read back with ``wandb leet inspect``; same run id after resume) and that no secret leaks into any file.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,45 @@ from pathlib import Path
 import pytest
 
 N = 6
-FIELDS_TRAIN = ("loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-                "step_time_s", "data_wait_s", "peak_memory_gib", "tokens_seen", "flops_seen", "consumed_samples")
+FIELDS_TRAIN = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "tflops_per_device",
+    "mfu",
+    "step_time_s",
+    "data_wait_s",
+    "peak_memory_gib",
+    "tokens_seen",
+    "flops_seen",
+    "consumed_samples",
+)
 SOURCES = ("books", "code", "reference")
-SECRETS = {"WANDB_API_KEY": "fake-secret-wandb-0123456789abcdef", "HF_TOKEN": "fake-secret-hf-token-9876543210",
-           "LMFORGE_SERVICE_TOKEN": "fake-secret-service-token-42"}
-COMMON = ["model=tiny", f"train.max_steps={N}", "train.micro_batch_size=4", "train.global_batch_size=8",
-          "train.eval_every=3", "train.eval_batches=1", "train.threads=1", "train.deterministic=true",
-          "train.precision=fp32", "train.device=cpu", "optim.warmup_steps=2", "optim.lr=3e-3",
-          "logging.every_steps=1", "logging.console=plain", "checkpoint.every_steps=2", "checkpoint.keep_last=5"]
+SECRETS = {
+    "WANDB_API_KEY": "fake-secret-wandb-0123456789abcdef",
+    "HF_TOKEN": "fake-secret-hf-token-9876543210",
+    "LMFORGE_SERVICE_TOKEN": "fake-secret-service-token-42",
+}
+COMMON = [
+    "model=tiny",
+    f"train.max_steps={N}",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.eval_every=3",
+    "train.eval_batches=1",
+    "train.threads=1",
+    "train.deterministic=true",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "optim.warmup_steps=2",
+    "optim.lr=3e-3",
+    "logging.every_steps=1",
+    "logging.console=plain",
+    "checkpoint.every_steps=2",
+    "checkpoint.keep_last=5",
+]
 
 
 def launch(root: Path, name: str, extra, env_extra=None) -> subprocess.Popen:
@@ -50,13 +81,26 @@ def runs(tmp_path_factory, data_cache):
     while not (root / "straight" / "metrics.jsonl").exists():
         assert straight.poll() is None and time.monotonic() < deadline, _tail(root)
         time.sleep(0.2)
-    first = launch(root, "split", ["train.stop_at_step=3", "checkpoint.async_mode=thread",
-                                   "logging.wandb.mode=offline", "logging.wandb.project=resume-test"], SECRETS)
+    first = launch(
+        root,
+        "split",
+        [
+            "train.stop_at_step=3",
+            "checkpoint.async_mode=thread",
+            "logging.wandb.mode=offline",
+            "logging.wandb.project=resume-test",
+        ],
+        SECRETS,
+    )
     for p in (straight, first):
         assert p.wait(timeout=240) == 0, (p.args, _tail(root))
     assert not (root / "split" / "DONE").exists()  # stopped, not finished
-    second = launch(root, "split", ["checkpoint.async_mode=thread", "logging.wandb.mode=offline",
-                                    "logging.wandb.project=resume-test"], SECRETS)
+    second = launch(
+        root,
+        "split",
+        ["checkpoint.async_mode=thread", "logging.wandb.mode=offline", "logging.wandb.project=resume-test"],
+        SECRETS,
+    )
     assert second.wait(timeout=240) == 0, (second.args, _tail(root))
     return root
 
@@ -69,7 +113,15 @@ def _tail(root: Path) -> str:
 def test_split_run_matches_straight_run_bit_for_bit(runs):
     a, b = records(runs / "straight", "train"), records(runs / "split", "train")
     assert [r["step"] for r in a] == list(range(1, N + 1)) == [r["step"] for r in b]
-    keys = ("loss", "grad_norm", "lr", "consumed_samples", "tokens_seen", "flops_seen", *(f"tokens/{s}" for s in SOURCES))
+    keys = (
+        "loss",
+        "grad_norm",
+        "lr",
+        "consumed_samples",
+        "tokens_seen",
+        "flops_seen",
+        *(f"tokens/{s}" for s in SOURCES),
+    )
     for ra, rb in zip(a, b):
         assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, ra["step"]
     ea, eb = records(runs / "straight", "eval"), records(runs / "split", "eval")
@@ -91,7 +143,9 @@ def test_metrics_jsonl_has_every_field(runs):
         assert sum(r[f"tokens/{s}"] for s in SOURCES) == r["tokens_seen"]
     for e in records(runs / "straight", "eval"):
         for s in SOURCES:
-            assert e[f"val/{s}/loss"] > 0 and e[f"val/{s}/ppl"] == pytest.approx(2.718281828459045 ** e[f"val/{s}/loss"])
+            assert e[f"val/{s}/loss"] > 0 and e[f"val/{s}/ppl"] == pytest.approx(
+                2.718281828459045 ** e[f"val/{s}/loss"]
+            )
     saves = [e for e in records(runs / "split", "event") if e["event"] == "checkpoint_save"]
     assert saves and all(e["async_mode"] == "thread" and e["stall_s"] >= 0 for e in saves)
     commits = [e["step"] for e in records(runs / "split", "event") if e["event"] == "checkpoint_commit"]
@@ -99,8 +153,13 @@ def test_metrics_jsonl_has_every_field(runs):
 
 
 def leet(run_dir: Path) -> list:
-    out = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
@@ -147,4 +206,8 @@ def test_sidecar_holds_scheduler_data_and_config(runs):
     assert "grad_scaler" not in side  # no fp16 path, so no gradient scaler state
     assert side["config"]["model"]["name"] == "tiny"
     assert sorted(p.name for p in (runs / "split" / "checkpoints").iterdir()) == [
-        "step-00000002", "step-00000003", "step-00000004", "step-00000006"]
+        "step-00000002",
+        "step-00000003",
+        "step-00000004",
+        "step-00000006",
+    ]

@@ -4,6 +4,7 @@ The losses are real (tiny GPTs on the embedded Austen corpus); recovering a know
 tests' job (tests/unit/test_scaling_fits.py). This test proves the plumbing and the FLOPs accounting:
 every run's realised training FLOPs (flops_seen in its metrics.jsonl) must be within 5% of its budget.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,12 @@ BUDGETS = "3e9,1e10"
 def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     root = tmp_path / "runs"
-    assert lmforge(["sweep", "plan", "--preset", "tiny_cpu", "--name", "e2e", "--budgets", BUDGETS,
-                    "--run-root", str(root)]) == 0
+    assert (
+        lmforge(
+            ["sweep", "plan", "--preset", "tiny_cpu", "--name", "e2e", "--budgets", BUDGETS, "--run-root", str(root)]
+        )
+        == 0
+    )
     sweep_dir = root / "e2e"
     sweep = load_sweep(sweep_dir)
     assert len(sweep.points) == 10 and {p.budget for p in sweep.points} == {3e9, 1e10}
@@ -38,7 +43,9 @@ def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch
     bad["sweep_point"] = "e2e/broken"
     bad["run_dir"] = str(sweep_dir / "broken")
     bad["overrides"] = [o for o in bad["overrides"] if not o.startswith(("model.n_heads=", "run.sweep_point="))] + [
-        "model.n_heads=3", "run.sweep_point=e2e/broken"]
+        "model.n_heads=3",
+        "run.sweep_point=e2e/broken",
+    ]
     data["points"].append(bad)
     (sweep_dir / "sweep.json").write_text(json.dumps(data))
 
@@ -98,7 +105,10 @@ def test_tiny_isoflop_sweep_end_to_end(tmp_path, data_cache, capsys, monkeypatch
     (wandb_run,) = list((sweep_dir / "fit" / "wandb").glob("offline-run-*"))
     media = wandb_run / "files" / "media"
     assert sorted(p.name.split("_")[0] for p in (media / "images" / "scaling").glob("*.png")) == [
-        "frontier", "isoflop", "residuals"]
+        "frontier",
+        "isoflop",
+        "residuals",
+    ]
     (points,) = list((media / "table" / "scaling").glob("points_*.table.json"))
     table = json.loads(points.read_text())
     assert table["columns"] == ["id", "budget", "N", "D", "loss"] and len(table["data"]) == 10

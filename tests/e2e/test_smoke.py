@@ -1,4 +1,5 @@
 """The README's smoke run: it trains, writes its run directory, and learns more than unigram statistics."""
+
 from __future__ import annotations
 
 import json
@@ -69,14 +70,25 @@ def test_smoke_heldout_loss_beats_unigram_entropy(smoke_run, data_cache):
 @pytest.mark.timeout(300)
 def test_console_entry_point_and_module_both_work(tmp_path, data_cache):
     """`lmforge train` (console script) and `python -m lmforge.train` run the same app."""
-    common = ["model=tiny", "train.max_steps=2", "train.eval_every=0", "checkpoint.enabled=false",
-              f"run.root={tmp_path}", "logging.console=plain"]
+    common = [
+        "model=tiny",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "checkpoint.enabled=false",
+        f"run.root={tmp_path}",
+        "logging.console=plain",
+    ]
     exe = Path(sys.executable).parent / "lmforge"
     env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)}
     a = subprocess.run([str(exe), "train", *common, "run.name=a"], env=env, capture_output=True, text=True, timeout=240)
     assert a.returncode == 0, a.stderr[-2000:]
-    b = subprocess.run([sys.executable, "-m", "lmforge.train", *common, "run.name=b"], env=env, capture_output=True,
-                       text=True, timeout=240)
+    b = subprocess.run(
+        [sys.executable, "-m", "lmforge.train", *common, "run.name=b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert b.returncode == 0, b.stderr[-2000:]
     for proc in (a, b):  # a plain start prints no library warning (megatron's pad id, torch's mesh slicing)
         warned = [line for line in proc.stderr.splitlines() if "Warning" in line]
@@ -88,16 +100,21 @@ def test_console_entry_point_and_module_both_work(tmp_path, data_cache):
 
 @pytest.mark.timeout(120)
 def test_typo_fails_before_anything_starts(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lmforge.train", "model.n_layr=3", f"run.root={tmp_path}"],
-                          capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge.train", "model.n_layr=3", f"run.root={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 2
     assert "config key 'model.n_layr': is not a known key. Fix: did you mean 'model.n_layers'?" in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing may be created before the config is valid"
 
 
 @pytest.mark.timeout(600)
-def test_smoke_checkpoint_scores_above_chance_on_word_order_and_an_untrained_one_at_chance(smoke_run, data_cache,
-                                                                                             monkeypatch):
+def test_smoke_checkpoint_scores_above_chance_on_word_order_and_an_untrained_one_at_chance(
+    smoke_run, data_cache, monkeypatch
+):
     """The shipped task a 5M-parameter model can pass after 300 steps: the true next sentence against shuffles of its
     own words (measured: trained 0.995, untrained 0.22 on 200 documents). The harder shipped tasks
     (austen_next_sentence, stdlib_next_line) stay near chance at this size (0.19 and 0.23): see docs/evaluation.md."""

@@ -6,6 +6,7 @@ Two real tiny runs of ``lmforge.train.main`` in subprocesses: the first trains 2
 resumes it. Each runs under counting wrappers installed before lmforge's modules import the functions (every
 ``from ... import`` then binds the wrapper), and writes its counts when ``main`` returns.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,22 @@ from pathlib import Path
 
 import pytest
 
-COMMON = ["model=tiny", "train.max_steps=4", "train.micro_batch_size=2", "train.global_batch_size=2",
-          "train.eval_every=0", "train.threads=1", "train.device=cpu", "logging.console=plain",
-          "logging.every_steps=1", "checkpoint.every_steps=2", "run.name=once"]
+COMMON = [
+    "model=tiny",
+    "train.max_steps=4",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.eval_every=0",
+    "train.threads=1",
+    "train.device=cpu",
+    "logging.console=plain",
+    "logging.every_steps=1",
+    "checkpoint.every_steps=2",
+    "run.name=once",
+]
 
 # Installed before lmforge.train (and so any module that imports these names) is imported.
-RUNNER = '''
+RUNNER = """
 import json, pathlib, sys
 import lmforge.checkpoint.layout as layout
 import lmforge.data.tokenizer as tokenizer
@@ -56,15 +67,21 @@ try:
 finally:
     out.write_text(json.dumps(counts))
 sys.exit(rc)
-'''
+"""
 
 
 def start(tmp_path: Path, name: str, extra):
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER)
     counts = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(runner), str(counts), f"run.root={tmp_path}", *COMMON, *extra],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(counts), f"run.root={tmp_path}", *COMMON, *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     return json.loads(counts.read_text()), proc.stdout
 
@@ -82,4 +99,5 @@ def test_a_resumed_start_loads_the_tokenizer_lists_checkpoints_and_reads_the_sid
     # resumes from that same ResumePoint). Before entry_checks: fresh 2, 2, 0 and resumed 3, 3, 2.
     assert {"fresh": fresh, "resumed": resumed} == {
         "fresh": {"load_tokenizer": 1, "latest": 1, "sidecar_reads": 0},
-        "resumed": {"load_tokenizer": 1, "latest": 1, "sidecar_reads": 1}}
+        "resumed": {"load_tokenizer": 1, "latest": 1, "sidecar_reads": 1},
+    }

@@ -16,6 +16,7 @@ Daemons are started with ``nsenter --net=...`` (not ``ip netns exec``, which rem
 and everything is stopped by PID: the daemons' pid files, then every process left in a node's network
 namespace. Recipe and pitfalls: ../shared/notes/slurm.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -121,8 +122,9 @@ class SlurmCluster:
         os.chmod(d / "msock", 0o755)
         os.chmod(d / "munge", 0o700)
         head = self.nodes[0]
-        node_lines = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=4 RealMemory=4000"
-                               for n in self.nodes)
+        node_lines = "\n".join(
+            f"NodeName={n} NodeHostname={n} NodeAddr={self.addr[n]} CPUs=4 RealMemory=4000" for n in self.nodes
+        )
         self.conf.write_text(f"""\
 ClusterName=lmforge-test
 SlurmctldHost={head}({self.addr[head]})
@@ -161,15 +163,37 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         key = d / "munge" / "key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        _sh(["munged", f"--socket={d}/msock/sock", f"--key-file={key}", f"--pid-file={d}/run/munged.pid",
-             f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge/seed", "--force"])
+        _sh(
+            [
+                "munged",
+                f"--socket={d}/msock/sock",
+                f"--key-file={key}",
+                f"--pid-file={d}/run/munged.pid",
+                f"--log-file={d}/log/munged.log",
+                f"--seed-file={d}/munge/seed",
+                "--force",
+            ]
+        )
         self.daemon_pids["munged"] = self._read_pid(d / "run" / "munged.pid")
 
     def in_node(self, node: str, cmd: Sequence[str]) -> List[str]:
         """A command line that runs ``cmd`` in ``node``'s network, UTS and mount namespaces."""
-        script = f'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
-        return ["nsenter", f"--net=/run/netns/{self.ns[node]}", "unshare", "--uts", "--mount",
-                "--propagation", "private", "sh", "-c", script, str(self.hosts), node, *cmd]
+        script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.ns[node]}",
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            str(self.hosts),
+            node,
+            *cmd,
+        ]
 
     def _daemons(self) -> None:
         head = self.nodes[0]
@@ -251,8 +275,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.netns_made.clear()
 
     # ---- clients --------------------------------------------------------------------------------------
-    def client(self, cmd: Sequence[str], check: bool = True, cwd: Optional[Path] = None,
-               env: Optional[Dict[str, str]] = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    def client(
+        self,
+        cmd: Sequence[str],
+        check: bool = True,
+        cwd: Optional[Path] = None,
+        env: Optional[Dict[str, str]] = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
         full = ["nsenter", f"--net=/run/netns/{self.ns[self.nodes[0]]}", *cmd]
         return _sh(full, check=check, cwd=cwd, env={**self.env, **(env or {})}, timeout=timeout)
 
@@ -267,8 +297,13 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             info.setdefault(m.group(1), m.group(2))
         return info
 
-    def wait_state(self, job: str, states: Iterable[str], timeout: float = 180,
-                   fail_states: Iterable[str] = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")) -> Dict[str, str]:
+    def wait_state(
+        self,
+        job: str,
+        states: Iterable[str],
+        timeout: float = 180,
+        fail_states: Iterable[str] = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+    ) -> Dict[str, str]:
         states, fails = set(states), set(fail_states)
         deadline = time.monotonic() + timeout
         info: Dict[str, str] = {}

@@ -3,6 +3,7 @@
 Without root or slurm-wlm the tests skip with the reason (in CI a skip is a failure: .ci/run installs
 slurm-wlm and runs as root).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,20 @@ from cluster import SlurmCluster, unavailable_reason  # noqa: E402
 # One tiny 2-rank data-parallel run, used by every test: the Slurm jobs must reproduce its losses exactly.
 MAX_STEPS = 30
 TRAIN_OVERRIDES = [
-    "model=tiny", "parallelism=ddp", f"train.max_steps={MAX_STEPS}", "train.micro_batch_size=4",
-    "train.global_batch_size=8", "train.threads=1", "train.device=cpu", "train.eval_every=0",
-    "checkpoint.every_steps=10", "checkpoint.keep_last=5", "logging.every_steps=1", "logging.console=plain",
-    "cluster.gpus_per_node=1", "metrics.straggler_every=5",
+    "model=tiny",
+    "parallelism=ddp",
+    f"train.max_steps={MAX_STEPS}",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.threads=1",
+    "train.device=cpu",
+    "train.eval_every=0",
+    "checkpoint.every_steps=10",
+    "checkpoint.keep_last=5",
+    "logging.every_steps=1",
+    "logging.console=plain",
+    "cluster.gpus_per_node=1",
+    "metrics.straggler_every=5",
 ]
 
 
@@ -45,8 +56,12 @@ def slurm_cluster(tmp_path_factory):
 @pytest.fixture(scope="session")
 def job_env(data_cache) -> Dict[str, str]:
     path = os.pathsep.join([str(REPO / "platform"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
-    return {"LMFORGE_REPO": str(REPO), "LMFORGE_PYTHON": sys.executable, "PYTHONPATH": path,
-            "LMFORGE_DATA_CACHE": str(data_cache)}
+    return {
+        "LMFORGE_REPO": str(REPO),
+        "LMFORGE_PYTHON": sys.executable,
+        "PYTHONPATH": path,
+        "LMFORGE_DATA_CACHE": str(data_cache),
+    }
 
 
 def train_losses(run_dir: Path) -> Dict[int, float]:
@@ -60,15 +75,26 @@ def train_losses(run_dir: Path) -> Dict[int, float]:
 
 
 def events(run_dir: Path) -> List[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "event"]
+    return [
+        r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "event"
+    ]
 
 
 @pytest.fixture(scope="session")
 def local_reference(tmp_path_factory, job_env) -> Dict[int, float]:
     """The same config as a local 2-process run through ``lmforge launch`` (torchrun), no faults."""
     root = tmp_path_factory.mktemp("local-ref")
-    cmd = [sys.executable, "-m", "lmforge.cli", "launch", "--nproc", "2", *TRAIN_OVERRIDES,
-           f"run.root={root}", "run.name=ref"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.cli",
+        "launch",
+        "--nproc",
+        "2",
+        *TRAIN_OVERRIDES,
+        f"run.root={root}",
+        "run.name=ref",
+    ]
     proc = subprocess.run(cmd, cwd=root, env={**os.environ, **job_env}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"local reference failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     losses = train_losses(root / "ref")

@@ -2,6 +2,7 @@
 requeue, hang watchdog, node failure. Each job is one tiny 2-node x 1-task data-parallel run (model=tiny,
 30 steps); several checks share a job to keep the number of torchrun launches small.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import MAX_STEPS, REPO, TRAIN_OVERRIDES, events, train_losses
 
 from lmforge.runtime.device_contract import install_fix
-from conftest import MAX_STEPS, REPO, TRAIN_OVERRIDES, events, train_losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
@@ -23,8 +24,19 @@ pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 def submit(cluster, tmp: Path, name: str, overrides, env, sbatch=()):
     root = tmp / name
     root.mkdir(parents=True, exist_ok=True)
-    args = ["--nodes=2", f"--job-name={name}", "-o", f"{root}/job-%j.out", "-e", f"{root}/job-%j.err", *sbatch,
-            str(REPO / "slurm" / "train.sh"), *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
+    args = [
+        "--nodes=2",
+        f"--job-name={name}",
+        "-o",
+        f"{root}/job-%j.out",
+        "-e",
+        f"{root}/job-%j.err",
+        *sbatch,
+        str(REPO / "slurm" / "train.sh"),
+        *TRAIN_OVERRIDES,
+        f"run.root={root}/runs",
+        *overrides,
+    ]
     job = cluster.sbatch(args, cwd=root, env=env)
     return job, root, root / "runs" / f"slurm-{job}"
 
@@ -32,13 +44,29 @@ def submit(cluster, tmp: Path, name: str, overrides, env, sbatch=()):
 def submit_with_submitit(cluster, tmp: Path, name: str, overrides, env, sbatch_arg: str):
     root = tmp / name
     root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "lmforge.cli", "launch", "--slurm", "--submitit", "--nodes", "2",
-           "--submitit-folder", str(root / "submitit"), f"--sbatch-arg={sbatch_arg}", *TRAIN_OVERRIDES, f"run.root={root}/runs", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.cli",
+        "launch",
+        "--slurm",
+        "--submitit",
+        "--nodes",
+        "2",
+        "--submitit-folder",
+        str(root / "submitit"),
+        f"--sbatch-arg={sbatch_arg}",
+        *TRAIN_OVERRIDES,
+        f"run.root={root}/runs",
+        *overrides,
+    ]
     job = cluster.client(cmd, cwd=root, env=env, timeout=120).stdout.strip().splitlines()[-1]
     return job, root, root / "runs" / f"slurm-{job}"
 
 
-SWEEP_POINTS = "# one sweep point per line\noptim.lr=1e-3 run.sweep_point=lr1e-3\n\noptim.lr=2e-3 run.sweep_point=lr2e-3\n"
+SWEEP_POINTS = (
+    "# one sweep point per line\noptim.lr=1e-3 run.sweep_point=lr1e-3\n\noptim.lr=2e-3 run.sweep_point=lr2e-3\n"
+)
 
 
 def submit_sweep(cluster, tmp: Path, env):
@@ -46,11 +74,24 @@ def submit_sweep(cluster, tmp: Path, env):
     root = tmp / "sweep"
     root.mkdir(parents=True, exist_ok=True)
     (root / "points.txt").write_text(SWEEP_POINTS)
-    overrides = [o for o in TRAIN_OVERRIDES if not o.startswith(("parallelism=", "train.max_steps=",
-                                                                  "train.global_batch_size="))]
-    args = ["--array=0-1", "--nodes=1", "--nodelist=node3", "-o", f"{root}/job-%A_%a.out", "-e", f"{root}/job-%A_%a.err",
-            str(REPO / "slurm" / "sweep_array.sh"), str(root / "points.txt"), *overrides, "train.max_steps=3",
-            "train.global_batch_size=4", f"run.root={root}/runs"]
+    overrides = [
+        o for o in TRAIN_OVERRIDES if not o.startswith(("parallelism=", "train.max_steps=", "train.global_batch_size="))
+    ]
+    args = [
+        "--array=0-1",
+        "--nodes=1",
+        "--nodelist=node3",
+        "-o",
+        f"{root}/job-%A_%a.out",
+        "-e",
+        f"{root}/job-%A_%a.err",
+        str(REPO / "slurm" / "sweep_array.sh"),
+        str(root / "points.txt"),
+        *overrides,
+        "train.max_steps=3",
+        "train.global_batch_size=4",
+        f"run.root={root}/runs",
+    ]
     return cluster.sbatch(args, cwd=root, env=env), root, root / "runs"
 
 
@@ -59,8 +100,11 @@ def logs(root: Path, job: str) -> str:
     err = root / f"job-{job}.err"
     if (root / "submitit").is_dir():
         out, err = root / "submitit" / f"{job}_0_log.out", root / "submitit" / f"{job}_0_log.err"
-    return (out.read_text(errors="replace") if out.exists() else "") + "\n--- stderr ---\n" + \
-        (err.read_text(errors="replace") if err.exists() else "")
+    return (
+        (out.read_text(errors="replace") if out.exists() else "")
+        + "\n--- stderr ---\n"
+        + (err.read_text(errors="replace") if err.exists() else "")
+    )
 
 
 def wait_completed(cluster, job: str, root: Path, timeout: float, restarts: int = 0) -> dict:
@@ -98,22 +142,59 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
     G  a GPU config on CPU nodes: refused at prepare
     """
     tmp = tmp_path_factory.mktemp("jobs")
-    a = submit(slurm_cluster, tmp, "faults", [
-        "fault.watchdog_timeout_s=8", "fault.drill.kill_step=14", "fault.drill.kill_rank=1",
-        "fault.drill.hang_step=24", "fault.drill.hang_rank=0", "fault.drill.hang_s=120",
-    ], job_env, sbatch=[PAIR])
+    a = submit(
+        slurm_cluster,
+        tmp,
+        "faults",
+        [
+            "fault.watchdog_timeout_s=8",
+            "fault.drill.kill_step=14",
+            "fault.drill.kill_rank=1",
+            "fault.drill.hang_step=24",
+            "fault.drill.hang_rank=0",
+            "fault.drill.hang_s=120",
+        ],
+        job_env,
+        sbatch=[PAIR],
+    )
     # G: a GPU cluster config on these CPU-only nodes: refused by the prepare step, before srun (first: it is quick).
-    g = submit(slurm_cluster, tmp, "gpu", ["cluster=h100_node", "train.device=auto"], job_env, sbatch=["--nodelist=node3,node4"])
+    g = submit(
+        slurm_cluster,
+        tmp,
+        "gpu",
+        ["cluster=h100_node", "train.device=auto"],
+        job_env,
+        sbatch=["--nodelist=node3,node4"],
+    )
     # B's layout follows the node count (no cluster.nodes given): dp_replicate = cluster.nodes = SLURM_NNODES = 2.
-    b = submit(slurm_cluster, tmp, "preempt", ["fault.drill.step_sleep_s=0.3", "parallelism.dp_replicate=${cluster.nodes}"],
-               job_env, sbatch=[PAIR])
+    b = submit(
+        slurm_cluster,
+        tmp,
+        "preempt",
+        ["fault.drill.step_sleep_s=0.3", "parallelism.dp_replicate=${cluster.nodes}"],
+        job_env,
+        sbatch=[PAIR],
+    )
     c = submit_with_submitit(slurm_cluster, tmp, "submitit", ["fault.drill.step_sleep_s=0.3"], job_env, PAIR)
     # F: a crash that torchrun may not restart (max_restarts=0) -> the job-level retry budget requeues it.
-    f = submit(slurm_cluster, tmp, "crash", ["fault.max_restarts=0", "cluster.max_requeues=1",
-                                             "fault.drill.kill_step=14", "fault.drill.kill_rank=0"], job_env, sbatch=[PAIR])
+    f = submit(
+        slurm_cluster,
+        tmp,
+        "crash",
+        ["fault.max_restarts=0", "cluster.max_requeues=1", "fault.drill.kill_step=14", "fault.drill.kill_rank=0"],
+        job_env,
+        sbatch=[PAIR],
+    )
     d = submit(slurm_cluster, tmp, "nodefail", ["fault.drill.step_sleep_s=0.3"], job_env)
-    jobs = {"gpu": g, "faults": a, "preempt": b, "submitit": c, "crash": f, "nodefail": d,
-            "sweep": submit_sweep(slurm_cluster, tmp, job_env)}
+    jobs = {
+        "gpu": g,
+        "faults": a,
+        "preempt": b,
+        "submitit": c,
+        "crash": f,
+        "nodefail": d,
+        "sweep": submit_sweep(slurm_cluster, tmp, job_env),
+    }
 
     def preempt_batch(job):  # what --signal=B:USR1@lead does before the time limit: USR1 to the batch shell
         slurm_cluster.client(["scancel", "--signal=USR1", "--batch", job])
@@ -136,14 +217,18 @@ def concurrent_jobs(slurm_cluster, job_env, tmp_path_factory, local_reference):
             if (run_dir / "checkpoints" / "step-00000010" / "COMPLETE").exists():
                 todo.pop(name)(job)
         if time.monotonic() > deadline:
-            raise AssertionError(f"no first checkpoint for {sorted(todo)} within 300s\n"
-                                 + "\n".join(logs(jobs[n][1], jobs[n][0])[-3000:] for n in todo))
+            raise AssertionError(
+                f"no first checkpoint for {sorted(todo)} within 300s\n"
+                + "\n".join(logs(jobs[n][1], jobs[n][0])[-3000:] for n in todo)
+            )
         time.sleep(0.2)
     return jobs
 
 
 @pytest.mark.timeout(600)
-def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(slurm_cluster, concurrent_jobs, local_reference):
+def test_train_sh_matches_local_run_through_sigkill_and_hung_collective(
+    slurm_cluster, concurrent_jobs, local_reference
+):
     job, root, run_dir = concurrent_jobs["faults"]
     info = wait_completed(slurm_cluster, job, root, timeout=360)
     text = logs(root, job)
@@ -197,8 +282,10 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, concurrent_jobs, l
     assert state["preemptions"] == 1 and state["failures"] == 0, state
     # Same run directory across the requeue (runs/slurm-<jobid>), hence the same W&B run id (kept in the
     # checkpoint sidecar), and the same losses as the uninterrupted run.
-    ids = {json.loads((run_dir / "checkpoints" / f"step-{s:08d}" / "state.json").read_text()).get("wandb_run_id")
-           for s in (k, MAX_STEPS)}
+    ids = {
+        json.loads((run_dir / "checkpoints" / f"step-{s:08d}" / "state.json").read_text()).get("wandb_run_id")
+        for s in (k, MAX_STEPS)
+    }
     assert len(ids) == 1, ids
     assert train_losses(run_dir) == local_reference
     # The allocation's node count fed the layout: sbatch --nodes=2, no cluster.nodes on the command line.
@@ -218,7 +305,8 @@ def test_gpu_config_on_cpu_nodes_fails_at_prepare_before_any_worker(slurm_cluste
     assert err[0] == (
         f"lmforge: node node3 (job {job} prepare): cluster=h100_node names h100 GPUs (train.device=auto) but torch "
         f"{torch.__version__} (torch.version.cuda=None) is a CPU-only build. Fix: {install_fix()}, or set "
-        "train.device=cpu to train on CPU on purpose"), err
+        "train.device=cpu to train on CPU on purpose"
+    ), err
     assert err[1:] == ["lmforge: prepare refused the job (exit 2); no worker was started"], err
     # No worker: srun never ran (no MASTER_ADDR line, no step), nothing was written under the run root.
     assert "MASTER_ADDR=" not in text and "training step ended" not in text, text
@@ -268,8 +356,9 @@ def test_sweep_array_runs_each_point_with_its_overrides(slurm_cluster, concurren
 
 
 @pytest.mark.timeout(600)
-def test_crash_beyond_torchrun_restarts_is_requeued_within_the_retry_budget(slurm_cluster, concurrent_jobs,
-                                                                            local_reference):
+def test_crash_beyond_torchrun_restarts_is_requeued_within_the_retry_budget(
+    slurm_cluster, concurrent_jobs, local_reference
+):
     job, root, run_dir = concurrent_jobs["crash"]
     info = wait_completed(slurm_cluster, job, root, timeout=400, restarts=1)
     assert int(info["Restarts"]) == 1

@@ -4,6 +4,7 @@ no requeue, the verdict's message in the job log and its exit code as the job's.
 Two 2-node jobs side by side (they need all 4 nodes for about a minute): a layout error that only the
 workers can see (the layout needs 4 ranks, the job has 2) and a run that diverges under torchrun.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TRAIN_OVERRIDES, events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
@@ -22,16 +22,30 @@ ENDED = ("COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 def submit(cluster, tmp: Path, name: str, overrides, env):
     root = tmp / name
     root.mkdir(parents=True, exist_ok=True)
-    args = ["--nodes=2", f"--job-name={name}", "-o", f"{root}/job-%j.out", "-e", f"{root}/job-%j.err",
-            str(REPO / "slurm" / "train.sh"), *TRAIN_OVERRIDES, f"run.root={root}/runs", "fault.max_restarts=3",
-            "cluster.max_requeues=3", *overrides]
+    args = [
+        "--nodes=2",
+        f"--job-name={name}",
+        "-o",
+        f"{root}/job-%j.out",
+        "-e",
+        f"{root}/job-%j.err",
+        str(REPO / "slurm" / "train.sh"),
+        *TRAIN_OVERRIDES,
+        f"run.root={root}/runs",
+        "fault.max_restarts=3",
+        "cluster.max_requeues=3",
+        *overrides,
+    ]
     job = cluster.sbatch(args, cwd=root, env=env)
     return job, root, root / "runs" / f"slurm-{job}"
 
 
 def job_log(root: Path, job: str) -> str:
-    return "\n".join((root / f"job-{job}.{ext}").read_text(errors="replace") for ext in ("out", "err")
-                     if (root / f"job-{job}.{ext}").exists())
+    return "\n".join(
+        (root / f"job-{job}.{ext}").read_text(errors="replace")
+        for ext in ("out", "err")
+        if (root / f"job-{job}.{ext}").exists()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +54,18 @@ def failing_jobs(slurm_cluster, job_env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verdict-jobs")
     # dp_replicate=4 on a 2-rank job: the batch script's prepare step (jobctl prepare, the job's real world size)
     # refuses it before srun starts a worker; a worker-side deterministic failure is the divergence job below.
-    return {"layout": submit(slurm_cluster, tmp, "layout", ["parallelism.dp_replicate=4", "train.micro_batch_size=2"],
-                             job_env),
-            "diverge": submit(slurm_cluster, tmp, "diverge", ["optim.lr=1e30", "optim.warmup_steps=0",
-                                                              "fault.max_consecutive_skips=2"], job_env)}
+    return {
+        "layout": submit(
+            slurm_cluster, tmp, "layout", ["parallelism.dp_replicate=4", "train.micro_batch_size=2"], job_env
+        ),
+        "diverge": submit(
+            slurm_cluster,
+            tmp,
+            "diverge",
+            ["optim.lr=1e30", "optim.warmup_steps=0", "fault.max_consecutive_skips=2"],
+            job_env,
+        ),
+    }
 
 
 def wait_failed(cluster, job: str, root: Path, timeout: float = 300) -> dict:

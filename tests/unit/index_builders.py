@@ -1,5 +1,6 @@
 """A process that builds a run's index cache with ``index_cache.build_for`` (started twice at once by
 tests/unit/test_index_build_for.py); prints one JSON line: what it built, how long it waited, what it loaded."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,9 +25,18 @@ def main(overrides, ready_file: str, go_file: str) -> None:
     assert not dist.is_initialized()
     report = build_for(cfg)
     ids = [report.mixture.train_text(i)[0].tolist() for i in range(0, report.mixture.num_train_samples, 97)]
-    print(json.dumps({"built": report.built, "present": report.present, "lock_wait_s": report.lock_wait_s,
-                      "samples": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
-                      "process_group_after": dist.is_initialized()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "built": report.built,
+                "present": report.present,
+                "lock_wait_s": report.lock_wait_s,
+                "samples": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+                "process_group_after": dist.is_initialized(),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ build that may finish first.
 The pause is installed in this process, in Python, before the entry point runs; production code reads no test
 setting.
 """
+
 from __future__ import annotations
 
 import sys

@@ -3,6 +3,7 @@ and of its GELU/LayerNorm variant (bench_small's kinds of block): every ablation
 every GEMM (the same matrix multiplies, at the same shapes, in every case: that is what makes the paired
 differences the parts' costs), the model code is restored after each case, and without a stand-in (the negative
 control) the part's ops are there."""
+
 from __future__ import annotations
 
 import sys
@@ -46,8 +47,10 @@ def log_step(run) -> OpLog:
 
 # The ops each ablation must remove (for the block kinds of each model variant below).
 REMOVED = {
-    "attention": {"_scaled_dot_product_flash_attention_for_cpu",
-                  "_scaled_dot_product_flash_attention_for_cpu_backward"},
+    "attention": {
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    },
     "RoPE": {"addcmul_"},
     "loss": {"_log_softmax", "_softmax"},
     "clipping": {"linalg_vector_norm", "_foreach_norm"},
@@ -56,9 +59,10 @@ REMOVED = {
 VARIANTS = {
     # torch 2.13 runs nn.RMSNorm on the CPU as its composite (pow, mean, rsqrt, mul)
     "swiglu-rmsnorm-gqa": ([], {"activation": {"silu", "silu_backward"}, "norms": {"rsqrt"}}),
-    "gelu-layernorm": (["model.mlp=gelu", "model.norm=layernorm", "model.n_kv_heads=null"],
-                       {"activation": {"gelu", "gelu_backward"},
-                        "norms": {"native_layer_norm", "native_layer_norm_backward"}}),
+    "gelu-layernorm": (
+        ["model.mlp=gelu", "model.norm=layernorm", "model.n_kv_heads=null"],
+        {"activation": {"gelu", "gelu_backward"}, "norms": {"native_layer_norm", "native_layer_norm_backward"}},
+    ),
 }
 
 

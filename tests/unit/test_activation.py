@@ -1,4 +1,5 @@
 """The GELU of ``mlp: gelu`` is one function, eager and compiled (model/activation.py)."""
+
 import torch
 import torch.nn.functional as F
 

@@ -2,6 +2,7 @@
 leaves a loadable checkpoint, and the file/directory modes (checkpoints 0o640/0o750, run directories 0o750).
 
 The SIGKILL version with training resumed bit-identically is tests/distributed/test_commit_kill.py."""
+
 from __future__ import annotations
 
 import os
@@ -68,27 +69,36 @@ def test_fsync_and_rename_order_of_a_resave(tmp_path, monkeypatch):
     monkeypatch.setattr(commit_mod.shutil, "rmtree", rmtree)
     fault_injection.install_commit_hook(lambda stage, step, final: events.append(("stage", stage)))
     try:
-        CheckpointManager(tmp_path, CheckpointConfig(keep_last=5)).save(2, torch.nn.Linear(2, 2), None, {"world_size": 1})
+        CheckpointManager(tmp_path, CheckpointConfig(keep_last=5)).save(
+            2, torch.nn.Linear(2, 2), None, {"world_size": 1}
+        )
     finally:
         fault_injection.install_commit_hook(None)
     tmp = ".tmp-step-00000002"
-    before = events[:events.index(("stage", "shards"))]
+    before = events[: events.index(("stage", "shards"))]
     assert {e[0] for e in before} == {"fsync"}  # DCP's own fsyncs, then ours of every file in the directory
-    assert [e[1] for e in before[-2:]] in ([f"{tmp}/.metadata", f"{tmp}/__0_0.distcp"],
-                                           [f"{tmp}/__0_0.distcp", f"{tmp}/.metadata"])
-    rest = events[events.index(("stage", "shards")):]
+    assert [e[1] for e in before[-2:]] in (
+        [f"{tmp}/.metadata", f"{tmp}/__0_0.distcp"],
+        [f"{tmp}/__0_0.distcp", f"{tmp}/.metadata"],
+    )
+    rest = events[events.index(("stage", "shards")) :]
     assert rest == [
         ("stage", "shards"),
-        ("fsync", f"{tmp}/state.json.part"), ("rename", f"{tmp}/state.json.part", f"{tmp}/state.json"),
+        ("fsync", f"{tmp}/state.json.part"),
+        ("rename", f"{tmp}/state.json.part", f"{tmp}/state.json"),
         ("stage", "sidecar"),
-        ("fsync", f"{tmp}/COMPLETE.part"), ("rename", f"{tmp}/COMPLETE.part", f"{tmp}/COMPLETE"),
+        ("fsync", f"{tmp}/COMPLETE.part"),
+        ("rename", f"{tmp}/COMPLETE.part", f"{tmp}/COMPLETE"),
         ("fsync", tmp),
         ("stage", "complete"),
-        ("rename", "step-00000002", ".old-step-00000002"), ("fsync", "."),
+        ("rename", "step-00000002", ".old-step-00000002"),
+        ("fsync", "."),
         ("stage", "aside"),
-        ("rename", tmp, "step-00000002"), ("fsync", "."),
+        ("rename", tmp, "step-00000002"),
+        ("fsync", "."),
         ("stage", "renamed"),
-        ("rmtree", ".old-step-00000002"), ("fsync", "."),
+        ("rmtree", ".old-step-00000002"),
+        ("fsync", "."),
     ]
 
 
@@ -99,9 +109,13 @@ def test_resave_interrupted_at_each_stage_keeps_a_loadable_copy(tmp_path, stage)
         _save(tmp_path, 2, 2.0, stage_to_crash=stage)
     found = resolve_resume(tmp_path, "auto")
     # Before the rename-in the old copy (under its name, or aside) is the checkpoint; from then on the new one.
-    expect = {"shards": ("step-00000002", 1.0), "sidecar": ("step-00000002", 1.0),
-              "complete": ("step-00000002", 1.0), "aside": (".old-step-00000002", 1.0),
-              "renamed": ("step-00000002", 2.0)}[stage]
+    expect = {
+        "shards": ("step-00000002", 1.0),
+        "sidecar": ("step-00000002", 1.0),
+        "complete": ("step-00000002", 1.0),
+        "aside": (".old-step-00000002", 1.0),
+        "renamed": ("step-00000002", 2.0),
+    }[stage]
     assert (found.name, _weight(found)) == expect
     # An explicit train.resume=<run>/checkpoints/step-00000002 finds the aside copy too.
     assert resolve_resume(tmp_path, str(step_dir(tmp_path, 2))) == found
@@ -138,10 +152,17 @@ def test_checkpoint_and_run_directory_modes(tmp_path):
         os.umask(old)
     ckpt = step_dir(tmp_path / "checkpoints", 1)
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in ckpt.iterdir()} == {
-        ".metadata": "0o640", "__0_0.distcp": "0o640", "state.json": "0o640", "COMPLETE": "0o640"}
+        ".metadata": "0o640",
+        "__0_0.distcp": "0o640",
+        "state.json": "0o640",
+        "COMPLETE": "0o640",
+    }
     assert oct(ckpt.stat().st_mode & 0o777) == oct((tmp_path / "checkpoints").stat().st_mode & 0o777) == "0o750"
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in (run.root, run.checkpoints, run.logs)} == {
-        "run": "0o750", "checkpoints": "0o750", "logs": "0o750"}
+        "run": "0o750",
+        "checkpoints": "0o750",
+        "logs": "0o750",
+    }
 
 
 def test_resume_resolution_errors_come_from_one_function(tmp_path):
@@ -151,8 +172,10 @@ def test_resume_resolution_errors_come_from_one_function(tmp_path):
     assert resolve_resume(tmp_path, "none") is None and resolve_resume(tmp_path, str(tmp_path)) == step_dir(tmp_path, 2)
     with pytest.raises(CheckpointError) as err:
         resolve_resume(tmp_path, str(tmp_path / "step-00000009"))
-    assert str(err.value) == (f"train.resume={tmp_path}/step-00000009: no such directory. Fix: point at a "
-                              f"step-NNNNNNNN directory or its parent, or use train.resume=auto")
+    assert str(err.value) == (
+        f"train.resume={tmp_path}/step-00000009: no such directory. Fix: point at a "
+        f"step-NNNNNNNN directory or its parent, or use train.resume=auto"
+    )
     (tmp_path / "step-00000007").mkdir()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         resolve_resume(tmp_path, str(tmp_path / "step-00000007"))

@@ -1,4 +1,5 @@
 """CheckpointManager in one process: retention and pins, atomic commit, async capture, model mismatch errors."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from lmforge.model.gpt import GPT
 
 def tiny_gpt(d_model: int = 32, n_layers: int = 2) -> GPT:
     torch.manual_seed(0)
-    return GPT(ModelConfig(name="t", vocab_size=128, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-                           seq_len=16))
+    return GPT(
+        ModelConfig(name="t", vocab_size=128, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, seq_len=16)
+    )
 
 
 def test_plan_retention_keeps_last_every_and_pinned():
@@ -145,8 +147,8 @@ def test_resume_load_never_unpickles_arbitrary_objects(tmp_path):
     import io
 
     import torch
-    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
     from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
     from lmforge.checkpoint.safe_io import SafeLoadPlanner, UnsafeCheckpointError
 
@@ -160,10 +162,19 @@ def test_resume_load_never_unpickles_arbitrary_objects(tmp_path):
     planner = SafeLoadPlanner()
     planner.flatten_state_dict = False
     planner.state_dict = {}
-    item = ReadItem(type=LoadItemType.BYTE_IO, dest_index=MetadataIndex("k"), dest_offsets=torch.Size([0]),
-                    storage_index=MetadataIndex("k"), storage_offsets=torch.Size([0]), lengths=torch.Size([0]))
-    with pytest.raises(UnsafeCheckpointError, match=r"\(DCP entry 'k'\): refused: .*Unsupported global: GLOBAL "
-                                                     r"print was not an allowed global.*Fix: "):
+    item = ReadItem(
+        type=LoadItemType.BYTE_IO,
+        dest_index=MetadataIndex("k"),
+        dest_offsets=torch.Size([0]),
+        storage_index=MetadataIndex("k"),
+        storage_offsets=torch.Size([0]),
+        lengths=torch.Size([0]),
+    )
+    with pytest.raises(
+        UnsafeCheckpointError,
+        match=r"\(DCP entry 'k'\): refused: .*Unsupported global: GLOBAL "
+        r"print was not an allowed global.*Fix: ",
+    ):
         planner.load_bytes(item, buf)
     ok = io.BytesIO()
     torch.save({"lr": 0.1, "betas": (0.9, 0.95), "params": ["a.weight"]}, ok)
@@ -201,7 +212,9 @@ def test_pipeline_stage_layout_loads_its_tensors_and_expects_the_other_stages(tm
 
 def _contract_members(protocol) -> set:
     names = set(getattr(protocol, "__annotations__", {}))
-    names |= {n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    names |= {
+        n for n, v in vars(protocol).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))
+    }
     return names
 
 
@@ -213,8 +226,11 @@ def _missing_members(cls, protocol) -> list:
 
     source = inspect.getsource(cls)
     target = r"(?:self\.\w+|_)"
-    assigned = {n for n in _contract_members(protocol)
-                if re.search(rf"^\s*(?:{target}\s*,\s*)*self\.{n}\s*(?:,\s*{target}\s*)*=(?!=)", source, re.M)}
+    assigned = {
+        n
+        for n in _contract_members(protocol)
+        if re.search(rf"^\s*(?:{target}\s*,\s*)*self\.{n}\s*(?:,\s*{target}\s*)*=(?!=)", source, re.M)
+    }
     return sorted(n for n in _contract_members(protocol) if not hasattr(cls, n) and n not in assigned)
 
 
@@ -224,8 +240,15 @@ def test_both_engines_offer_every_member_of_the_engine_contract():
     from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
     from lmforge.parallel.native_engine import NativeEngine
 
-    assert {"train_step", "eval_loss", "state_layout", "dp_group", "dp_rank", "inner", "optimizer"} <= \
-        _contract_members(Engine)
+    assert {
+        "train_step",
+        "eval_loss",
+        "state_layout",
+        "dp_group",
+        "dp_rank",
+        "inner",
+        "optimizer",
+    } <= _contract_members(Engine)
     assert _missing_members(NativeEngine, Engine) == []
     assert _missing_members(DeepSpeedEngine, Engine) == []
     assert _missing_members(DeepSpeedEngine, OwnFilesState) == []

@@ -2,6 +2,7 @@
 (what ``cross_entropy_loss`` computed before) within fp32 rounding, chunk boundaries included, ignored
 targets included, and no fp32 copy of the whole logits kept for backward (the old formula keeps one: the
 negative control)."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,7 +56,7 @@ def saved_bytes(fn, logits, targets) -> dict:
 def test_loss_and_gradient_equal_cross_entropy_across_chunks(monkeypatch, dtype):
     logits, targets = batch(dtype)
     want_loss, want_grad = loss_and_grad(reference, logits, targets)
-    for chunk in (3 * V + 7, 10 ** 9):  # uneven chunks (24 of them, the last short) and one chunk
+    for chunk in (3 * V + 7, 10**9):  # uneven chunks (24 of them, the last short) and one chunk
         monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk)
         got_loss, got_grad = loss_and_grad(chunked_cross_entropy, logits, targets)
         assert got_loss.dtype == torch.float32 and got_grad.dtype == dtype
@@ -63,7 +64,7 @@ def test_loss_and_gradient_equal_cross_entropy_across_chunks(monkeypatch, dtype)
         if dtype == torch.float32:
             torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-8)
         else:  # both round the same fp32 gradient to bf16: at most one bf16 step apart
-            torch.testing.assert_close(got_grad.float(), want_grad.float(), rtol=2 ** -7, atol=1e-7)
+            torch.testing.assert_close(got_grad.float(), want_grad.float(), rtol=2**-7, atol=1e-7)
         assert got_grad[targets == IGNORE_INDEX].abs().max() == 0  # ignored rows get no gradient
 
 

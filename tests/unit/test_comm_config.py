@@ -1,4 +1,5 @@
 """The comm presets: the environment each one exports, what is recorded, and clear errors for bad values."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lmforge.comm.env import comm_environment, comm_env_record, export_comm_env
+from lmforge.comm.env import comm_env_record, comm_environment, export_comm_env
 from lmforge.comm.process_group import choose_backend
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.compose import compose
@@ -39,9 +40,14 @@ def test_every_preset_composes_and_validates(presets):
 
 def test_presets_produce_the_expected_environment(presets, tmp_path):
     assert comm_environment(presets["infiniband"], tmp_path / "dumps") == {
-        "NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5", "NCCL_NET_GDR_LEVEL": "PXB",
-        "NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "WARN",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": "mlx5",
+        "NCCL_NET_GDR_LEVEL": "PXB",
+        "NCCL_SOCKET_IFNAME": "^lo,docker",
+        "NCCL_DEBUG": "WARN",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "dumps" / "nccl_trace_rank_"),
     }  # torch 2.13: the flight recorder's TORCH_FR_* names only (the older TORCH_NCCL_* ones print a warning)
     older = comm_environment(presets["infiniband"], tmp_path / "dumps", torch_version="2.7.1+cu126")
@@ -55,8 +61,9 @@ def test_presets_produce_the_expected_environment(presets, tmp_path):
     assert comm_environment(presets["cpu_gloo"]) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     assert presets["cpu_gloo"].backend == "gloo" and presets["infiniband"].backend == "auto"
     # Overrides on the command line land in the exported environment (integers as their decimal string).
-    comm = preset("roce", "+comm.env.NCCL_ALGO='Ring,Tree'", "comm.env.NCCL_IB_GID_INDEX=5",
-                  "comm.async_error_handling=false")
+    comm = preset(
+        "roce", "+comm.env.NCCL_ALGO='Ring,Tree'", "comm.env.NCCL_IB_GID_INDEX=5", "comm.async_error_handling=false"
+    )
     env = comm_environment(comm)
     assert env["NCCL_ALGO"] == "Ring,Tree" and env["NCCL_IB_GID_INDEX"] == "5"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
@@ -71,8 +78,14 @@ def isolate_comm_environment(monkeypatch, names):
 
 
 def test_export_keeps_user_values_and_records_them_redacted(presets, monkeypatch, tmp_path):
-    isolate_comm_environment(monkeypatch, [*comm_environment(presets["infiniband"], tmp_path / "dumps"),
-                                           "NCCL_SECRET_TOKEN", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+    isolate_comm_environment(
+        monkeypatch,
+        [
+            *comm_environment(presets["infiniband"], tmp_path / "dumps"),
+            "NCCL_SECRET_TOKEN",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        ],
+    )
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0:1")  # the site's value wins over the preset
     monkeypatch.setenv("NCCL_SECRET_TOKEN", "hunter2-very-secret")
     comm = presets["infiniband"]
@@ -107,16 +120,23 @@ def test_torch_reads_the_exported_flight_recorder_variables_without_a_warning(pr
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_FR_"))}
 
     def stderr_with(env):
-        proc = subprocess.run([sys.executable, "-c", FLIGHT_RECORDER_PROBE], env={**base, **env},
-                              capture_output=True, text=True, timeout=100)
+        proc = subprocess.run(
+            [sys.executable, "-c", FLIGHT_RECORDER_PROBE],
+            env={**base, **env},
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 
     dumps = tmp_path / "dumps"
     assert stderr_with(comm_environment(presets["infiniband"], dumps)) == ""
     older = comm_environment(presets["infiniband"], dumps, torch_version="2.7.1")
-    assert "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use TORCH_FR_BUFFER_SIZE instead" \
+    assert (
+        "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use TORCH_FR_BUFFER_SIZE instead"
         in stderr_with(older)
+    )
 
 
 def with_env(comm, **env):
@@ -125,27 +145,99 @@ def with_env(comm, **env):
 
 # (preset, change to the composed preset, key, reason); check_comm is what validate() runs on the comm group.
 BAD = [
-    ("infiniband", lambda c: with_env(c, NCCL_ALGO="Rng"), "comm.env.NCCL_ALGO", "'Rng' in 'Rng' is not a known NCCL algorithm"),
-    ("infiniband", lambda c: with_env(c, NCCL_ALGO="allreduce:ring;allgathr:tree"), "comm.env.NCCL_ALGO",
-     "'allgathr' in 'allreduce:ring;allgathr:tree' is not an NCCL collective"),
-    ("infiniband", lambda c: with_env(c, NCCL_PROTO="LL256"), "comm.env.NCCL_PROTO", "'LL256' in 'LL256' is not a known NCCL protocol"),
-    ("infiniband", lambda c: with_env(c, NCCL_DEBUG="LOUD"), "comm.env.NCCL_DEBUG", "'LOUD' is not an NCCL debug level"),
-    ("infiniband", lambda c: with_env(c, NCCL_NET_GDR_LEVEL="PCI"), "comm.env.NCCL_NET_GDR_LEVEL", "is not a GPUDirect RDMA level"),
-    ("ethernet", lambda c: with_env(c, NCCL_IB_HCA="mlx5"), "comm.env.NCCL_IB_HCA", "InfiniBand/RoCE variable on a socket-only preset"),
-    ("single_node", lambda c: with_env(c, NCCL_IB_GID_INDEX="3"), "comm.env.NCCL_IB_GID_INDEX", "on a local-only preset"),
-    ("ethernet", lambda c: with_env(c, NCCL_NET_GDR_LEVEL="PXB"), "comm.env.NCCL_NET_GDR_LEVEL", "GPUDirect RDMA needs an RDMA NIC"),
-    ("infiniband", lambda c: with_env(c, NCCL_IB_DISABLE="1"), "comm.env.NCCL_IB_DISABLE", "turns off the infiniband transport"),
-    ("cpu_gloo", lambda c: with_env(c, NCCL_DEBUG="INFO"), "comm.env.NCCL_DEBUG", "NCCL variables have no effect with comm.backend=gloo"),
-    ("roce", lambda c: with_env(c, NCCL_IB_GID_INDEX=None), "comm.env.NCCL_IB_GID_INDEX", "value null (NoneType) is not a string"),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_ALGO="Rng"),
+        "comm.env.NCCL_ALGO",
+        "'Rng' in 'Rng' is not a known NCCL algorithm",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_ALGO="allreduce:ring;allgathr:tree"),
+        "comm.env.NCCL_ALGO",
+        "'allgathr' in 'allreduce:ring;allgathr:tree' is not an NCCL collective",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_PROTO="LL256"),
+        "comm.env.NCCL_PROTO",
+        "'LL256' in 'LL256' is not a known NCCL protocol",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_DEBUG="LOUD"),
+        "comm.env.NCCL_DEBUG",
+        "'LOUD' is not an NCCL debug level",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_NET_GDR_LEVEL="PCI"),
+        "comm.env.NCCL_NET_GDR_LEVEL",
+        "is not a GPUDirect RDMA level",
+    ),
+    (
+        "ethernet",
+        lambda c: with_env(c, NCCL_IB_HCA="mlx5"),
+        "comm.env.NCCL_IB_HCA",
+        "InfiniBand/RoCE variable on a socket-only preset",
+    ),
+    (
+        "single_node",
+        lambda c: with_env(c, NCCL_IB_GID_INDEX="3"),
+        "comm.env.NCCL_IB_GID_INDEX",
+        "on a local-only preset",
+    ),
+    (
+        "ethernet",
+        lambda c: with_env(c, NCCL_NET_GDR_LEVEL="PXB"),
+        "comm.env.NCCL_NET_GDR_LEVEL",
+        "GPUDirect RDMA needs an RDMA NIC",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, NCCL_IB_DISABLE="1"),
+        "comm.env.NCCL_IB_DISABLE",
+        "turns off the infiniband transport",
+    ),
+    (
+        "cpu_gloo",
+        lambda c: with_env(c, NCCL_DEBUG="INFO"),
+        "comm.env.NCCL_DEBUG",
+        "NCCL variables have no effect with comm.backend=gloo",
+    ),
+    (
+        "roce",
+        lambda c: with_env(c, NCCL_IB_GID_INDEX=None),
+        "comm.env.NCCL_IB_GID_INDEX",
+        "value null (NoneType) is not a string",
+    ),
     ("roce", lambda c: with_env(c, NCCL_IB_TC=10.5), "comm.env.NCCL_IB_TC", "value 10.5 (float) is not a string"),
-    ("auto", lambda c: with_env(c, **{"NCCL-DEBUG": "INFO"}), "comm.env.NCCL-DEBUG", "is not a valid environment variable name"),
-    ("infiniband", lambda c: with_env(c, TORCH_NCCL_ASYNC_ERROR_HANDLING="1"), "comm.env.TORCH_NCCL_ASYNC_ERROR_HANDLING",
-     "is set from comm.async_error_handling"),
-    ("infiniband", lambda c: replace(c, flight_recorder_entries=0), "comm.dump_on_timeout", "needs the flight recorder"),
+    (
+        "auto",
+        lambda c: with_env(c, **{"NCCL-DEBUG": "INFO"}),
+        "comm.env.NCCL-DEBUG",
+        "is not a valid environment variable name",
+    ),
+    (
+        "infiniband",
+        lambda c: with_env(c, TORCH_NCCL_ASYNC_ERROR_HANDLING="1"),
+        "comm.env.TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "is set from comm.async_error_handling",
+    ),
+    (
+        "infiniband",
+        lambda c: replace(c, flight_recorder_entries=0),
+        "comm.dump_on_timeout",
+        "needs the flight recorder",
+    ),
     ("auto", lambda c: replace(c, backend="nccl"), "comm.backend", "nccl needs CUDA devices but train.device=cpu"),
     ("auto", lambda c: replace(c, transport="infiniband_hdr"), "comm.transport", "'infiniband_hdr' is not one of"),
-    ("auto", lambda c: replace(c, preflight_floor_ops="all_reduce,allgather"), "comm.preflight_floor_ops",
-     "'allgather' is not a bench op"),
+    (
+        "auto",
+        lambda c: replace(c, preflight_floor_ops="all_reduce,allgather"),
+        "comm.preflight_floor_ops",
+        "'allgather' is not a bench op",
+    ),
     ("auto", lambda c: replace(c, preflight_floor_gbps=-1.0), "comm.preflight_floor_gbps", "must be >= 0"),
 ]
 
@@ -165,7 +257,8 @@ def test_a_bad_value_from_the_command_line_fails_validation_with_exact_message()
     assert str(info.value) == (
         "config key 'comm.env.NCCL_IB_DISABLE': value False (bool) is not a string; environment variables are "
         "exported verbatim and YAML would turn it into 'False'. Fix: quote the value in YAML, e.g. "
-        "NCCL_IB_DISABLE: \"1\"")
+        'NCCL_IB_DISABLE: "1"'
+    )
 
 
 def test_nccl_on_a_cpu_device_is_refused_at_init(presets):

@@ -1,4 +1,5 @@
 """Bus-bandwidth arithmetic (nccl-tests definitions) and the overlap calculator on hand-made traces."""
+
 from __future__ import annotations
 
 import gzip
@@ -6,8 +7,16 @@ import json
 
 import pytest
 
-from lmforge.comm.bench import (BenchResult, BenchRow, aligned_size, algbw_gbps, bus_factor, busbw_gbps, parse_size,
-                                size_sweep)
+from lmforge.comm.bench import (
+    BenchResult,
+    BenchRow,
+    algbw_gbps,
+    aligned_size,
+    bus_factor,
+    busbw_gbps,
+    parse_size,
+    size_sweep,
+)
 from lmforge.comm.overlap import aggregate, analyze_trace, collective_kind, length, subtract, union
 
 
@@ -36,20 +45,28 @@ def test_sizes():
 
 
 def _result(rows):
-    return BenchResult(backend="gloo", world_size=2, device="cpu", iters=1, warmup=0,
-                       rows=[BenchRow(op, s, s // 4, t * 1e6, algbw_gbps(s, t), busbw_gbps(op, s, t, 2))
-                             for op, s, t in rows])
+    return BenchResult(
+        backend="gloo",
+        world_size=2,
+        device="cpu",
+        iters=1,
+        warmup=0,
+        rows=[BenchRow(op, s, s // 4, t * 1e6, algbw_gbps(s, t), busbw_gbps(op, s, t, 2)) for op, s, t in rows],
+    )
 
 
 def test_floor_summary_and_latency():
-    r = _result([("all_reduce", 8, 20e-6), ("all_reduce", 2**20, 1e-3), ("broadcast", 8, 10e-6),
-                 ("broadcast", 2**20, 2e-3)])
+    r = _result(
+        [("all_reduce", 8, 20e-6), ("all_reduce", 2**20, 1e-3), ("broadcast", 8, 10e-6), ("broadcast", 2**20, 2e-3)]
+    )
     assert r.peak_busbw("all_reduce") == pytest.approx(2**20 / 1e-3 / 1e9)
     assert r.latency_us("all_reduce") == pytest.approx(20.0) and r.latency_us("broadcast") == pytest.approx(10.0)
     assert r.check_floor(1.0, ["all_reduce"]) == [] and r.passed
     failures = r.check_floor(2.0, ["all_reduce", "broadcast"])
-    assert failures == ["all_reduce peak bus bandwidth 1.05 GB/s < floor 2 GB/s",
-                        "broadcast peak bus bandwidth 0.524 GB/s < floor 2 GB/s"]
+    assert failures == [
+        "all_reduce peak bus bandwidth 1.05 GB/s < floor 2 GB/s",
+        "broadcast peak bus bandwidth 0.524 GB/s < floor 2 GB/s",
+    ]
     assert not r.passed and "FAIL" in r.table()
     s = r.summary()
     assert s["comm_bench/all_reduce/busbw_gbps"] == pytest.approx(1.048576)
@@ -76,7 +93,8 @@ def hand_made_cpu_trace():
     """
     return [
         X("lmforge.step", 0, 400, 1, cat="user_annotation"),
-        X("aten::mm", 0, 100, 1), X("aten::add", 10, 20, 1),  # nested ops count once
+        X("aten::mm", 0, 100, 1),
+        X("aten::add", 10, 20, 1),  # nested ops count once
         X("c10d::allreduce_", 90, 10, 1),
         X("aten::mm", 150, 150, 1),
         X("gloo:all_reduce", 50, 150, 7, cat="user_annotation"),
@@ -136,11 +154,19 @@ def test_no_communication_means_no_fraction_and_aggregate_over_ranks():
     assert rec["comm/all_gather/overlap_fraction"] == pytest.approx(1 / 6)
 
 
-@pytest.mark.parametrize("name,kind", [
-    ("gloo:all_reduce", "all_reduce"), ("gloo:allgather_coalesced", "all_gather"),
-    ("gloo:reduce_scatter_tensor_coalesced", "reduce_scatter"), ("nccl:_all_gather_base", "all_gather"),
-    ("gloo:all_to_all", "all_to_all"), ("ncclKernel_AllGather_RING_LL_Sum_int8_t(x)", "all_gather"),
-    ("ncclDevKernel_SendRecv(x)", "send_recv"), ("aten::all_reduce_like", None), ("c10d::allreduce_", None),
-])
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("gloo:all_reduce", "all_reduce"),
+        ("gloo:allgather_coalesced", "all_gather"),
+        ("gloo:reduce_scatter_tensor_coalesced", "reduce_scatter"),
+        ("nccl:_all_gather_base", "all_gather"),
+        ("gloo:all_to_all", "all_to_all"),
+        ("ncclKernel_AllGather_RING_LL_Sum_int8_t(x)", "all_gather"),
+        ("ncclDevKernel_SendRecv(x)", "send_recv"),
+        ("aten::all_reduce_like", None),
+        ("c10d::allreduce_", None),
+    ],
+)
 def test_collective_names(name, kind):
     assert collective_kind(name) == kind

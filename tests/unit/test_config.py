@@ -1,4 +1,5 @@
 """Config composition and the exact errors a user sees for bad configs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -105,7 +106,9 @@ def test_explicit_grad_accum_must_agree():
     cfg = compose(["parallelism=ddp", "train.micro_batch_size=2", "train.global_batch_size=8", "train.grad_accum=3"])
     with pytest.raises(ConfigError) as e:
         validate(cfg, world_size=2)
-    assert "global_batch_size (8) != micro_batch_size (2) x grad_accum (3) x data-parallel size (2) = 12" in str(e.value)
+    assert "global_batch_size (8) != micro_batch_size (2) x grad_accum (3) x data-parallel size (2) = 12" in str(
+        e.value
+    )
 
 
 def test_batch_plan_derives_accumulation():
@@ -138,7 +141,9 @@ def test_actionable_errors_survive_pickling():
 
     from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 
-    for err in (ConfigError("train.resume", "no checkpoint there", "train.resume=auto"),
-                UnsafeCheckpointError("ckpt/.metadata", "refused global os.system")):
+    for err in (
+        ConfigError("train.resume", "no checkpoint there", "train.resume=auto"),
+        UnsafeCheckpointError("ckpt/.metadata", "refused global os.system"),
+    ):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__

@@ -1,4 +1,5 @@
 """``parallelism.cp``: its one-line refusals, the load-balanced layout, and the planner's cp terms."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,33 +14,59 @@ from lmforge.parallel.planner import cp_exchange_bytes, format_plan
 TINY = ["model=tiny", "model.seq_len=32", "train.micro_batch_size=2", "train.global_batch_size=8"]
 
 REFUSED = {
-    "chunks": (["parallelism.cp=2", "model.seq_len=30"], 2,
-               "config key 'parallelism.cp': seq_len (30) is not divisible by 2*cp (4): the load-balanced layout "
-               "splits each sequence into 2*cp equal chunks. Fix: choose a seq_len divisible by 4 (or a cp dividing "
-               "seq_len/2)"),
-    "world": (["parallelism.cp=2", "parallelism.dp_shard=2"], 2,
-              "config key 'parallelism': dp_replicate*dp_shard*cp*tp*pp = 1*2*2*1*1 = 4 but the job has world size 2. "
-              "Fix: start 4 processes: lmforge launch --nproc 4 <same overrides> (torchrun --nproc_per_node=4 -m "
-              "lmforge.train <same overrides>), or choose a layout of 2"),
-    "selective": (["parallelism.cp=2", "parallelism.activation_checkpointing=selective"], 2,
-                  "config key 'parallelism.activation_checkpointing': selective checkpointing would recompute the "
-                  "context-parallel K/V exchange op by op. Fix: use activation_checkpointing=full (or none) with cp > 1"),
-    "docmask_flex": (["parallelism.cp=2", "data.document_masking=true", "data.document_attention=flex",
-                      "train.device=cuda", "parallelism.compile=true"], 2,
-                     "config key 'data.document_attention': flex is not used with context parallelism (cp > 1): the cp "
-                     "K/V exchange applies the document mask itself, block by block. Fix: set "
-                     "data.document_attention=sdpa for cp > 1"),
-    "loss_after_eod": (["parallelism.cp=2", "data.loss_after_eod=mask"], 2,
-                       "config key 'data.loss_after_eod': mask with context parallelism (cp > 1) would average per-rank "
-                       "means over different numbers of kept targets (the masked targets fall unevenly on the cp "
-                       "ranks), which is not the mean over the sequence. Fix: set data.loss_after_eod=keep for cp > 1"),
-    "eval_tasks": (["parallelism.cp=2", "eval.tasks=[austen_next_sentence]"], 2,
-                   "config key 'eval.tasks': in-loop task evaluation with context parallelism (cp > 1) is not "
-                   "supported yet: its requests are not cut into the cp layout. Fix: set eval.tasks=[] for the cp run "
-                   "and score its checkpoints with `python -m lmforge.evaluation.offline RUN`"),
-    "exchange": (["parallelism.cp=2", "parallelism.cp_kv_exchange=alltoall"], 2,
-                 "config key 'parallelism.cp_kv_exchange': 'alltoall' is not one of ring, allgather. "
-                 "Fix: choose one of ring, allgather"),
+    "chunks": (
+        ["parallelism.cp=2", "model.seq_len=30"],
+        2,
+        "config key 'parallelism.cp': seq_len (30) is not divisible by 2*cp (4): the load-balanced layout "
+        "splits each sequence into 2*cp equal chunks. Fix: choose a seq_len divisible by 4 (or a cp dividing "
+        "seq_len/2)",
+    ),
+    "world": (
+        ["parallelism.cp=2", "parallelism.dp_shard=2"],
+        2,
+        "config key 'parallelism': dp_replicate*dp_shard*cp*tp*pp = 1*2*2*1*1 = 4 but the job has world size 2. "
+        "Fix: start 4 processes: lmforge launch --nproc 4 <same overrides> (torchrun --nproc_per_node=4 -m "
+        "lmforge.train <same overrides>), or choose a layout of 2",
+    ),
+    "selective": (
+        ["parallelism.cp=2", "parallelism.activation_checkpointing=selective"],
+        2,
+        "config key 'parallelism.activation_checkpointing': selective checkpointing would recompute the "
+        "context-parallel K/V exchange op by op. Fix: use activation_checkpointing=full (or none) with cp > 1",
+    ),
+    "docmask_flex": (
+        [
+            "parallelism.cp=2",
+            "data.document_masking=true",
+            "data.document_attention=flex",
+            "train.device=cuda",
+            "parallelism.compile=true",
+        ],
+        2,
+        "config key 'data.document_attention': flex is not used with context parallelism (cp > 1): the cp "
+        "K/V exchange applies the document mask itself, block by block. Fix: set "
+        "data.document_attention=sdpa for cp > 1",
+    ),
+    "loss_after_eod": (
+        ["parallelism.cp=2", "data.loss_after_eod=mask"],
+        2,
+        "config key 'data.loss_after_eod': mask with context parallelism (cp > 1) would average per-rank "
+        "means over different numbers of kept targets (the masked targets fall unevenly on the cp "
+        "ranks), which is not the mean over the sequence. Fix: set data.loss_after_eod=keep for cp > 1",
+    ),
+    "eval_tasks": (
+        ["parallelism.cp=2", "eval.tasks=[austen_next_sentence]"],
+        2,
+        "config key 'eval.tasks': in-loop task evaluation with context parallelism (cp > 1) is not "
+        "supported yet: its requests are not cut into the cp layout. Fix: set eval.tasks=[] for the cp run "
+        "and score its checkpoints with `python -m lmforge.evaluation.offline RUN`",
+    ),
+    "exchange": (
+        ["parallelism.cp=2", "parallelism.cp_kv_exchange=alltoall"],
+        2,
+        "config key 'parallelism.cp_kv_exchange': 'alltoall' is not one of ring, allgather. "
+        "Fix: choose one of ring, allgather",
+    ),
 }
 
 
@@ -80,8 +107,10 @@ def test_planner_divides_activations_by_cp_and_counts_the_kv_exchange():
     one = validate(compose(base), world_size=1)
     ring = validate(compose(base + ["parallelism=cp2"]), world_size=2)
     gather = validate(compose(base + ["parallelism=cp2", "parallelism.cp_kv_exchange=allgather"]), world_size=2)
-    est = {name: estimate_memory(c, check_batch(c), "fp32") for name, c in
-           (("one", one), ("ring", ring), ("gather", gather))}
+    est = {
+        name: estimate_memory(c, check_batch(c), "fp32")
+        for name, c in (("one", one), ("ring", ring), ("gather", gather))
+    }
     # Every activation term is per token: a cp rank holds half of them (the head's log-probs included).
     assert est["ring"].activations * 2 == est["one"].activations
     # All-gather also keeps the other rank's K/V per layer, at the K/V heads (2 of 4, head_dim 16: 32 features):

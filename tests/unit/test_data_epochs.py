@@ -1,5 +1,6 @@
 """A run that would repeat a source of its mixture more than data.max_epochs times is refused, before any
 process group (``lmforge train``), in ``lmforge plan``, and by the mixture builder once shards are prepared."""
+
 from __future__ import annotations
 
 import os
@@ -16,25 +17,37 @@ from lmforge.data.epochs import check_epochs, source_epochs, train_split_tokens
 
 def train(args, tmp_path, data_cache):
     env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)}
-    return subprocess.run([sys.executable, "-m", "lmforge.train", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lmforge.train", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def reference_only(max_epochs: float = 4.0) -> DataConfig:
-    return DataConfig(sources={"reference": DataSourceConfig(path="embedded:reference", weight=1.0)},
-                      max_epochs=max_epochs)
+    return DataConfig(
+        sources={"reference": DataSourceConfig(path="embedded:reference", weight=1.0)}, max_epochs=max_epochs
+    )
 
 
 @pytest.mark.timeout(300)
 def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_process_group(tmp_path, data_cache):
     # one process: a layout of 1 (the 8-rank default would be refused first, as a layout error)
-    proc = train(["+exp=gpt_1b", "parallelism.dp_shard=1", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"],
-                 tmp_path, data_cache)
+    proc = train(
+        ["+exp=gpt_1b", "parallelism.dp_shard=1", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"],
+        tmp_path,
+        data_cache,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("lmforge: config key 'data.max_epochs': the run plans 52,428,800,000 tokens, "
-                               "which would read source 'reference' ("), lines[0]
+    assert lines[0].startswith(
+        "lmforge: config key 'data.max_epochs': the run plans 52,428,800,000 tokens, "
+        "which would read source 'reference' ("
+    ), lines[0]
     assert "50,161.0 times, more than data.max_epochs=4" in lines[0]
     for fix in ("data=<preset>", "`lmforge data prepare`", "data.max_epochs=50162"):
         assert fix in lines[0]
@@ -43,7 +56,6 @@ def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_proces
     assert not (tmp_path / "big" / "config.yaml").exists() and not (tmp_path / "big" / "metrics.jsonl").exists()
     assert not (tmp_path / "big" / "comm_env.json").exists()
     assert "gloo" not in proc.stderr.lower() and proc.stdout.strip() == ""
-
 
 
 def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(data_cache, capsys, monkeypatch):
@@ -68,13 +80,20 @@ def test_the_limit_is_exact_per_source_and_zero_disables_it(data_cache):
     assert 100_000 < tokens < 113_354  # the train split of the 113,354-token corpus
     (ok,) = check_epochs(cfg, 4 * tokens, data_cache)
     assert ok.epochs == 4.0
-    with pytest.raises(ConfigError, match=r"'reference' \(.* train tokens at weight 1, .*\) 4\.0 times, more than "
-                                          r"data.max_epochs=4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'reference' \(.* train tokens at weight 1, .*\) 4\.0 times, more than "
+        r"data.max_epochs=4",
+    ):
         check_epochs(cfg, 4 * tokens + 1, data_cache)
     assert check_epochs(reference_only(max_epochs=0), 1000 * tokens, data_cache)[0].epochs == 1000.0
     # The weight counts: half the weight, half the repeats.
-    mix = DataConfig(sources={"reference": DataSourceConfig("embedded:reference", 0.5),
-                              "books": DataSourceConfig("embedded:books", 0.5)})
+    mix = DataConfig(
+        sources={
+            "reference": DataSourceConfig("embedded:reference", 0.5),
+            "books": DataSourceConfig("embedded:books", 0.5),
+        }
+    )
     by_name = {s.name: s.epochs for s in source_epochs(mix, 4 * tokens, data_cache)}
     assert by_name["reference"] == 2.0 and 0 < by_name["books"] < 1
 

@@ -1,4 +1,5 @@
 """Every bad data input fails before training with its own error: key/file, reason, fix."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from data_support import data_config, ensure_world
 
 from lmforge.config.errors import ConfigError
 from lmforge.data.checks import normalise_weights
@@ -14,8 +16,6 @@ from lmforge.data.embedded import iter_documents
 from lmforge.data.mixture import build_mixture
 from lmforge.data.prepare import prepare
 from lmforge.data.tokenizer import load_tokenizer, train_bpe
-
-from data_support import data_config, ensure_world
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +55,18 @@ def shard(tmp_path, pristine):
 def build(prefix, tok, cache, seq_len=64, valid_fraction=0.02, weights=None):
     ensure_world()
     weights = weights or {"books": 1.0}
-    cfg = data_config(cache, weights, {n: str(prefix) for n in weights}, valid_fraction=valid_fraction,
-                      tokenizer=tok.source)
+    cfg = data_config(
+        cache, weights, {n: str(prefix) for n in weights}, valid_fraction=valid_fraction, tokenizer=tok.source
+    )
     return build_mixture(cfg, tok, seq_len, 1, 256, 8, cache)
 
 
 def test_missing_prefix(tmp_path, tok):
-    with pytest.raises(ConfigError, match=r"data.sources.books.path': no Megatron shard at prefix .*nope .*"
-                                          r"Fix: fix the prefix, or create it: re-run `lmforge data prepare"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.sources.books.path': no Megatron shard at prefix .*nope .*"
+        r"Fix: fix the prefix, or create it: re-run `lmforge data prepare",
+    ):
         build(tmp_path / "nope", tok, tmp_path / "cache")
 
 
@@ -74,16 +78,20 @@ def test_prefix_given_with_suffix(tmp_path, tok):
 @pytest.mark.parametrize("gone", ["idx", "bin"])
 def test_missing_idx_or_bin(shard, tok, tmp_path, gone):
     os.unlink(f"{shard}.{gone}")
-    with pytest.raises(ConfigError,
-                       match=rf"books.{gone} is missing \(only books.\w+ exists\): the shard is incomplete"):
+    with pytest.raises(
+        ConfigError, match=rf"books.{gone} is missing \(only books.\w+ exists\): the shard is incomplete"
+    ):
         build(shard, tok, tmp_path / "cache")
 
 
 def test_truncated_bin(shard, tok, tmp_path):
     size = os.path.getsize(f"{shard}.bin")
     os.truncate(f"{shard}.bin", size - 1000)
-    with pytest.raises(ConfigError, match=rf"books.bin has {size - 1000} bytes but books.idx describes {size} "
-                                          r"\(\d+ tokens of uint16\): the shard is truncated"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"books.bin has {size - 1000} bytes but books.idx describes {size} "
+        r"\(\d+ tokens of uint16\): the shard is truncated",
+    ):
         build(shard, tok, tmp_path / "cache")
 
 
@@ -106,14 +114,19 @@ def test_negative_and_all_zero_weights():
         normalise_weights({"books": float("nan")})
     names, weights, note = normalise_weights({"books": 3, "code": 1, "reference": 0})
     assert names == ["books", "code"] and weights == [0.75, 0.25]
-    assert note == "data: weights books=3, code=1, reference=0 normalised to books=0.7500, code=0.2500; " \
-                   "weight 0 leaves out reference"
+    assert (
+        note == "data: weights books=3, code=1, reference=0 normalised to books=0.7500, code=0.2500; "
+        "weight 0 leaves out reference"
+    )
     assert normalise_weights({"books": 0.6, "code": 0.4})[2] is None  # already normalised: nothing to say
 
 
 def test_shard_from_another_tokenizer(shard, small_tok, tmp_path):
-    with pytest.raises(ConfigError, match=r"shard .*books was tokenized with hf tokenizer \(vocab 8192.*but this run's "
-                                          r"tokenizer \(data.tokenizer\) is hf tokenizer \(vocab 600"):
+    with pytest.raises(
+        ConfigError,
+        match=r"shard .*books was tokenized with hf tokenizer \(vocab 8192.*but this run's "
+        r"tokenizer \(data.tokenizer\) is hf tokenizer \(vocab 600",
+    ):
         build(shard, small_tok, tmp_path / "cache")
 
 
@@ -127,16 +140,22 @@ def test_token_ids_beyond_the_vocabulary(shard, small_tok, tmp_path):
 def test_split_with_zero_documents(tmp_path, tok, chapters):
     (tmp_path / "ten.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chapters[:10]))
     prepare([str(tmp_path / "ten.jsonl")], tmp_path / "ten", tok)
-    with pytest.raises(ConfigError, match=r"data.valid_fraction': source 'books' .* has 10 documents; "
-                                          r"valid_fraction=0.02 leaves its valid split with 0 documents .*"
-                                          r"Fix: give 'books' at least 25 documents"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.valid_fraction': source 'books' .* has 10 documents; "
+        r"valid_fraction=0.02 leaves its valid split with 0 documents .*"
+        r"Fix: give 'books' at least 25 documents",
+    ):
         build(tmp_path / "ten", tok, tmp_path / "cache")
 
 
 @pytest.mark.timeout(60)
 def test_seq_len_longer_than_the_stream(shard, tok, tmp_path):
-    with pytest.raises(ConfigError, match=r"model.seq_len': the train split of source 'books' .* has only \d+ tokens, "
-                                          r"fewer than one sample of seq_len \+ 1 = 1000001"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.seq_len': the train split of source 'books' .* has only \d+ tokens, "
+        r"fewer than one sample of seq_len \+ 1 = 1000001",
+    ):
         build(shard, tok, tmp_path / "cache", seq_len=1_000_000)
     with pytest.raises(ConfigError, match=r"the valid split of source 'books' .* has only \d+ tokens"):
         build(shard, tok, tmp_path / "cache", seq_len=20_000)

@@ -1,4 +1,5 @@
 """The mixture stream on real text: realised shares, resume, extension, and megatron-core's index cache."""
+
 from __future__ import annotations
 
 import json
@@ -6,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from data_support import THREE_SOURCES, make_stream, step_records
 
 from lmforge.config.train import TrainConfig
 from lmforge.data.index_cache import sweep_torn
 from lmforge.data.mixture import stream_sizes
-
-from data_support import THREE_SOURCES, make_stream, step_records
 
 SEQ, MICRO, GLOBAL = 64, 16, 64
 
@@ -67,8 +67,9 @@ def test_extending_max_steps_keeps_what_was_seen_and_adds_a_fresh_pass(data_cach
     assert ext.total_samples == 4096 and len(ext.passes) == 2
     probe = list(range(0, n, 97)) + [n - 1]
     for i in probe:
-        assert torch.equal(torch.as_tensor(base.train_sample(i)["tokens"]),
-                           torch.as_tensor(ext.train_sample(i)["tokens"]))
+        assert torch.equal(
+            torch.as_tensor(base.train_sample(i)["tokens"]), torch.as_tensor(ext.train_sample(i)["tokens"])
+        )
     first = [torch.as_tensor(ext.train_sample(i)["tokens"])[:16].tolist() for i in range(64)]
     second = [torch.as_tensor(ext.train_sample(n + i)["tokens"])[:16].tolist() for i in range(64)]
     assert first != second  # pass 2 is a fresh shuffle (seed + 1), not a replay of pass 1
@@ -109,8 +110,9 @@ def test_index_cache_is_keyed_by_every_parameter_and_rebuilds_torn_sets(data_cac
     rebuilt = make_stream(data_cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 1000, seed=77).mixture
     assert path.stat().st_size == size
     for i in (0, 1, 500, 999):
-        assert torch.equal(torch.as_tensor(a.train_sample(i)["tokens"]),
-                           torch.as_tensor(rebuilt.train_sample(i)["tokens"]))
+        assert torch.equal(
+            torch.as_tensor(a.train_sample(i)["tokens"]), torch.as_tensor(rebuilt.train_sample(i)["tokens"])
+        )
     assert sweep_torn(data_cache / "index") == []
 
 
@@ -151,8 +153,9 @@ def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):
         (cache / sub).symlink_to(shared / sub)
     (cache / "index").mkdir()
     done = []
-    worker = threading.Thread(target=lambda: done.append(
-        make_stream(cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 300, seed=5)))
+    worker = threading.Thread(
+        target=lambda: done.append(make_stream(cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, 300, seed=5))
+    )
     with file_lock(cache / "index" / ".build.lock"):
         worker.start()
         worker.join(timeout=3.0)

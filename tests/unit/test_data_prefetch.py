@@ -5,6 +5,7 @@ count only the steps handed out, a resume must drop what was prefetched, a worke
 with its traceback, and close() must stop the threads. The trainer-level check trains a tiny model through
 the real Trainer with num_workers 0 and 2 in a fresh process and compares the losses bit for bit.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,14 +14,13 @@ import traceback
 
 import pytest
 import torch
-
+from data_support import THREE_SOURCES, make_stream
 from harness import run_ranks
+
 from lmforge.config.compose import compose
 from lmforge.config.errors import ConfigError
 from lmforge.config.validate import validate
 from lmforge.data.loader import BatchStream
-
-from data_support import THREE_SOURCES, make_stream
 
 SEQ, MICRO, GLOBAL, DP = 32, 2, 16, 2  # grad_accum 4 micro batches per step on each of 2 data-parallel ranks
 N = 4096
@@ -36,8 +36,12 @@ def take(stream: BatchStream, steps: int):
     out = []
     for _ in range(steps):
         batches = stream.step_batches()
-        out.append(([(mb.tokens.clone(), mb.targets.clone(), list(mb.source_ids)) for mb in batches],
-                    json.dumps(stream.state_dict(), sort_keys=True)))
+        out.append(
+            (
+                [(mb.tokens.clone(), mb.targets.clone(), list(mb.source_ids)) for mb in batches],
+                json.dumps(stream.state_dict(), sort_keys=True),
+            )
+        )
     return out
 
 
@@ -117,8 +121,11 @@ def test_a_worker_error_surfaces_in_the_loop_with_its_traceback(data_cache):
         frames = [f.name for f in traceback.extract_tb(error.value.__traceback__)]
         assert "train_sample" in frames and "_host_batch" in frames, frames  # the worker's own frames
         notes = getattr(error.value, "__notes__", [])
-        assert any(n.startswith("(raised in data worker thread lmforge-data-") and
-                   f"of the step at consumed_samples={4 * GLOBAL}" in n for n in notes), notes
+        assert any(
+            n.startswith("(raised in data worker thread lmforge-data-")
+            and f"of the step at consumed_samples={4 * GLOBAL}" in n
+            for n in notes
+        ), notes
         with pytest.raises(IndexError, match="past the 1 pass"):  # asking again fails again, never hangs
             prefetched.step_batches()
     finally:
@@ -149,8 +156,12 @@ def test_negative_num_workers_is_a_config_error():
 
 @pytest.mark.timeout(300)
 def test_trainer_losses_are_bit_identical_with_prefetch(tmp_path, data_cache):
-    (rank,) = run_ranks("prefetch_ranks:train_with_workers", 1,
-                        {"root": str(tmp_path), "cache": str(data_cache), "workers": [0, 2], "steps": 4}, timeout=240)
+    (rank,) = run_ranks(
+        "prefetch_ranks:train_with_workers",
+        1,
+        {"root": str(tmp_path), "cache": str(data_cache), "workers": [0, 2], "steps": 4},
+        timeout=240,
+    )
     sync, prefetched = rank.value["0"], rank.value["2"]
     assert sync["consumed"] == [8, 16, 24, 32] and len(sync["loss"]) == 4
     assert all(0 < x < 20 for x in sync["loss"]) and sync["loss"][0] != sync["loss"][-1]

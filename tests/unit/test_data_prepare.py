@@ -1,4 +1,5 @@
 """prepare -> .bin/.idx round-trips to the tokenizer's ids on real text; tokenizers load from local files only."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,22 @@ def test_train_tokenizer_cli_then_prepare_with_it_and_progress_bar(tmp_path, aus
     tok = load_tokenizer(str(out))
     assert tok.vocab_size == 600 and tok.backend.token_to_id(EOD_TOKEN) == tok.eod
     assert tok.decode(tok.encode(chapters[0])) == chapters[0]
-    assert data_cli.main(["prepare", str(root / "rest.jsonl"), "--out", str(tmp_path / "p"), "--tokenizer", str(out),
-                          "--workers", "1", "--progress"]) == 0
+    assert (
+        data_cli.main(
+            [
+                "prepare",
+                str(root / "rest.jsonl"),
+                "--out",
+                str(tmp_path / "p"),
+                "--tokenizer",
+                str(out),
+                "--workers",
+                "1",
+                "--progress",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "tokenizing" in captured.err  # the tqdm bar
     meta = json.loads(Path(f"{tmp_path}/p.meta.json").read_text())

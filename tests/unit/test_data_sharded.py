@@ -4,6 +4,7 @@ The killed run is a real subprocess, killed with SIGKILL while it writes its thi
 the two finished shards untouched (same inode and mtime), redoes the partial one, and the whole directory
 (.bin, .idx, manifest.json) is byte-identical to an uninterrupted run with another worker count.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ def kill_9_while_writing(out: Path, shard: str, argv: list, env: dict) -> None:
     """Run ``lmforge data prepare ARGV`` (tests/unit/pausing_prepare.py) and ``kill -9`` it while it writes ``shard``,
     after the shard's first document went into its temporary file (and every earlier shard was finished)."""
     ready = out.parent / f"{out.name}.writing"
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("pausing_prepare.py")), shard, str(ready),
-                             *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("pausing_prepare.py")), shard, str(ready), *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and proc.poll() is None and not ready.exists():
@@ -60,16 +65,33 @@ def inputs(tmp_path_factory):
 
 
 def outputs(out: Path):
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir())
-            if p.suffix in (".bin", ".idx") or p.name == "manifest.json"}
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(out.iterdir())
+        if p.suffix in (".bin", ".idx") or p.name == "manifest.json"
+    }
 
 
 @pytest.fixture(scope="module")
 def reference(inputs, data_cache, tmp_path_factory):
     """The uninterrupted preparation (2 worker processes) every other output is compared with."""
     ref = tmp_path_factory.mktemp("sharded") / "ref"
-    assert prepare_main([str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache),
-                         "--out", str(ref), "--workers", "2"]) == 0
+    assert (
+        prepare_main(
+            [
+                str(inputs),
+                "--shard-size",
+                f"{PER_SHARD}files",
+                "--cache-dir",
+                str(data_cache),
+                "--out",
+                str(ref),
+                "--workers",
+                "2",
+            ]
+        )
+        == 0
+    )
     return ref
 
 
@@ -79,10 +101,13 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     args = [str(inputs), "--shard-size", f"{PER_SHARD}files", "--cache-dir", str(data_cache)]
     manifest = json.loads((ref / "manifest.json").read_text())
     assert manifest["complete"] is True and [s["name"] for s in manifest["shards"]] == [
-        f"shard-{i:05d}" for i in range(FILES // PER_SHARD)]
+        f"shard-{i:05d}" for i in range(FILES // PER_SHARD)
+    ]
     assert manifest["tokenizer"] == tok.identity and manifest["empty_rows"] == FILES // 2
-    assert [s["inputs"] for s in manifest["shards"]][1] == [str(inputs / "part-002.jsonl"),
-                                                            str(inputs / "part-003.jsonl")]
+    assert [s["inputs"] for s in manifest["shards"]][1] == [
+        str(inputs / "part-002.jsonl"),
+        str(inputs / "part-003.jsonl"),
+    ]
     for s in manifest["shards"]:
         index = read_index(ref / f"{s['name']}.idx")
         assert (s["documents"], s["tokens"]) == (index.num_documents, index.num_tokens)
@@ -102,8 +127,10 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     finished = {n: os.stat(out / n) for n in ("shard-00000.bin", "shard-00000.idx", "shard-00001.bin")}
     # The incomplete directory is refused by the final check, with what is missing.
     assert prepare_main(["--finalize", "--out", str(out)]) == 2
-    assert f"lmforge data prepare: {out} is not complete: 2 of 4 shard(s) not built: shard-00002, shard-00003. Fix: " \
-           "run the same `lmforge data prepare` again" in capsys.readouterr().err
+    assert (
+        f"lmforge data prepare: {out} is not complete: 2 of 4 shard(s) not built: shard-00002, shard-00003. Fix: "
+        "run the same `lmforge data prepare` again" in capsys.readouterr().err
+    )
     # Another plan over the same directory is refused (it would mix two preparations).
     assert prepare_main([str(inputs), "--shard-size", "3", "--cache-dir", str(data_cache), "--out", str(out)]) == 2
     assert f"{out / 'plan.json'} was made for other work (shard_files differ)" in capsys.readouterr().err
@@ -113,10 +140,16 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     captured = capsys.readouterr()
     status = json.loads(captured.out.split("\n}\n")[0] + "\n}")
     # The redone shards announce their empty rows (parts 5 and 7 each hold one).
-    assert f"data prepare: {inputs / 'part-005.jsonl'}: 1 row(s) with no or empty 'text' (counted, not written)" \
+    assert (
+        f"data prepare: {inputs / 'part-005.jsonl'}: 1 row(s) with no or empty 'text' (counted, not written)"
         in captured.err
-    assert status == {"shard-00000": "done before", "shard-00001": "done before", "shard-00002": "built",
-                      "shard-00003": "built"}
+    )
+    assert status == {
+        "shard-00000": "done before",
+        "shard-00001": "done before",
+        "shard-00002": "built",
+        "shard-00003": "built",
+    }
     for name, st in finished.items():  # untouched: same file, same mtime
         now = os.stat(out / name)
         assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
@@ -128,9 +161,11 @@ def test_shards_manifest_and_resume_after_kill_9_are_byte_identical(tmp_path, in
     assert changed != outputs(ref)
 
 
-def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its_tokens(tmp_path, reference,
-                                                                                       data_cache):
+def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its_tokens(
+    tmp_path, reference, data_cache
+):
     from data_support import ensure_world
+
     from lmforge.config.data import DataConfig, DataSourceConfig
     from lmforge.config.errors import ConfigError
     from lmforge.data.mixture import build_mixture
@@ -138,9 +173,12 @@ def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its
     ensure_world()
     tok = load_tokenizer("embedded", data_cache)
     manifest = json.loads((reference / "manifest.json").read_text())
-    cfg = DataConfig(sources={"books": DataSourceConfig("embedded:books", 0.4),
-                              "many": DataSourceConfig(str(reference), 0.6)},
-                     tokenizer="embedded", cache_dir=str(data_cache), valid_fraction=0.25)
+    cfg = DataConfig(
+        sources={"books": DataSourceConfig("embedded:books", 0.4), "many": DataSourceConfig(str(reference), 0.6)},
+        tokenizer="embedded",
+        cache_dir=str(data_cache),
+        valid_fraction=0.25,
+    )
     mix = build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
     assert mix.sources == ["books", "many"] and len(mix.train.datasets) == 1 + len(manifest["shards"])
     counts = np.bincount(np.asarray(mix.train.dataset_index), minlength=1 + len(manifest["shards"])) / 4000
@@ -153,22 +191,45 @@ def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "plan.json").write_text("{}")
     cfg.sources["many"] = DataSourceConfig(str(tmp_path / "half"), 0.6)
-    with pytest.raises(ConfigError, match=r"data\.sources\.many\.path.*is a directory, but its preparation has not "
-                                          r"finished \(plan\.json but no complete manifest\.json\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.sources\.many\.path.*is a directory, but its preparation has not "
+        r"finished \(plan\.json but no complete manifest\.json\)",
+    ):
         build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
 
     # A tiny training run over it reports tokens per source at every logged step.
-    cmd = [sys.executable, "-m", "lmforge.train", f"run.root={tmp_path}", "run.name=many", "model=tiny",
-           "train.max_steps=3", "train.micro_batch_size=4", "train.global_batch_size=4", "train.eval_every=0",
-           "train.threads=1", "train.device=cpu", "logging.every_steps=1", "logging.console=plain",
-           "checkpoint.every_steps=0", "data.valid_fraction=0.25", "data.sources.books.weight=0.4",
-           "data.sources.reference.weight=0", f"data.sources.code.path={reference}", "data.sources.code.weight=0.6"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.train",
+        f"run.root={tmp_path}",
+        "run.name=many",
+        "model=tiny",
+        "train.max_steps=3",
+        "train.micro_batch_size=4",
+        "train.global_batch_size=4",
+        "train.eval_every=0",
+        "train.threads=1",
+        "train.device=cpu",
+        "logging.every_steps=1",
+        "logging.console=plain",
+        "checkpoint.every_steps=0",
+        "data.valid_fraction=0.25",
+        "data.sources.books.weight=0.4",
+        "data.sources.reference.weight=0",
+        f"data.sources.code.path={reference}",
+        "data.sources.code.weight=0.6",
+    ]
     # (source 'code' of the default preset, pointed at the shard directory)
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "LMFORGE_DATA_CACHE": str(data_cache)}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    train = [r for r in map(json.loads, (tmp_path / "many" / "metrics.jsonl").read_text().splitlines())
-             if r.get("kind") == "train"]
+    train = [
+        r
+        for r in map(json.loads, (tmp_path / "many" / "metrics.jsonl").read_text().splitlines())
+        if r.get("kind") == "train"
+    ]
     assert [r["step"] for r in train] == [1, 2, 3]
     last = train[-1]
     assert last["tokens/books"] + last["tokens/code"] == last["tokens_seen"] == 3 * 4 * 64
@@ -179,7 +240,8 @@ TOKENS = 8000  # --shard-size 8K: the big files (4, 5) cut into several shards; 
 
 
 def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_resume_after_kill_9(
-        tmp_path, inputs, data_cache, capsys):
+    tmp_path, inputs, data_cache, capsys
+):
     tok = load_tokenizer("embedded", data_cache)
     args = [str(inputs), "--shard-size", "8K", "--cache-dir", str(data_cache)]
     ref = tmp_path / "ref"
@@ -211,8 +273,23 @@ def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_res
     # Two tasks by hand (as a Slurm array runs them, from the plan), then the final check: byte-identical.
     split = tmp_path / "split"
     assert prepare_main([*args, "--out", str(split), "--task-index", "1", "--num-tasks", "2", "--workers", "1"]) == 0
-    assert prepare_main(["--out", str(split), "--task-index", "0", "--num-tasks", "2", "--cache-dir",
-                         str(data_cache), "--workers", "1"]) == 0
+    assert (
+        prepare_main(
+            [
+                "--out",
+                str(split),
+                "--task-index",
+                "0",
+                "--num-tasks",
+                "2",
+                "--cache-dir",
+                str(data_cache),
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert prepare_main(["--finalize", "--out", str(split)]) == 0
     assert outputs(split) == outputs(ref)
 
@@ -232,8 +309,10 @@ def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_res
     assert prepare_main(["--finalize", "--out", str(out)]) == 2
     assert f"lmforge data prepare: {out} is not complete: " in capsys.readouterr().err
     # Another shard size over the same directory is refused.
-    assert prepare_main([str(inputs), "--shard-size", "9000tokens", "--cache-dir", str(data_cache), "--out",
-                         str(out)]) == 2
+    assert (
+        prepare_main([str(inputs), "--shard-size", "9000tokens", "--cache-dir", str(data_cache), "--out", str(out)])
+        == 2
+    )
     assert f"{out / 'plan.json'} was made for other work (shard_tokens differ)" in capsys.readouterr().err
     assert prepare_main([*args, "--out", str(out), "--workers", "1"]) == 0
     status = json.loads(capsys.readouterr().out.split("\n}\n")[0] + "\n}")
@@ -249,14 +328,21 @@ def test_shards_cut_by_tokens_are_exact_deterministic_split_across_tasks_and_res
     plan = json.loads((out / "plan.json").read_text())
     (out / "plan.json").write_text(json.dumps({**plan, "shard_tokens": 2 * TOKENS}))
     assert prepare_main(["--finalize", "--out", str(out)]) == 2
-    assert re.search(r"shard-00001-00000: 7668 tokens, the next document \(2768 tokens\) would have fit in the shard "
-                     r"size 16000", capsys.readouterr().err)
+    assert re.search(
+        r"shard-00001-00000: 7668 tokens, the next document \(2768 tokens\) would have fit in the shard "
+        r"size 16000",
+        capsys.readouterr().err,
+    )
     # A bad --shard-size fails in one line, exit 2.
     for bad, why in (("5X", "is not a shard size"), ("0", "is too small")):
         assert prepare_main([str(inputs), "--out", str(tmp_path / "bad"), "--shard-size", bad]) == 2
         assert capsys.readouterr().err.splitlines() == [
-            f"lmforge data prepare: --shard-size '{bad}' {why}. Fix: " + (
+            f"lmforge data prepare: --shard-size '{bad}' {why}. Fix: "
+            + (
                 "give input files per shard (8 or 8files) or tokens per shard (500M, 2G, 100000tokens; K/M/G/T = "
-                "10^3/10^6/10^9/10^12)" if bad == "5X" else
-                "at least 1 file, or 2 tokens (a document and its end-of-document token), per shard")]
+                "10^3/10^6/10^9/10^12)"
+                if bad == "5X"
+                else "at least 1 file, or 2 tokens (a document and its end-of-document token), per shard"
+            )
+        ]
     assert not (tmp_path / "bad").exists()

@@ -1,4 +1,5 @@
 """The DeepSpeed config is generated from the Hydra config; a user JSON may add keys, never contradict."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,16 @@ def ds(overrides, precision="fp32", world=2):
 
 
 def test_presets_map_batch_precision_clipping_and_zero_keys():
-    c = ds(["parallelism=zero3_offload", "train.micro_batch_size=2", "train.global_batch_size=16",
-            "optim.grad_clip=0.7", "parallelism.ddp_bucket_cap_mb=4"], precision="bf16-mixed")
+    c = ds(
+        [
+            "parallelism=zero3_offload",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=16",
+            "optim.grad_clip=0.7",
+            "parallelism.ddp_bucket_cap_mb=4",
+        ],
+        precision="bf16-mixed",
+    )
     assert (c["train_batch_size"], c["train_micro_batch_size_per_gpu"], c["gradient_accumulation_steps"]) == (16, 2, 4)
     assert c["gradient_clipping"] == 0.7 and c["bf16"] == {"enabled": True} and c["fp16"] == {"enabled": False}
     z = c["zero_optimization"]
@@ -28,13 +37,22 @@ def test_presets_map_batch_precision_clipping_and_zero_keys():
     assert "optimizer" not in c and "scheduler" not in c  # lmforge's AdamW and LR schedule
     for stage in (1, 2, 3):
         assert ds([f"parallelism=zero{stage}"])["zero_optimization"]["stage"] == stage
-    assert ds(["parallelism=zero2", "parallelism.overlap_grad_reduce=false"])["zero_optimization"]["overlap_comm"] is False
+    assert (
+        ds(["parallelism=zero2", "parallelism.overlap_grad_reduce=false"])["zero_optimization"]["overlap_comm"] is False
+    )
 
 
 def test_user_json_adds_keys_and_auto_defers_to_hydra(tmp_path):
     user = tmp_path / "ds.json"
-    user.write_text(json.dumps({"train_batch_size": "auto", "gradient_clipping": 1.0,
-                                "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 12345}}))
+    user.write_text(
+        json.dumps(
+            {
+                "train_batch_size": "auto",
+                "gradient_clipping": 1.0,
+                "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 12345},
+            }
+        )
+    )
     c = ds(["parallelism=zero3", "train.micro_batch_size=4", f"parallelism.deepspeed_config={user}"])
     assert c["train_batch_size"] == 8 and c["zero_optimization"]["stage3_prefetch_bucket_size"] == 12345
     assert c["zero_optimization"]["stage"] == 3 and c["zero_optimization"]["overlap_comm"] is True

@@ -5,6 +5,7 @@ stops at start-up with one line naming node, rank, torch build and fix, exit 2, 
 process group exists (a rank 1 of 2 whose rank 0 never comes would otherwise wait in the rendezvous).
 Only an explicit train.device=cpu trains on CPU under a GPU cluster config.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,13 +20,33 @@ import torch
 from lmforge.runtime.device_contract import DeviceContractError, DeviceFacts, allocated_gpus, check, install_fix
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny", "train.max_steps=1", "train.micro_batch_size=2", "train.global_batch_size=2",
-        "train.eval_every=0", "train.threads=1", "logging.console=plain", "checkpoint.every_steps=0"]
+TINY = [
+    "model=tiny",
+    "train.max_steps=1",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.eval_every=0",
+    "train.threads=1",
+    "logging.console=plain",
+    "checkpoint.every_steps=0",
+]
 CPU_BUILD = f"torch {torch.__version__} (torch.version.cuda=None)"
 FIX = f"Fix: {install_fix()}, or set train.device=cpu to train on CPU on purpose"
-CLEAN = {k: v for k, v in os.environ.items()
-         if k not in ("SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                      "SLURMD_NODENAME", "MASTER_ADDR", "MASTER_PORT")}
+CLEAN = {
+    k: v
+    for k, v in os.environ.items()
+    if k
+    not in (
+        "SLURM_GPUS_ON_NODE",
+        "CUDA_VISIBLE_DEVICES",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "SLURMD_NODENAME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
+}
 
 
 def free_port() -> int:
@@ -36,8 +57,14 @@ def free_port() -> int:
 
 def train(tmp_path: Path, overrides, env, data_cache: Path) -> subprocess.CompletedProcess:
     full = {**CLEAN, "PYTHONPATH": str(REPO / "platform"), "LMFORGE_DATA_CACHE": str(data_cache), **env}
-    return subprocess.run([sys.executable, "-m", "lmforge.train", *TINY, f"run.root={tmp_path}", *overrides],
-                          cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lmforge.train", *TINY, f"run.root={tmp_path}", *overrides],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_this_machine_is_a_cpu_only_build():
@@ -48,18 +75,30 @@ def test_this_machine_is_a_cpu_only_build():
 @pytest.mark.timeout(600)
 def test_gpu_cluster_config_without_cuda_stops_before_the_process_group(tmp_path, data_cache):
     # Rank 1 of a 2-rank job whose rank 0 never starts: reaching the rendezvous would hang until the timeout.
-    env = {"SLURMD_NODENAME": "gpu-node-7", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {
+        "SLURMD_NODENAME": "gpu-node-7",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     proc = train(tmp_path, ["cluster=h100_node", "parallelism=ddp", "train.global_batch_size=4"], env, data_cache)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == [
         f"lmforge: node gpu-node-7 rank 1: cluster=h100_node names h100 GPUs (train.device=auto) but {CPU_BUILD} "
-        f"is a CPU-only build. {FIX}"], proc.stderr
+        f"is a CPU-only build. {FIX}"
+    ], proc.stderr
     assert "Traceback" not in proc.stderr
 
     # Negative control: the same job with an explicit train.device=cpu passes the contract and trains (1 rank).
-    ok = train(tmp_path, ["cluster=h100_node", "train.device=cpu", "run.name=cpu-on-purpose"],
-               {"SLURMD_NODENAME": "gpu-node-7"}, data_cache)
+    ok = train(
+        tmp_path,
+        ["cluster=h100_node", "train.device=cpu", "run.name=cpu-on-purpose"],
+        {"SLURMD_NODENAME": "gpu-node-7"},
+        data_cache,
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert (tmp_path / "cpu-on-purpose" / "DONE").exists()
 
@@ -73,13 +112,24 @@ def test_what_makes_a_job_want_gpus():
     # train.device=cuda, and an allocation with GPUs under a CPU cluster config (auto device), want them.
     with pytest.raises(DeviceContractError, match=r"^node n3 rank 5: train\.device=cuda but "):
         check("cuda", "local", "auto", 1, env=env, facts=cpu)
-    with pytest.raises(DeviceContractError, match=r"^node n3 rank 5: the allocation has 4 GPU\(s\) on this node "
-                                                  r"\(SLURM_GPUS_ON_NODE\) \(train\.device=auto\) but "):
+    with pytest.raises(
+        DeviceContractError,
+        match=r"^node n3 rank 5: the allocation has 4 GPU\(s\) on this node "
+        r"\(SLURM_GPUS_ON_NODE\) \(train\.device=auto\) but ",
+    ):
         check("auto", "local", "auto", 1, env={**env, "SLURM_GPUS_ON_NODE": "4"}, facts=cpu)
     with pytest.raises(DeviceContractError, match=r"allocation has 2 GPU\(s\) on this node \(CUDA_VISIBLE_DEVICES\)"):
         check("auto", "local", "auto", 1, env={**env, "CUDA_VISIBLE_DEVICES": "0,1"}, facts=cpu)
-    assert [allocated_gpus(e) for e in ({}, {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"},
-                                        {"CUDA_VISIBLE_DEVICES": "-1"}, {"SLURM_GPUS_ON_NODE": "0"})] == [0] * 5
+    assert [
+        allocated_gpus(e)
+        for e in (
+            {},
+            {"CUDA_VISIBLE_DEVICES": ""},
+            {"CUDA_VISIBLE_DEVICES": "NoDevFiles"},
+            {"CUDA_VISIBLE_DEVICES": "-1"},
+            {"SLURM_GPUS_ON_NODE": "0"},
+        )
+    ] == [0] * 5
 
 
 def test_cuda_build_without_driver_and_too_few_gpus():
@@ -91,9 +141,13 @@ def test_cuda_build_without_driver_and_too_few_gpus():
         "node n1 rank 0: cluster=h100_node names h100 GPUs (train.device=auto) but torch 2.13.0+cu128 "
         "(torch.version.cuda=12.8) finds no usable CUDA device (no driver or no GPU visible; CUDA_VISIBLE_DEVICES="
         "0,1,2,3). Fix: run on GPU nodes and request them (sbatch --gpus-per-node=8; check nvidia-smi on n1), "
-        "or set train.device=cpu to train on CPU on purpose")
+        "or set train.device=cpu to train on CPU on purpose"
+    )
     four = DeviceFacts("2.13.0+cu128", "12.8", True, 4)
-    with pytest.raises(DeviceContractError, match=r"sees 4 CUDA device\(s\) for 8 processes per node\. Fix: request "
-                                                  r"--gpus-per-node=8 or set cluster\.gpus_per_node=4$"):
+    with pytest.raises(
+        DeviceContractError,
+        match=r"sees 4 CUDA device\(s\) for 8 processes per node\. Fix: request "
+        r"--gpus-per-node=8 or set cluster\.gpus_per_node=4$",
+    ):
         check("auto", "h100_node", "h100", 8, env=env, facts=four)
     assert check("auto", "h100_node", "h100", 4, env=env, facts=four).startswith("cluster=h100_node names h100")

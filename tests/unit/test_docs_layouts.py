@@ -18,6 +18,7 @@ world size the command starts:
 
 Templates with placeholders (``<overrides>``, ``...``, ``[more overrides]``, ``+exp=NAME``) are left out.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,10 @@ from lmforge.config.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
-START = re.compile(r"^(?:\$ )?((?:\S*/)?lmforge (?:train|plan|launch)(?=\s|$)|python -m lmforge\.train(?=\s|$)|torchrun\s.*-m lmforge\.train\b|sbatch\s"
-                   r"|(?:\S*/)?launchers/torchrun_(?:local|multinode)\.sh\s)")
+START = re.compile(
+    r"^(?:\$ )?((?:\S*/)?lmforge (?:train|plan|launch)(?=\s|$)|python -m lmforge\.train(?=\s|$)|torchrun\s.*-m lmforge\.train\b|sbatch\s"
+    r"|(?:\S*/)?launchers/torchrun_(?:local|multinode)\.sh\s)"
+)
 # <overrides>, ..., [more overrides], $VAR, +exp=NAME / +exp=X
 PLACEHOLDER = re.compile(r"<|>|…|\.\.\.|\[|\]|\$|=[A-Z]+(?:\s|$)")
 
@@ -68,7 +71,7 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
     m = START.search(text)
     if not m:
         return None
-    text = text[m.start(1):]
+    text = text[m.start(1) :]
     if PLACEHOLDER.search(text) or len(text.split()) <= (3 if text.startswith("python") else 2):
         return None  # a template, or the bare command's name in prose
     try:
@@ -88,12 +91,12 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
         if script is None:
             return None
         nodes = [a.split("=", 1)[1] for a in argv[1:script] if a.startswith("--nodes=")]
-        return DocCommand(where, text, argv[script + 1:], None, int(nodes[0]) if nodes else None)
+        return DocCommand(where, text, argv[script + 1 :], None, int(nodes[0]) if nodes else None)
     if head.startswith("torchrun_") and head.endswith(".sh"):  # launchers/: options, then -- and the overrides
         split = argv.index("--") if "--" in argv else len(argv)
         opts = dict(zip(argv[1:split:2], argv[2:split:2]))
         nproc = int(opts.get("--nproc", -1))  # -1: cluster.gpus_per_node per node, as the prepare step does
-        return DocCommand(where, text, argv[split + 1:], nproc * int(opts.get("--nnodes", 1)))
+        return DocCommand(where, text, argv[split + 1 :], nproc * int(opts.get("--nnodes", 1)))
     if head == "python":
         return DocCommand(where, text, argv[3:], 1)
     verb, rest = argv[1], argv[2:]
@@ -150,9 +153,16 @@ def test_the_docs_show_layout_commands():
     """The extraction itself: the docs' parallel layouts (3-D, FSDP, DeepSpeed, plan, Slurm) are all found."""
     texts = " | ".join(c.text for c in COMMANDS)
     assert len(COMMANDS) >= 20, texts
-    for needle in ("parallelism=3d", "parallelism=zero3_offload", "lmforge plan", "sbatch", "lmforge launch --slurm",
-                   "lmforge launch --nproc 2",
-                   "launchers/torchrun_local.sh", "launchers/torchrun_multinode.sh"):
+    for needle in (
+        "parallelism=3d",
+        "parallelism=zero3_offload",
+        "lmforge plan",
+        "sbatch",
+        "lmforge launch --slurm",
+        "lmforge launch --nproc 2",
+        "launchers/torchrun_local.sh",
+        "launchers/torchrun_multinode.sh",
+    ):
         assert needle in texts, f"no documented command with {needle!r}: {texts}"
 
 
@@ -162,17 +172,21 @@ def test_documented_command_validates(cmd, monkeypatch):
     try:
         check_command(cmd)
     except ConfigError as e:
-        pytest.fail(f"{cmd.where}: `{cmd.text}` fails validation with world size "
-                    f"{world_size(cmd, compose(cmd.overrides))}: {e}")
+        pytest.fail(
+            f"{cmd.where}: `{cmd.text}` fails validation with world size {world_size(cmd, compose(cmd.overrides))}: {e}"
+        )
 
 
 def test_negative_control_the_old_3d_example_fails():
     """The 3-D example as docs/parallelism.md showed it: gpt_1b's dp_shard=8 wins over the preset's 2, so
     pp2 x dp8 x tp2 = 32 ranks on 8 processes; the same check must refuse it."""
-    cmd = parse_command("old", "torchrun --nproc_per_node=8 -m lmforge.train +exp=gpt_1b parallelism=3d "
-                               "parallelism.pp_microbatches=8")
+    cmd = parse_command(
+        "old", "torchrun --nproc_per_node=8 -m lmforge.train +exp=gpt_1b parallelism=3d parallelism.pp_microbatches=8"
+    )
     assert cmd.processes == 8
-    with pytest.raises(ConfigError, match=r"dp_replicate\*dp_shard\*tp\*pp = 1\*8\*2\*2 = 32 but the job has world size 8"):
+    with pytest.raises(
+        ConfigError, match=r"dp_replicate\*dp_shard\*tp\*pp = 1\*8\*2\*2 = 32 but the job has world size 8"
+    ):
         check_command(cmd)
     # Slurm: the allocation's node count is the one source of truth; a different explicit cluster.nodes is refused.
     cmd = parse_command("old", "sbatch --nodes=4 slurm/train.sh +exp=gpt_1b cluster.nodes=2")

@@ -5,6 +5,7 @@ document run alone (within 1e-5), for GQA and MQA; the negative control (mask of
 Masking off is today's path, bit for bit; the loader's positions restart after every EOD of megatron-core's
 samples; FlexAttention equals the SDPA reference; FLOPs count the documents' own squares (FlopCounterMode).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,17 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig
-from lmforge.model.document_mask import (DocumentMask, document_ids, document_positions, document_square_sum,
-                                         pack_batch, segment_sdpa, unpack_batch, varlen_attention,
-                                         varlen_boundaries)
+from lmforge.model.document_mask import (
+    DocumentMask,
+    document_ids,
+    document_positions,
+    document_square_sum,
+    pack_batch,
+    segment_sdpa,
+    unpack_batch,
+    varlen_attention,
+    varlen_boundaries,
+)
 from lmforge.model.flops import document_attention_flops, document_flops_per_token, flops_per_token, matmul_params
 from lmforge.model.gpt import GPT, apply_rope
 
@@ -29,8 +38,9 @@ LENGTHS = [[7, 12, 13], [1, 20, 5, 6]]
 
 
 def tiny(n_kv_heads: int) -> GPT:
-    cfg = ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, seq_len=32,
-                      tie_embeddings=False)
+    cfg = ModelConfig(
+        vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, seq_len=32, tie_embeddings=False
+    )
     model = GPT(cfg)
     model.init_weights(0)
     return model
@@ -74,9 +84,8 @@ def test_each_packed_document_equals_the_document_alone(n_kv_heads):
     worst_unmasked = 0.0
     for b, row in enumerate(spans):
         for s, e in row:
-            alone = per_document_grads(model, lambda: model(tokens[b:b + 1, s:e])[0], targets[b, s:e])
-            packed = per_document_grads(model, lambda: model(tokens, positions=positions)[b, s:e],
-                                        targets[b, s:e])
+            alone = per_document_grads(model, lambda: model(tokens[b : b + 1, s:e])[0], targets[b, s:e])
+            packed = per_document_grads(model, lambda: model(tokens, positions=positions)[b, s:e], targets[b, s:e])
             assert torch.allclose(packed[0], alone[0], atol=TOL, rtol=0), f"row {b} doc {s}:{e}: logits"
             assert abs(float(packed[1] - alone[1])) < TOL * (e - s), f"row {b} doc {s}:{e}: loss"
             for name, g in alone[2].items():
@@ -175,19 +184,23 @@ def test_flops_count_each_documents_square_as_flop_counter_does_per_document():
             fn()
         return counter.get_total_flops()
 
-    per_document = sum(counted(lambda: F.cross_entropy(model(tokens[b:b + 1, s:e])[0], targets[b, s:e]).backward())
-                       for b, row in enumerate(spans) for s, e in row)
+    per_document = sum(
+        counted(lambda: F.cross_entropy(model(tokens[b : b + 1, s:e])[0], targets[b, s:e]).backward())
+        for b, row in enumerate(spans)
+        for s, e in row
+    )
     assert per_document == 6 * matmul_params(cfg) * tokens.numel() + document_attention_flops(cfg, square_sum)
     assert document_flops_per_token(cfg, square_sum, tokens.numel()) * tokens.numel() == per_document
-    packed = counted(lambda: F.cross_entropy(model(tokens, positions=positions).flatten(0, 1), targets.flatten())
-                     .backward())
+    packed = counted(
+        lambda: F.cross_entropy(model(tokens, positions=positions).flatten(0, 1), targets.flatten()).backward()
+    )
     assert packed == flops_per_token(cfg) * tokens.numel() > per_document  # the kernel's full square, not reported
 
 
 def test_loader_emits_positions_from_megatron_samples_and_masks_the_loss_after_eod(data_cache):
-    from lmforge.data.loader import IGNORE_INDEX, BatchStream
-
     from data_support import make_stream
+
+    from lmforge.data.loader import IGNORE_INDEX, BatchStream
 
     plain = make_stream(data_cache, {"books": 1}, 64, 16, 16, 1, 0, 512)
     mixture, plan = plain.mixture, plain.plan
@@ -222,20 +235,36 @@ def test_validate_refuses_flex_and_varlen_where_they_cannot_train():
         validate(compose(base + ["data.document_attention=varlen", "train.device=cpu"]), world_size=1)
     assert str(e.value) == (
         "config key 'data.document_attention': varlen cannot run on the CPU: torch's varlen_attn is a CUDA "
-        "(flash attention) kernel. Fix: use data.document_attention=sdpa on the CPU (varlen needs CUDA and bf16)")
+        "(flash attention) kernel. Fix: use data.document_attention=sdpa on the CPU (varlen needs CUDA and bf16)"
+    )
     with pytest.raises(ConfigError) as e:
-        validate(compose(base + ["data.document_attention=varlen", "train.device=cuda", "train.precision=fp32"]),
-                 world_size=1)
+        validate(
+            compose(base + ["data.document_attention=varlen", "train.device=cuda", "train.precision=fp32"]),
+            world_size=1,
+        )
     assert str(e.value) == (
         "config key 'data.document_attention': varlen needs bf16 activations (flash attention kernels have no fp32), "
         "not train.precision=fp32 with parallelism.param_dtype=fp32. Fix: set train.precision=bf16-mixed (or "
-        "auto), or data.document_attention=sdpa")
+        "auto), or data.document_attention=sdpa"
+    )
     # controls: the same settings that can run pass, and every pipeline layout takes document masking
-    validate(compose(base + ["data.document_attention=flex", "train.device=cuda", "parallelism.compile=true"]),
-             world_size=1)
+    validate(
+        compose(base + ["data.document_attention=flex", "train.device=cuda", "parallelism.compile=true"]), world_size=1
+    )
     validate(compose(base + ["data.document_attention=varlen", "train.device=cuda"]), world_size=1)  # auto: bf16
-    validate(compose(base + ["data.document_attention=varlen", "train.device=cuda", "train.precision=fp32",
-                             "parallelism=fsdp", "parallelism.param_dtype=bf16"]), world_size=2)
+    validate(
+        compose(
+            base
+            + [
+                "data.document_attention=varlen",
+                "train.device=cuda",
+                "train.precision=fp32",
+                "parallelism=fsdp",
+                "parallelism.param_dtype=bf16",
+            ]
+        ),
+        world_size=2,
+    )
     validate(compose(base + ["parallelism=ddp"]), world_size=2)
     for layout, world in (("pp2_zb", 2), ("cp2_pp2", 4)):  # pipelines take document masking (parity: distributed/)
         validate(compose(base + [f"parallelism={layout}"]), world_size=world)
@@ -245,8 +274,9 @@ def test_meter_uses_the_steps_own_flops_when_they_report_them():
     from lmforge.metrics.meter import IntervalMeter
 
     now = [0.0]
-    meter = IntervalMeter(flops_per_token=100, peak_tflops_per_device=1.0, world_size=1, tokens_per_step=10**12,
-                          clock=lambda: now[0])
+    meter = IntervalMeter(
+        flops_per_token=100, peak_tflops_per_device=1.0, world_size=1, tokens_per_step=10**12, clock=lambda: now[0]
+    )
     meter.start()
     for flops in (40.0, 60.0):  # two document-masked steps, one second each
         now[0] += 1.0

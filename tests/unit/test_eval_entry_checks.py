@@ -1,5 +1,6 @@
 """A bad eval task is refused by every entry point before anything starts (``evaluation.tasks.check_eval_config``,
 the Trainer's own check): ``lmforge plan``, ``lmforge launch`` local and ``--slurm``, in one line, exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,34 @@ SHIPPED = ", ".join(shipped_task_names())
 
 
 def missing_line(path) -> str:
-    return (f"config key 'eval.tasks': {path}: no such task file. Fix: give the path of an lm-eval task YAML, or a "
-            f"shipped task: {SHIPPED}")
+    return (
+        f"config key 'eval.tasks': {path}: no such task file. Fix: give the path of an lm-eval task YAML, or a "
+        f"shipped task: {SHIPPED}"
+    )
 
 
 def valid_task(tmp_path):
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"q": q, "options": ["yes", "no"], "answer": a}) + "\n"
-                                                 for q, a in (("Is water wet?", 0), ("Is fire cold?", 1))))
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(
+            json.dumps({"q": q, "options": ["yes", "no"], "answer": a}) + "\n"
+            for q, a in (("Is water wet?", 0), ("Is fire cold?", 1))
+        )
+    )
     path = tmp_path / "quiz.yaml"
-    path.write_text(json.dumps({"task": "quiz", "dataset_path": "json", "test_split": "test",
-                                "dataset_kwargs": {"data_files": {"test": "docs.jsonl"}},
-                                "output_type": "multiple_choice", "doc_to_text": "{{q}}",
-                                "doc_to_choice": "{{options}}", "doc_to_target": "{{answer}}"}))  # JSON is YAML
+    path.write_text(
+        json.dumps(
+            {
+                "task": "quiz",
+                "dataset_path": "json",
+                "test_split": "test",
+                "dataset_kwargs": {"data_files": {"test": "docs.jsonl"}},
+                "output_type": "multiple_choice",
+                "doc_to_text": "{{q}}",
+                "doc_to_choice": "{{options}}",
+                "doc_to_target": "{{answer}}",
+            }
+        )
+    )  # JSON is YAML
     return path
 
 

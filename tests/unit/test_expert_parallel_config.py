@@ -2,6 +2,7 @@
 planner's experts per device and token all-to-all volume (parallel/planner.py, memory_estimate.py), and
 ``lmforge plan``'s exit code 2. The all-to-all dispatch itself runs on real gloo ranks in
 tests/distributed/test_parallel_parity.py (ep2, ep2 x dp2, misrouted-token control, ep2 -> ep1 resume)."""
+
 from __future__ import annotations
 
 import math
@@ -30,17 +31,32 @@ def root(experts: int = 4, **layout) -> RootConfig:
     return r
 
 
-@pytest.mark.parametrize("experts, layout, key, reason", [
-    (0, {"ep": 2}, "parallelism.ep", "ep=2 needs a Mixture-of-Experts model (model.moe.experts=0)"),
-    (4, {"ep": 4}, "parallelism.ep", "ep (4) must divide parallelism.dp_shard (2): ep ranks are borrowed from the "
-     "FSDP ranks"),
-    (6, {"ep": 4, "dp_shard": 4}, "parallelism.ep", "model.moe.experts (6) is not divisible by ep (4): each ep rank "
-     "holds experts/ep experts"),
-    (4, {"ep": 2, "engine": "deepspeed"}, "parallelism.ep", "expert parallelism is a native-engine layout"),
-    (4, {"ep": 2, "tp": 2, "pp": 2}, "parallelism.ep", "ep=2 with both tp (2) and pp (2) is not verified (ep x tp and "
-     "ep x pp are, each on 4 ranks)"),
-    (4, {"ep": 2, "cp": 2}, "parallelism.cp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
-])
+@pytest.mark.parametrize(
+    "experts, layout, key, reason",
+    [
+        (0, {"ep": 2}, "parallelism.ep", "ep=2 needs a Mixture-of-Experts model (model.moe.experts=0)"),
+        (
+            4,
+            {"ep": 4},
+            "parallelism.ep",
+            "ep (4) must divide parallelism.dp_shard (2): ep ranks are borrowed from the FSDP ranks",
+        ),
+        (
+            6,
+            {"ep": 4, "dp_shard": 4},
+            "parallelism.ep",
+            "model.moe.experts (6) is not divisible by ep (4): each ep rank holds experts/ep experts",
+        ),
+        (4, {"ep": 2, "engine": "deepspeed"}, "parallelism.ep", "expert parallelism is a native-engine layout"),
+        (
+            4,
+            {"ep": 2, "tp": 2, "pp": 2},
+            "parallelism.ep",
+            "ep=2 with both tp (2) and pp (2) is not verified (ep x tp and ep x pp are, each on 4 ranks)",
+        ),
+        (4, {"ep": 2, "cp": 2}, "parallelism.cp", "not supported with parallelism.ep > 1 (ep=2): not verified"),
+    ],
+)
 def test_ep_refusals_name_key_reason_fix(experts, layout, key, reason):
     with pytest.raises(ConfigError) as err:
         check_expert_parallel(root(experts, **layout))
@@ -59,12 +75,24 @@ def test_validate_runs_the_ep_check_and_lmforge_plan_exits_2_in_one_line(capsys)
     assert validate(compose(moe + ["parallelism.ep=2"]), world_size=2).parallelism.ep == 2
     with pytest.raises(ConfigError, match="'parallelism.ep': must be >= 1, got 0"):
         validate(compose(moe + ["parallelism.ep=0"]), world_size=2)
-    assert plan_cli.main(["model=tiny", "parallelism.ep=2", "parallelism.dp_shard=2", "cluster.gpus_per_node=2",
-                          "train.micro_batch_size=2"]) == 2
+    assert (
+        plan_cli.main(
+            [
+                "model=tiny",
+                "parallelism.ep=2",
+                "parallelism.dp_shard=2",
+                "cluster.gpus_per_node=2",
+                "train.micro_batch_size=2",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["lmforge plan: refused: config key 'parallelism.ep': ep=2 needs a Mixture-of-Experts model "
-                   "(model.moe.experts=0). Fix: set parallelism.ep=1 for the dense model, or model.moe.experts to a "
-                   "multiple of ep"]
+    assert err == [
+        "lmforge plan: refused: config key 'parallelism.ep': ep=2 needs a Mixture-of-Experts model "
+        "(model.moe.experts=0). Fix: set parallelism.ep=1 for the dense model, or model.moe.experts to a "
+        "multiple of ep"
+    ]
 
 
 def tiny_moe(**layout) -> RootConfig:
@@ -81,8 +109,12 @@ def test_planner_counts_experts_per_device_and_the_all_to_all():
     m = tiny_moe().model
     expert_numel = 3 * m.d_model * expert_hidden_dim(m)  # w1, w2, w3 of one expert
     layers = len(moe_layer_ids(m))
-    for layout, per_rank in [({"dp_shard": 4}, 8 / 4), ({"dp_shard": 4, "ep": 2}, 8 / 2 / 2),
-                             ({"dp_shard": 4, "ep": 4}, 8 / 4), ({"dp_shard": 2, "dp_replicate": 2, "ep": 2}, 8 / 2)]:  # HSDP: replicas hold the same
+    for layout, per_rank in [
+        ({"dp_shard": 4}, 8 / 4),
+        ({"dp_shard": 4, "ep": 2}, 8 / 2 / 2),
+        ({"dp_shard": 4, "ep": 4}, 8 / 4),
+        ({"dp_shard": 2, "dp_replicate": 2, "ep": 2}, 8 / 2),
+    ]:  # HSDP: replicas hold the same
         st = state_bytes(tiny_moe(**layout), "fp32")
         assert st.expert_numel == layers * per_rank * expert_numel, layout
     # ep=2 and ep=4 hold as many expert weights per device (E/ep experts over dp/ep FSDP ranks), but FSDP's
@@ -118,11 +150,20 @@ def test_planner_experts_and_all_to_all_with_tp_and_pp(capsys):
         assert st.expert_numel == 2 * 4 * expert_numel
     for pp_rank in (0, 1):  # a stage holds its own MoE layer's experts
         assert state_bytes(tiny_moe(dp_shard=2, ep=2, pp=2), "fp32", pp_rank=pp_rank).expert_numel == 4 * expert_numel
-    base = ["model=tiny", "model.moe.experts=4", "model.moe.top_k=2", "parallelism.dp_shard=2", "parallelism.ep=2",
-            "cluster.gpus_per_node=4", "train.micro_batch_size=2"]
+    base = [
+        "model=tiny",
+        "model.moe.experts=4",
+        "model.moe.top_k=2",
+        "parallelism.dp_shard=2",
+        "parallelism.ep=2",
+        "cluster.gpus_per_node=4",
+        "train.micro_batch_size=2",
+    ]
     lines = {}
-    for name, extra in (("tp", ["parallelism.tp=2", "parallelism.sequence_parallel=true"]),
-                        ("pp", ["parallelism.pp=2", "model.moe.every_n_layers=2"])):
+    for name, extra in (
+        ("tp", ["parallelism.tp=2", "parallelism.sequence_parallel=true"]),
+        ("pp", ["parallelism.pp=2", "model.moe.every_n_layers=2"]),
+    ):
         assert plan_cli.main(base + extra) == 0
         lines[name] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ep ")]
     assert lines["tp"] and "2 of 4 experts per rank, replicated over tp 2, FSDP over 1" in lines["tp"][0]

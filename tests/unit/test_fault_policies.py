@@ -1,4 +1,5 @@
 """Loss guard, straggler rule, retry budget, orphan check and the launch dry-runs (single process)."""
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,12 @@ import time; time.sleep(60)
 
 @pytest.mark.timeout(60)
 def test_orphaned_worker_notices_its_dead_launcher_and_exits(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_CHILD, str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_PARENT, ORPHAN_CHILD, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     child_pid = int(parent.stdout.readline())
     parent.kill()  # the "agent" dies; its worker is re-parented
     parent.wait()
@@ -107,8 +112,14 @@ def test_orphaned_worker_notices_its_dead_launcher_and_exits(tmp_path):
 
 
 def _lmforge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return subprocess.run(
+        [sys.executable, "-m", "lmforge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
 
 
 def test_launch_dry_runs_print_the_command_and_sbatch_script():
@@ -130,8 +141,16 @@ def test_watchdog_fires_after_timeout_dumps_stacks_and_exits_43(tmp_path):
     from lmforge.fault.watchdog import Watchdog
 
     exits = []
-    dog = Watchdog(3, timeout_s=0.3, dumps_dir=tmp_path / "dumps", poll_s=0.05, orphan_check=False, backstop_s=0,
-                   on_event=FaultEvents(tmp_path / "metrics.jsonl", 3).emit, exit=exits.append).start()
+    dog = Watchdog(
+        3,
+        timeout_s=0.3,
+        dumps_dir=tmp_path / "dumps",
+        poll_s=0.05,
+        orphan_check=False,
+        backstop_s=0,
+        on_event=FaultEvents(tmp_path / "metrics.jsonl", 3).emit,
+        exit=exits.append,
+    ).start()
     dog.beat(5)
     deadline = time.monotonic() + 10
     while not exits and time.monotonic() < deadline:

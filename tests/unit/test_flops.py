@@ -1,4 +1,5 @@
 """The one FLOPs formula against torch's FlopCounterMode on a real forward + backward."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,12 @@ from lmforge.model.gpt import GPT, cross_entropy_loss
 
 @pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=1, tie_embeddings=True), dict(mlp="gelu", norm="layernorm")])
 def test_flops_match_flop_counter(kw):
-    cfg = ModelConfig(**{**dict(vocab_size=128, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, seq_len=32,
-                                tie_embeddings=False), **kw})
+    cfg = ModelConfig(
+        **{
+            **dict(vocab_size=128, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, seq_len=32, tie_embeddings=False),
+            **kw,
+        }
+    )
     model = GPT(cfg)
     model.init_weights(0)
     batch, seq = 2, cfg.seq_len

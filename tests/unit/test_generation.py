@@ -7,6 +7,7 @@
 * negative controls: a cache with wrong positions decodes other tokens; another seed samples other tokens;
 * sampling is reproducible by seed; top-k = 1 and a tiny top-p are greedy; stop sequences and EOS end a row.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_interop_hf import random_model, save_checkpoint, small
 
 from lmforge.config.model import ModelConfig
 from lmforge.generation import GenerationError, KVCache, generate, kv_cache_bytes
 from lmforge.generation.sampling import filter_logits
 from lmforge.interop.export import export_hf
-from test_interop_hf import random_model, save_checkpoint, small
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 200, 3, 99, 41, 7], [300, 12], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [77]]
@@ -87,7 +88,9 @@ def test_cache_bytes_of_presets_mha_gqa_mqa(preset):
         cache = KVCache(c, batch=1, tokens=c.seq_len, dtype=torch.bfloat16, device="meta")
         assert all(t.shape == (1, kv, c.seq_len, hd) for t in cache.keys.values())
         sizes[kind] = sum(t.numel() * t.element_size() for d in (cache.keys, cache.values) for t in d.values())
-        assert sizes[kind] == kv_cache_bytes(c, 1, c.seq_len, torch.bfloat16) == 2 * c.n_layers * c.seq_len * kv * hd * 2
+        assert (
+            sizes[kind] == kv_cache_bytes(c, 1, c.seq_len, torch.bfloat16) == 2 * c.n_layers * c.seq_len * kv * hd * 2
+        )
     assert sizes["mha"] == sizes["gqa"] * cfg.n_heads // 8 == sizes["mqa"] * cfg.n_heads
     if preset == "gpt_7b":  # Llama-2-7B at 4096 tokens in bf16: 2 GiB of K/V per sequence
         assert sizes["mha"] == 2 * 1024**3
@@ -123,7 +126,7 @@ def test_stop_sequences_and_eos_end_rows_and_the_rest_continue():
     out = generate(model, PROMPTS, 12, stop=[stop], eos_token_id=eos)
     expect = []
     for row in full:
-        n = next((i + 1 for i in range(len(row)) if row[i] == eos or row[max(0, i - 1):i + 1] == stop), 12)
+        n = next((i + 1 for i in range(len(row)) if row[i] == eos or row[max(0, i - 1) : i + 1] == stop), 12)
         expect.append(row[:n])
     assert out[0] == full[0][:5] and out[2] == full[2][:7] and out == expect
     assert out == [generate(model, [p], 12, stop=[stop], eos_token_id=eos)[0] for p in PROMPTS]

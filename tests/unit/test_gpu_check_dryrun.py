@@ -5,6 +5,7 @@ whose ``sitecustomize`` installs an import blocker for exactly those packages, s
 creeping into the model, parallel engine, process-group or optimizer code fails this test before the one-shot
 GPU run would.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BLOCKED = ("hydra", "omegaconf", "wandb", "deepspeed")
 EXPECTED_CHECKS = {
-    "matmul_tflops", "flash_sdpa", "bf16_step", "process_group_world_1", "fsdp2_one_device", "compile_block",
-    "gpt_125m_eager", "gpt_125m_compiled", "gpt_125m_engine", "engine_no_host_sync", "gpt_1b_compiled",
-    "gpt_1b_engine", "document_attention_varlen",
+    "matmul_tflops",
+    "flash_sdpa",
+    "bf16_step",
+    "process_group_world_1",
+    "fsdp2_one_device",
+    "compile_block",
+    "gpt_125m_eager",
+    "gpt_125m_compiled",
+    "gpt_125m_engine",
+    "engine_no_host_sync",
+    "gpt_1b_compiled",
+    "gpt_1b_engine",
+    "document_attention_varlen",
 }
 THROUGHPUT_KEYS = {"step_s", "tokens_per_s", "tflops", "mfu_vs_spec_989", "mfu_vs_measured_matmul", "first_step_s"}
 
@@ -55,18 +66,21 @@ def gpu_machine_env(tmp_path_factory) -> dict:
 
 
 def test_blocker_really_blocks(gpu_machine_env):
-    code = ("import importlib\n"
-            f"for name in {BLOCKED!r}:\n"
-            "    try:\n"
-            "        importlib.import_module(name)\n"
-            "    except ImportError as e:\n"
-            "        print('blocked', name, e)\n"
-            "    else:\n"
-            "        print('IMPORTED', name)\n"
-            "import torch, lmforge.config.schema\n"
-            "print('torch ok')\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=gpu_machine_env, capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    code = (
+        "import importlib\n"
+        f"for name in {BLOCKED!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as e:\n"
+        "        print('blocked', name, e)\n"
+        "    else:\n"
+        "        print('IMPORTED', name)\n"
+        "import torch, lmforge.config.schema\n"
+        "print('torch ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=gpu_machine_env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stderr
     for name in BLOCKED:
         assert f"blocked {name} {name} is blocked: the GPU machine does not have it" in proc.stdout, proc.stdout
@@ -78,8 +92,14 @@ def test_blocker_really_blocks(gpu_machine_env):
 @pytest.mark.timeout(420)
 def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path):
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out)],
-                          env=gpu_machine_env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out)],
+        env=gpu_machine_env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
     log = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]
     assert proc.returncode == 0, log
     report = json.loads(out.read_text())
@@ -100,7 +120,9 @@ def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path)
         for path in ("compiled", "engine"):
             assert THROUGHPUT_KEYS <= set(checks[f"{model}_{path}"]["value"]), (model, path)
         assert checks[f"{model}_engine"]["value"]["platform_overhead"] > 0
-        assert report["summary"][f"{model}_platform_overhead"] == checks[f"{model}_engine"]["value"]["platform_overhead"]
+        assert (
+            report["summary"][f"{model}_platform_overhead"] == checks[f"{model}_engine"]["value"]["platform_overhead"]
+        )
     # data.document_attention=varlen vs sdpa: wired (model, positions -> cu_seqlens, training steps); on CPU the
     # CUDA-only kernel is stood in for by an SDPA loop over the same segments
     varlen = checks["document_attention_varlen"]["value"]
@@ -115,9 +137,22 @@ def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path)
 def test_budget_skips_are_recorded_and_fail(gpu_machine_env, tmp_path):
     """A check whose estimate exceeds what is left of the budget is skipped, recorded, and fails the run."""
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--budget-s", "0.5",
-                           "--out", str(out)], env=gpu_machine_env, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--dry-run",
+            "--budget-s",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        env=gpu_machine_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["summary"]["skipped"] == sorted(EXPECTED_CHECKS)

@@ -3,6 +3,7 @@
 Names are the strings ``torch.cuda.get_device_properties(...).name`` returns on those GPUs; memory is their
 ``total_memory`` (the MiB figure nvidia-smi prints, in bytes).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,14 +36,17 @@ def test_real_device_names_match_their_exact_spec(name, mib, kind, bf16):
     assert spec.peaks["fp16"] == bf16 and spec.peaks["fp32"] < bf16
 
 
-@pytest.mark.parametrize("name,mib", [
-    ("NVIDIA H800", 81559),  # another Hopper part: not an H100
-    ("NVIDIA H100 80GB HBM3", 65536),  # an H100 whose memory fits no H100 spec (e.g. a 64 GB part)
-    ("NVIDIA A100-SXM4-80GB", 20 * 1024),  # a MIG slice: not the whole GPU
-    ("NVIDIA GeForce RTX 4090", 24564),
-    ("NVIDIA A10G", 23028),
-    ("NVIDIA GH200 480GB", 97280),
-])
+@pytest.mark.parametrize(
+    "name,mib",
+    [
+        ("NVIDIA H800", 81559),  # another Hopper part: not an H100
+        ("NVIDIA H100 80GB HBM3", 65536),  # an H100 whose memory fits no H100 spec (e.g. a 64 GB part)
+        ("NVIDIA A100-SXM4-80GB", 20 * 1024),  # a MIG slice: not the whole GPU
+        ("NVIDIA GeForce RTX 4090", 24564),
+        ("NVIDIA A10G", 23028),
+        ("NVIDIA GH200 480GB", 97280),
+    ],
+)
 def test_unknown_or_ambiguous_devices_get_no_guess(name, mib):
     assert match_gpu(name, mib * MIB) is None
 
@@ -50,8 +54,13 @@ def test_unknown_or_ambiguous_devices_get_no_guess(name, mib):
 def test_every_name_matches_at_most_one_spec_and_aliases_point_at_real_specs():
     for name, mib, kind, _ in REAL_DEVICES:
         lowered = name.lower().replace("-", " ")
-        fits = [s.kind for s in GPU_SPECS if all(t in lowered for t in s.tokens)
-                and not any(x in lowered for x in s.excludes) and s.memory_gib[0] <= mib / 1024 <= s.memory_gib[1]]
+        fits = [
+            s.kind
+            for s in GPU_SPECS
+            if all(t in lowered for t in s.tokens)
+            and not any(x in lowered for x in s.excludes)
+            and s.memory_gib[0] <= mib / 1024 <= s.memory_gib[1]
+        ]
         assert fits == [kind]
     for alias, kind in KIND_ALIASES.items():
         assert PEAK_TFLOPS[alias] == PEAK_TFLOPS[kind] and DEVICE_MEMORY_GIB[alias] == DEVICE_MEMORY_GIB[kind]

@@ -1,5 +1,6 @@
 """The global gradient norm on CPU (parallel/grad_clip.py): fp32 norms of rows summed in fp64 equal an fp64
 norm to ~1e-8, however the tensor is split into shards; a whole-tensor fp32 norm (the negative control) does not."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Refused: a head that is this host's loopback (localhost, 127.0.0.1, Debian's 127
 name resolving to one of them). Passed: a distinct host, including a 127.100.x.y node of the test cluster, whose
 namespace has lo reduced to 127.0.0.1/32 (tests/slurm/cluster.py; the 2-node Slurm jobs run with such a head).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -20,10 +21,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def is_loopback_sh(host: str):
-    env = {**os.environ, "LMFORGE_PYTHON": sys.executable, "LMFORGE_REPO": str(REPO),
-           "PYTHONPATH": str(REPO / "platform")}
-    proc = subprocess.run(["bash", "-c", 'source "$LMFORGE_REPO/slurm/env.sh" && lmforge_is_loopback "$1"', "_", host],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "LMFORGE_PYTHON": sys.executable,
+        "LMFORGE_REPO": str(REPO),
+        "PYTHONPATH": str(REPO / "platform"),
+    }
+    proc = subprocess.run(
+        ["bash", "-c", 'source "$LMFORGE_REPO/slurm/env.sh" && lmforge_is_loopback "$1"', "_", host],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return proc.returncode, proc.stdout.strip()
 
 
@@ -41,14 +51,17 @@ NODE_LO = [ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("::1/128")
 HOST_LO = [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]  # an ordinary host's lo
 
 
-@pytest.mark.parametrize("host,lo,loopback", [
-    ("127.100.37.1", NODE_LO, False),    # test-cluster head, seen from a node: a distinct host on eth0
-    ("127.100.37.1", HOST_LO, True),     # the same address on an ordinary host is its own loopback
-    ("127.0.0.1", NODE_LO, True),
-    ("localhost", NODE_LO, True),        # by name, whatever lo holds
-    ("LOCALHOST.", NODE_LO, True),
-    ("::1", [ipaddress.ip_network("127.0.0.1/32")], True),  # ::1 even where lo lists no IPv6 address
-    ("10.1.2.3", HOST_LO, False),
-])
+@pytest.mark.parametrize(
+    "host,lo,loopback",
+    [
+        ("127.100.37.1", NODE_LO, False),  # test-cluster head, seen from a node: a distinct host on eth0
+        ("127.100.37.1", HOST_LO, True),  # the same address on an ordinary host is its own loopback
+        ("127.0.0.1", NODE_LO, True),
+        ("localhost", NODE_LO, True),  # by name, whatever lo holds
+        ("LOCALHOST.", NODE_LO, True),
+        ("::1", [ipaddress.ip_network("127.0.0.1/32")], True),  # ::1 even where lo lists no IPv6 address
+        ("10.1.2.3", HOST_LO, False),
+    ],
+)
 def test_loopback_reason_against_the_lo_prefixes(host, lo, loopback):
     assert (loopback_reason(host, lo) is not None) == loopback

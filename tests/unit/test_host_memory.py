@@ -3,6 +3,7 @@ tensors, as every CPU training step does with its logits and gradients, reuses t
 grown to fit them (no page faults in the last rounds); with ``system`` (glibc as it is, the negative control) the
 block over glibc's mmap threshold is faulted in anew every round. Each mode runs in a fresh process: the switches
 are process-wide and cannot be undone."""
+
 from __future__ import annotations
 
 import json

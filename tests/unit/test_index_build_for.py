@@ -1,6 +1,7 @@
 """``index_cache.build_for``: a run's megatron-core indices built before any process group, under the cache
 lock. Two processes race on a fresh index directory: exactly one builds, the other waits on the lock (no
 shared process group, so no collective timeout) and loads the same files; both read identical samples."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,17 @@ def test_two_racing_builders_one_builds_the_other_waits_on_the_lock_and_loads(tm
     cache = tmp_path / "cache"
     shutil.copytree(data_cache / "shards", cache / "shards")  # prepared shards and tokenizer, no index yet
     shutil.copytree(data_cache / "tokenizers", cache / "tokenizers")
-    overrides = ["model=tiny", "model.seq_len=64", "train.max_steps=7", "train.global_batch_size=8",
-                 "train.micro_batch_size=8", "train.seed=4321", "~data.sources.code", f"data.cache_dir={cache}",
-                 f"run.root={tmp_path / 'runs'}"]
+    overrides = [
+        "model=tiny",
+        "model.seq_len=64",
+        "train.max_steps=7",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=8",
+        "train.seed=4321",
+        "~data.sources.code",
+        f"data.cache_dir={cache}",
+        f"run.root={tmp_path / 'runs'}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     go = tmp_path / "go"
     procs = []

@@ -1,5 +1,6 @@
 """``index_cache.sweep_torn`` on a hand-made index directory (no training, milliseconds): complete sets stay,
 torn sets (an array missing or cut short) and arrays whose description is gone are deleted, each set whole."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,7 +35,9 @@ def test_sweep_keeps_complete_sets_and_removes_torn_sets_and_orphaned_arrays(tmp
     removed = sweep_torn(index)
 
     assert sorted(p.name for p in index.iterdir() if p.name != ".build.lock") == kept
-    assert sorted(removed) == sorted([f"{'c' * 32}-GPTDataset-train", f"{'d' * 32}-BlendedDataset-train"]
-                                     + [f"{'e' * 32}-GPTDataset-train"] * len(ARRAYS["GPTDataset"]))
+    assert sorted(removed) == sorted(
+        [f"{'c' * 32}-GPTDataset-train", f"{'d' * 32}-BlendedDataset-train"]
+        + [f"{'e' * 32}-GPTDataset-train"] * len(ARRAYS["GPTDataset"])
+    )
     assert sweep_torn(index) == []  # the negative control: a clean directory loses nothing
     assert sorted(p.name for p in index.iterdir() if p.name != ".build.lock") == kept

@@ -3,6 +3,7 @@
 Weights here are random but far from the init (norm gains and biases too), so a wrong name, a swapped
 gate/up projection, a wrong kv-head grouping or a rotary permutation shows up as a large logit error.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,12 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import transformers
 
 from lmforge.checkpoint.manager import CheckpointManager  # noqa: E402
-from lmforge.checkpoint.weights import (UnsafeCheckpointError, load_full_model_state, load_model_weights,  # noqa: E402
-                                        read_metadata_safely)
+from lmforge.checkpoint.weights import (
+    UnsafeCheckpointError,
+    load_full_model_state,
+    load_model_weights,  # noqa: E402
+    read_metadata_safely,
+)
 from lmforge.config.checkpoint import CheckpointConfig  # noqa: E402
 from lmforge.config.errors import ConfigError  # noqa: E402
 from lmforge.config.model import ModelConfig, MoEConfig  # noqa: E402
@@ -27,13 +31,27 @@ from lmforge.interop.mapping import InteropError  # noqa: E402
 from lmforge.model.gpt import GPT  # noqa: E402
 from lmforge.model.moe import is_moe_layer  # noqa: E402
 
-TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-        "want of a wife. However little known the feelings or views of such a man may be on his first entering")
+TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife. However little known the feelings or views of such a man may be on his first entering"
+)
 
 
 def small(**kw) -> ModelConfig:
-    base = dict(name="t", vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=64,
-                mlp="swiglu", norm="rmsnorm", tie_embeddings=False, rope_theta=5000.0, norm_eps=1e-6)
+    base = dict(
+        name="t",
+        vocab_size=512,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=64,
+        mlp="swiglu",
+        norm="rmsnorm",
+        tie_embeddings=False,
+        rope_theta=5000.0,
+        norm_eps=1e-6,
+    )
     base.update(kw)
     return ModelConfig(**base)
 
@@ -75,8 +93,10 @@ ARCHS = {
     # MoE (interop/moe_mapping.py): every layer top-2 renormalised -> Mixtral; a dense layer, shared experts and
     # un-normalised gates -> Qwen2-MoE (its zero shared-expert gate and doubled down_proj)
     "moe-mixtral": (small(tie_embeddings=True, moe=MoEConfig(experts=4, top_k=2, d_ff=48)), "MixtralForCausalLM"),
-    "moe-qwen2": (small(moe=MoEConfig(experts=4, top_k=2, d_ff=32, shared_experts=2, layers=[1],
-                                      normalize_weights=False)), "Qwen2MoeForCausalLM"),
+    "moe-qwen2": (
+        small(moe=MoEConfig(experts=4, top_k=2, d_ff=32, shared_experts=2, layers=[1], normalize_weights=False)),
+        "Qwen2MoeForCausalLM",
+    ),
 }
 
 
@@ -141,10 +161,18 @@ def test_gelu_model_is_refused_by_the_cli(tmp_path, capsys):
 
 
 def write_hf_llama(path: Path, tie: bool, shard: str = "5GB") -> transformers.PreTrainedModel:
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
-                                   rms_norm_eps=1e-6, tie_word_embeddings=tie)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -206,12 +234,15 @@ def test_import_names_the_offending_tensors(tmp_path):
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("key,value,expect", [
-    ("hidden_act", "gelu", "'hidden_act'='gelu'"),
-    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}, "rope_type 'llama3'"),
-    ("attention_bias", True, "'attention_bias'=True"),
-    ("model_type", "gpt2", "'model_type'='gpt2'"),
-])
+@pytest.mark.parametrize(
+    "key,value,expect",
+    [
+        ("hidden_act", "gelu", "'hidden_act'='gelu'"),
+        ("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}, "rope_type 'llama3'"),
+        ("attention_bias", True, "'attention_bias'=True"),
+        ("model_type", "gpt2", "'model_type'='gpt2'"),
+    ],
+)
 def test_import_refuses_unrepresentable_architectures(tmp_path, key, value, expect):
     write_hf_llama(tmp_path / "src", tie=False)
     cfg = json.loads((tmp_path / "src" / "config.json").read_text())
@@ -269,8 +300,11 @@ def test_tokenizer_is_exported_only_if_it_is_the_runs(tmp_path):
     tok_path = train_bpe([TEXT * 20, "Emma Woodhouse, handsome, clever, and rich"], 300, tmp_path / "tok.json")
     tok = load_tokenizer(str(tok_path))
     model = random_model(small(vocab_size=300))
-    sidecar = {"config": {"model": asdict(model.cfg), "data": {"tokenizer": str(tok_path)}}, "world_size": 1,
-               "tokenizer": tok.identity}
+    sidecar = {
+        "config": {"model": asdict(model.cfg), "data": {"tokenizer": str(tok_path)}},
+        "world_size": 1,
+        "tokenizer": tok.identity,
+    }
     CheckpointManager(tmp_path / "run" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
     export_hf(tmp_path / "run", tmp_path / "hf")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -299,10 +333,15 @@ def test_moe_export_import_round_trips_exactly(arch, tmp_path):
     export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
     res = import_hf(tmp_path / "hf", tmp_path / "imported", name="moe")
     assert (res.model.moe.experts, res.model.moe.top_k, res.model.moe.d_ff, res.model.moe.shared_experts) == (
-        cfg.moe.experts, cfg.moe.top_k, cfg.moe.d_ff, cfg.moe.shared_experts)
+        cfg.moe.experts,
+        cfg.moe.top_k,
+        cfg.moe.d_ff,
+        cfg.moe.shared_experts,
+    )
     assert res.model.moe.normalize_weights is cfg.moe.normalize_weights
     assert [i for i in range(cfg.n_layers) if is_moe_layer(res.model, i)] == [
-        i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
+        i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)
+    ]
     _, state = load_full_model_state(res.checkpoint)
     original = model.state_dict()
     assert set(state) == set(original)
@@ -326,8 +365,10 @@ def test_moe_export_negative_control_and_refusals(tmp_path, capsys):
     tensors = _safetensors(tmp_path / "hf")
     pre = "model.layers.0.block_sparse_moe.experts."
     for w in ("w1", "w2", "w3"):
-        tensors[f"{pre}0.{w}.weight"], tensors[f"{pre}1.{w}.weight"] = (tensors[f"{pre}1.{w}.weight"],
-                                                                        tensors[f"{pre}0.{w}.weight"])
+        tensors[f"{pre}0.{w}.weight"], tensors[f"{pre}1.{w}.weight"] = (
+            tensors[f"{pre}1.{w}.weight"],
+            tensors[f"{pre}0.{w}.weight"],
+        )
     save_file(tensors, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
     ids = tokens(cfg.vocab_size)
     _, theirs = hf_logits(tmp_path / "hf", ids)
@@ -356,13 +397,30 @@ def test_moe_export_negative_control_and_refusals(tmp_path, capsys):
 def test_import_mixtral_and_qwen2_moe_from_transformers(tmp_path):
     """Checkpoints transformers wrote itself import with equal logits and export back tensor for tensor; a
     Qwen2-MoE whose shared-expert gate is not zero is refused, naming the tensor."""
-    common = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=64, rms_norm_eps=1e-6, num_experts_per_tok=2,
-                  rope_parameters={"rope_type": "default", "rope_theta": 20000.0})
-    configs = {"mixtral": transformers.MixtralConfig(intermediate_size=48, num_local_experts=4, **common),
-               "qwen": transformers.Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=4,
-                                                   shared_expert_intermediate_size=32, qkv_bias=False,
-                                                   norm_topk_prob=True, mlp_only_layers=[0], **common)}
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+    )
+    configs = {
+        "mixtral": transformers.MixtralConfig(intermediate_size=48, num_local_experts=4, **common),
+        "qwen": transformers.Qwen2MoeConfig(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=4,
+            shared_expert_intermediate_size=32,
+            qkv_bias=False,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],
+            **common,
+        ),
+    }
     ids = tokens(512)
     for name, hf_cfg in configs.items():
         torch.manual_seed(0)

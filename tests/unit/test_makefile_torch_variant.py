@@ -4,6 +4,7 @@ auto (default) is the pre-existing behaviour (this machine has no nvidia-smi: to
 take the PyTorch index of that variant, so a GPU environment can be built on a login node without GPUs; the
 variant a venv was built with stays its default; anything else stops make with one line.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,8 +15,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def make_n(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), "install", f"VENV={venv}", *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(REPO), "install", f"VENV={venv}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def torch_lines(proc: subprocess.CompletedProcess) -> list:
@@ -28,9 +33,12 @@ def test_torch_variant_selects_the_pip_command(tmp_path):
     py = f"{venv}/bin/python"
     assert torch_lines(make_n(venv)) == [f"{py} -m pip install -q torch==2.13.0", f"echo auto > {venv}/.torch-variant"]
     assert torch_lines(make_n(venv, "TORCH_VARIANT=cpu"))[0] == (
-        f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+        f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    )
     cu = make_n(venv, "TORCH_VARIANT=cu128")
-    assert torch_lines(cu)[0] == f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    assert (
+        torch_lines(cu)[0] == f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    )
     assert f"python3 -m venv  {venv}" in cu.stdout  # its own venv, not the system's site-packages
     assert f"touch {venv}/.installed-cu128" in cu.stdout
 
@@ -43,5 +51,7 @@ def test_torch_variant_selects_the_pip_command(tmp_path):
     for bad in ("gpu", "cu12", "cuda"):
         proc = make_n(venv, f"TORCH_VARIANT={bad}")
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout
-        assert f"*** TORCH_VARIANT={bad} is not auto, cpu or cuNNN (e.g. cu128); see the Makefile's header.  Stop." \
-            in proc.stderr, proc.stderr
+        assert (
+            f"*** TORCH_VARIANT={bad} is not auto, cpu or cuNNN (e.g. cu128); see the Makefile's header.  Stop."
+            in proc.stderr
+        ), proc.stderr

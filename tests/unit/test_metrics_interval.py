@@ -4,6 +4,7 @@ A device-like worker thread runs each step's work late (the host queues up to on
 launches and the lagged votes): one step's host time on the logging step covers two steps of device work, so
 the old per-step figure is about half the true throughput; the interval figure matches it.
 """
+
 from __future__ import annotations
 
 import queue
@@ -62,8 +63,13 @@ def run_loop(meter: IntervalMeter, device: LaggingDevice, steps: int, eval_at=()
 @pytest.mark.timeout(60)
 def test_interval_throughput_matches_a_lagging_device_and_one_step_host_time_does_not():
     device = LaggingDevice(STEP_S)
-    meter = IntervalMeter(flops_per_token=6, peak_tflops_per_device=1.0, world_size=2, tokens_per_step=TOKENS,
-                          synchronize=device.synchronize)
+    meter = IntervalMeter(
+        flops_per_token=6,
+        peak_tflops_per_device=1.0,
+        world_size=2,
+        tokens_per_step=TOKENS,
+        synchronize=device.synchronize,
+    )
     old, new = run_loop(meter, device, 3 * EVERY)
     truth = TOKENS / STEP_S
     assert device.done == 3 * EVERY
@@ -81,8 +87,13 @@ def test_interval_throughput_matches_a_lagging_device_and_one_step_host_time_doe
 @pytest.mark.timeout(60)
 def test_excluded_time_is_not_counted_and_queued_steps_are():
     device = LaggingDevice(STEP_S)
-    meter = IntervalMeter(flops_per_token=6, peak_tflops_per_device=1.0, world_size=1, tokens_per_step=TOKENS,
-                          synchronize=device.synchronize)
+    meter = IntervalMeter(
+        flops_per_token=6,
+        peak_tflops_per_device=1.0,
+        world_size=1,
+        tokens_per_step=TOKENS,
+        synchronize=device.synchronize,
+    )
     _, new = run_loop(meter, device, 2 * EVERY, eval_at=(3, EVERY + 3), eval_s=0.3)
     truth = TOKENS / STEP_S
     # excluded() drains the queue first: the steps queued before it stay in the interval, the 0.3 s does not.
@@ -112,8 +123,14 @@ def test_an_interval_above_the_peak_refreshes_it_once_and_the_cache_keeps_the_hi
         calls.append((achieved, peak))
         return 2 * achieved
 
-    meter = IntervalMeter(flops_per_token=10**6, peak_tflops_per_device=1e-6, world_size=1, tokens_per_step=TOKENS,
-                          clock=lambda: next(clock), refresh_peak=refresh)
+    meter = IntervalMeter(
+        flops_per_token=10**6,
+        peak_tflops_per_device=1e-6,
+        world_size=1,
+        tokens_per_step=TOKENS,
+        clock=lambda: next(clock),
+        refresh_peak=refresh,
+    )
     meter.start()  # t=0
     meter.step_done()
     first = meter.measure()  # t=1: 1000 tokens/s * 1e6 FLOPs = 1e-3 TFLOP/s, above the 1e-6 peak

@@ -1,4 +1,5 @@
 """Model shapes, the causal mask, batch isolation, and initialisation that does not depend on construction."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,9 @@ def build(cfg: ModelConfig, seed: int = 0) -> GPT:
     return model
 
 
-@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 1}, {"n_kv_heads": None}, {"mlp": "gelu", "norm": "layernorm"},
-                                {"tie_embeddings": False}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"n_kv_heads": 1}, {"n_kv_heads": None}, {"mlp": "gelu", "norm": "layernorm"}, {"tie_embeddings": False}]
+)
 def test_shapes_and_param_count(kw):
     cfg = tiny(**kw)
     model = build(cfg)
@@ -45,7 +47,7 @@ def test_no_future_leakage():
     base = model(tokens)
     for t in range(cfg.seq_len - 1):
         changed = tokens.clone()
-        changed[:, t + 1:] = (changed[:, t + 1:] + 1 + t) % cfg.vocab_size
+        changed[:, t + 1 :] = (changed[:, t + 1 :] + 1 + t) % cfg.vocab_size
         out = model(changed)
         torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-6)
         assert not torch.allclose(out[:, t + 1], base[:, t + 1])

@@ -1,5 +1,6 @@
 """The Mixture-of-Experts block (model/moe.py): grouped == loop, the output against a per-token reference,
 capacity drops counted, balancing that moves an imbalanced router, FLOPs from active parameters, config errors."""
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,16 @@ from lmforge.model.moe import MoECollector, MoEFeedForward
 def cfg_of(d_model: int = 32, n_layers: int = 2, **moe) -> ModelConfig:
     base = dict(experts=4, top_k=2, d_ff=48)
     base.update(moe)
-    return ModelConfig(vocab_size=97, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, seq_len=16,
-                       tie_embeddings=False, moe=MoEConfig(**base))
+    return ModelConfig(
+        vocab_size=97,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=16,
+        tie_embeddings=False,
+        moe=MoEConfig(**base),
+    )
 
 
 def moe_layer(cfg: ModelConfig, seed: int = 0) -> MoEFeedForward:
@@ -53,8 +62,12 @@ def reference(layer: MoEFeedForward, x: torch.Tensor, capacity: int | None = Non
     return out.reshape(x.shape)
 
 
-CASES = [dict(), dict(gating="sigmoid", shared_experts=1, top_k=1), dict(capacity_factor=0.5),
-         dict(experts=8, top_k=3, capacity_factor=1.0, gating="sigmoid")]
+CASES = [
+    dict(),
+    dict(gating="sigmoid", shared_experts=1, top_k=1),
+    dict(capacity_factor=0.5),
+    dict(experts=8, top_k=3, capacity_factor=1.0, gating="sigmoid"),
+]
 
 
 @pytest.mark.parametrize("moe", CASES)
@@ -100,8 +113,11 @@ def test_dense_default_and_param_counts():
     model = GPT(dense)
     assert not any(isinstance(m, MoEFeedForward) for m in model.modules())
     assert not MoECollector(model, dense.moe)
-    for moe, kinds in ((dict(), [True, True]), (dict(shared_experts=2, every_n_layers=2), [False, True]),
-                       (dict(layers=[0], d_ff=None), [True, False])):
+    for moe, kinds in (
+        (dict(), [True, True]),
+        (dict(shared_experts=2, every_n_layers=2), [False, True]),
+        (dict(layers=[0], d_ff=None), [True, False]),
+    ):
         cfg = cfg_of(**moe)
         model = GPT(cfg)
         assert num_parameters(model) == param_count_from_config(cfg)
@@ -134,9 +150,15 @@ def _imbalanced(layer: MoEFeedForward, x: torch.Tensor) -> None:
         layer.router.gate.weight[2:] *= 0.1
 
 
-@pytest.mark.parametrize("gating, aux_loss_coef, bias_update_rate, balances", [
-    ("softmax", 1.0, 0.0, True), ("softmax", 0.0, 0.01, True), ("sigmoid", 0.0, 0.02, True),
-    ("softmax", 0.0, 0.0, False)])
+@pytest.mark.parametrize(
+    "gating, aux_loss_coef, bias_update_rate, balances",
+    [
+        ("softmax", 1.0, 0.0, True),
+        ("softmax", 0.0, 0.01, True),
+        ("sigmoid", 0.0, 0.02, True),
+        ("softmax", 0.0, 0.0, False),
+    ],
+)
 def test_balancing_moves_an_imbalanced_router(gating, aux_loss_coef, bias_update_rate, balances):
     """A router sending almost everything to 2 of 8 experts (top-2, load max/mean ~3.8 of 4): 60 steps of the aux
     loss (Adam on the router) or of the bias update bring the last 10 steps' mean load max/mean under 2; with
@@ -173,15 +195,23 @@ def root(**moe) -> RootConfig:
     return r
 
 
-@pytest.mark.parametrize("moe, layout, key, reason", [
-    (dict(experts=1), {}, "model.moe.experts", "must be 0 (dense) or >= 2, got 1"),
-    (dict(experts=4, top_k=5), {}, "model.moe.top_k", "must be in [1, experts=4], got 5"),
-    (dict(experts=4, layers=[7]), {}, "model.moe.layers", "layer indices must be in [0, n_layers=4), got [7]"),
-    (dict(experts=4, capacity_factor=0.0), {}, "model.moe.capacity_factor", "must be > 0 or null, got 0.0"),
-    (dict(experts=4, aux_loss_coef=-1.0), {}, "model.moe.aux_loss_coef", "must be >= 0, got -1.0"),
-    (dict(experts=4), {"cp": 2}, "parallelism.cp", "not supported with model.moe.experts > 0: context-parallel ranks "
-     "route different tokens and the expert loads (and the bias update) are summed over data-parallel ranks only"),
-])
+@pytest.mark.parametrize(
+    "moe, layout, key, reason",
+    [
+        (dict(experts=1), {}, "model.moe.experts", "must be 0 (dense) or >= 2, got 1"),
+        (dict(experts=4, top_k=5), {}, "model.moe.top_k", "must be in [1, experts=4], got 5"),
+        (dict(experts=4, layers=[7]), {}, "model.moe.layers", "layer indices must be in [0, n_layers=4), got [7]"),
+        (dict(experts=4, capacity_factor=0.0), {}, "model.moe.capacity_factor", "must be > 0 or null, got 0.0"),
+        (dict(experts=4, aux_loss_coef=-1.0), {}, "model.moe.aux_loss_coef", "must be >= 0, got -1.0"),
+        (
+            dict(experts=4),
+            {"cp": 2},
+            "parallelism.cp",
+            "not supported with model.moe.experts > 0: context-parallel ranks "
+            "route different tokens and the expert loads (and the bias update) are summed over data-parallel ranks only",
+        ),
+    ],
+)
 def test_config_errors_name_key_reason_fix(moe, layout, key, reason):
     cfg = root(**moe)
     for k, v in layout.items():
@@ -212,7 +242,9 @@ def test_hf_export_picks_the_exact_moe_class_or_refuses_in_one_line():
     assert family_for(cfg_of(top_k=1)).architecture == "Qwen2MoeForCausalLM"  # Mixtral would renormalise to 1
     with pytest.raises(InteropError) as err:
         family_for(cfg_of(gating="sigmoid"))
-    assert str(err.value) == ("model.moe.gating='sigmoid': Mixtral and Qwen2-MoE route by a softmax over the experts; "
-                              "sigmoid gating (DeepSeek-V3) has no exact Hugging Face class here. Fix: export models "
-                              "trained with model.moe.gating=softmax")
+    assert str(err.value) == (
+        "model.moe.gating='sigmoid': Mixtral and Qwen2-MoE route by a softmax over the experts; "
+        "sigmoid gating (DeepSeek-V3) has no exact Hugging Face class here. Fix: export models "
+        "trained with model.moe.gating=softmax"
+    )
     assert family_for(ModelConfig()).name == "llama"  # control: the dense model keeps its family

@@ -2,6 +2,7 @@
 over a few steps (losses, router losses, expert-load metrics, the bias update, the weights) and the only graph
 breaks left are the documented boundary around the expert compute (docs/model.md). Negative control: the
 compiled run with the router's bias update skipped must fail the same comparison."""
+
 from __future__ import annotations
 
 import copy
@@ -21,10 +22,26 @@ STEPS = 4
 
 def tiny_moe() -> GPT:
     # capacity 1.0 so that drops happen (and are counted) inside the compiled graph; a shared expert too
-    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, seq_len=16,
-                      tie_embeddings=False,
-                      moe=MoEConfig(experts=4, top_k=2, d_ff=48, shared_experts=1, aux_loss_coef=0.01,
-                                    z_loss_coef=0.001, bias_update_rate=0.05, capacity_factor=1.0, compute="loop"))
+    cfg = ModelConfig(
+        vocab_size=97,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        seq_len=16,
+        tie_embeddings=False,
+        moe=MoEConfig(
+            experts=4,
+            top_k=2,
+            d_ff=48,
+            shared_experts=1,
+            aux_loss_coef=0.01,
+            z_loss_coef=0.001,
+            bias_update_rate=0.05,
+            capacity_factor=1.0,
+            compute="loop",
+        ),
+    )
     model = GPT(cfg)
     model.init_weights(0)
     return model
@@ -57,8 +74,9 @@ def train(model: GPT, update_bias: bool = True) -> dict:
 
 def mismatches(eager: dict, other: dict) -> list:
     bad = [k for k in ("loss", "router", "metrics") if other[k] != pytest.approx(eager[k], rel=1e-5, abs=1e-6)]
-    return bad + [k for k, v in eager["state"].items() if not torch.allclose(other["state"][k], v, rtol=1e-5,
-                                                                               atol=1e-5)]
+    return bad + [
+        k for k, v in eager["state"].items() if not torch.allclose(other["state"][k], v, rtol=1e-5, atol=1e-5)
+    ]
 
 
 @pytest.mark.timeout(300)
@@ -67,8 +85,9 @@ def test_compiled_moe_trains_like_eager_and_breaks_only_at_the_expert_boundary()
     torch._dynamo.utils.counters.clear()
     base = tiny_moe()
     eager = train(copy.deepcopy(base))
-    assert eager["dropped"] > 0 and any(eager["state"][k].abs().sum() > 0 for k in
-                                                           eager["state"] if k.endswith("expert_bias"))
+    assert eager["dropped"] > 0 and any(
+        eager["state"][k].abs().sum() > 0 for k in eager["state"] if k.endswith("expert_bias")
+    )
     compiled_model = copy.deepcopy(base)
     apply_compile(compiled_model)
     start = copy.deepcopy(compiled_model.state_dict())

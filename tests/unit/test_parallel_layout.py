@@ -1,4 +1,5 @@
 """Single-process checks of the parallel layout: validation messages and the pipeline stage plan."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,24 @@ def check(overrides, world_size):
     return validate(compose(TINY + overrides), world_size=world_size)
 
 
-@pytest.mark.parametrize("preset,world", [("single", 1), ("ddp", 2), ("fsdp", 2), ("fsdp_zero2", 2), ("tp2", 2),
-                                          ("tp2_sp", 2), ("pp2", 2), ("pp2_interleaved", 2), ("pp2_zb", 2),
-                                          ("tp2_dp2", 4), ("pp2_dp2", 4), ("tp2_pp2", 4), ("hsdp", 4)])
+@pytest.mark.parametrize(
+    "preset,world",
+    [
+        ("single", 1),
+        ("ddp", 2),
+        ("fsdp", 2),
+        ("fsdp_zero2", 2),
+        ("tp2", 2),
+        ("tp2_sp", 2),
+        ("pp2", 2),
+        ("pp2_interleaved", 2),
+        ("pp2_zb", 2),
+        ("tp2_dp2", 4),
+        ("pp2_dp2", 4),
+        ("tp2_pp2", 4),
+        ("hsdp", 4),
+    ],
+)
 def test_every_preset_validates_for_its_world_size(preset, world):
     cfg = check([f"parallelism={preset}"], world)
     p = cfg.parallelism
@@ -25,34 +41,65 @@ def test_every_preset_validates_for_its_world_size(preset, world):
 
 
 def test_3d_preset_needs_eight_ranks():
-    cfg = validate(compose(["model=tiny", "train.micro_batch_size=1", "train.global_batch_size=8",
-                            "parallelism=3d"]), world_size=8)
+    cfg = validate(
+        compose(["model=tiny", "train.micro_batch_size=1", "train.global_batch_size=8", "parallelism=3d"]), world_size=8
+    )
     assert (cfg.parallelism.pp, cfg.parallelism.dp_shard, cfg.parallelism.tp) == (2, 2, 2)
     with pytest.raises(ConfigError, match=r"= 8 but the job has world size 4"):
         validate(compose(["model=tiny", "parallelism=3d"]), world_size=4)
 
 
-@pytest.mark.parametrize("overrides,key,text", [
-    (["parallelism=pp2", "model.tie_embeddings=true"], "model.tie_embeddings",
-     "tied input/output embeddings would live on the first and the last pipeline stage"),
-    (["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble"], "parallelism.pp_virtual_stages",
-     "ZBVZeroBubble runs exactly 2 stages per rank, got 1"),
-    (["parallelism=pp2", "parallelism.pp_microbatches=3"], "parallelism.pp_microbatches",
-     "8 sequences per data-parallel rank and step (micro_batch_size x grad_accum) do not split into 3 pipeline "
-     "microbatches"),
-    (["parallelism=pp2", "parallelism.pp_virtual_stages=2"], "parallelism.pp_virtual_stages",
-     "1F1B runs one stage per rank"),
-    (["parallelism=pp2_zb", "parallelism.compile=true"], "parallelism.compile",
-     "InterleavedZeroBubble splits backward into input and weight parts"),
-    (["parallelism=tp2", "parallelism.compile=true"], "parallelism.compile",
-     "torch.compile of tensor-parallel blocks fails in the first backward"),
-    (["parallelism=tp2", "model.n_kv_heads=1"], "parallelism.tp",
-     "n_heads (4) and n_kv_heads (1) must both be divisible by tp (2)"),
-    (["parallelism=fsdp", "parallelism.fsdp_grad_sync=every_micro"],
-     "parallelism.fsdp_grad_sync", "'every_micro' is not one of auto, every_microbatch, last_microbatch"),
-    (["parallelism=ddp", "parallelism.fsdp_grad_sync=every_microbatch"], "parallelism.fsdp_grad_sync",
-     "every_microbatch is not possible here: only FSDP (dp_shard > 1) can reduce per micro batch"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (
+            ["parallelism=pp2", "model.tie_embeddings=true"],
+            "model.tie_embeddings",
+            "tied input/output embeddings would live on the first and the last pipeline stage",
+        ),
+        (
+            ["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble"],
+            "parallelism.pp_virtual_stages",
+            "ZBVZeroBubble runs exactly 2 stages per rank, got 1",
+        ),
+        (
+            ["parallelism=pp2", "parallelism.pp_microbatches=3"],
+            "parallelism.pp_microbatches",
+            "8 sequences per data-parallel rank and step (micro_batch_size x grad_accum) do not split into 3 pipeline "
+            "microbatches",
+        ),
+        (
+            ["parallelism=pp2", "parallelism.pp_virtual_stages=2"],
+            "parallelism.pp_virtual_stages",
+            "1F1B runs one stage per rank",
+        ),
+        (
+            ["parallelism=pp2_zb", "parallelism.compile=true"],
+            "parallelism.compile",
+            "InterleavedZeroBubble splits backward into input and weight parts",
+        ),
+        (
+            ["parallelism=tp2", "parallelism.compile=true"],
+            "parallelism.compile",
+            "torch.compile of tensor-parallel blocks fails in the first backward",
+        ),
+        (
+            ["parallelism=tp2", "model.n_kv_heads=1"],
+            "parallelism.tp",
+            "n_heads (4) and n_kv_heads (1) must both be divisible by tp (2)",
+        ),
+        (
+            ["parallelism=fsdp", "parallelism.fsdp_grad_sync=every_micro"],
+            "parallelism.fsdp_grad_sync",
+            "'every_micro' is not one of auto, every_microbatch, last_microbatch",
+        ),
+        (
+            ["parallelism=ddp", "parallelism.fsdp_grad_sync=every_microbatch"],
+            "parallelism.fsdp_grad_sync",
+            "every_microbatch is not possible here: only FSDP (dp_shard > 1) can reduce per micro batch",
+        ),
+    ],
+)
 def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
     with pytest.raises(ConfigError) as err:
         check(overrides, 2)
@@ -61,12 +108,24 @@ def test_invalid_layouts_name_key_reason_and_fix(overrides, key, text):
     assert err.value.fix
 
 
-@pytest.mark.parametrize("overrides,text", [
-    (["parallelism=pp2_zb", "parallelism.dp_shard=2", "parallelism.reshard_after_forward=true"],
-     "InterleavedZeroBubble with FSDP (dp_shard=2, cp=1) and reshard_after_forward=true loses weight gradients"),
-    (["parallelism=pp2", "parallelism.pp_schedule=ZBVZeroBubble", "parallelism.pp_virtual_stages=2", "parallelism.cp=2"],
-     "ZBVZeroBubble with FSDP (dp_shard=1, cp=2) and reshard_after_forward=true loses weight gradients"),
-])
+@pytest.mark.parametrize(
+    "overrides,text",
+    [
+        (
+            ["parallelism=pp2_zb", "parallelism.dp_shard=2", "parallelism.reshard_after_forward=true"],
+            "InterleavedZeroBubble with FSDP (dp_shard=2, cp=1) and reshard_after_forward=true loses weight gradients",
+        ),
+        (
+            [
+                "parallelism=pp2",
+                "parallelism.pp_schedule=ZBVZeroBubble",
+                "parallelism.pp_virtual_stages=2",
+                "parallelism.cp=2",
+            ],
+            "ZBVZeroBubble with FSDP (dp_shard=1, cp=2) and reshard_after_forward=true loses weight gradients",
+        ),
+    ],
+)
 def test_zero_bubble_with_fsdp_resharding_after_forward_is_refused(overrides, text, capsys):
     """Zero bubble x FSDP with blocks resharded after forward trains on wrong weight gradients (torch 2.13;
     test_parallel_parity.py's pp2_zb_fsdp_resharded measures it): refused in one line, exit 2 (lmforge plan)."""
@@ -79,8 +138,9 @@ def test_zero_bubble_with_fsdp_resharding_after_forward_is_refused(overrides, te
 
     assert plan_cli.main(TINY + overrides + ["cluster.gpus_per_node=4"]) == 2  # one line, exit 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lmforge plan: refused: config key "
-                                                   "'parallelism.reshard_after_forward': ")
+    assert len(lines) == 1 and lines[0].startswith(
+        "lmforge plan: refused: config key 'parallelism.reshard_after_forward': "
+    )
 
 
 def test_zero_bubble_with_fsdp_validates_with_blocks_gathered():
@@ -95,8 +155,10 @@ def test_fsdp_grad_sync_modes_resolve_per_layout():
     from lmforge.config.parallelism import fsdp_grad_sync_mode
 
     assert fsdp_grad_sync_mode(check(["parallelism=fsdp"], 2).parallelism) == "every_microbatch"
-    assert fsdp_grad_sync_mode(check(["parallelism=fsdp", "parallelism.fsdp_grad_sync=last_microbatch"],
-                                     2).parallelism) == "last_microbatch"
+    assert (
+        fsdp_grad_sync_mode(check(["parallelism=fsdp", "parallelism.fsdp_grad_sync=last_microbatch"], 2).parallelism)
+        == "last_microbatch"
+    )
     # Pipeline schedules reduce once per step (torch.distributed.pipelining); DDP uses no_sync.
     assert fsdp_grad_sync_mode(check(["parallelism=pp2_dp2"], 4).parallelism) == "last_microbatch"
     assert fsdp_grad_sync_mode(check(["parallelism=ddp"], 2).parallelism) == "last_microbatch"
@@ -105,14 +167,18 @@ def test_fsdp_grad_sync_modes_resolve_per_layout():
     assert err.value.fix == "set parallelism.fsdp_grad_sync=auto (or last_microbatch)"
 
 
-@pytest.mark.parametrize("schedule,virtual,expected", [
-    ("1F1B", 1, {0: ["0", "1"], 1: ["2", "3"]}),
-    ("Interleaved1F1B", 2, {0: ["0", "2"], 1: ["1", "3"]}),
-    ("ZBVZeroBubble", 2, {0: ["0", "3"], 1: ["1", "2"]}),
-])
+@pytest.mark.parametrize(
+    "schedule,virtual,expected",
+    [
+        ("1F1B", 1, {0: ["0", "1"], 1: ["2", "3"]}),
+        ("Interleaved1F1B", 2, {0: ["0", "2"], 1: ["1", "3"]}),
+        ("ZBVZeroBubble", 2, {0: ["0", "3"], 1: ["1", "2"]}),
+    ],
+)
 def test_stage_plan_keeps_global_layer_names(schedule, virtual, expected):
-    cfg = check([f"parallelism.pp=2", f"parallelism.pp_schedule={schedule}",
-                 f"parallelism.pp_virtual_stages={virtual}"], 2)
+    cfg = check(
+        ["parallelism.pp=2", f"parallelism.pp_schedule={schedule}", f"parallelism.pp_virtual_stages={virtual}"], 2
+    )
     plan = plan_stages(4, cfg.parallelism)
     for rank, layers in expected.items():
         assert [name for s in plan.local_stages(rank) for name in plan.layers[s]] == layers

@@ -4,6 +4,7 @@ A pipeline rank's part is ``GPT(cfg, layers, embedding, head)`` (``parallel/pipe
 ``GPTStage`` modules over the part's own submodules (``GPT.stage``). The name-keyed init makes a part's parameters
 equal to the whole model's of the same name, and chaining the stages of every rank reproduces the whole model.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,12 @@ from lmforge.parallel.pipeline import build_stages, plan_stages, rank_part
 
 
 def tiny(**kw) -> ModelConfig:
-    return ModelConfig(**{**dict(vocab_size=97, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, seq_len=16,
-                                     tie_embeddings=False), **kw})  # tied embeddings across stages: refused
+    return ModelConfig(
+        **{
+            **dict(vocab_size=97, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, seq_len=16, tie_embeddings=False),
+            **kw,
+        }
+    )  # tied embeddings across stages: refused
 
 
 def parts_of(cfg: ModelConfig, pcfg: ParallelismConfig, seed: int = 5):
@@ -66,5 +71,7 @@ def test_a_part_without_embedding_or_head_has_none():
     assert middle.tok_embeddings is None and middle.norm is None and middle.output is None
     assert list(middle.layers) == ["1", "2"]
     last = GPT(cfg, [3], embedding=False, head=True)
-    assert sorted(n for n, _ in last.named_parameters() if not n.startswith("layers.")) == ["norm.weight",
-                                                                                            "output.weight"]
+    assert sorted(n for n, _ in last.named_parameters() if not n.startswith("layers.")) == [
+        "norm.weight",
+        "output.weight",
+    ]

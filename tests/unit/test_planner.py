@@ -1,4 +1,5 @@
 """``lmforge plan``: the exact refusal for each impossible or out-of-memory layout, and the plan's numbers."""
+
 from __future__ import annotations
 
 import json
@@ -23,41 +24,65 @@ INVALID = {
     "world_size": (
         G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1"],
         "config key 'parallelism': dp_replicate*dp_shard*tp*pp = 1*8*1*1 = 8 but the job has world size 16. "
-        "Fix: make the product equal 16 (e.g. parallelism.dp_shard=16)"),
+        "Fix: make the product equal 16 (e.g. parallelism.dp_shard=16)",
+    ),
     "heads_tp": (
         G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=1", "parallelism.tp=16"],
         "config key 'parallelism.tp': n_heads (16) and n_kv_heads (8) must both be divisible by tp (16). "
-        "Fix: choose tp dividing both head counts"),
+        "Fix: choose tp dividing both head counts",
+    ),
     "layers_pp": (
-        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=1", "parallelism.pp=4",
-              "parallelism.tp=4", "parallelism.pp_virtual_stages=4", "parallelism.pp_schedule=Interleaved1F1B"],
+        G1
+        + [
+            "cluster.nodes=2",
+            "parallelism.dp_replicate=1",
+            "parallelism.dp_shard=1",
+            "parallelism.pp=4",
+            "parallelism.tp=4",
+            "parallelism.pp_virtual_stages=4",
+            "parallelism.pp_schedule=Interleaved1F1B",
+        ],
         "config key 'parallelism.pp': n_layers (24) is not divisible by pp*pp_virtual_stages (16). "
-        "Fix: choose pp and pp_virtual_stages whose product divides n_layers"),
+        "Fix: choose pp and pp_virtual_stages whose product divides n_layers",
+    ),
     "microbatches_pp": (
-        G1 + ["cluster.nodes=2", "parallelism.dp_replicate=1", "parallelism.dp_shard=2", "parallelism.pp=8",
-              "train.global_batch_size=16", "model.tie_embeddings=false"],
+        G1
+        + [
+            "cluster.nodes=2",
+            "parallelism.dp_replicate=1",
+            "parallelism.dp_shard=2",
+            "parallelism.pp=8",
+            "train.global_batch_size=16",
+            "model.tie_embeddings=false",
+        ],
         "config key 'parallelism.pp_microbatches': 2 microbatches cannot fill 8 pipeline stages. "
-        "Fix: use at least 8 microbatches (raise train.global_batch_size or pp_microbatches)"),
+        "Fix: use at least 8 microbatches (raise train.global_batch_size or pp_microbatches)",
+    ),
     "batch_arithmetic": (
         G1 + ["cluster.nodes=3"],
         "config key 'train.global_batch_size': 512 is not divisible by micro_batch_size (4) x data-parallel size "
-        "(24) = 96. Fix: use a multiple of 96, e.g. train.global_batch_size=480 or 576"),
+        "(24) = 96. Fix: use a multiple of 96, e.g. train.global_batch_size=480 or 576",
+    ),
     "sequence_parallel_without_tp": (
         G1 + ["parallelism.sequence_parallel=true"],
         "config key 'parallelism.sequence_parallel': needs tp > 1. Fix: set parallelism.tp >= 2 or "
-        "sequence_parallel=false"),
+        "sequence_parallel=false",
+    ),
     "virtual_stages_1f1b": (
         G1 + ["parallelism.dp_shard=4", "parallelism.pp=2", "parallelism.pp_virtual_stages=2"],
         "config key 'parallelism.pp_virtual_stages': 1F1B runs one stage per rank. Fix: use "
-        "pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages"),
+        "pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages",
+    ),
     "unknown_device": (
         G1 + ["cluster.device=tpu"],
         "config key 'cluster.device': no memory size known for device 'tpu'. Fix: set cluster.device_memory_gib, "
         "or one of: a100, a100_40gb, a100_80gb, b200, h100, h100_nvl, h100_pcie, h100_sxm, h200, h200_nvl, l40s, "
-        "mi300x, cpu"),
+        "mi300x, cpu",
+    ),
     "assumed_mfu": (
         G1 + ["cluster.assumed_mfu=1.5"],
-        "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4"),
+        "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4",
+    ),
 }
 
 OUT_OF_MEMORY = {
@@ -66,25 +91,34 @@ OUT_OF_MEMORY = {
         "config key 'parallelism': estimated 84.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
         "(parameters+gradients+optimizer 2.3 GiB, activations 75.0 GiB). Fix: "
         "parallelism.activation_checkpointing=selective (52.9 GiB) or parallelism.activation_checkpointing=full "
-        "(21.7 GiB)"),
+        "(21.7 GiB)",
+    ),
     "activations_fix_micro_batch": (
         G1 + ["train.micro_batch_size=96", "train.global_batch_size=1536", "cluster.nodes=2"],
         "config key 'parallelism': estimated 474.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
         "(parameters+gradients+optimizer 2.3 GiB, activations 450.0 GiB). Fix: train.micro_batch_size=48 "
         "parallelism.activation_checkpointing=full (53.2 GiB) or train.micro_batch_size=24 "
-        "parallelism.activation_checkpointing=full (29.6 GiB)"),
+        "parallelism.activation_checkpointing=full (29.6 GiB)",
+    ),
     "model_state_fix_dp_shard": (
-        G7 + ["cluster.nodes=4", "parallelism.dp_shard=1", "parallelism.dp_replicate=32",
-              "parallelism.activation_checkpointing=full"],
+        G7
+        + [
+            "cluster.nodes=4",
+            "parallelism.dp_shard=1",
+            "parallelism.dp_replicate=32",
+            "parallelism.activation_checkpointing=full",
+        ],
         "config key 'parallelism': estimated 116.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
         "(parameters+gradients+optimizer 100.4 GiB, activations 3.2 GiB). Fix: parallelism.dp_shard=32 "
-        "parallelism.dp_replicate=1 (24.1 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.5 GiB)"),
+        "parallelism.dp_replicate=1 (24.1 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.5 GiB)",
+    ),
     "small_device_fix_tp": (
         G7 + ["cluster.nodes=1", "cluster.device=l40s", "cluster.device_memory_gib=24", "parallelism.dp_shard=8"],
         "config key 'parallelism': estimated 55.5 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
         "(parameters+gradients+optimizer 12.6 GiB, activations 25.2 GiB). Fix: parallelism.tp=4 "
         "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (19.8 GiB) or parallelism.tp=8 "
-        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (16.9 GiB)"),
+        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (16.9 GiB)",
+    ),
 }
 
 
@@ -109,8 +143,9 @@ def test_out_of_memory_layout_refused_with_fix(case):
 def test_suggested_fixes_really_fit():
     """Applying a suggested fix gives a layout the planner accepts."""
     overrides, _ = OUT_OF_MEMORY["small_device_fix_tp"]
-    fixed = plan_from_overrides(overrides + ["parallelism.tp=4", "parallelism.dp_shard=2",
-                                             "parallelism.activation_checkpointing=full"])
+    fixed = plan_from_overrides(
+        overrides + ["parallelism.tp=4", "parallelism.dp_shard=2", "parallelism.activation_checkpointing=full"]
+    )
     check_fits(fixed)
     assert fixed.fits and fixed.memory.total / GIB == pytest.approx(19.8, abs=0.05)
 
@@ -121,8 +156,10 @@ def test_cli_prints_plan_and_exit_codes(capsys):
     # data.max_epochs=0: the layout alone (the embedded mixture would be refused for gpt_1b, test_data_epochs.py)
     assert VERBS["plan"](G1 + ["cluster.nodes=2", "data.max_epochs=0"]) == 0
     out = capsys.readouterr().out
-    assert ("mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1  (dp_shard groups within a node; dp_replicate "
-            "groups across 2 nodes)") in out
+    assert (
+        "mesh       pp=1 x dp_replicate=2 x dp_shard=8 x tp=1  (dp_shard groups within a node; dp_replicate "
+        "groups across 2 nodes)"
+    ) in out
     assert "1,216,710,656 parameters" in out
     assert "512 sequences = micro 4 x grad_accum 8 x dp 16; 1,048,576 tokens/step" in out
     assert "fits       yes" in out
@@ -132,7 +169,9 @@ def test_cli_prints_plan_and_exit_codes(capsys):
 
     assert plan_main(["--json"] + G1 + ["cluster.nodes=2"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1, "cp": 1, "ep": 1} and data["fits"] is True
+    assert (
+        data["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 8, "tp": 1, "cp": 1, "ep": 1} and data["fits"] is True
+    )
     assert data["cp_exchange_bytes_per_step"] == 0
     assert data["memory_total_bytes"] == sum(data["memory_bytes"].values())
     assert set(data["activations_by_mode_bytes"]) == {"none", "selective", "full"}
@@ -160,17 +199,37 @@ def test_plan_numbers_come_from_the_one_flops_formula_and_batch_plan():
 
 
 def test_bubble_and_recompute_stretch_the_step():
-    base = ["model=gpt_1b", "model.tie_embeddings=false", "cluster=h100_node", "train.micro_batch_size=1",
-            "train.global_batch_size=16"]
+    base = [
+        "model=gpt_1b",
+        "model.tie_embeddings=false",
+        "cluster=h100_node",
+        "train.micro_batch_size=1",
+        "train.global_batch_size=16",
+    ]
     flat = plan_from_overrides(base + ["parallelism.dp_shard=8"])
     pp = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2"])
     assert pp.n_micro == 8 and pp.bubble == pytest.approx(3 / 8)
     assert pp.step_time_s == pytest.approx(flat.step_time_s * (1 + 3 / 8))
-    inter = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
-                                        "parallelism.pp_schedule=Interleaved1F1B"])
+    inter = plan_from_overrides(
+        base
+        + [
+            "parallelism.pp=4",
+            "parallelism.dp_shard=2",
+            "parallelism.pp_virtual_stages=2",
+            "parallelism.pp_schedule=Interleaved1F1B",
+        ]
+    )
     assert inter.bubble == pytest.approx(3 / 16)
-    zb = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2", "parallelism.pp_schedule=ZBVZeroBubble",
-                                     "parallelism.pp_virtual_stages=2", "parallelism.reshard_after_forward=false"])
+    zb = plan_from_overrides(
+        base
+        + [
+            "parallelism.pp=4",
+            "parallelism.dp_shard=2",
+            "parallelism.pp_schedule=ZBVZeroBubble",
+            "parallelism.pp_virtual_stages=2",
+            "parallelism.reshard_after_forward=false",
+        ]
+    )
     assert zb.bubble == pytest.approx(3 / 8 / 3)
     full = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full"])
     assert full.step_time_s == pytest.approx(flat.step_time_s * 4 / 3)
@@ -179,12 +238,29 @@ def test_bubble_and_recompute_stretch_the_step():
 def test_state_bytes_partition_the_model_exactly():
     """Summed over every (pp, tp, dp_shard) rank, the shards hold each parameter exactly once (norm weights,
     replicated over tp, once per tp rank)."""
-    cfg = validate(compose(["model=tiny", "model.vocab_size=8193", "model.d_ff=150", "parallelism.pp=2",
-                            "parallelism.tp=2", "parallelism.dp_shard=2", "parallelism.pp_virtual_stages=2",
-                            "parallelism.pp_schedule=Interleaved1F1B", "train.micro_batch_size=1",
-                            "train.global_batch_size=4"]), world_size=8)
-    total = sum(state_bytes(cfg, "fp32", pp_rank=p, tp_rank=t, dp_shard_rank=d).numel
-                for p in range(2) for t in range(2) for d in range(2))
+    cfg = validate(
+        compose(
+            [
+                "model=tiny",
+                "model.vocab_size=8193",
+                "model.d_ff=150",
+                "parallelism.pp=2",
+                "parallelism.tp=2",
+                "parallelism.dp_shard=2",
+                "parallelism.pp_virtual_stages=2",
+                "parallelism.pp_schedule=Interleaved1F1B",
+                "train.micro_batch_size=1",
+                "train.global_batch_size=4",
+            ]
+        ),
+        world_size=8,
+    )
+    total = sum(
+        state_bytes(cfg, "fp32", pp_rank=p, tp_rank=t, dp_shard_rank=d).numel
+        for p in range(2)
+        for t in range(2)
+        for d in range(2)
+    )
     shapes = parameter_shapes(cfg.model)
     norms = sum(math.prod(s) for name, s in shapes if "norm" in name)
     assert param_count_from_config(cfg.model) == sum(math.prod(s) for _, s in shapes)
@@ -198,9 +274,19 @@ def test_state_bytes_partition_the_model_exactly():
 
 def test_zbv_places_embedding_and_head_on_pipeline_rank_0():
     """ZBVZeroBubble's V: rank 0 holds the first and the last chunk, so the embedding and the head."""
-    cfg = validate(compose(["model=tiny", "parallelism.pp=2", "parallelism.pp_schedule=ZBVZeroBubble",
-                            "parallelism.pp_virtual_stages=2", "train.micro_batch_size=1",
-                            "train.global_batch_size=2"]), world_size=2)
+    cfg = validate(
+        compose(
+            [
+                "model=tiny",
+                "parallelism.pp=2",
+                "parallelism.pp_schedule=ZBVZeroBubble",
+                "parallelism.pp_virtual_stages=2",
+                "train.micro_batch_size=1",
+                "train.global_batch_size=2",
+            ]
+        ),
+        world_size=2,
+    )
     rank0, rank1 = state_bytes(cfg, "fp32", pp_rank=0), state_bytes(cfg, "fp32", pp_rank=1)
     vocab_d = cfg.model.vocab_size * cfg.model.d_model
     assert rank0.first and rank0.last and not (rank1.first or rank1.last)
@@ -231,8 +317,9 @@ def test_deferred_fsdp_grad_sync_counts_every_blocks_unsharded_gradient():
     from lmforge.parallel.memory_estimate import estimate_memory
 
     def est(*extra):
-        cfg = validate(compose(G1 + ["train.micro_batch_size=4", "parallelism.reduce_dtype=bf16", *extra]),
-                       world_size=8)
+        cfg = validate(
+            compose(G1 + ["train.micro_batch_size=4", "parallelism.reduce_dtype=bf16", *extra]), world_size=8
+        )
         return estimate_memory(cfg, check_batch(cfg), "bf16-mixed")
 
     every, last = est(), est("parallelism.fsdp_grad_sync=last_microbatch")

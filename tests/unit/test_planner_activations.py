@@ -5,6 +5,7 @@ still allocated when the forward returns is exactly what autograd keeps for back
 ``saved_activation_bytes`` must match it within ACT_TOLERANCE for each activation-checkpointing mode,
 on a >= 50M-parameter model and on the other block variants (GELU, LayerNorm, multi-head attention).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,10 +20,29 @@ from lmforge.parallel.memory_estimate import activation_shape, saved_activation_
 
 ACT_TOLERANCE = 0.03  # relative; measured deviations are below 0.1%
 
-MODEL_50M = ModelConfig(name="planner_50m", vocab_size=32768, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4,
-                        seq_len=256, mlp="swiglu", norm="rmsnorm", tie_embeddings=True)
-MODEL_GELU = ModelConfig(name="planner_gelu", vocab_size=4096, d_model=256, n_layers=3, n_heads=4, seq_len=128,
-                         mlp="gelu", norm="layernorm", tie_embeddings=False)
+MODEL_50M = ModelConfig(
+    name="planner_50m",
+    vocab_size=32768,
+    d_model=512,
+    n_layers=12,
+    n_heads=8,
+    n_kv_heads=4,
+    seq_len=256,
+    mlp="swiglu",
+    norm="rmsnorm",
+    tie_embeddings=True,
+)
+MODEL_GELU = ModelConfig(
+    name="planner_gelu",
+    vocab_size=4096,
+    d_model=256,
+    n_layers=3,
+    n_heads=4,
+    seq_len=128,
+    mlp="gelu",
+    norm="layernorm",
+    tie_embeddings=False,
+)
 
 
 def profiled_forward_bytes(model: torch.nn.Module, cfg: ModelConfig, batch: int) -> int:

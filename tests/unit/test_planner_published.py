@@ -12,6 +12,7 @@ ratio planner / published must lie in PUBLISHED_BAND. The planner is meant to be
 in busy time is a typical well-tuned figure, Megatron reached 44-52% here. Every published layout ran,
 so the planner must also accept it (fit in 80 GB).
 """
+
 from __future__ import annotations
 
 from lmforge.config.cluster import ClusterConfig
@@ -45,10 +46,21 @@ def megatron_flops_per_token(h: int, layers: int) -> float:
 
 
 def published_config(heads, hidden, layers, tp, pp, gpus, batch) -> RootConfig:
-    model = ModelConfig(name=f"megatron_{hidden}x{layers}", vocab_size=VOCAB, d_model=hidden, n_layers=layers,
-                        n_heads=heads, d_ff=4 * hidden, seq_len=SEQ, mlp="gelu", norm="layernorm", tie_embeddings=pp == 1)
-    par = ParallelismConfig(name="published", dp_replicate=gpus // (tp * pp), tp=tp, pp=pp,
-                            activation_checkpointing="full")
+    model = ModelConfig(
+        name=f"megatron_{hidden}x{layers}",
+        vocab_size=VOCAB,
+        d_model=hidden,
+        n_layers=layers,
+        n_heads=heads,
+        d_ff=4 * hidden,
+        seq_len=SEQ,
+        mlp="gelu",
+        norm="layernorm",
+        tie_embeddings=pp == 1,
+    )
+    par = ParallelismConfig(
+        name="published", dp_replicate=gpus // (tp * pp), tp=tp, pp=pp, activation_checkpointing="full"
+    )
     train = TrainConfig(micro_batch_size=1, global_batch_size=batch, precision="bf16-mixed")
     cluster = ClusterConfig(name="selene", nodes=gpus // 8, gpus_per_node=8, device="a100", assumed_mfu=0.40)
     return validate(RootConfig(model=model, parallelism=par, train=train, cluster=cluster), world_size=gpus)
@@ -66,12 +78,29 @@ def test_planner_beside_megatron_published_table():
         published_tps = reported * 1e12 / megatron_flops_per_token(hidden, layers)
         planner_tps = plan.tokens_per_s / gpus
         planner_hw_tflops = planner_tps * megatron_flops_per_token(hidden, layers) / 1e12
-        rows.append((params_b, tp, pp, gpus, reported, planner_hw_tflops, published_tps, planner_tps,
-                     planner_tps / published_tps, plan.bubble, plan.memory.total / 2**30))
-    print(f"\n{'params':>8}{'tp':>4}{'pp':>4}{'GPUs':>6}{'pub TF/s':>10}{'plan TF/s':>11}{'pub tok/s':>11}"
-          f"{'plan tok/s':>12}{'ratio':>7}{'bubble':>8}{'GiB/GPU':>9}")
+        rows.append(
+            (
+                params_b,
+                tp,
+                pp,
+                gpus,
+                reported,
+                planner_hw_tflops,
+                published_tps,
+                planner_tps,
+                planner_tps / published_tps,
+                plan.bubble,
+                plan.memory.total / 2**30,
+            )
+        )
+    print(
+        f"\n{'params':>8}{'tp':>4}{'pp':>4}{'GPUs':>6}{'pub TF/s':>10}{'plan TF/s':>11}{'pub tok/s':>11}"
+        f"{'plan tok/s':>12}{'ratio':>7}{'bubble':>8}{'GiB/GPU':>9}"
+    )
     for r in rows:
-        print(f"{r[0]:>7.1f}B{r[1]:>4}{r[2]:>4}{r[3]:>6}{r[4]:>10.0f}{r[5]:>11.1f}{r[6]:>11.0f}{r[7]:>12.0f}"
-              f"{r[8]:>7.2f}{r[9]:>8.1%}{r[10]:>9.1f}")
+        print(
+            f"{r[0]:>7.1f}B{r[1]:>4}{r[2]:>4}{r[3]:>6}{r[4]:>10.0f}{r[5]:>11.1f}{r[6]:>11.0f}{r[7]:>12.0f}"
+            f"{r[8]:>7.2f}{r[9]:>8.1%}{r[10]:>9.1f}"
+        )
     for r in rows:
         assert PUBLISHED_BAND[0] <= r[8] <= PUBLISHED_BAND[1], f"{r[0]}B: planner/published = {r[8]:.2f}"

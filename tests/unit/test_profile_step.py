@@ -2,6 +2,7 @@
 attention FLOP is found (the totals equal the project's FLOPs formula), RoPE's and the loss's ops (forward
 and backward) land in their own categories by context, and without the context rules (the negative control)
 RoPE disappears into "other ops". Keeps the profile table from silently rotting as the model code changes."""
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.profile_step import (CATEGORIES, Breakdown, ProfileRun, bucket, op_category,  # noqa: E402
-                                     profile_steps, table)
+from benchmarks.profile_step import (
+    CATEGORIES,
+    Breakdown,
+    ProfileRun,
+    bucket,
+    op_category,  # noqa: E402
+    profile_steps,
+    table,
+)
 from benchmarks.step import base_overrides, engine_step  # noqa: E402
 from lmforge.config.compose import compose  # noqa: E402
 from lmforge.config.validate import validate  # noqa: E402
@@ -69,14 +77,19 @@ def test_paired_ratios_cancel_the_machine_drift_between_rounds():
     assert paired == pytest.approx([0.9, 0.9, 0.72])
     # Negative control: the ratio of the medians mixes rounds (a slow step with a fast probe) and differs.
     import statistics
+
     assert (90.0 / statistics.median(steps)) / (80.0 / statistics.median(gemms)) != pytest.approx(0.9)
 
 
 def test_ceiling_counts_only_gemm_and_attention_time():
     # Two profiled steps: GEMMs do 80 flops a step in 1.0 s (the probe would take 0.8 s), attention 0.2 s,
     # everything else 0.5 s; the model does 90 flops a step.
-    b = Breakdown(wall_us=2 * 1.7e6, steps=2, self_us={"GEMM": 2.0e6, "attention": 0.4e6, "norms": 1.0e6},
-                  flops={"GEMM": 160.0, "attention": 10.0})
+    b = Breakdown(
+        wall_us=2 * 1.7e6,
+        steps=2,
+        self_us={"GEMM": 2.0e6, "attention": 0.4e6, "norms": 1.0e6},
+        flops={"GEMM": 160.0, "attention": 10.0},
+    )
     run = ProfileRun("m", "eager", b, step_s=1.7, gemm_rate=100.0, model_flops=90.0)
     assert run.ceiling() == pytest.approx(90.0 / (0.8 + 0.2) / 100.0)  # 0.9
     assert run.ceiling(gemm_at_probe=False) == pytest.approx(90.0 / (1.0 + 0.2) / 100.0)  # 0.75

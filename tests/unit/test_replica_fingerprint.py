@@ -1,5 +1,6 @@
 """The replica fingerprint is exact (any single flipped bit changes it; a float sum misses a low bit) and the
 majority rule names the minority replica, or every replica when there is no majority."""
+
 from __future__ import annotations
 
 import torch
@@ -31,5 +32,6 @@ def test_majority_names_the_minority_and_no_majority_names_all():
     assert disagreeing([[1, 2, 3], [1, 9, 3]]) == ([0, 1], [1])
     assert disagreeing([[1, 2, 3], [1, 9, 3], [1, 2, 7], [1, 2, 3]]) == ([1, 2], [1, 2])
     m = Mismatch(8, [5], [1, 5, 9], ["a.weight"])
-    assert m.describe() == ("replicas [1, 5, 9] of the same shard: rank(s) 5 differ from the other replicas (1, 9) "
-                            "on 1 tensor(s): a.weight")
+    assert m.describe() == (
+        "replicas [1, 5, 9] of the same shard: rank(s) 5 differ from the other replicas (1, 9) on 1 tensor(s): a.weight"
+    )

@@ -3,6 +3,7 @@
 Python's ``random.gauss`` and numpy's legacy ``randn`` produce normals in pairs and cache the second value
 (``gauss_next``; ``has_gauss``/``cached_gaussian``): a restore that drops the cache shifts every later normal draw.
 """
+
 from __future__ import annotations
 
 import random
@@ -20,9 +21,11 @@ N = 7
 
 def draws() -> tuple:
     """N values of every generator, uniform and normal (odd counts, so a cache is left behind again)."""
-    out = ([random.random() for _ in range(N)] + [random.gauss(0.0, 1.0) for _ in range(N)],
-           np.random.rand(N).tolist() + [float(np.random.randn()) for _ in range(N)],
-           torch.rand(N).tolist() + torch.randn(N).tolist() + [float(torch.randn(1)) for _ in range(N)])
+    out = (
+        [random.random() for _ in range(N)] + [random.gauss(0.0, 1.0) for _ in range(N)],
+        np.random.rand(N).tolist() + [float(np.random.randn()) for _ in range(N)],
+        torch.rand(N).tolist() + torch.randn(N).tolist() + [float(torch.randn(1)) for _ in range(N)],
+    )
     if torch.cuda.is_available():  # the CUDA generator of this device, when there is one
         out += (torch.rand(N, device="cuda").tolist() + torch.randn(N, device="cuda").tolist(),)
     return out
@@ -56,8 +59,14 @@ def test_rng_state_round_trips_exactly_through_a_manager_checkpoint(tmp_path):
 
     # Stored as tensors (DCP), nothing pickled: every rng entry is a tensor in the index.
     rng = {k: v for k, v in tensor_metadata(path).items() if k.startswith("rng/")}
-    assert {k.split("/")[-1] for k in rng} >= {"python", "python_gauss", "numpy_keys", "numpy_pos", "numpy_gauss",
-                                                "torch_cpu"}
+    assert {k.split("/")[-1] for k in rng} >= {
+        "python",
+        "python_gauss",
+        "numpy_keys",
+        "numpy_pos",
+        "numpy_gauss",
+        "torch_cpu",
+    }
     assert all(isinstance(v, TensorStorageMetadata) for v in rng.values())
 
 
@@ -70,5 +79,6 @@ def test_an_older_checkpoint_without_the_gaussian_caches_is_named_not_silently_h
     announce_missing("ckpt/step-00000001", missing)
     assert capsys.readouterr().err.strip() == (
         "lmforge: warning: checkpoint ckpt/step-00000001 has no rng/rank0/numpy_gauss, rng/rank0/python_gauss "
-        "(written by an older lmforge): those RNG states are not restored (cached Gaussians start empty)")
+        "(written by an older lmforge): those RNG states are not restored (cached Gaussians start empty)"
+    )
     assert loadable_rng_state(0, old + missing)[1] == []  # a current checkpoint lacks nothing

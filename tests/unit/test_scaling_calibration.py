@@ -9,6 +9,7 @@ uses (``method='auto'``), all tables in one batch (``fit_approach3_many``, ``boo
 coverage is 38/40 = 95% for exchangeable draws, so this small count does not bias the check; the
 coverage estimate's own binomial error over 100 tables is about 2 points.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,23 +61,31 @@ def coverage(make, seed) -> tuple[dict, int, set]:
         p = r.predictions[f"{TARGET:.6g}"]
         hits["N*(1e21)"] += p["n_opt"].low <= n_true <= p["n_opt"].high
         hits["D*(1e21)"] += p["d_opt"].low <= d_true <= p["d_opt"].high
-    return ({k: v / TABLES for k, v in hits.items()}, sum(r.failed for r in results),
-            {(r.method, r.design) for r in results})
+    return (
+        {k: v / TABLES for k, v in hits.items()},
+        sum(r.failed for r in results),
+        {(r.method, r.design) for r in results},
+    )
 
 
 @pytest.mark.timeout(900)
 def test_95_percent_intervals_cover_the_truth_in_90_to_99_percent_of_tables(capsys):
     table = {}
-    for name, make, seed, method in (("IsoFLOP grid", grid_table, 1, ("within-budget", "isoflop-grid")),
-                                     ("scattered", scattered_table, 2, ("runs", SCATTERED))):
+    for name, make, seed, method in (
+        ("IsoFLOP grid", grid_table, 1, ("within-budget", "isoflop-grid")),
+        ("scattered", scattered_table, 2, ("runs", SCATTERED)),
+    ):
         cov, failed, methods = coverage(make, seed)
         assert methods == {method}, methods  # the default follows the design
         table[name] = (cov, failed)
     with capsys.disabled():
         print(f"\ncoverage of 95% intervals over {TABLES} tables ({REPLICATES} bootstrap replicates each):")
         for name, (cov, failed) in table.items():
-            print(f"  {name:<13} " + "  ".join(f"{k} {v:.2f}" for k, v in cov.items())
-                  + f"  (failed refits {failed}/{TABLES * REPLICATES})")
+            print(
+                f"  {name:<13} "
+                + "  ".join(f"{k} {v:.2f}" for k, v in cov.items())
+                + f"  (failed refits {failed}/{TABLES * REPLICATES})"
+            )
     for name, (cov, failed) in table.items():
         for k, v in cov.items():
             assert 0.90 <= v <= 0.99, (name, k, v)

@@ -1,4 +1,5 @@
 """Collecting losses from run directories and the fit report's partial-failure behaviour."""
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,27 @@ from lmforge.scaling.report import fit_all
 def test_final_and_smoothed_losses_use_the_mixture_weights():
     records = [{"kind": "event", "event": "sweep_point", "budget": 1e10}]
     for step in range(10, 101, 10):
-        records.append({"kind": "train", "step": step, "loss": 5.0 - step / 100, "tokens_seen": step * 100,
-                        "flops_seen": step * 100 * 7})
+        records.append(
+            {
+                "kind": "train",
+                "step": step,
+                "loss": 5.0 - step / 100,
+                "tokens_seen": step * 100,
+                "flops_seen": step * 100 * 7,
+            }
+        )
     for step, books, code in ((50, 4.0, 3.0), (95, 3.6, 2.6), (100, 3.5, 2.5)):
-        records.append({"kind": "eval", "step": step, "tokens_seen": step * 100, "val/books/loss": books,
-                        "val/code/loss": code, "val/books/ppl": 1.0, "eval/arc/acc": step / 200})
+        records.append(
+            {
+                "kind": "eval",
+                "step": step,
+                "tokens_seen": step * 100,
+                "val/books/loss": books,
+                "val/code/loss": code,
+                "val/books/ppl": 1.0,
+                "eval/arc/acc": step / 200,
+            }
+        )
     out = summarise_run(records, {"books": 0.75, "code": 0.25}, smooth_fraction=0.1)
     assert out["final_step"] == 100 and out["flops_seen"] == 70000
     assert out["final_val_loss"] == pytest.approx(0.75 * 3.5 + 0.25 * 2.5)

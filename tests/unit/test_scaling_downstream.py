@@ -1,4 +1,5 @@
 """The downstream link: an eval metric as a sigmoid of loss or of compute, recovered from synthetic runs."""
+
 from __future__ import annotations
 
 import numpy as np

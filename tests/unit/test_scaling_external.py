@@ -4,6 +4,7 @@ The table is drawn from a known law (Hoffmann et al.'s constants) with log-loss 
 runs; parameters are in millions (stated with --n-scale). The intervals must be non-degenerate and contain
 the generating law; the old within-budget resampling (zero-width intervals on such a table) is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,15 +25,26 @@ def published_table(seed: int = 4):
     n = LAW.optimal(c)[0] * np.exp(rng.uniform(-np.log(6), np.log(6), RUNS))
     d = c / (6 * n)
     loss = LAW.loss(n, d) * np.exp(rng.normal(0, 0.01, RUNS))
-    rows = [{"name": f"run{i:02d}", "params_M": float(n[i] / 1e6), "tokens": float(d[i]), "flops": float(c[i]),
-             "loss": float(loss[i] * (1.5 if f"run{i:02d}" in DIVERGED else 1.0))} for i in range(RUNS)]
+    rows = [
+        {
+            "name": f"run{i:02d}",
+            "params_M": float(n[i] / 1e6),
+            "tokens": float(d[i]),
+            "flops": float(c[i]),
+            "loss": float(loss[i] * (1.5 if f"run{i:02d}" in DIVERGED else 1.0)),
+        }
+        for i in range(RUNS)
+    ]
     return rows
 
 
 def write_csv(rows, path):
     keys = list(rows[0])
-    path.write_text(",".join(keys) + "\n" + "".join(",".join(repr(r[k]) if not isinstance(r[k], str) else r[k]
-                                                            for k in keys) + "\n" for r in rows))
+    path.write_text(
+        ",".join(keys)
+        + "\n"
+        + "".join(",".join(repr(r[k]) if not isinstance(r[k], str) else r[k] for k in keys) + "\n" for r in rows)
+    )
     return path
 
 
@@ -41,16 +53,41 @@ def test_scattered_table_gets_non_degenerate_intervals_that_contain_the_law(tmp_
     table = write_csv(published_table(), tmp_path / "chinchilla_like.csv")
     out = tmp_path / "fit"
     capsys.readouterr()
-    rc = lmforge(["scaling", "fit", str(table), "--n-col", "params_M", "--n-scale", "1e6", "--d-col", "tokens",
-                  "--loss-col", "loss", "--id-col", "name", "--drop-highest-loss", "3", "--bootstrap", "60",
-                  "--targets", "1e21", "--bins", "3", "--out", str(out)])
+    rc = lmforge(
+        [
+            "scaling",
+            "fit",
+            str(table),
+            "--n-col",
+            "params_M",
+            "--n-scale",
+            "1e6",
+            "--d-col",
+            "tokens",
+            "--loss-col",
+            "loss",
+            "--id-col",
+            "name",
+            "--drop-highest-loss",
+            "3",
+            "--bootstrap",
+            "60",
+            "--targets",
+            "1e21",
+            "--bins",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     fit = json.loads((out / "fit.json").read_text())
     assert rc == 0, (text, fit["errors"])
     # The design is recognised and named; the summary gives the budget range, not 37 budgets.
     assert fit["design"] == "scattered" and fit["approach2_bins"] == 3
-    assert text.splitlines()[0] == ("37 runs at 37 budget(s) in 1.85e+18..9.3e+19 FLOPs "
-                                    "(scattered: Approach 2 on 3 log-spaced budget bins)")
+    assert text.splitlines()[0] == (
+        "37 runs at 37 budget(s) in 1.85e+18..9.3e+19 FLOPs (scattered: Approach 2 on 3 log-spaced budget bins)"
+    )
     assert "Approach 3 intervals: 95% percentile, bootstrap 'runs' (60 replicates," in text
     assert len(text.splitlines()) < 15
     # The filter is recorded with the runs it removed (the three diverged ones).
@@ -77,9 +114,27 @@ def test_scattered_table_gets_non_degenerate_intervals_that_contain_the_law(tmp_
     assert len(fit["approach2"]["minima"]) == 3
 
     # Negative control: resampling within budgets (the old default) on this table is refused, exit 2.
-    rc = lmforge(["scaling", "fit", str(table), "--n-col", "params_M", "--n-scale", "1e6", "--d-col", "tokens",
-                  "--loss-col", "loss", "--bootstrap", "10", "--bootstrap-method", "within-budget",
-                  "--out", str(tmp_path / "bad")])
+    rc = lmforge(
+        [
+            "scaling",
+            "fit",
+            str(table),
+            "--n-col",
+            "params_M",
+            "--n-scale",
+            "1e6",
+            "--d-col",
+            "tokens",
+            "--loss-col",
+            "loss",
+            "--bootstrap",
+            "10",
+            "--bootstrap-method",
+            "within-budget",
+            "--out",
+            str(tmp_path / "bad"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "zero width" in err
 
@@ -92,30 +147,80 @@ def test_jsonl_with_flops_column_downstream_metric_and_bad_input_fail_with_one_l
     jsonl = tmp_path / "runs.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # C given, D derived as C / (6N); no bootstrap: the point fits alone, the metric's link among them.
-    assert lmforge(["scaling", "fit", str(jsonl), "--n-col", "params_M", "--n-scale", "1e6", "--c-col", "flops",
-                    "--loss-col", "loss", "--approach", "3", "--bootstrap", "0", "--targets", "1e21",
-                    "--metric-col", "acc", "--metric-chance", "0.25", "--out", str(tmp_path / "j")]) == 0
+    assert (
+        lmforge(
+            [
+                "scaling",
+                "fit",
+                str(jsonl),
+                "--n-col",
+                "params_M",
+                "--n-scale",
+                "1e6",
+                "--c-col",
+                "flops",
+                "--loss-col",
+                "loss",
+                "--approach",
+                "3",
+                "--bootstrap",
+                "0",
+                "--targets",
+                "1e21",
+                "--metric-col",
+                "acc",
+                "--metric-chance",
+                "0.25",
+                "--out",
+                str(tmp_path / "j"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     fit = json.loads((tmp_path / "j" / "fit.json").read_text())
     assert fit["approach3"]["a"] == pytest.approx(LAW.a, abs=0.08) and fit["source"]["columns"]["d"] == "C / (6 N)"
     ds = fit["downstream"]
     assert ds["metric"] == "acc" and ds["floor"] == 0.25 and ds["slope"] == pytest.approx(-12.0, rel=0.05)
     assert ds["mid"] == pytest.approx(2.45, abs=0.01) and ds["predictions"][0]["x"] == pytest.approx(
-        fit["predictions"][0]["loss_opt"])
+        fit["predictions"][0]["loss_opt"]
+    )
     assert "Downstream acc: 0.25 + (0.8 - 0.25) * sigmoid(-12" in out
     capsys.readouterr()
     csv = write_csv(rows, tmp_path / "runs.csv")
     five = write_csv(rows[:5], tmp_path / "five.csv")
     base = ["scaling", "fit", "--bootstrap", "0", "--out", str(tmp_path / "x")]
     cases = [
-        ([str(csv), "--n-col", "params", "--d-col", "tokens", "--loss-col", "loss"],
-         "--n-col params: is not a column of"),
-        ([str(csv), "--n-col", "params_M", "--d-col", "tokens", "--loss-col", "loss"],  # millions, unscaled
-         "tokens per parameter, outside 0.01..100000: a column is in the wrong unit"),
-        ([str(csv), "--n-col", "params_M", "--n-scale", "1e6", "--d-col", "tokens", "--c-col", "flops",
-          "--c-scale", "1e-3", "--loss-col", "loss"], "C / (6 N D) is 0.001"),
-        ([str(five), "--n-col", "params_M", "--n-scale", "1e6", "--d-col", "tokens", "--loss-col", "loss"],
-         "has 5 usable run(s) after filters; a fit needs at least 6"),
+        (
+            [str(csv), "--n-col", "params", "--d-col", "tokens", "--loss-col", "loss"],
+            "--n-col params: is not a column of",
+        ),
+        (
+            [str(csv), "--n-col", "params_M", "--d-col", "tokens", "--loss-col", "loss"],  # millions, unscaled
+            "tokens per parameter, outside 0.01..100000: a column is in the wrong unit",
+        ),
+        (
+            [
+                str(csv),
+                "--n-col",
+                "params_M",
+                "--n-scale",
+                "1e6",
+                "--d-col",
+                "tokens",
+                "--c-col",
+                "flops",
+                "--c-scale",
+                "1e-3",
+                "--loss-col",
+                "loss",
+            ],
+            "C / (6 N D) is 0.001",
+        ),
+        (
+            [str(five), "--n-col", "params_M", "--n-scale", "1e6", "--d-col", "tokens", "--loss-col", "loss"],
+            "has 5 usable run(s) after filters; a fit needs at least 6",
+        ),
         ([str(csv), "--n-col", "params_M", "--n-scale", "1e6", "--loss-col", "loss"], "neither --d-col nor --c-col"),
     ]
     for args, expected in cases:

@@ -1,4 +1,5 @@
 """Scaling-law fits on points generated from a known law (Hoffmann et al.'s published constants)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,9 @@ from lmforge.scaling.laws import CHINCHILLA_LAW, Law
 BUDGETS = [1e18, 3e18, 1e19, 3e19, 1e20, 3e20]
 
 
-def synthetic(law: Law = CHINCHILLA_LAW, budgets=BUDGETS, sizes: int = 9, span: float = 8.0, noise: float = 0.005,
-              seed: int = 0) -> Observations:
+def synthetic(
+    law: Law = CHINCHILLA_LAW, budgets=BUDGETS, sizes: int = 9, span: float = 8.0, noise: float = 0.005, seed: int = 0
+) -> Observations:
     """IsoFLOP grids centred on the law's optimum, ln-loss noise with standard deviation ``noise``."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -115,8 +117,9 @@ def test_budget_without_interior_minimum_says_which_and_how_to_extend():
     n = n_opt * np.geomspace(1 / 400, 1 / 20, 6)
     d = c / (6 * n)
     edge = Observations([c] * 6, n, d, CHINCHILLA_LAW.loss(n, d))
-    obs = Observations(np.r_[good.budget, edge.budget], np.r_[good.n, edge.n], np.r_[good.d, edge.d],
-                       np.r_[good.loss, edge.loss])
+    obs = Observations(
+        np.r_[good.budget, edge.budget], np.r_[good.n, edge.n], np.r_[good.d, edge.d], np.r_[good.loss, edge.loss]
+    )
     with pytest.raises(ScalingError) as e:
         fit_approach2(obs)
     msg = str(e.value)

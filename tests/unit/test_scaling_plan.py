@@ -1,6 +1,6 @@
 """Sweep planning: IsoFLOP grid arithmetic, batch/LR rules, the sweep file and its Hydra forms."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
@@ -11,14 +11,22 @@ from lmforge.config.validate import validate
 from lmforge.data.embedded import iter_documents
 from lmforge.data.tokenizer import train_bpe
 from lmforge.model.flops import flops_per_token
+from lmforge.optim.schedule import lr_multiplier
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import Rules, load_sweep, plan, write_sweep
 from lmforge.scaling.runner import hydra_command, local_commands, slurm_array_command, status
 from lmforge.scaling.shapes import ShapeFamily
-from lmforge.optim.schedule import lr_multiplier
 
-GPU_FAMILY = ShapeFamily(head_dim=64, aspect_min=48, aspect_max=128, max_width=4096, min_layers=4, max_layers=40,
-                         vocab_size=50304, seq_len=2048)
+GPU_FAMILY = ShapeFamily(
+    head_dim=64,
+    aspect_min=48,
+    aspect_max=128,
+    max_width=4096,
+    min_layers=4,
+    max_layers=40,
+    vocab_size=50304,
+    seq_len=2048,
+)
 BUDGETS = [1e18, 3e18, 1e19, 3e19, 1e20]
 
 
@@ -39,22 +47,38 @@ def test_cluster_grid_hits_every_budget_with_at_least_five_sizes(tmp_path):
             # Batch rule: tokens per step = 0.292 C^0.3271 rounded to the micro*dp unit (or lowered for min_steps).
             unit = rules.micro_batch_size * rules.dp
             assert p.global_batch_size % unit == 0
-            target_seqs = 0.292 * c ** 0.3271 / 2048
+            target_seqs = 0.292 * c**0.3271 / 2048
             assert p.global_batch_size <= max(unit, round(target_seqs / unit) * unit)
             assert p.max_steps >= rules.min_steps
-            assert p.lr == pytest.approx(0.3118 * c ** -0.125)
+            assert p.lr == pytest.approx(0.3118 * c**-0.125)
             # The schedule ends exactly at the run's own token count.
             assert p.tokens == p.max_steps * p.global_batch_size * 2048
             assert f"train.planned_tokens={p.tokens}" in p.overrides and f"train.max_steps={p.max_steps}" in p.overrides
             assert p.warmup_steps == max(1, round(0.05 * p.max_steps))
     # Larger budgets get larger models at the optimum end.
-    assert max(p.n_flops for p in sweep.points if p.budget == 1e20) > max(p.n_flops for p in sweep.points if p.budget == 1e18)
+    assert max(p.n_flops for p in sweep.points if p.budget == 1e20) > max(
+        p.n_flops for p in sweep.points if p.budget == 1e18
+    )
 
 
 def test_lr_schedule_reaches_its_floor_exactly_at_max_steps():
-    sweep = plan("s", [1e10, 3e10], ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1,
-                                               max_layers=4, vocab_size=512, seq_len=64, ffn_multiple_of=8),
-                 Rules(tpp_min=0.5, tpp_max=100), "/tmp/unused")
+    sweep = plan(
+        "s",
+        [1e10, 3e10],
+        ShapeFamily(
+            head_dim=8,
+            aspect_min=8,
+            aspect_max=64,
+            max_width=128,
+            min_layers=1,
+            max_layers=4,
+            vocab_size=512,
+            seq_len=64,
+            ffn_multiple_of=8,
+        ),
+        Rules(tpp_min=0.5, tpp_max=100),
+        "/tmp/unused",
+    )
     for p in sweep.points:
         cfg = OptimConfig(lr=p.lr, warmup_steps=p.warmup_steps, min_lr_ratio=0.1, schedule="cosine")
         assert lr_multiplier(p.max_steps, cfg, p.max_steps) == pytest.approx(0.1)
@@ -63,13 +87,28 @@ def test_lr_schedule_reaches_its_floor_exactly_at_max_steps():
 
 
 def test_every_point_composes_and_shares_one_validation_set(tmp_path):
-    fam = ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1, max_layers=4,
-                      vocab_size=512, seq_len=64, ffn_multiple_of=8)
+    fam = ShapeFamily(
+        head_dim=8,
+        aspect_min=8,
+        aspect_max=64,
+        max_width=128,
+        min_layers=1,
+        max_layers=4,
+        vocab_size=512,
+        seq_len=64,
+        ffn_multiple_of=8,
+    )
     # A tokenizer of the family's vocabulary (lmforge sweep plan adds one for embedded_tokenizer_vocab presets):
     # validate() refuses a model.vocab_size below the tokenizer's.
     tok = train_bpe([d for _, d in zip(range(6), iter_documents("books"))], 512, tmp_path / "tok512.json")
-    sweep = plan("val", [1e10, 3e10], fam, Rules(tpp_min=0.5, tpp_max=100, eval_batches=4), str(tmp_path),
-                 ["~data.sources.code", "~data.sources.reference", f"data.tokenizer={tok}"])
+    sweep = plan(
+        "val",
+        [1e10, 3e10],
+        fam,
+        Rules(tpp_min=0.5, tpp_max=100, eval_batches=4),
+        str(tmp_path),
+        ["~data.sources.code", "~data.sources.reference", f"data.tokenizer={tok}"],
+    )
     out = tmp_path / "val"
     write_sweep(sweep, out)
     loaded = load_sweep(out)
@@ -80,22 +119,39 @@ def test_every_point_composes_and_shares_one_validation_set(tmp_path):
         m = typed.model
         assert flops_per_token(m) == p.flops_per_token
         # The validation set is eval_batches * micro_batch * dp samples of each source, same seed and seq_len.
-        seen.add((typed.train.micro_batch_size, typed.train.eval_batches, typed.train.seed, m.seq_len,
-                  tuple(typed.data.sources)))
+        seen.add(
+            (
+                typed.train.micro_batch_size,
+                typed.train.eval_batches,
+                typed.train.seed,
+                m.seq_len,
+                tuple(typed.data.sources),
+            )
+        )
         assert typed.run.sweep_name == "val" and typed.logging.wandb.group == "val"
         assert typed.run.sweep_point == f"val/{p.id}" and p.run_dir == str(tmp_path / "val" / p.id)
         assert f"budget={p.id.split('-')[0][1:]}" in typed.logging.wandb.tags
         # The Hydra multirun form (config group written by the planner) composes to the identical config.
-        via_group = compose([f"hydra.searchpath=[file://{out / 'hydra'}]", f"+sweep_point={p.id}",
-                             *loaded.common_overrides])
+        via_group = compose(
+            [f"hydra.searchpath=[file://{out / 'hydra'}]", f"+sweep_point={p.id}", *loaded.common_overrides]
+        )
         assert OmegaConf.to_container(via_group) == OmegaConf.to_container(compose(p.overrides))
     assert len(seen) == 1
     assert (out / "overrides.txt").read_text().count("\n") == len(sweep.points)
 
 
 def test_run_commands_cover_only_unfinished_points(tmp_path, capsys):
-    fam = ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1, max_layers=4,
-                      vocab_size=512, seq_len=64, ffn_multiple_of=8)
+    fam = ShapeFamily(
+        head_dim=8,
+        aspect_min=8,
+        aspect_max=64,
+        max_width=128,
+        min_layers=1,
+        max_layers=4,
+        vocab_size=512,
+        seq_len=64,
+        ffn_multiple_of=8,
+    )
     sweep = plan("cmd", [1e10], fam, Rules(tpp_min=0.5, tpp_max=100), str(tmp_path))
     out = tmp_path / "cmd"
     write_sweep(sweep, out)
@@ -127,8 +183,17 @@ def test_run_commands_cover_only_unfinished_points(tmp_path, capsys):
 
 
 def test_plan_errors_name_the_budget_and_the_fix(tmp_path):
-    fam = ShapeFamily(head_dim=8, aspect_min=8, aspect_max=64, max_width=128, min_layers=1, max_layers=4,
-                      vocab_size=512, seq_len=64, ffn_multiple_of=8)
+    fam = ShapeFamily(
+        head_dim=8,
+        aspect_min=8,
+        aspect_max=64,
+        max_width=128,
+        min_layers=1,
+        max_layers=4,
+        vocab_size=512,
+        seq_len=64,
+        ffn_multiple_of=8,
+    )
     with pytest.raises(ScalingError) as e:
         plan("x", [1e10, 1e16], fam, Rules(tpp_min=0.5, tpp_max=100), str(tmp_path))
     msg = str(e.value)

@@ -1,5 +1,6 @@
 """``lmforge.train`` composes its config once per start (hydra.main composed it twice and the run-name check a third
 time), and what Hydra records in the run directory is what ``@hydra.main`` records."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,14 @@ print(f"loads={len(loads)} code={code}")
 
 
 def start(tmp_path, *args):
-    proc = subprocess.run([sys.executable, "-c", COUNTING_START, *args], cwd=tmp_path, env=os.environ,
-                          capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTING_START, *args],
+        cwd=tmp_path,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     return proc.stdout.strip().splitlines()[-1], proc.stderr
 
 
@@ -37,14 +44,16 @@ def test_a_worker_start_composes_once_and_records_what_hydra_main_records(tmp_pa
     base = ["model=tiny", f"run.root={tmp_path / 'runs'}", "train.max_steps=0"]
     out, err = start(tmp_path, *base, "run.name=once")
     assert out == "loads=1 code=2", err
-    assert err.strip().splitlines()[-1] == ("lmforge: config key 'train.max_steps': must be >= 1, got 0. "
-                                           "Fix: set a positive value")
+    assert err.strip().splitlines()[-1] == (
+        "lmforge: config key 'train.max_steps': must be >= 1, got 0. Fix: set a positive value"
+    )
     # Negative control: a Hydra flag goes through @hydra.main as before: three loads (the run-name check's,
     # hydra.main's for hydra.mode, and its run's).
     out, err = start(tmp_path, *base, "run.name=main", "--config-name=config")
     assert out == "loads=3 code=2", err
-    once, main = (yaml.safe_load((tmp_path / "runs" / n / ".hydra" / "hydra.yaml").read_text())["hydra"]
-                  for n in ("once", "main"))
+    once, main = (
+        yaml.safe_load((tmp_path / "runs" / n / ".hydra" / "hydra.yaml").read_text())["hydra"] for n in ("once", "main")
+    )
     assert once["mode"] == main["mode"] == "RUN" and once["job"]["name"] == main["job"]["name"] == "train"
     assert once["overrides"]["hydra"] == main["overrides"]["hydra"] == ["hydra.mode=RUN"]
     assert once["overrides"]["task"] == [*base, "run.name=once"] and once["job_logging"] == main["job_logging"]

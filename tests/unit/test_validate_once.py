@@ -1,6 +1,7 @@
 """One validate() for every entry point: `lmforge plan` refuses what `lmforge train` would (ZeRO stage, the
 tokenizer's vocabulary), DeepSpeed with compile is refused before any process group, the batch plan is
 validate()'s, and the choice values are the schema's annotations."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,14 @@ from lmforge.config.validate import check_batch, validate
 from lmforge.data.embedded import iter_documents
 from lmforge.data.tokenizer import export_tiktoken, load_tokenizer, train_bpe
 
-DS = ["model=tiny", "parallelism=zero1", "train.micro_batch_size=4", "cluster.gpus_per_node=2", "cluster.device=cpu",
-      "train.device=cpu"]
+DS = [
+    "model=tiny",
+    "parallelism=zero1",
+    "train.micro_batch_size=4",
+    "cluster.gpus_per_node=2",
+    "cluster.device=cpu",
+    "train.device=cpu",
+]
 
 
 def plan(capsys, *overrides):
@@ -36,39 +43,53 @@ def small_tokenizer(tmp_path_factory) -> Path:
 
 def test_plan_refuses_an_impossible_zero_stage_like_train(capsys):
     rc, lines = plan(capsys, *DS, "parallelism.zero_stage=4")
-    assert rc == 2 and lines == ["lmforge plan: refused: config key 'parallelism.zero_stage': must be 0, 1, 2 or 3, "
-                                 "got 4. Fix: e.g. parallelism=zero3"]
+    assert rc == 2 and lines == [
+        "lmforge plan: refused: config key 'parallelism.zero_stage': must be 0, 1, 2 or 3, "
+        "got 4. Fix: e.g. parallelism=zero3"
+    ]
     rc, lines = plan(capsys, *DS, "parallelism.offload_params=cpu")
-    assert rc == 2 and lines == ["lmforge plan: refused: config key 'parallelism.offload_params': parameter offload "
-                                 "needs zero_stage=3, got 1. Fix: use parallelism=zero3_offload or set "
-                                 "offload_params=none"]
+    assert rc == 2 and lines == [
+        "lmforge plan: refused: config key 'parallelism.offload_params': parameter offload "
+        "needs zero_stage=3, got 1. Fix: use parallelism=zero3_offload or set "
+        "offload_params=none"
+    ]
     assert plan(capsys, *DS, "parallelism.zero_stage=3") == (0, [])  # control: a possible stage plans
 
 
 def test_plan_refuses_deepspeed_keys_the_native_engine_would_ignore(capsys):
     rc, lines = plan(capsys, "model=tiny", "parallelism.offload_optimizer=cpu")
-    assert rc == 2 and lines == ["lmforge plan: refused: config key 'parallelism.offload_optimizer': 'cpu' is a "
-                                 "DeepSpeed setting, and parallelism.engine=native would ignore it. Fix: set "
-                                 "parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key (native "
-                                 "sharding: parallelism.dp_shard)"]
+    assert rc == 2 and lines == [
+        "lmforge plan: refused: config key 'parallelism.offload_optimizer': 'cpu' is a "
+        "DeepSpeed setting, and parallelism.engine=native would ignore it. Fix: set "
+        "parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key (native "
+        "sharding: parallelism.dp_shard)"
+    ]
     rc, lines = plan(capsys, "model=tiny", "parallelism.zero_stage=3")
-    assert rc == 2 and lines[0].startswith("lmforge plan: refused: config key 'parallelism.zero_stage': 3 is a DeepSpeed")
+    assert rc == 2 and lines[0].startswith(
+        "lmforge plan: refused: config key 'parallelism.zero_stage': 3 is a DeepSpeed"
+    )
     assert plan(capsys, "model=tiny") == (0, [])  # control: the native defaults plan
 
 
 def test_plan_refuses_a_vocabulary_smaller_than_the_tokenizer(capsys, small_tokenizer):
     rc, lines = plan(capsys, "model=tiny", "model.vocab_size=100")
-    assert rc == 2 and lines == ["lmforge plan: refused: config key 'model.vocab_size': 100 is smaller than the "
-                                 "tokenizer's vocabulary (8192, embedded). Fix: set model.vocab_size >= 8192"]
+    assert rc == 2 and lines == [
+        "lmforge plan: refused: config key 'model.vocab_size': 100 is smaller than the "
+        "tokenizer's vocabulary (8192, embedded). Fix: set model.vocab_size >= 8192"
+    ]
     rc, lines = plan(capsys, "model=tiny", "model.vocab_size=299", f"data.tokenizer={small_tokenizer}")
-    assert rc == 2 and lines == ["lmforge plan: refused: config key 'model.vocab_size': 299 is smaller than the "
-                                 f"tokenizer's vocabulary (300, {small_tokenizer}). Fix: set model.vocab_size >= 300"]
+    assert rc == 2 and lines == [
+        "lmforge plan: refused: config key 'model.vocab_size': 299 is smaller than the "
+        f"tokenizer's vocabulary (300, {small_tokenizer}). Fix: set model.vocab_size >= 300"
+    ]
     # control: exactly the tokenizer's vocabulary is enough
     assert plan(capsys, "model=tiny", "model.vocab_size=300", f"data.tokenizer={small_tokenizer}") == (0, [])
     rc, lines = plan(capsys, "model=tiny", f"data.tokenizer={small_tokenizer.parent / 'missing.json'}")
-    assert rc == 2 and lines == [f"lmforge plan: refused: config key 'data.tokenizer': no tokenizer.json at "
-                                 f"{small_tokenizer.parent / 'missing.json'}. Fix: give an existing path, 'embedded', "
-                                 "or 'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'"]
+    assert rc == 2 and lines == [
+        f"lmforge plan: refused: config key 'data.tokenizer': no tokenizer.json at "
+        f"{small_tokenizer.parent / 'missing.json'}. Fix: give an existing path, 'embedded', "
+        "or 'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'"
+    ]
 
 
 def test_vocab_size_read_from_the_file_is_the_loaded_tokenizers(small_tokenizer, data_cache, tmp_path):
@@ -87,21 +108,34 @@ def test_deepspeed_with_compile_is_refused_before_any_process_group(tmp_path, mo
 
     monkeypatch.setattr(trainer_module, "init_process_group", no_group)
 
-    cfg = compose(["model=tiny", "parallelism.engine=deepspeed", "parallelism.zero_stage=1", "parallelism.compile=true",
-                   "train.micro_batch_size=4", "train.global_batch_size=4", "train.device=cpu",
-                   f"run.root={tmp_path}", "run.name=ds"])
+    cfg = compose(
+        [
+            "model=tiny",
+            "parallelism.engine=deepspeed",
+            "parallelism.zero_stage=1",
+            "parallelism.compile=true",
+            "train.micro_batch_size=4",
+            "train.global_batch_size=4",
+            "train.device=cpu",
+            f"run.root={tmp_path}",
+            "run.name=ds",
+        ]
+    )
     with pytest.raises(ConfigError) as e:
         run(cfg, tmp_path / "ds")
-    assert str(e.value) == ("config key 'parallelism.compile': the deepspeed engine runs the model eagerly (it never "
-                            "calls torch.compile), so compile=true would be silently ignored. Fix: set "
-                            "parallelism.compile=false, or use parallelism.engine=native to compile")
+    assert str(e.value) == (
+        "config key 'parallelism.compile': the deepspeed engine runs the model eagerly (it never "
+        "calls torch.compile), so compile=true would be silently ignored. Fix: set "
+        "parallelism.compile=false, or use parallelism.engine=native to compile"
+    )
     assert not (tmp_path / "ds" / "checkpoints").exists()
     validate(OmegaConf.merge(cfg, {"parallelism": {"compile": False}}), world_size=1)  # control: eager DeepSpeed
 
 
 def test_validate_returns_the_batch_plan_and_reads_as_the_config():
-    validated = validate(compose(["parallelism=ddp", "train.micro_batch_size=2", "train.global_batch_size=8"]),
-                         world_size=2)
+    validated = validate(
+        compose(["parallelism=ddp", "train.micro_batch_size=2", "train.global_batch_size=8"]), world_size=2
+    )
     cfg, batch = validated
     assert isinstance(cfg, RootConfig) and batch == check_batch(cfg) and batch.grad_accum == 2
     assert validated.train is cfg.train and validated.plan is batch
@@ -116,6 +150,8 @@ def test_choices_are_the_schema_annotations():
     assert allowed_values(int) is None and "train.max_steps" not in choices
     with pytest.raises(ConfigError) as e:
         validate(compose(["parallelism.pp_schedule=1f1b"]))
-    assert str(e.value) == ("config key 'parallelism.pp_schedule': '1f1b' is not one of GPipe, 1F1B, Interleaved1F1B, "
-                            "InterleavedZeroBubble, ZBVZeroBubble. Fix: did you mean '1F1B'? choose one of GPipe, "
-                            "1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble")
+    assert str(e.value) == (
+        "config key 'parallelism.pp_schedule': '1f1b' is not one of GPipe, 1F1B, Interleaved1F1B, "
+        "InterleavedZeroBubble, ZBVZeroBubble. Fix: did you mean '1F1B'? choose one of GPipe, "
+        "1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble"
+    )

@@ -1,4 +1,5 @@
 """Verdict files (fault/verdict.py) and the retry decision that reads them (single process)."""
+
 from __future__ import annotations
 
 import json
@@ -7,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 from lmforge.config.errors import ConfigError
 from lmforge.fault import verdict as V
 from lmforge.fault.hooks import Corrupted, Diverged
-from lmforge.runtime.device_contract import DeviceContractError
-from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 from lmforge.fault.retry import record
+from lmforge.runtime.device_contract import DeviceContractError
 
 
 def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
@@ -32,8 +33,14 @@ def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
         assert (got.value, got_code) == (kind, code), exc
         assert message
     assert V.classify(SystemExit(0)) is None and V.classify(KeyboardInterrupt()) is None
-    assert {k.value for k in V.DETERMINISTIC} == {"config_error", "layout_error", "data_error", "diverged",
-                                                   "repeated_crash", "corrupted"}
+    assert {k.value for k in V.DETERMINISTIC} == {
+        "config_error",
+        "layout_error",
+        "data_error",
+        "diverged",
+        "repeated_crash",
+        "corrupted",
+    }
     assert not V.VerdictKind.CRASH.deterministic and not V.VerdictKind.HANG.deterministic
 
 

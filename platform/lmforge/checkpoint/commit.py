@@ -18,6 +18,7 @@ durable before the next one can be observed, so a crash (SIGKILL, power loss) at
 ``on_stage(name)`` is called after each numbered stage; tests inject a hook there to kill the writer
 (``checkpoint/fault_injection.py``).
 """
+
 from __future__ import annotations
 
 import errno
@@ -27,7 +28,16 @@ import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
-from lmforge.checkpoint.layout import COMPLETE, SIDECAR, aside_dir, is_aside, is_complete, stale_asides, step_dir, step_of
+from lmforge.checkpoint.layout import (
+    COMPLETE,
+    SIDECAR,
+    aside_dir,
+    is_aside,
+    is_complete,
+    stale_asides,
+    step_dir,
+    step_of,
+)
 from lmforge.runtime.rundir import RUN_DIR_MODE
 
 FILE_MODE = 0o640  # owner read/write, group read, others nothing
@@ -47,8 +57,11 @@ def fsync_dir(path: Path) -> None:
             raise
         if not _NO_DIR_FSYNC:
             _NO_DIR_FSYNC.append(str(path))
-            print(f"lmforge: warning: directory fsync is not supported under {path} ({e.strerror}); a checkpoint "
-                  f"commit is then only as durable as the filesystem's own rename ordering", flush=True)
+            print(
+                f"lmforge: warning: directory fsync is not supported under {path} ({e.strerror}); a checkpoint "
+                f"commit is then only as durable as the filesystem's own rename ordering",
+                flush=True,
+            )
     finally:
         os.close(fd)
 
@@ -93,8 +106,7 @@ def write_durable(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def commit(tmp: Path, final: Path, step: int, sidecar: dict,
-           on_stage: Optional[Callable[[str], None]] = None) -> None:
+def commit(tmp: Path, final: Path, step: int, sidecar: dict, on_stage: Optional[Callable[[str], None]] = None) -> None:
     """Run the stages above; ``tmp`` holds every tensor file, ``final`` may hold an older copy of ``step``."""
     stage = on_stage or (lambda name: None)
     root = final.parent

@@ -16,6 +16,7 @@ with ``load_dcp``, the sidecar as JSON. A refused file ends the command with one
 
 CLI: ``lmforge ckpt convert SRC DST --to native``.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -65,8 +66,9 @@ def _commit(dst_root: Path, step: int, write: Callable[[Path], None], sidecar: d
     return final
 
 
-def deepspeed_to_native(src: Path, dst_root: Path,
-                        build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> Path:
+def deepspeed_to_native(
+    src: Path, dst_root: Path, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+) -> Path:
     """A DeepSpeed checkpoint directory ``src`` (step-N) -> native ``dst_root/step-N``. Single process."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -92,8 +94,12 @@ def deepspeed_to_native(src: Path, dst_root: Path,
     msd, osd = get_state_dict(model, optimizer)
     tensors = {"model": msd, "optim": osd, **_rng_tensors(src)}
     side = {k: v for k, v in sidecar.items() if k not in ("format", "zero_stage", "dp_size")}
-    side["converted_from"] = {"format": deepspeed_io.FORMAT, "path": str(src), "zero_stage": sidecar.get("zero_stage"),
-                              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    side["converted_from"] = {
+        "format": deepspeed_io.FORMAT,
+        "path": str(src),
+        "zero_stage": sidecar.get("zero_stage"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     return _commit(Path(dst_root), int(sidecar["step"]), lambda d: dcp.save(tensors, checkpoint_id=str(d)), side)
 
 
@@ -123,7 +129,9 @@ def main(argv, build_optimizer_for: Callable[[nn.Module, dict], torch.optim.Opti
 
     ap = argparse.ArgumentParser(prog="lmforge ckpt convert", description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="a checkpoint directory (step-NNNNNNNN) or a run's checkpoints/ dir")
-    ap.add_argument("dst", type=Path, help="checkpoints root to write step-NNNNNNNN into (resume with train.resume=DST)")
+    ap.add_argument(
+        "dst", type=Path, help="checkpoints root to write step-NNNNNNNN into (resume with train.resume=DST)"
+    )
     ap.add_argument("--to", choices=("native",), required=True)
     args = ap.parse_args(list(argv))
     from lmforge.checkpoint.layout import COMPLETE, latest

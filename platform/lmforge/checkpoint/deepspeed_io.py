@@ -16,6 +16,7 @@ refused (``UnsafeCheckpointError``). The RNG tensors and native checkpoints are 
 Changing the data-parallel size on resume converts the checkpoint to DeepSpeed's universal layout
 (``ds_to_universal``, on rank 0, into a temporary directory beside it) and loads that.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,9 +69,15 @@ def to_universal(src: Path, dst: Path) -> Path:
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     dst.mkdir(parents=True, exist_ok=True)
-    args = SimpleNamespace(input_folder=str(Path(src) / DS_TAG), output_folder=str(dst / DS_TAG),
-                           num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
-                           inject_missing_state=True)
+    args = SimpleNamespace(
+        input_folder=str(Path(src) / DS_TAG),
+        output_folder=str(dst / DS_TAG),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
     sink = io.StringIO()  # its prints and progress bars; failures still raise
     with weights_only_loads(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         ds_to_universal(args)
@@ -113,7 +120,9 @@ def load_native(engine: OwnFilesState, path: Path, sidecar: dict, restore_rng: b
     AdamW moments by name and keeps its ZeRO fragment (``DeepSpeedEngine.load_full_state``)."""
     meta = tensor_metadata(path)
     names = [n for n, _ in engine.inner.named_parameters()]
-    keys = [f"model.{n}" for n in names] + [f"optim.state.{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step")]
+    keys = [f"model.{n}" for n in names] + [
+        f"optim.state.{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step")
+    ]
     missing = [k for k in keys if k not in meta]
     if missing:
         raise ValueError(f"native checkpoint {path} lacks {len(missing)} tensors this model needs, e.g. {missing[:3]}")
@@ -122,8 +131,10 @@ def load_native(engine: OwnFilesState, path: Path, sidecar: dict, restore_rng: b
     steps = {int(float(flat[f"optim.state.{n}.step"])) for n in names}
     if len(steps) != 1:
         raise ValueError(f"native checkpoint {path}: AdamW step counts differ between parameters: {sorted(steps)}")
-    engine.load_full_state({n: flat[f"model.{n}"] for n in names},
-                           {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
-                           steps.pop())
+    engine.load_full_state(
+        {n: flat[f"model.{n}"] for n in names},
+        {n: {k: flat[f"optim.state.{n}.{k}"] for k in ("exp_avg", "exp_avg_sq")} for n in names},
+        steps.pop(),
+    )
     if restore_rng and sidecar.get("world_size") == world_size():
         _restore_rng(path)

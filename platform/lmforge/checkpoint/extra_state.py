@@ -5,6 +5,7 @@ state is the step plus the inputs of that function; on resume a change of those 
 bends the LR curve from the saved step on. There is no fp16 path (``train.precision``: fp32, bf16-mixed, bf16),
 so no gradient scaler is saved; a ``grad_scaler`` key in an older sidecar (always null) is ignored.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional

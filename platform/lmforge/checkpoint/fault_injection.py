@@ -12,6 +12,7 @@ script that installs it, then calls ``lmforge.train.main``). Not installed, ``st
 (``checkpoint/commit.py``, stages ``commit.STAGES``); tests/distributed/test_commit_kill.py kills the writer
 there, tests/unit/test_checkpoint_manager.py raises at ``shards`` (a crash between the shards and the commit).
 """
+
 from __future__ import annotations
 
 import os

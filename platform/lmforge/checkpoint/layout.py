@@ -9,6 +9,7 @@ A checkpoint is complete iff its directory is named ``step-N`` (or ``.old-step-N
 and ``state.json``; the commit protocol (``checkpoint/commit.py``) writes both before the atomic rename
 from the temporary name, so a directory is either absent under its final name or complete.
 """
+
 from __future__ import annotations
 
 import re

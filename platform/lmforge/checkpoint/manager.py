@@ -21,6 +21,7 @@ window in which neither copy is loadable). ``checkpoint.async_mode``:
   never interleaves with the training collectives) or a separate process. ``poll()`` (called once per step)
   commits it as soon as all ranks are done; ``wait()`` blocks until it is committed.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,19 @@ import torch.distributed as dist
 from lmforge.checkpoint import fault_injection, retention
 from lmforge.checkpoint.commit import commit, make_dir, restore_asides
 from lmforge.checkpoint.deepspeed_io import DeepSpeedStateIO
-from lmforge.checkpoint.layout import (COMPLETE, SIDECAR, aside_dir, complete_checkpoints, is_aside, is_complete, latest,
-                                       parse_step, step_dir, step_of, tmp_dir)
+from lmforge.checkpoint.layout import (
+    COMPLETE,
+    SIDECAR,
+    aside_dir,
+    complete_checkpoints,
+    is_aside,
+    is_complete,
+    latest,
+    parse_step,
+    step_dir,
+    step_of,
+    tmp_dir,
+)
 from lmforge.checkpoint.resume_check import check_resume_fits, check_resume_target
 from lmforge.checkpoint.safe_io import read_json
 from lmforge.checkpoint.state_io import CheckpointError, DcpStateIO, StateIO
@@ -119,8 +131,13 @@ class CheckpointManager:
         return AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
 
     # ---- save -------------------------------------------------------------------------------------
-    def save(self, step: int, model: Optional[torch.nn.Module] = None,
-             optimizer: Optional[torch.optim.Optimizer] = None, sidecar: Optional[dict] = None) -> SaveResult:
+    def save(
+        self,
+        step: int,
+        model: Optional[torch.nn.Module] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        sidecar: Optional[dict] = None,
+    ) -> SaveResult:
         """Save the engine's state (or ``model``/``optimizer``) and ``sidecar`` as checkpoint ``step``."""
         t0 = time.perf_counter()
         io = self._state_io(model, optimizer)
@@ -164,16 +181,23 @@ class CheckpointManager:
         try:
             pending.future.result()
         except Exception as e:  # noqa: BLE001 - a failed write must not become a checkpoint
-            raise CheckpointError(f"async checkpoint save of step {pending.step} into {pending.tmp} failed on "
-                                  f"rank {rank()}: {e}. The previous complete checkpoint stays the latest") from e
+            raise CheckpointError(
+                f"async checkpoint save of step {pending.step} into {pending.tmp} failed on "
+                f"rank {rank()}: {e}. The previous complete checkpoint stays the latest"
+            ) from e
         self._commit(pending)
         return pending.final
 
     def _commit(self, p: _Pending) -> None:
         barrier()  # every rank has finished writing its shards
         if rank() == 0:
-            commit(p.tmp, p.final, p.step, p.sidecar,
-                   on_stage=lambda stage: fault_injection.commit_stage(stage, p.step, p.final))
+            commit(
+                p.tmp,
+                p.final,
+                p.step,
+                p.sidecar,
+                on_stage=lambda stage: fault_injection.commit_stage(stage, p.step, p.final),
+            )
             self.apply_retention()
             if self.on_commit is not None:
                 self.on_commit(p.step, p.final, time.perf_counter() - p.started)
@@ -212,9 +236,14 @@ class CheckpointManager:
         """``auto``: newest complete checkpoint or None; ``none``: None; else an explicit directory."""
         return resolve_resume(self.root, resume)
 
-    def load(self, path: Path, model: Optional[torch.nn.Module] = None,
-             optimizer: Optional[torch.optim.Optimizer] = None, restore_rng: bool = True,
-             sidecar: Optional[dict] = None) -> dict:
+    def load(
+        self,
+        path: Path,
+        model: Optional[torch.nn.Module] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        restore_rng: bool = True,
+        sidecar: Optional[dict] = None,
+    ) -> dict:
         """Load checkpoint ``path`` into the engine (or ``model``/``optimizer``); returns its sidecar (read here
         unless given, e.g. a ``ResumePoint``'s)."""
         io = self._state_io(model, optimizer)
@@ -227,8 +256,9 @@ class CheckpointManager:
         return self.load(point.path, restore_rng=restore_rng, sidecar=point.sidecar)
 
 
-def find_resume(root: Path, resume: str, model: ModelConfig,
-                tokenizer_identity: Callable[[], dict]) -> Optional[ResumePoint]:
+def find_resume(
+    root: Path, resume: str, model: ModelConfig, tokenizer_identity: Callable[[], dict]
+) -> Optional[ResumePoint]:
     """Resolve ``train.resume`` under ``root`` (a run's ``checkpoints/``), check that the checkpoint fits this
     model and tokenizer, and read its sidecar once. None: start fresh. A bad target is one ConfigError line.
 
@@ -266,11 +296,15 @@ def resolve_resume(root: Path, resume: str) -> Optional[Path]:
         if is_complete(aside):
             return aside
     if not path.exists():
-        raise CheckpointError(f"train.resume={resume}: no such directory. Fix: point at a step-NNNNNNNN directory or "
-                              f"its parent, or use train.resume=auto")
+        raise CheckpointError(
+            f"train.resume={resume}: no such directory. Fix: point at a step-NNNNNNNN directory or "
+            f"its parent, or use train.resume=auto"
+        )
     if not is_complete(path):
-        raise CheckpointError(f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
-                              f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto")
+        raise CheckpointError(
+            f"train.resume={resume}: not a complete checkpoint (no {COMPLETE} marker). "
+            f"Fix: point at a step-NNNNNNNN directory or its parent, or use train.resume=auto"
+        )
     return path
 
 
@@ -278,4 +312,3 @@ def _collective_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-

@@ -4,6 +4,7 @@ A pure function over step numbers, so the policy is testable without touching th
 file in the checkpoint directory, holding the reason) is how the loss guard or a user protects a checkpoint,
 e.g. the last good one before a divergence; retention never deletes a pinned checkpoint.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,9 @@ from lmforge.checkpoint.layout import PINNED, complete_checkpoints, latest, step
 from lmforge.runtime.dist import rank
 
 
-def plan_retention(steps: Iterable[int], keep_last: int, keep_every: int,
-                   pinned: Iterable[int] = ()) -> Tuple[Set[int], Set[int]]:
+def plan_retention(
+    steps: Iterable[int], keep_last: int, keep_every: int, pinned: Iterable[int] = ()
+) -> Tuple[Set[int], Set[int]]:
     """Return ``(keep, delete)`` for the given complete checkpoint steps."""
     ordered = sorted(set(steps))
     keep: Set[int] = set(ordered[-keep_last:]) if keep_last > 0 else set()
@@ -45,8 +47,9 @@ def pinned(root: Path) -> Dict[int, str]:
     return {step_of(p): (p / PINNED).read_text() for p in complete_checkpoints(root) if is_pinned(p)}
 
 
-def pin_last_good(root: Path, reason: str, at_or_before: Optional[int] = None,
-                  unless_pinned: bool = False) -> Optional[Path]:
+def pin_last_good(
+    root: Path, reason: str, at_or_before: Optional[int] = None, unless_pinned: bool = False
+) -> Optional[Path]:
     """Pin the newest complete checkpoint under ``root`` (with step <= ``at_or_before`` if given): the last good
     one before a loss spike, a divergence or a replica mismatch. Returns it (on every rank), or None when there is
     none, or, with ``unless_pinned``, when it is pinned already (so the caller does not own that pin)."""

@@ -14,6 +14,7 @@ lmforge draws from no ``np.random.default_rng`` generator in training; a new one
 A checkpoint written before ``python_gauss``/``numpy_gauss`` existed loads without them (``loadable_rng_state``
 says so): its generators resume with no cached Gaussian, as they were restored then.
 """
+
 from __future__ import annotations
 
 import random
@@ -29,8 +30,9 @@ def rng_state_tensors(rank: int) -> Dict[str, torch.Tensor]:
     p = f"rng/rank{rank}/"
     out = {
         p + "python": torch.tensor(list(py_state), dtype=torch.int64),
-        p + "python_gauss": torch.tensor([0.0 if gauss_next is None else 1.0,
-                                          0.0 if gauss_next is None else gauss_next], dtype=torch.float64),
+        p + "python_gauss": torch.tensor(
+            [0.0 if gauss_next is None else 1.0, 0.0 if gauss_next is None else gauss_next], dtype=torch.float64
+        ),
         p + "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
         p + "numpy_pos": torch.tensor([pos, has_gauss], dtype=torch.float64),
         p + "numpy_gauss": torch.tensor([cached_gaussian], dtype=torch.float64),
@@ -50,8 +52,9 @@ def set_rng_state_tensors(state: Dict[str, torch.Tensor], rank: int) -> None:
         pos, has_gauss = state[p + "numpy_pos"].tolist()
         cached = state[p + "numpy_gauss"].tolist()[0] if p + "numpy_gauss" in state else 0.0
         has_gauss = has_gauss if p + "numpy_gauss" in state else 0
-        np.random.set_state(("MT19937", state[p + "numpy_keys"].numpy().astype(np.uint32), int(pos), int(has_gauss),
-                             float(cached)))
+        np.random.set_state(
+            ("MT19937", state[p + "numpy_keys"].numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
+        )
     if p + "torch_cpu" in state:
         torch.set_rng_state(state[p + "torch_cpu"].to(torch.uint8))
     if p + "torch_cuda" in state and torch.cuda.is_available():
@@ -71,5 +74,9 @@ def announce_missing(path: object, missing: List[str]) -> None:
     if missing:
         import sys
 
-        print(f"lmforge: warning: checkpoint {path} has no {', '.join(missing)} (written by an older lmforge): "
-              "those RNG states are not restored (cached Gaussians start empty)", file=sys.stderr, flush=True)
+        print(
+            f"lmforge: warning: checkpoint {path} has no {', '.join(missing)} (written by an older lmforge): "
+            "those RNG states are not restored (cached Gaussians start empty)",
+            file=sys.stderr,
+            flush=True,
+        )

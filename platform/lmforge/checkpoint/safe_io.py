@@ -16,6 +16,7 @@ Every load path (native resume, DeepSpeed resume, ``lmforge ckpt convert``, ``lm
 
 Whatever is refused raises ``UnsafeCheckpointError``: one line naming the file, the reason and the fix.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
@@ -38,8 +39,10 @@ from torch.distributed.checkpoint.planner import ReadItem
 from lmforge.config.errors import ActionableError
 from lmforge.runtime.env import read
 
-TRUST_FIX = ("load only checkpoints written by lmforge (tensors + JSON); re-save a checkpoint of unknown origin "
-             "in an isolated, trusted environment first")
+TRUST_FIX = (
+    "load only checkpoints written by lmforge (tensors + JSON); re-save a checkpoint of unknown origin "
+    "in an isolated, trusted environment first"
+)
 
 _ALLOWED_MODULE_CLASSES = {
     "torch.distributed.checkpoint.metadata": None,  # every name defined there (dataclasses, enums)
@@ -70,8 +73,10 @@ class UnsafeCheckpointError(ActionableError):
 def _one_line(text: str, limit: int = 300) -> str:
     """The informative first line of torch's multi-paragraph weights_only message."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    pick = next((ln for ln in lines if "GLOBAL" in ln or "not an allowed global" in ln or "WeightsUnpickler" in ln),
-                lines[0] if lines else "")
+    pick = next(
+        (ln for ln in lines if "GLOBAL" in ln or "not an allowed global" in ln or "WeightsUnpickler" in ln),
+        lines[0] if lines else "",
+    )
     return pick[:limit]
 
 
@@ -98,8 +103,11 @@ def read_metadata_safely(path: Path, name: str = ".metadata") -> Metadata:
         with open(file, "rb") as fh:
             metadata = _MetadataUnpickler(io.BytesIO(fh.read())).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError) as e:
-        raise UnsafeCheckpointError(file, f"refused: {_one_line(e)}; DCP metadata is never unpickled beyond its own "
-                                          "types (a crafted file could run code)") from None
+        raise UnsafeCheckpointError(
+            file,
+            f"refused: {_one_line(e)}; DCP metadata is never unpickled beyond its own "
+            "types (a crafted file could run code)",
+        ) from None
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpointError(file, f"does not hold DCP Metadata (got {type(metadata).__name__})")
     return metadata
@@ -134,9 +142,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise UnsafeCheckpointError(f"{self.source or '?'} (DCP entry '{fqn}')",
-                                        f"refused: {_one_line(e)}; only tensors, numbers, strings, lists, tuples and "
-                                        "dicts are loaded") from None
+            raise UnsafeCheckpointError(
+                f"{self.source or '?'} (DCP entry '{fqn}')",
+                f"refused: {_one_line(e)}; only tensors, numbers, strings, lists, tuples and dicts are loaded",
+            ) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
@@ -163,8 +172,9 @@ def load_dcp(state: Dict[str, Any], path: Path, no_dist: bool = False) -> None:
     path = Path(path)
     read_metadata_safely(path)  # refuse a crafted index up front, with its own message
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(source=path),
-                 no_dist=no_dist)
+        dcp.load(
+            state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(source=path), no_dist=no_dist
+        )
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures (a BaseException)
         refusal = _refusal_inside(e, path)
         if refusal is not None:
@@ -194,9 +204,11 @@ def weights_only_loads(allowed: Sequence[str] = DEEPSPEED_GLOBALS) -> Iterator[N
         try:
             return real_load(f, *args, **kwargs)
         except pickle.UnpicklingError as e:
-            raise UnsafeCheckpointError(f if isinstance(f, (str, os.PathLike)) else "<stream>",
-                                        f"refused: {_one_line(e)}; only tensors, primitives and the allow-listed "
-                                        f"types ({', '.join(allowed) or 'none'}) are loaded") from None
+            raise UnsafeCheckpointError(
+                f if isinstance(f, (str, os.PathLike)) else "<stream>",
+                f"refused: {_one_line(e)}; only tensors, primitives and the allow-listed "
+                f"types ({', '.join(allowed) or 'none'}) are loaded",
+            ) from None
 
     saved_env = read("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
     with torch.serialization.safe_globals(allowed_globals(allowed)):
@@ -224,9 +236,12 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise UnsafeCheckpointError(path, "is not JSON text (binary content; a pickle is never read as "
-                                          "state)") from None
+        raise UnsafeCheckpointError(
+            path, "is not JSON text (binary content; a pickle is never read as state)"
+        ) from None
     except json.JSONDecodeError as e:
-        raise UnsafeCheckpointError(path, f"is not valid JSON ({e.msg} at line {e.lineno})",
-                                    "restore the file from the run that wrote it, or resume from another "
-                                    "checkpoint") from None
+        raise UnsafeCheckpointError(
+            path,
+            f"is not valid JSON ({e.msg} at line {e.lineno})",
+            "restore the file from the run that wrote it, or resume from another checkpoint",
+        ) from None

@@ -7,6 +7,7 @@ model tensor is in the checkpoint with its global shape (``check_model_fits``; a
 other stages' tensors as extras). The DeepSpeed format is ``checkpoint/deepspeed_io.py``; both are a ``StateIO``,
 which is all ``CheckpointManager`` calls.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ class StateIO(Protocol):
 class DcpStateIO:
     """The native format for ``model`` (the parameter-owning module) and ``optimizer`` (None: model only)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 pipeline_stage: bool = False):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, pipeline_stage: bool = False
+    ):
         self.model = model
         self.optimizer = optimizer
         self.pipeline_stage = pipeline_stage
@@ -72,9 +74,11 @@ class DcpStateIO:
 
     def load(self, path: Path, sidecar: dict, restore_rng: bool = True) -> None:
         if sidecar.get("format", DCP) == DEEPSPEED:
-            raise CheckpointError(f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
-                                  f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
-                                  f"OUT, or set parallelism.engine=deepspeed")
+            raise CheckpointError(
+                f"checkpoint {path} is in the DeepSpeed format but this run uses the native engine. "
+                f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
+                f"OUT, or set parallelism.engine=deepspeed"
+            )
         state = self.tensors()
         check_model_fits(path, state["model"], partial=self.pipeline_stage)
         same_world = sidecar.get("world_size") == world_size()
@@ -89,12 +93,15 @@ class DcpStateIO:
         except UnsafeCheckpointError:
             raise  # already one line naming the file, the reason and the fix
         except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures
-            raise CheckpointError(f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
-                                  f"config the checkpoint was saved with, or start fresh (train.resume=none)") from None
+            raise CheckpointError(
+                f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
+                f"config the checkpoint was saved with, or start fresh (train.resume=none)"
+            ) from None
         opts = StateDictOptions(strict=True)
         optimizers = self.optimizer if self.optimizer is not None else []
-        set_state_dict(self.model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=opts)
+        set_state_dict(
+            self.model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts
+        )
         if restore_rng and same_world:
             set_rng_state_tensors(state, rank())
 
@@ -104,7 +111,7 @@ def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = Fa
 
     ``partial``: the model is one pipeline stage, so checkpoint tensors of other stages are expected extras."""
     meta = tensor_metadata(path)
-    saved = {k[len("model."):]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
+    saved = {k[len("model.") :]: tuple(getattr(v, "size", ())) for k, v in meta.items() if k.startswith("model.")}
     problems = []
     for name, tensor in model_state.items():
         if not hasattr(tensor, "shape"):
@@ -130,4 +137,5 @@ def check_model_fits(path: Path, model_state: Dict[str, Any], partial: bool = Fa
         raise CheckpointError(
             f"checkpoint {path} does not fit this model: {len(problems)} mismatched tensor(s):\n  {shown}\n"
             f"Fix: resume with the model config the checkpoint was saved with{saved_model}, "
-            f"or start a new run (train.resume=none or another run.name)")
+            f"or start a new run (train.resume=none or another run.name)"
+        )

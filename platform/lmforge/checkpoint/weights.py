@@ -11,6 +11,7 @@ Two uses:
 
 Reading goes through ``lmforge.checkpoint.safe_io`` (no arbitrary unpickling); only tensors are requested.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -22,11 +23,17 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from lmforge.checkpoint.layout import COMPLETE, SIDECAR, latest
-from lmforge.checkpoint.safe_io import (CheckpointException, UnsafeCheckpointError, load_dcp, read_json,  # noqa: F401
-                                        read_metadata_safely)
+from lmforge.checkpoint.safe_io import (
+    CheckpointException,
+    UnsafeCheckpointError,
+    load_dcp,
+    read_json,  # noqa: F401
+    read_metadata_safely,
+)
 from lmforge.config.model import ModelConfig
 
 MODEL_PREFIX = "model."
+
 
 class WeightsError(ValueError):
     pass
@@ -41,9 +48,11 @@ def resolve_checkpoint(path: Path) -> Path:
         found = latest(root)
         if found is not None:
             return found
-    raise WeightsError(f"{path}: no complete checkpoint here (looked for {COMPLETE} + {SIDECAR} in the directory, "
-                       f"its checkpoints/ and step-* subdirectories). Fix: pass a run directory or a "
-                       f"checkpoints/step-NNNNNNNN directory of a finished save")
+    raise WeightsError(
+        f"{path}: no complete checkpoint here (looked for {COMPLETE} + {SIDECAR} in the directory, "
+        f"its checkpoints/ and step-* subdirectories). Fix: pass a run directory or a "
+        f"checkpoints/step-NNNNNNNN directory of a finished save"
+    )
 
 
 def read_sidecar(ckpt: Path) -> dict:
@@ -54,8 +63,10 @@ def model_config_from_dict(d: Dict[str, Any], where: str) -> ModelConfig:
     known = {f.name for f in fields(ModelConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise WeightsError(f"{where}: model config has keys this lmforge does not know: {', '.join(unknown)}. "
-                           "Fix: use the lmforge version that wrote the checkpoint")
+        raise WeightsError(
+            f"{where}: model config has keys this lmforge does not know: {', '.join(unknown)}. "
+            "Fix: use the lmforge version that wrote the checkpoint"
+        )
     return ModelConfig(**{k: v for k, v in d.items() if k in known})
 
 
@@ -70,16 +81,22 @@ def checkpoint_model_config(ckpt: Path) -> ModelConfig:
 def saved_model_tensors(ckpt: Path) -> Dict[str, TensorStorageMetadata]:
     """{model parameter name: DCP tensor metadata (global shape, dtype, chunks)} of a checkpoint."""
     md = read_metadata_safely(ckpt)
-    return {k[len(MODEL_PREFIX):]: v for k, v in md.state_dict_metadata.items()
-            if k.startswith(MODEL_PREFIX) and isinstance(v, TensorStorageMetadata)}
+    return {
+        k[len(MODEL_PREFIX) :]: v
+        for k, v in md.state_dict_metadata.items()
+        if k.startswith(MODEL_PREFIX) and isinstance(v, TensorStorageMetadata)
+    }
 
 
 def check_names_and_shapes(ckpt: Path, expected: Dict[str, Tuple[int, ...]]) -> None:
     saved = saved_model_tensors(ckpt)
     missing = sorted(set(expected) - set(saved))
     unexpected = sorted(set(saved) - set(expected))
-    wrong = sorted(f"{n} (checkpoint {tuple(saved[n].size)}, model {tuple(expected[n])})"
-                   for n in set(expected) & set(saved) if tuple(saved[n].size) != tuple(expected[n]))
+    wrong = sorted(
+        f"{n} (checkpoint {tuple(saved[n].size)}, model {tuple(expected[n])})"
+        for n in set(expected) & set(saved)
+        if tuple(saved[n].size) != tuple(expected[n])
+    )
     problems = []
     if missing:
         problems.append("missing in checkpoint: " + ", ".join(missing))
@@ -88,8 +105,10 @@ def check_names_and_shapes(ckpt: Path, expected: Dict[str, Tuple[int, ...]]) -> 
     if wrong:
         problems.append("shape mismatch: " + ", ".join(wrong))
     if problems:
-        raise WeightsError(f"checkpoint {ckpt} does not fit the model: {'; '.join(problems)}. Fix: use the model "
-                           f"config the checkpoint was saved with (its {SIDECAR} 'config.model')")
+        raise WeightsError(
+            f"checkpoint {ckpt} does not fit the model: {'; '.join(problems)}. Fix: use the model "
+            f"config the checkpoint was saved with (its {SIDECAR} 'config.model')"
+        )
 
 
 def _build_meta_model(cfg: ModelConfig) -> torch.nn.Module:
@@ -99,7 +118,9 @@ def _build_meta_model(cfg: ModelConfig) -> torch.nn.Module:
         return GPT(cfg)
 
 
-def load_full_model_state(ckpt: Path, dtype: Optional[torch.dtype] = None) -> Tuple[ModelConfig, Dict[str, torch.Tensor]]:
+def load_full_model_state(
+    ckpt: Path, dtype: Optional[torch.dtype] = None
+) -> Tuple[ModelConfig, Dict[str, torch.Tensor]]:
     """Consolidate the ``model.*`` tensors of a checkpoint of any layout into full CPU tensors (one process)."""
     cfg = checkpoint_model_config(ckpt)
     meta = _build_meta_model(cfg)
@@ -145,8 +166,11 @@ def load_model_weights(path: Path, model: torch.nn.Module, cfg: ModelConfig, key
     ours, theirs = _shape_facts(cfg), _shape_facts(saved_cfg)
     diff = [f"model.{k}: checkpoint {theirs[k]!r}, this run {ours[k]!r}" for k in SHAPE_KEYS if ours[k] != theirs[k]]
     if diff:
-        raise ConfigError(key, f"checkpoint {ckpt} was saved for a different model shape ({'; '.join(diff)})",
-                          "use the model config it was saved with (e.g. the exp written by `lmforge import hf`)")
+        raise ConfigError(
+            key,
+            f"checkpoint {ckpt} was saved for a different model shape ({'; '.join(diff)})",
+            "use the model config it was saved with (e.g. the exp written by `lmforge import hf`)",
+        )
     msd, _ = get_state_dict(model, [])
     try:
         load_dcp({"model": msd}, ckpt)

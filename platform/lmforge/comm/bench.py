@@ -14,6 +14,7 @@ Bus bandwidth is comparable across operations and world sizes: it is the rate ea
 must sustain, so it can be held against the hardware link speed. Units are GB/s = 10^9 bytes/s.
 The time of one size is the mean over ``iters`` back-to-back calls, and the slowest rank's time is used.
 """
+
 from __future__ import annotations
 
 import json
@@ -118,14 +119,18 @@ class BenchResult:
             return []
         for op in ops:
             if op in self.ops() and self.peak_busbw(op) < floor_gbps:
-                self.failures.append(f"{op} peak bus bandwidth {self.peak_busbw(op):.3g} GB/s < floor "
-                                     f"{floor_gbps:g} GB/s")
+                self.failures.append(
+                    f"{op} peak bus bandwidth {self.peak_busbw(op):.3g} GB/s < floor {floor_gbps:g} GB/s"
+                )
         return self.failures
 
     def summary(self) -> Dict[str, float]:
         """Flat scalars for the metrics stream: per op peak bus/alg bandwidth and small-message latency."""
-        out: Dict[str, float] = {"comm_bench/world_size": self.world_size, "comm_bench/passed": float(self.passed),
-                                 "comm_bench/floor_gbps": self.floor_gbps}
+        out: Dict[str, float] = {
+            "comm_bench/world_size": self.world_size,
+            "comm_bench/passed": float(self.passed),
+            "comm_bench/floor_gbps": self.floor_gbps,
+        }
         for op in self.ops():
             out[f"comm_bench/{op}/busbw_gbps"] = self.peak_busbw(op)
             out[f"comm_bench/{op}/algbw_gbps"] = max(r.algbw_gbps for r in self.rows_of(op))
@@ -137,14 +142,20 @@ class BenchResult:
 
     def table(self) -> str:
         head = f"{'op':<15}{'size(B)':>12}{'count':>11}{'time(us)':>12}{'algbw(GB/s)':>13}{'busbw(GB/s)':>13}"
-        lines = [f"# lmforge comm bench: backend={self.backend} world_size={self.world_size} device={self.device} "
-                 f"iters={self.iters} warmup={self.warmup}", head]
+        lines = [
+            f"# lmforge comm bench: backend={self.backend} world_size={self.world_size} device={self.device} "
+            f"iters={self.iters} warmup={self.warmup}",
+            head,
+        ]
         for r in self.rows:
-            lines.append(f"{r.op:<15}{r.size_bytes:>12d}{r.count:>11d}{r.time_us:>12.1f}{r.algbw_gbps:>13.4f}"
-                         f"{r.busbw_gbps:>13.4f}")
+            lines.append(
+                f"{r.op:<15}{r.size_bytes:>12d}{r.count:>11d}{r.time_us:>12.1f}{r.algbw_gbps:>13.4f}"
+                f"{r.busbw_gbps:>13.4f}"
+            )
         for op in self.ops():
-            lines.append(f"# {op}: peak busbw {self.peak_busbw(op):.4f} GB/s, small-message latency "
-                         f"{self.latency_us(op):.1f} us")
+            lines.append(
+                f"# {op}: peak busbw {self.peak_busbw(op):.4f} GB/s, small-message latency {self.latency_us(op):.1f} us"
+            )
         if self.floor_gbps > 0:
             verdict = "PASS" if self.passed else "FAIL: " + "; ".join(self.failures)
             lines.append(f"# floor {self.floor_gbps:g} GB/s on {', '.join(self.floor_ops)}: {verdict}")
@@ -157,8 +168,9 @@ class BenchResult:
         path.with_suffix(".txt").write_text(self.table() + "\n")
 
 
-def _make_op(op: str, size_bytes: int, n: int, device: torch.device,
-             group: Optional[dist.ProcessGroup]) -> Callable[[], None]:
+def _make_op(
+    op: str, size_bytes: int, n: int, device: torch.device, group: Optional[dist.ProcessGroup]
+) -> Callable[[], None]:
     count = size_bytes // ELEMENT_BYTES
     if op == "all_reduce":
         buf = torch.ones(count, device=device)
@@ -184,8 +196,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_op(fn: Callable[[], None], iters: int, warmup: int, device: torch.device,
-            group: Optional[dist.ProcessGroup]) -> float:
+def time_op(
+    fn: Callable[[], None], iters: int, warmup: int, device: torch.device, group: Optional[dist.ProcessGroup]
+) -> float:
     """Mean seconds per call on the slowest rank."""
     for _ in range(warmup):
         fn()
@@ -200,21 +213,29 @@ def time_op(fn: Callable[[], None], iters: int, warmup: int, device: torch.devic
     return float(elapsed.item())
 
 
-def run_bench(ops: Sequence[str] = OPS, sizes: Sequence[int] = (), iters: int = 20, warmup: int = 5,
-              device: Optional[torch.device] = None, group: Optional[dist.ProcessGroup] = None) -> BenchResult:
+def run_bench(
+    ops: Sequence[str] = OPS,
+    sizes: Sequence[int] = (),
+    iters: int = 20,
+    warmup: int = 5,
+    device: Optional[torch.device] = None,
+    group: Optional[dist.ProcessGroup] = None,
+) -> BenchResult:
     """Time every op at every size on ``group`` (default: the whole world). Every rank returns the same result."""
     device = device or torch.device("cpu")
     n = dist.get_world_size(group)
-    result = BenchResult(backend=str(dist.get_backend(group)), world_size=n, device=str(device), iters=iters,
-                         warmup=warmup)
+    result = BenchResult(
+        backend=str(dist.get_backend(group)), world_size=n, device=str(device), iters=iters, warmup=warmup
+    )
     for op in ops:
         bus_factor(op, n)  # unknown op -> ValueError before any traffic
         for size in sizes or size_sweep(8, 2**20):
             size = aligned_size(size, n)
             t = time_op(_make_op(op, size, n, device, group), iters, warmup, device, group)
             t = max(t, 1e-9)
-            result.rows.append(BenchRow(op, size, size // ELEMENT_BYTES, t * 1e6, algbw_gbps(size, t),
-                                        busbw_gbps(op, size, t, n)))
+            result.rows.append(
+                BenchRow(op, size, size // ELEMENT_BYTES, t * 1e6, algbw_gbps(size, t), busbw_gbps(op, size, t, n))
+            )
     return result
 
 

@@ -8,6 +8,7 @@ Arguments with ``=`` are Hydra overrides of the config (the ``comm`` preset is e
 does). Rank 0 prints an nccl-tests-style table and writes ``--out`` (JSON) plus the same table as ``.txt``.
 Exit status 0: passed the floor (or no floor); 1: below the floor; 2: bad arguments or config.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=int, default=2, help="size multiplier between steps of the sweep")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--floor-gbps", type=float, default=None,
-                   help="bus-bandwidth floor in GB/s (default: comm.preflight_floor_gbps)")
+    p.add_argument(
+        "--floor-gbps",
+        type=float,
+        default=None,
+        help="bus-bandwidth floor in GB/s (default: comm.preflight_floor_gbps)",
+    )
     p.add_argument("--floor-ops", default=None, help="ops the floor applies to (default: comm.preflight_floor_ops)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", default="comm_bench.json", help="JSON result (rank 0); the table goes beside it as .txt")
@@ -49,14 +54,18 @@ def bench_main(argv: Sequence[str]) -> int:
     from lmforge.config.comm_checks import check_comm
     from lmforge.config.compose import compose
     from lmforge.runtime.hardware import select_device
+
     try:
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         unknown = [o for o in ops if o not in OPS]
         if unknown:
-            raise ConfigError("--ops", f"unknown collective(s) {', '.join(unknown)}", f"use a subset of {','.join(OPS)}")
+            raise ConfigError(
+                "--ops", f"unknown collective(s) {', '.join(unknown)}", f"use a subset of {','.join(OPS)}"
+            )
         cfg = compose(args.overrides)
-        comm: CommConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CommConfig),
-                                                               OmegaConf.to_container(cfg.comm, resolve=True)))
+        comm: CommConfig = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(CommConfig), OmegaConf.to_container(cfg.comm, resolve=True))
+        )
         check_comm(comm, args.device)
         sizes = size_sweep(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor)
     except (ConfigError, ValueError) as e:

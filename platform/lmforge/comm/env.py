@@ -4,6 +4,7 @@
 preset will export. ``export_comm_env`` applies it before any process group exists; a variable the user
 already set in the environment (``srun --export``, a site profile) wins and is recorded as ``inherited``.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,18 @@ from lmforge.runtime.env import already_set, matching
 from lmforge.runtime.secrets import redact
 
 # Environment prefixes that matter to collectives; recorded (redacted) in comm_env.json even when not set by us.
-RELEVANT_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "GLOO_", "TORCH_DISTRIBUTED_", "UCX_", "FI_",
-                     "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT")
+RELEVANT_PREFIXES = (
+    "NCCL_",
+    "TORCH_NCCL_",
+    "TORCH_FR_",
+    "GLOO_",
+    "TORCH_DISTRIBUTED_",
+    "UCX_",
+    "FI_",
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 # The flight recorder's variables by torch version. Since 2.8 torch reads the vendor-neutral TORCH_FR_* names
@@ -41,8 +52,9 @@ def flight_recorder_names(torch_version: Optional[str] = None) -> Dict[str, str]
     return FR_NAMES if newer else OLDER_FR_NAMES
 
 
-def comm_environment(cfg: CommConfig, dump_dir: Optional[Path] = None,
-                     torch_version: Optional[str] = None) -> Dict[str, str]:
+def comm_environment(
+    cfg: CommConfig, dump_dir: Optional[Path] = None, torch_version: Optional[str] = None
+) -> Dict[str, str]:
     """Every variable the preset sets, as strings (the values have passed ``check_comm``), with the flight
     recorder's names for ``torch_version`` (default: the installed torch)."""
     env = {str(k): str(v) for k, v in cfg.env.items()}
@@ -77,8 +89,17 @@ def export_comm_env(cfg: CommConfig, dump_dir: Optional[Path] = None) -> Dict[st
 
 def comm_env_record(cfg: CommConfig, applied: Dict[str, Dict[str, str]], backend: str, world_size: int) -> dict:
     other = {k: v for k, v in matching(RELEVANT_PREFIXES).items() if k not in applied}
-    return redact({"preset": cfg.name, "backend": backend, "transport": cfg.transport, "world_size": world_size,
-                   "collective_timeout_s": cfg.collective_timeout_s, "variables": applied, "other_environment": other})
+    return redact(
+        {
+            "preset": cfg.name,
+            "backend": backend,
+            "transport": cfg.transport,
+            "world_size": world_size,
+            "collective_timeout_s": cfg.collective_timeout_s,
+            "variables": applied,
+            "other_environment": other,
+        }
+    )
 
 
 def write_comm_env(path: Path, record: dict) -> None:

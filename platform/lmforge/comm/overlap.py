@@ -19,6 +19,7 @@ Then, with interval unions per rank:
 and the same per collective type (each type's own union; types that run at the same time are counted in
 each, so per-type totals can add up to more than ``total``). See docs/collectives.md for the limits.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -33,12 +34,24 @@ Interval = Tuple[float, float]
 
 _BACKEND_SPAN = re.compile(r"^(?:gloo|nccl|mpi|ucc|xccl):([a-z_]+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_LAUNCH = re.compile(r"^(?:c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms)|wait",
-                     re.IGNORECASE)
+_LAUNCH = re.compile(
+    r"^(?:c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|record_param_comms)|wait", re.IGNORECASE
+)
 GPU_COMPUTE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-_CAMEL = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-          "alltoall": "all_to_all", "alltoallv": "all_to_all", "broadcast": "broadcast", "reduce": "reduce",
-          "sendrecv": "send_recv", "send": "send", "recv": "recv", "gather": "gather", "scatter": "scatter"}
+_CAMEL = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "sendrecv": "send_recv",
+    "send": "send",
+    "recv": "recv",
+    "gather": "gather",
+    "scatter": "scatter",
+}
 
 
 def collective_kind(name: str) -> Optional[str]:
@@ -194,8 +207,9 @@ def overlap_stats(timeline: Timeline, rank: int = 0) -> OverlapStats:
         k_exposed = length(subtract(intervals, timeline.compute))
         per_kind[kind] = KindStats(k_total, k_exposed, _fraction(k_total, k_exposed), len(intervals))
     step_us = timeline.window[1] - timeline.window[0] if timeline.window else None
-    return OverlapStats(timeline.mode, total, exposed, _fraction(total, exposed), length(timeline.compute), step_us,
-                        per_kind, rank)
+    return OverlapStats(
+        timeline.mode, total, exposed, _fraction(total, exposed), length(timeline.compute), step_us, per_kind, rank
+    )
 
 
 def load_trace(path: Path) -> List[dict]:
@@ -216,13 +230,20 @@ def aggregate(per_rank: Sequence[OverlapStats], step: int) -> dict:
     n = max(1, len(per_rank))
     total = sum(s.total_us for s in per_rank)
     exposed = sum(s.exposed_us for s in per_rank)
-    record = {"kind": "overlap", "step": step, "comm/mode": per_rank[0].mode if per_rank else "none",
-              "comm/total_ms": total / n / 1e3, "comm/exposed_ms": exposed / n / 1e3,
-              "comm/compute_ms": sum(s.compute_us for s in per_rank) / n / 1e3}
+    record = {
+        "kind": "overlap",
+        "step": step,
+        "comm/mode": per_rank[0].mode if per_rank else "none",
+        "comm/total_ms": total / n / 1e3,
+        "comm/exposed_ms": exposed / n / 1e3,
+        "comm/compute_ms": sum(s.compute_us for s in per_rank) / n / 1e3,
+    }
     frac = _fraction(total, exposed)
     if frac is not None:
         record["comm/overlap_fraction"] = frac
-        record["comm/overlap_fraction_min"] = min(s.overlap_fraction for s in per_rank if s.overlap_fraction is not None)
+        record["comm/overlap_fraction_min"] = min(
+            s.overlap_fraction for s in per_rank if s.overlap_fraction is not None
+        )
     steps = [s.step_us for s in per_rank if s.step_us]
     if steps:
         record["comm/profiled_step_ms"] = max(steps) / 1e3

@@ -5,6 +5,7 @@ file store, so every code path (megatron-core's dataset builder, DCP) sees an in
 The ``comm`` preset's variables are exported first (``lmforge.comm.env``) and, given a run directory,
 recorded by rank 0 in ``<run>/comm_env.json``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -37,8 +38,11 @@ def choose_backend(cfg: CommConfig, device: torch.device) -> str:
     if cfg.backend == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if cfg.backend == "nccl" and device.type != "cuda":
-        raise ConfigError("comm.backend", f"nccl needs a CUDA device but this rank runs on '{device}' (gloo only)",
-                          "use comm=cpu_gloo or comm.backend=auto on CPU")
+        raise ConfigError(
+            "comm.backend",
+            f"nccl needs a CUDA device but this rank runs on '{device}' (gloo only)",
+            "use comm=cpu_gloo or comm.backend=auto on CPU",
+        )
     return cfg.backend
 
 
@@ -55,8 +59,11 @@ def init_process_group(cfg: CommConfig, device: torch.device, run_dir: Optional[
             # A world of one needs no rendezvous: an in-process store (a file store left a file in /tmp per run).
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     world = WorldInfo(
-        rank=dist.get_rank(), world_size=dist.get_world_size(),
-        local_rank=local_rank(), local_world_size=local_world_size(), backend=backend,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank(),
+        local_world_size=local_world_size(),
+        backend=backend,
     )
     if paths is not None and world.rank == 0:
         write_comm_env(paths.comm_env, comm_env_record(cfg, applied, backend, world.world_size))

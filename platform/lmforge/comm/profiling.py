@@ -9,6 +9,7 @@ On a profiled step every rank records the step with ``torch.profiler``, keeps th
 ``lmforge.comm.overlap`` and sends its numbers to rank 0, which logs one ``kind="overlap"`` record (and a
 per-rank, per-collective table to W&B). Every rank must call ``step`` with the same step numbers.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -12,6 +12,7 @@ On a GPU the result is staged to the host with :class:`HostCopy` right behind th
 reading it a step later waits only until the GPU has finished step ``s``. With one rank there is nothing to
 agree on: the local flag is the answer, at once.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union

@@ -3,6 +3,7 @@
 These take the W&B run object (or None, then they do nothing), so they work with whichever W&B sink the
 metrics layer builds: ``wandb_run_of(logger)`` finds a run on any sink exposing a ``run`` attribute.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
@@ -26,14 +27,16 @@ def log_bench(run: Optional[Any], result: Any, step: Optional[int] = None) -> No
         return
     import wandb
 
-    table = wandb.Table(columns=BENCH_COLUMNS,
-                        data=[[r.op, r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps] for r in result.rows])
+    table = wandb.Table(
+        columns=BENCH_COLUMNS, data=[[r.op, r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps] for r in result.rows]
+    )
     payload: Dict[str, Any] = {"comm_bench/table": table, **result.summary()}
     run.log(payload, step=step) if step is not None else run.log(payload)
 
 
-def log_overlap(run: Optional[Any], record: Dict[str, Any], per_rank: List[Dict[str, Any]],
-                step: Optional[int] = None) -> None:
+def log_overlap(
+    run: Optional[Any], record: Dict[str, Any], per_rank: List[Dict[str, Any]], step: Optional[int] = None
+) -> None:
     """One table row per (rank, collective type) and the aggregate overlap scalars of ``record``."""
     if run is None:
         return
@@ -43,8 +46,9 @@ def log_overlap(run: Optional[Any], record: Dict[str, Any], per_rank: List[Dict[
     for stats in per_rank:
         for kind, k in sorted(stats["per_kind"].items()):
             rows.append([stats["rank"], kind, k["total_us"] / 1e3, k["exposed_us"] / 1e3, k["overlap_fraction"]])
-        rows.append([stats["rank"], "all", stats["total_us"] / 1e3, stats["exposed_us"] / 1e3,
-                     stats["overlap_fraction"]])
+        rows.append(
+            [stats["rank"], "all", stats["total_us"] / 1e3, stats["exposed_us"] / 1e3, stats["overlap_fraction"]]
+        )
     scalars = {k: v for k, v in record.items() if k.startswith("comm/") and isinstance(v, (int, float))}
     payload = {"comm/overlap_table": wandb.Table(columns=OVERLAP_COLUMNS, data=rows), **scalars}
     run.log(payload, step=step) if step is not None else run.log(payload)

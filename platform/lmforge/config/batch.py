@@ -3,6 +3,7 @@
 global_batch_size = micro_batch_size * grad_accum * dp_size   (all in sequences)
 tokens_per_step   = global_batch_size * seq_len
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Schema of the ``checkpoint`` config group (``conf/checkpoint/*.yaml``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ OmegaConf (2.3) rejects a bare ``Literal`` annotation and matches Enum values by
 annotation is the one list of allowed values: ``check_choices`` reads it from the dataclass fields and raises
 a ConfigError with the closest valid value ("did you mean"); docs and error messages show the same list.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -46,10 +47,11 @@ def check_choices(obj: Any, prefix: str = "") -> None:
     """Raise ConfigError for the first choice field of ``obj`` (a schema dataclass instance) holding another value."""
     for key, allowed in choice_fields(type(obj), prefix):
         value: Any = obj
-        for part in key[len(prefix):].split("."):
+        for part in key[len(prefix) :].split("."):
             value = getattr(value, part)
         if value not in allowed:
             near = closest(str(value), allowed)
             hint = f"did you mean '{near}'? " if near else ""
-            raise ConfigError(key, f"'{value}' is not one of {', '.join(allowed)}",
-                              f"{hint}choose one of {', '.join(allowed)}")
+            raise ConfigError(
+                key, f"'{value}' is not one of {', '.join(allowed)}", f"{hint}choose one of {', '.join(allowed)}"
+            )

@@ -1,4 +1,5 @@
 """Schema of the ``cluster`` config group (``conf/cluster/*.yaml``): the hardware a run is planned for."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

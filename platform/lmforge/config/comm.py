@@ -3,6 +3,7 @@
 Cross-field checks of this group (transport vs variables, NCCL value spellings, ...) live in
 ``lmforge.config.comm_checks``; docs/collectives.md explains every preset and variable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Locate the Hydra config tree and compose configs without running an app (tests, ``lmforge plan``)."""
+
 from __future__ import annotations
 
 import difflib
@@ -68,12 +69,16 @@ def composition_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
     options = list(getattr(exc, "options", None) or [])
     if missing and options:
         group, name = missing.groups()
-        key = next((o.split("=", 1)[0].lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{group}=")),
-                   group)
+        key = next(
+            (o.split("=", 1)[0].lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{group}=")), group
+        )
         near = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
         hint = f"did you mean '{near[0]}'? " if near else ""
-        return ConfigError(key, f"'{name}' is not one of {', '.join(options)} (no {group}/{name}.yaml in "
-                           f"{conf_dir()})", f"{hint}choose one of {', '.join(options)}")
+        return ConfigError(
+            key,
+            f"'{name}' is not one of {', '.join(options)} (no {group}/{name}.yaml in {conf_dir()})",
+            f"{hint}choose one of {', '.join(options)}",
+        )
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     detail = str(cause)
     full_key = re.search(r"full_key: (\S+)", detail)
@@ -94,5 +99,7 @@ def composition_error(exc: Exception, overrides: Sequence[str]) -> ConfigError:
         return ConfigError(full_key.group(1), reason, "give a value of the schema's type")
     override = getattr(exc, "override", None)
     if override is not None:  # a command line Hydra cannot parse
-        return ConfigError(str(override), reason, "write overrides as key=value (quote values holding '=', ',' or brackets)")
+        return ConfigError(
+            str(override), reason, "write overrides as key=value (quote values holding '=', ',' or brackets)"
+        )
     return ConfigError("(composition)", reason, "fix the override or YAML file named above")

@@ -1,4 +1,5 @@
 """Schema of the ``data`` config group (``conf/data/*.yaml``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

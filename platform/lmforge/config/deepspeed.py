@@ -23,6 +23,7 @@ derive (e.g. ``zero_optimization.stage3_prefetch_bucket_size``); a key lmforge d
 ``"auto"`` or equal to the derived value, otherwise a ConfigError names both values. ``optimizer`` and
 ``scheduler`` sections are refused: the optimizer is lmforge's AdamW and the LR is set by lmforge every step.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,19 @@ SOURCE_KEYS = {
     "zero_optimization.offload_optimizer.device": "parallelism.offload_optimizer",
     "zero_optimization.offload_param.device": "parallelism.offload_params",
 }
-REFUSED_SECTIONS = {"optimizer": "optim.* (lmforge builds torch AdamW and passes it to DeepSpeed)",
-                    "scheduler": "optim.schedule (lmforge sets the learning rate before every step)"}
+REFUSED_SECTIONS = {
+    "optimizer": "optim.* (lmforge builds torch AdamW and passes it to DeepSpeed)",
+    "scheduler": "optim.schedule (lmforge sets the learning rate before every step)",
+}
 
 
 def uses_bf16(precision: str) -> bool:
     return precision in ("bf16-mixed", "bf16")
 
 
-def generate(cfg: RootConfig, plan: BatchPlan, precision: Optional[str], pin_memory: Optional[bool] = False
-             ) -> Dict[str, Any]:
+def generate(
+    cfg: RootConfig, plan: BatchPlan, precision: Optional[str], pin_memory: Optional[bool] = False
+) -> Dict[str, Any]:
     """The DeepSpeed config derived from the lmforge config alone (``precision`` already resolved).
 
     ``validate()`` runs before the device is chosen: a ``None`` precision or pin_memory leaves out the keys
@@ -77,8 +81,9 @@ def generate(cfg: RootConfig, plan: BatchPlan, precision: Optional[str], pin_mem
         zero["offload_optimizer"] = {"device": p.offload_optimizer, **pinned}
     if p.offload_params != "none":
         zero["offload_param"] = {"device": p.offload_params, **pinned}
-    precision_keys = {} if precision is None else {"bf16": {"enabled": uses_bf16(precision)},
-                                                   "fp16": {"enabled": False}}
+    precision_keys = (
+        {} if precision is None else {"bf16": {"enabled": uses_bf16(precision)}, "fp16": {"enabled": False}}
+    )
     return {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
@@ -117,21 +122,28 @@ def merge_user(generated: Dict[str, Any], user: Dict[str, Any], source: str) -> 
     """Merge ``user`` over ``generated``; a derived key with a different value is a ConfigError."""
     for section, owner in REFUSED_SECTIONS.items():
         if section in user:
-            raise ConfigError("parallelism.deepspeed_config",
-                              f"{source} sets '{section}', which lmforge owns through {owner}",
-                              f"remove the '{section}' section from {source} and set {owner.split(' ')[0]} instead")
+            raise ConfigError(
+                "parallelism.deepspeed_config",
+                f"{source} sets '{section}', which lmforge owns through {owner}",
+                f"remove the '{section}' section from {source} and set {owner.split(' ')[0]} instead",
+            )
     derived = _flatten(generated)
     conflicts: List[Tuple[str, Any, Any]] = []
     for key, value in _flatten(user).items():
         if key in derived and value != "auto" and not _same(value, derived[key]):
             conflicts.append((key, value, derived[key]))
     if conflicts:
-        lines = "; ".join(f"{k} = {json.dumps(v)} in {source} but {SOURCE_KEYS.get(k, 'the lmforge config')} gives "
-                          f"{json.dumps(d)}" for k, v, d in conflicts)
+        lines = "; ".join(
+            f"{k} = {json.dumps(v)} in {source} but {SOURCE_KEYS.get(k, 'the lmforge config')} gives {json.dumps(d)}"
+            for k, v, d in conflicts
+        )
         first = conflicts[0][0]
-        raise ConfigError("parallelism.deepspeed_config", f"conflicts with the Hydra config: {lines}",
-                          f"drop '{first}' from {source} (or set it to \"auto\"), or change "
-                          f"{SOURCE_KEYS.get(first, 'the lmforge key')} instead")
+        raise ConfigError(
+            "parallelism.deepspeed_config",
+            f"conflicts with the Hydra config: {lines}",
+            f"drop '{first}' from {source} (or set it to \"auto\"), or change "
+            f"{SOURCE_KEYS.get(first, 'the lmforge key')} instead",
+        )
 
     def merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
         out = dict(base)
@@ -147,16 +159,23 @@ def merge_user(generated: Dict[str, Any], user: Dict[str, Any], source: str) -> 
 def load_user_json(path: str) -> Dict[str, Any]:
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigError("parallelism.deepspeed_config", f"file {file} does not exist",
-                          "give the path of a DeepSpeed JSON config, or leave it empty")
+        raise ConfigError(
+            "parallelism.deepspeed_config",
+            f"file {file} does not exist",
+            "give the path of a DeepSpeed JSON config, or leave it empty",
+        )
     try:
         data = json.loads(file.read_text())
     except ValueError as e:
-        raise ConfigError("parallelism.deepspeed_config", f"{file} is not valid JSON: {e}",
-                          "fix the JSON syntax") from None
+        raise ConfigError(
+            "parallelism.deepspeed_config", f"{file} is not valid JSON: {e}", "fix the JSON syntax"
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError("parallelism.deepspeed_config", f"{file} holds a {type(data).__name__}, not an object",
-                          "the file must hold one JSON object")
+        raise ConfigError(
+            "parallelism.deepspeed_config",
+            f"{file} holds a {type(data).__name__}, not an object",
+            "the file must hold one JSON object",
+        )
     return data
 
 
@@ -168,10 +187,12 @@ def check_native(cfg: RootConfig) -> None:
     p = cfg.parallelism
     for key, default in DEEPSPEED_ONLY.items():
         if getattr(p, key) != default:
-            raise ConfigError(f"parallelism.{key}", f"{getattr(p, key)!r} is a DeepSpeed setting, and "
-                              "parallelism.engine=native would ignore it",
-                              f"set parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key "
-                              f"(native sharding: parallelism.dp_shard)")
+            raise ConfigError(
+                f"parallelism.{key}",
+                f"{getattr(p, key)!r} is a DeepSpeed setting, and parallelism.engine=native would ignore it",
+                "set parallelism.engine=deepspeed (e.g. parallelism=zero3), or drop the key "
+                "(native sharding: parallelism.dp_shard)",
+            )
 
 
 def check(cfg: RootConfig, plan: BatchPlan) -> None:
@@ -179,17 +200,28 @@ def check(cfg: RootConfig, plan: BatchPlan) -> None:
     layout, which ``check_parallel_layout`` restricts to dp_replicate): ZeRO stage, offload, compile, user JSON."""
     p = cfg.parallelism
     if p.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError("parallelism.zero_stage", f"must be 0, 1, 2 or 3, got {p.zero_stage}", "e.g. parallelism=zero3")
+        raise ConfigError(
+            "parallelism.zero_stage", f"must be 0, 1, 2 or 3, got {p.zero_stage}", "e.g. parallelism=zero3"
+        )
     if p.offload_optimizer != "none" and p.zero_stage == 0:
-        raise ConfigError("parallelism.offload_optimizer", "ZeRO-Offload of the optimizer needs zero_stage >= 1",
-                          "set parallelism.zero_stage to 1, 2 or 3, or offload_optimizer=none")
+        raise ConfigError(
+            "parallelism.offload_optimizer",
+            "ZeRO-Offload of the optimizer needs zero_stage >= 1",
+            "set parallelism.zero_stage to 1, 2 or 3, or offload_optimizer=none",
+        )
     if p.offload_params != "none" and p.zero_stage != 3:
-        raise ConfigError("parallelism.offload_params", f"parameter offload needs zero_stage=3, got {p.zero_stage}",
-                          "use parallelism=zero3_offload or set offload_params=none")
+        raise ConfigError(
+            "parallelism.offload_params",
+            f"parameter offload needs zero_stage=3, got {p.zero_stage}",
+            "use parallelism=zero3_offload or set offload_params=none",
+        )
     if p.compile:
-        raise ConfigError("parallelism.compile", "the deepspeed engine runs the model eagerly (it never calls "
-                          "torch.compile), so compile=true would be silently ignored",
-                          "set parallelism.compile=false, or use parallelism.engine=native to compile")
+        raise ConfigError(
+            "parallelism.compile",
+            "the deepspeed engine runs the model eagerly (it never calls "
+            "torch.compile), so compile=true would be silently ignored",
+            "set parallelism.compile=false, or use parallelism.engine=native to compile",
+        )
     if p.deepspeed_config:  # keys the device decides (precision auto, pinning on device auto): build_config checks
         precision = None if cfg.train.precision == "auto" else cfg.train.precision
         pin_memory = {"cuda": True, "cpu": False}.get(cfg.train.device)

@@ -10,6 +10,7 @@
   and needs bf16 activations: ``train.precision`` bf16-mixed / bf16 / auto (bf16-mixed on CUDA), or FSDP
   ``param_dtype=bf16``. ``train.device=auto`` is checked again by the engine once the device is known.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -32,21 +33,32 @@ def check_document_masking(cfg, device: Optional[str] = None) -> None:
 
 def check_flex(par, device: str) -> None:
     if device == "cpu":
-        raise ConfigError("data.document_attention", "flex cannot train on the CPU: torch's FlexAttention has no "
-                          "backward there", "use data.document_attention=sdpa on the CPU (flex needs CUDA)")
+        raise ConfigError(
+            "data.document_attention",
+            "flex cannot train on the CPU: torch's FlexAttention has no backward there",
+            "use data.document_attention=sdpa on the CPU (flex needs CUDA)",
+        )
     if device == "cuda" and not par.compile:
-        raise ConfigError("data.document_attention", "flex without parallelism.compile=true runs torch's unfused "
-                          "FlexAttention on CUDA, which materialises every score (slower and larger than sdpa)",
-                          "set parallelism.compile=true, or data.document_attention=sdpa")
+        raise ConfigError(
+            "data.document_attention",
+            "flex without parallelism.compile=true runs torch's unfused "
+            "FlexAttention on CUDA, which materialises every score (slower and larger than sdpa)",
+            "set parallelism.compile=true, or data.document_attention=sdpa",
+        )
 
 
 def check_varlen(cfg, device: str) -> None:
     if device == "cpu":
-        raise ConfigError("data.document_attention", "varlen cannot run on the CPU: torch's varlen_attn is a CUDA "
-                          "(flash attention) kernel", "use data.document_attention=sdpa on the CPU (varlen needs "
-                          "CUDA and bf16)")
+        raise ConfigError(
+            "data.document_attention",
+            "varlen cannot run on the CPU: torch's varlen_attn is a CUDA (flash attention) kernel",
+            "use data.document_attention=sdpa on the CPU (varlen needs CUDA and bf16)",
+        )
     precision, param_dtype = cfg.train.precision, cfg.parallelism.param_dtype
     if precision == "fp32" and param_dtype == "fp32":
-        raise ConfigError("data.document_attention", "varlen needs bf16 activations (flash attention kernels have "
-                          f"no fp32), not train.precision={precision} with parallelism.param_dtype={param_dtype}",
-                          "set train.precision=bf16-mixed (or auto), or data.document_attention=sdpa")
+        raise ConfigError(
+            "data.document_attention",
+            "varlen needs bf16 activations (flash attention kernels have "
+            f"no fp32), not train.precision={precision} with parallelism.param_dtype={param_dtype}",
+            "set train.precision=bf16-mixed (or auto), or data.document_attention=sdpa",
+        )

@@ -1,4 +1,5 @@
 """Errors that tell the user what is wrong, why, and how to fix it."""
+
 from __future__ import annotations
 
 

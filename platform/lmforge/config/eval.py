@@ -3,6 +3,7 @@
 They run on the validation schedule (``train.eval_every``, one schedule for every evaluation), on the training
 mesh, and are logged as ``eval/<task>/acc``, ``eval/<task>/acc_norm`` next to ``val/<source>/{loss,bpb}``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

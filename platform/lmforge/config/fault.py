@@ -3,6 +3,7 @@
 The straggler settings live in ``metrics`` (``metrics.straggler_every``, ``metrics.straggler_threshold``);
 the job-level retry budget for Slurm lives in ``cluster.max_requeues``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

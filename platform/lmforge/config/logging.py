@@ -1,4 +1,5 @@
 """Schema of the ``logging`` config group (``conf/logging/*.yaml``) and of ``metrics``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

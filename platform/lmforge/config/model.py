@@ -1,4 +1,5 @@
 """Schema of the ``model`` config group (``conf/model/*.yaml``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Annotated, List, Literal, Optional
 class MoEConfig:
     """``model.moe``: a Mixture-of-Experts feed-forward in some layers (model/moe.py). ``experts: 0`` (the
     default) is the dense model, unchanged."""
+
     experts: int = 0  # routed experts per MoE layer; 0 = off (every layer dense)
     top_k: int = 2  # experts each token is sent to
     # Which layers are MoE: the list when given (global layer indices), else every n-th ((i + 1) % n == 0).

@@ -1,4 +1,5 @@
 """Schema of the ``optim`` config group (``conf/optim/*.yaml``): optimizer and learning-rate schedule."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

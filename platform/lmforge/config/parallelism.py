@@ -1,4 +1,5 @@
 """Schema of the ``parallelism`` config group (``conf/parallelism/*.yaml``)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

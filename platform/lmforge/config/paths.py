@@ -10,6 +10,7 @@
 Every refusal is a ``ConfigError`` naming the key, the reason and the fix (one line, exit 2 from ``lmforge
 train``). The rule for names is ``runtime.rundir.escape_reason``, which ``resolve_run_dir`` applies too.
 """
+
 from __future__ import annotations
 
 from pathlib import PurePosixPath
@@ -47,9 +48,11 @@ def check_run_names(run: Any) -> None:
         if reason is not None:
             last = PurePosixPath(value).name or "myrun"
             last = last if last not in ("..", ".") else "myrun"
-            raise ConfigError(key, f"'{value}' {reason}, so the run would be written outside run.root ({root})",
-                              f"give a name inside the root (e.g. {key}={last}), or choose the directory with "
-                              f"run.root=DIR")
+            raise ConfigError(
+                key,
+                f"'{value}' {reason}, so the run would be written outside run.root ({root})",
+                f"give a name inside the root (e.g. {key}={last}), or choose the directory with run.root=DIR",
+            )
 
 
 def check_user_paths(cfg: Any) -> None:
@@ -60,8 +63,11 @@ def check_user_paths(cfg: Any) -> None:
             continue
         path = PurePosixPath(value)
         if not path.is_absolute() and ".." in path.parts:
-            raise ConfigError(key, f"the relative path '{value}' climbs out with a '..' component",
-                              "write the absolute path of the directory you mean")
+            raise ConfigError(
+                key,
+                f"the relative path '{value}' climbs out with a '..' component",
+                "write the absolute path of the directory you mean",
+            )
 
 
 def check_paths(cfg: Any) -> None:

@@ -1,4 +1,5 @@
 """Schema of ``run``: where a run lives (see lmforge.runtime.rundir for the resolution rules)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ Each config group has its dataclass in its own module of this package (``config/
 ``RootConfig`` by plain construction on machines that only have torch (benchmarks/gpu_check.py). The schema
 is registered in Hydra's ConfigStore as ``lmforge_schema`` where composition happens (``config/compose.py``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,4 +39,3 @@ class RootConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # downstream tasks in the loop (lmforge.evaluation)
-

@@ -9,6 +9,7 @@ construction (tests/unit/test_tokenizer_vocab.py checks them against each other)
 - ``tiktoken:/path/to/NAME.tiktoken``: a rank file (the end-of-text token takes the first id left free);
 - ``tiktoken:NAME``: a named tiktoken encoding whose file is already in ``$TIKTOKEN_CACHE_DIR`` (read offline).
 """
+
 from __future__ import annotations
 
 import base64
@@ -38,16 +39,22 @@ def read_tokenizer_json(path: Path):
     from tokenizers import Tokenizer as HFTokenizer
 
     if not path.is_file():
-        raise MissingTokenizerFile(f"no tokenizer.json at {path}", "give an existing path, 'embedded', or "
-                                   "'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'")
+        raise MissingTokenizerFile(
+            f"no tokenizer.json at {path}",
+            "give an existing path, 'embedded', or 'tiktoken:NAME' / 'tiktoken:/path/NAME.tiktoken'",
+        )
     try:
         backend = HFTokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises plain Exceptions for malformed files
-        raise TokenizerFileError(f"{path} is not a valid tokenizer.json ({str(e).splitlines()[0][:200]})",
-                                 "point at a file saved by HF tokenizers (Tokenizer.save)") from None
+        raise TokenizerFileError(
+            f"{path} is not a valid tokenizer.json ({str(e).splitlines()[0][:200]})",
+            "point at a file saved by HF tokenizers (Tokenizer.save)",
+        ) from None
     if backend.token_to_id(EOD_TOKEN) is None:
-        raise TokenizerFileError(f"{path} has no '{EOD_TOKEN}' token to end documents with",
-                                 "add it as a special token when training the tokenizer")
+        raise TokenizerFileError(
+            f"{path} has no '{EOD_TOKEN}' token to end documents with",
+            "add it as a special token when training the tokenizer",
+        )
     return backend
 
 
@@ -56,8 +63,10 @@ def read_tiktoken_ranks(path: Path) -> Dict[bytes, int]:
     from tiktoken.load import read_file
 
     if not path.is_file():
-        raise MissingTokenizerFile(f"no tiktoken file at {path}", "give an existing *.tiktoken file (e.g. "
-                                   "gpt2.tiktoken from the openai-whisper sdist, see docs/data.md)")
+        raise MissingTokenizerFile(
+            f"no tiktoken file at {path}",
+            "give an existing *.tiktoken file (e.g. gpt2.tiktoken from the openai-whisper sdist, see docs/data.md)",
+        )
     ranks: Dict[bytes, int] = {}
     for n, line in enumerate(read_file(str(path)).splitlines(), 1):
         if not line.strip():
@@ -66,8 +75,9 @@ def read_tiktoken_ranks(path: Path) -> Dict[bytes, int]:
             tok, rank = line.split()
             ranks[base64.b64decode(tok, validate=True)] = int(rank)
         except ValueError:
-            raise TokenizerFileError(f"{path}:{n} is not a '<base64 token> <rank>' line",
-                                     "give a tiktoken rank file") from None
+            raise TokenizerFileError(
+                f"{path}:{n} is not a '<base64 token> <rank>' line", "give a tiktoken rank file"
+            ) from None
     return ranks
 
 
@@ -83,9 +93,11 @@ def named_tiktoken(name: str):
     import tiktoken.load as tl
 
     if not read("TIKTOKEN_CACHE_DIR"):
-        raise TokenizerFileError(f"tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set "
-                                 "(lmforge never downloads)", "use tiktoken:/path/to/FILE.tiktoken, or set "
-                                 "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)")
+        raise TokenizerFileError(
+            f"tiktoken:{name} needs its file in $TIKTOKEN_CACHE_DIR, which is not set (lmforge never downloads)",
+            "use tiktoken:/path/to/FILE.tiktoken, or set "
+            "TIKTOKEN_CACHE_DIR to a directory holding the cached file (see docs/data.md)",
+        )
     original = tl.read_file
 
     def offline(blobpath: str) -> bytes:
@@ -97,8 +109,10 @@ def named_tiktoken(name: str):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # noqa: BLE001 - tiktoken raises plain exceptions
-        raise TokenizerFileError(f"tiktoken encoding '{name}' could not be loaded offline ({e})",
-                                 "put its file in $TIKTOKEN_CACHE_DIR or use tiktoken:/path/to/FILE.tiktoken") from None
+        raise TokenizerFileError(
+            f"tiktoken encoding '{name}' could not be loaded offline ({e})",
+            "put its file in $TIKTOKEN_CACHE_DIR or use tiktoken:/path/to/FILE.tiktoken",
+        ) from None
     finally:
         tl.read_file = original
 

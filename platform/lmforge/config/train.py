@@ -1,4 +1,5 @@
 """Schema of the ``train`` config group (``conf/train/*.yaml``): the loop, batch and precision."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

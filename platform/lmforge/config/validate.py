@@ -7,6 +7,7 @@ live here too, so ``lmforge train``, ``lmforge plan`` and ``jobctl prepare`` run
 ``validate()`` runs every check that needs no process group, including DeepSpeed's (``config/deepspeed.py``)
 and the tokenizer's vocabulary (``config/tokenizer_files.py``), and returns the batch plan with the config.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
@@ -19,7 +20,8 @@ from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.context_parallel import check_context_parallel
-from lmforge.config.deepspeed import check as check_deepspeed, check_native
+from lmforge.config.deepspeed import check as check_deepspeed
+from lmforge.config.deepspeed import check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
@@ -31,19 +33,47 @@ from lmforge.config.validated import Validated
 from lmforge.runtime.env import launch_world_size
 
 POSITIVE = (
-    "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
-    "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.cp", "parallelism.tp", "parallelism.pp",
+    "model.vocab_size",
+    "model.d_model",
+    "model.n_layers",
+    "model.n_heads",
+    "model.seq_len",
+    "model.ffn_multiple_of",
+    "parallelism.dp_replicate",
+    "parallelism.dp_shard",
+    "parallelism.cp",
+    "parallelism.tp",
+    "parallelism.pp",
     "parallelism.ep",  # expert parallelism (config/moe_checks.check_expert_parallel)
-    "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size", "train.global_batch_size",
-    "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node", "logging.every_steps", "checkpoint.keep_last",
+    "parallelism.pp_virtual_stages",
+    "train.max_steps",
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "train.eval_batches",
+    "cluster.nodes",
+    "cluster.gpus_per_node",
+    "logging.every_steps",
+    "checkpoint.keep_last",
 )
 NON_NEGATIVE = (
-    "optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "optim.eps", "train.threads",
-    "train.eval_every", "train.planned_tokens", "checkpoint.every_steps", "checkpoint.keep_every",
-    "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.grad_clip",
+    "optim.warmup_steps",
+    "optim.eps",
+    "train.threads",
+    "train.eval_every",
+    "train.planned_tokens",
+    "checkpoint.every_steps",
+    "checkpoint.keep_every",
+    "metrics.profile_every",
+    "metrics.straggler_every",
+    "parallelism.pp_microbatches",
+    "data.num_workers",
     "cluster.cpus_per_task",
     "data.max_epochs",
-    "fault.consistency_every", "fault.drill.bitflip_step",
+    "fault.consistency_every",
+    "fault.drill.bitflip_step",
 )
 
 
@@ -87,7 +117,11 @@ def check_structure(cfg: DictConfig) -> None:
         owner = _schema_at(parent) if parent else RootConfig
         near = _closest(key, _valid_keys(owner))
         shown = full_key or key
-        fix = f"did you mean '{'.'.join(parent + [near])}'?" if near else f"valid keys here: {', '.join(_valid_keys(owner))}"
+        fix = (
+            f"did you mean '{'.'.join(parent + [near])}'?"
+            if near
+            else f"valid keys here: {', '.join(_valid_keys(owner))}"
+        )
         raise ConfigError(shown, "is not a known key", fix) from None
     except ValidationError as e:
         full_key = str(getattr(e, "full_key", "") or "?")
@@ -119,15 +153,24 @@ def check_values(cfg: RootConfig) -> None:
 def check_model(cfg: RootConfig) -> None:
     m = cfg.model
     if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", f"d_model ({m.d_model}) is not divisible by n_heads ({m.n_heads})",
-                          "choose n_heads dividing d_model")
+        raise ConfigError(
+            "model.n_heads",
+            f"d_model ({m.d_model}) is not divisible by n_heads ({m.n_heads})",
+            "choose n_heads dividing d_model",
+        )
     if (m.d_model // m.n_heads) % 2:
-        raise ConfigError("model.n_heads", f"head dim d_model/n_heads = {m.d_model // m.n_heads} is odd; RoPE needs it even",
-                          "choose n_heads so the head dim is even")
+        raise ConfigError(
+            "model.n_heads",
+            f"head dim d_model/n_heads = {m.d_model // m.n_heads} is odd; RoPE needs it even",
+            "choose n_heads so the head dim is even",
+        )
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     if kv < 1 or m.n_heads % kv:
-        raise ConfigError("model.n_kv_heads", f"n_heads ({m.n_heads}) is not divisible by n_kv_heads ({kv})",
-                          "use a divisor of n_heads (1 = multi-query, n_heads = multi-head)")
+        raise ConfigError(
+            "model.n_kv_heads",
+            f"n_heads ({m.n_heads}) is not divisible by n_kv_heads ({kv})",
+            "use a divisor of n_heads (1 = multi-query, n_heads = multi-head)",
+        )
     if m.d_ff is not None and m.d_ff < 1:
         raise ConfigError("model.d_ff", f"must be >= 1 or null, got {m.d_ff}", "set null for the default width")
 
@@ -137,8 +180,11 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     layout = p.dp_replicate * p.dp_shard * p.cp * p.tp * p.pp
     # The cp term is named only when used, so the cp=1 message stays the one users and docs know.
-    names, sizes = (("dp_replicate", "dp_shard", "cp", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp)) \
-        if p.cp > 1 else (("dp_replicate", "dp_shard", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.tp, p.pp))
+    names, sizes = (
+        (("dp_replicate", "dp_shard", "cp", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp))
+        if p.cp > 1
+        else (("dp_replicate", "dp_shard", "tp", "pp"), (p.dp_replicate, p.dp_shard, p.tp, p.pp))
+    )
     product = f"{'*'.join(names)} = {'*'.join(str(n) for n in sizes)} = {layout}"
     if world_size is not None and layout > world_size:
         raise ConfigError(
@@ -155,49 +201,87 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
             f"make the product equal {world_size} (e.g. parallelism.dp_shard={max(1, world_size // (p.dp_replicate * p.cp * p.tp * p.pp))})",
         )
     if m.n_heads % p.tp or kv % p.tp:
-        raise ConfigError("parallelism.tp", f"n_heads ({m.n_heads}) and n_kv_heads ({kv}) must both be divisible by tp ({p.tp})",
-                          "choose tp dividing both head counts")
+        raise ConfigError(
+            "parallelism.tp",
+            f"n_heads ({m.n_heads}) and n_kv_heads ({kv}) must both be divisible by tp ({p.tp})",
+            "choose tp dividing both head counts",
+        )
     if p.sequence_parallel and p.tp == 1:
-        raise ConfigError("parallelism.sequence_parallel", "needs tp > 1", "set parallelism.tp >= 2 or sequence_parallel=false")
+        raise ConfigError(
+            "parallelism.sequence_parallel", "needs tp > 1", "set parallelism.tp >= 2 or sequence_parallel=false"
+        )
     if p.sequence_parallel and m.seq_len % p.tp:
-        raise ConfigError("parallelism.sequence_parallel", f"seq_len ({m.seq_len}) is not divisible by tp ({p.tp})",
-                          "choose a seq_len divisible by tp")
+        raise ConfigError(
+            "parallelism.sequence_parallel",
+            f"seq_len ({m.seq_len}) is not divisible by tp ({p.tp})",
+            "choose a seq_len divisible by tp",
+        )
     stages = p.pp * p.pp_virtual_stages
     if m.n_layers % stages:
-        raise ConfigError("parallelism.pp", f"n_layers ({m.n_layers}) is not divisible by pp*pp_virtual_stages ({stages})",
-                          "choose pp and pp_virtual_stages whose product divides n_layers")
+        raise ConfigError(
+            "parallelism.pp",
+            f"n_layers ({m.n_layers}) is not divisible by pp*pp_virtual_stages ({stages})",
+            "choose pp and pp_virtual_stages whose product divides n_layers",
+        )
     if p.pp_virtual_stages > 1 and p.pp_schedule in ("GPipe", "1F1B"):
-        raise ConfigError("parallelism.pp_virtual_stages", f"{p.pp_schedule} runs one stage per rank",
-                          "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages")
+        raise ConfigError(
+            "parallelism.pp_virtual_stages",
+            f"{p.pp_schedule} runs one stage per rank",
+            "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages",
+        )
     if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 and p.pp_virtual_stages != 2:
-        raise ConfigError("parallelism.pp_virtual_stages", f"ZBVZeroBubble runs exactly 2 stages per rank, got "
-                          f"{p.pp_virtual_stages}", "set parallelism.pp_virtual_stages=2")
+        raise ConfigError(
+            "parallelism.pp_virtual_stages",
+            f"ZBVZeroBubble runs exactly 2 stages per rank, got {p.pp_virtual_stages}",
+            "set parallelism.pp_virtual_stages=2",
+        )
     if p.pp > 1 and m.tie_embeddings:
-        raise ConfigError("model.tie_embeddings", "tied input/output embeddings would live on the first and the last "
-                          "pipeline stage", "set model.tie_embeddings=false for pp > 1")
+        raise ConfigError(
+            "model.tie_embeddings",
+            "tied input/output embeddings would live on the first and the last pipeline stage",
+            "set model.tie_embeddings=false for pp > 1",
+        )
     if p.compile and p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES:
-        raise ConfigError("parallelism.compile", f"{p.pp_schedule} splits backward into input and weight parts, "
-                          "which torch.compile does not support", "set parallelism.compile=false or use 1F1B/Interleaved1F1B")
+        raise ConfigError(
+            "parallelism.compile",
+            f"{p.pp_schedule} splits backward into input and weight parts, which torch.compile does not support",
+            "set parallelism.compile=false or use 1F1B/Interleaved1F1B",
+        )
     if p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES and (p.dp_shard > 1 or p.cp > 1) and p.reshard_after_forward:
-        raise ConfigError("parallelism.reshard_after_forward", f"{p.pp_schedule} with FSDP (dp_shard={p.dp_shard}, "
-                          f"cp={p.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
-                          "backward takes the stage's parameters from the module, which holds the resharded ones, not "
-                          "the gathered ones the graph used; step-1 gradient norm 0.913 vs 1.087)",
-                          "set parallelism.reshard_after_forward=false (blocks stay gathered until the weight "
-                          "backward), or use pp_schedule=1F1B or Interleaved1F1B")
+        raise ConfigError(
+            "parallelism.reshard_after_forward",
+            f"{p.pp_schedule} with FSDP (dp_shard={p.dp_shard}, "
+            f"cp={p.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
+            "backward takes the stage's parameters from the module, which holds the resharded ones, not "
+            "the gathered ones the graph used; step-1 gradient norm 0.913 vs 1.087)",
+            "set parallelism.reshard_after_forward=false (blocks stay gathered until the weight "
+            "backward), or use pp_schedule=1F1B or Interleaved1F1B",
+        )
     if p.compile and p.tp > 1:
-        raise ConfigError("parallelism.compile", "torch.compile of tensor-parallel blocks fails in the first backward "
-                          "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
-                          "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
-                          "set parallelism.compile=false for tp > 1")
+        raise ConfigError(
+            "parallelism.compile",
+            "torch.compile of tensor-parallel blocks fails in the first backward "
+            "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
+            "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
+            "set parallelism.compile=false for tp > 1",
+        )
     if p.fsdp_grad_sync == "every_microbatch" and (p.dp_shard * p.cp == 1 or p.pp > 1):
-        why = ("pipeline schedules reduce FSDP gradients once per step, after the last microbatch" if p.pp > 1
-               else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step")
-        raise ConfigError("parallelism.fsdp_grad_sync", f"every_microbatch is not possible here: {why}",
-                          "set parallelism.fsdp_grad_sync=auto (or last_microbatch)")
+        why = (
+            "pipeline schedules reduce FSDP gradients once per step, after the last microbatch"
+            if p.pp > 1
+            else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step"
+        )
+        raise ConfigError(
+            "parallelism.fsdp_grad_sync",
+            f"every_microbatch is not possible here: {why}",
+            "set parallelism.fsdp_grad_sync=auto (or last_microbatch)",
+        )
     if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
-        raise ConfigError("parallelism.engine", "the deepspeed engine shards with ZeRO over dp_replicate only",
-                          "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size")
+        raise ConfigError(
+            "parallelism.engine",
+            "the deepspeed engine shards with ZeRO over dp_replicate only",
+            "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size",
+        )
 
 
 def dp_size(cfg: RootConfig) -> int:
@@ -211,13 +295,19 @@ def check_batch(cfg: RootConfig) -> BatchPlan:
     if p.pp > 1:
         n_micro = p.pp_microbatches or plan.grad_accum
         if n_micro < p.pp:
-            raise ConfigError("parallelism.pp_microbatches", f"{n_micro} microbatches cannot fill {p.pp} pipeline stages",
-                              f"use at least {p.pp} microbatches (raise train.global_batch_size or pp_microbatches)")
+            raise ConfigError(
+                "parallelism.pp_microbatches",
+                f"{n_micro} microbatches cannot fill {p.pp} pipeline stages",
+                f"use at least {p.pp} microbatches (raise train.global_batch_size or pp_microbatches)",
+            )
         rows = plan.grad_accum * plan.micro_batch_size
         if rows % n_micro:
-            raise ConfigError("parallelism.pp_microbatches", f"{rows} sequences per data-parallel rank and step "
-                              f"(micro_batch_size x grad_accum) do not split into {n_micro} pipeline microbatches",
-                              f"choose pp_microbatches dividing {rows} (0 = grad_accum = {plan.grad_accum})")
+            raise ConfigError(
+                "parallelism.pp_microbatches",
+                f"{rows} sequences per data-parallel rank and step "
+                f"(micro_batch_size x grad_accum) do not split into {n_micro} pipeline microbatches",
+                f"choose pp_microbatches dividing {rows} (0 = grad_accum = {plan.grad_accum})",
+            )
     return plan
 
 
@@ -225,8 +315,11 @@ def check_vocabulary(cfg: RootConfig) -> None:
     """``model.vocab_size`` holds every id of ``data.tokenizer`` (read from the tokenizer file, no data built)."""
     vocab = vocab_size_of(cfg.data.tokenizer)
     if vocab > cfg.model.vocab_size:
-        raise ConfigError("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                          f"({vocab}, {cfg.data.tokenizer})", f"set model.vocab_size >= {vocab}")
+        raise ConfigError(
+            "model.vocab_size",
+            f"{cfg.model.vocab_size} is smaller than the tokenizer's vocabulary ({vocab}, {cfg.data.tokenizer})",
+            f"set model.vocab_size >= {vocab}",
+        )
 
 
 def planned_world_size(cfg: DictConfig) -> Optional[int]:
@@ -293,7 +386,11 @@ def check_override_keys(overrides) -> None:
                     break  # a group selection such as model=tiny: Hydra checks the option name
                 near = _closest(part, names)
                 full = ".".join(parts[: i + 1])
-                fix = f"did you mean '{'.'.join(parts[:i] + [near])}'?" if near else f"valid keys here: {', '.join(names)}"
+                fix = (
+                    f"did you mean '{'.'.join(parts[:i] + [near])}'?"
+                    if near
+                    else f"valid keys here: {', '.join(names)}"
+                )
                 raise ConfigError(full, "is not a known key", fix)
             node = typing.get_type_hints(node).get(part)
             origin = typing.get_origin(node)

@@ -3,6 +3,7 @@
 Hydra- and OmegaConf-free (like ``config/schema.py``), so code that builds a config by hand without Hydra
 (the GPU check) can hand an engine the same object: ``Validated(root, batch_plan(...))``.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple

@@ -6,6 +6,7 @@ tokenized with another tokenizer, token ids outside the vocabulary, a train/vali
 no documents (megatron-core's index builder would loop forever on it), and a split too short to serve
 one sequence of ``seq_len + 1`` tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,16 +38,25 @@ def normalise_weights(raw: Mapping[str, float]) -> Tuple[List[str], List[float],
     """Sources with a positive weight, their weights scaled to sum to 1, and a note when anything changed."""
     for name, w in raw.items():
         if not isinstance(w, (int, float)) or not math.isfinite(w):
-            raise ConfigError(f"data.sources.{name}.weight", f"must be a finite number, got {w!r}",
-                              "give a weight >= 0 (weights are normalised to sum to 1)")
+            raise ConfigError(
+                f"data.sources.{name}.weight",
+                f"must be a finite number, got {w!r}",
+                "give a weight >= 0 (weights are normalised to sum to 1)",
+            )
         if w < 0:
-            raise ConfigError(f"data.sources.{name}.weight", f"is negative ({w})",
-                              "give a weight >= 0 (weights are normalised to sum to 1; 0 leaves the source out)")
+            raise ConfigError(
+                f"data.sources.{name}.weight",
+                f"is negative ({w})",
+                "give a weight >= 0 (weights are normalised to sum to 1; 0 leaves the source out)",
+            )
     positive = {n: float(w) for n, w in raw.items() if w > 0}
     if not positive:
         listed = ", ".join(f"{n}={w}" for n, w in raw.items()) or "no sources"
-        raise ConfigError("data.sources", f"every weight is zero ({listed}): nothing to train on",
-                          "give at least one source a positive weight")
+        raise ConfigError(
+            "data.sources",
+            f"every weight is zero ({listed}): nothing to train on",
+            "give at least one source a positive weight",
+        )
     total = sum(positive.values())
     names = list(positive)
     # Weights that already sum to 1 are used as given (no float noise from dividing by 0.9999999999999999).
@@ -54,9 +64,13 @@ def normalise_weights(raw: Mapping[str, float]) -> Tuple[List[str], List[float],
     note = None
     dropped = [n for n in raw if n not in positive]
     if abs(total - 1.0) > 1e-9 or dropped:
-        note = ("data: weights " + ", ".join(f"{n}={raw[n]:g}" for n in raw) + " normalised to "
-                + ", ".join(f"{n}={w:.4f}" for n, w in zip(names, weights))
-                + (f"; weight 0 leaves out {', '.join(dropped)}" if dropped else ""))
+        note = (
+            "data: weights "
+            + ", ".join(f"{n}={raw[n]:g}" for n in raw)
+            + " normalised to "
+            + ", ".join(f"{n}={w:.4f}" for n, w in zip(names, weights))
+            + (f"; weight 0 leaves out {', '.join(dropped)}" if dropped else "")
+        )
     return names, weights, note
 
 
@@ -64,28 +78,41 @@ def check_shard(name: str, prefix: Path, tokenizer: Tokenizer) -> ShardInfo:
     key = f"data.sources.{name}.path"
     bin_path, idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
     if prefix.suffix in (".bin", ".idx") and not bin_path.exists() and not idx_path.exists():
-        raise ConfigError(key, f"'{prefix}' names a file, but the path is a prefix",
-                          f"drop the suffix: {prefix.with_suffix('')}")
+        raise ConfigError(
+            key, f"'{prefix}' names a file, but the path is a prefix", f"drop the suffix: {prefix.with_suffix('')}"
+        )
     if not bin_path.exists() and not idx_path.exists():
-        raise ConfigError(key, f"no Megatron shard at prefix {prefix} (neither {bin_path.name} nor {idx_path.name} "
-                          "exists)", f"fix the prefix, or create it: {PREPARE_FIX}")
+        raise ConfigError(
+            key,
+            f"no Megatron shard at prefix {prefix} (neither {bin_path.name} nor {idx_path.name} exists)",
+            f"fix the prefix, or create it: {PREPARE_FIX}",
+        )
     for have, missing in ((bin_path, idx_path), (idx_path, bin_path)):
         if have.exists() and not missing.exists():
-            raise ConfigError(key, f"{missing} is missing (only {have.name} exists): the shard is incomplete",
-                              PREPARE_FIX)
+            raise ConfigError(
+                key, f"{missing} is missing (only {have.name} exists): the shard is incomplete", PREPARE_FIX
+            )
     try:
         index = read_index(idx_path)
     except ShardFormatError as e:
         raise ConfigError(key, f"{e}: the shard is corrupt", PREPARE_FIX) from None
     if index.idx_bytes != index.expected_idx_bytes:
-        raise ConfigError(key, f"{idx_path} has {index.idx_bytes} bytes but its header describes "
-                          f"{index.expected_idx_bytes}: the index is corrupt", PREPARE_FIX)
+        raise ConfigError(
+            key,
+            f"{idx_path} has {index.idx_bytes} bytes but its header describes "
+            f"{index.expected_idx_bytes}: the index is corrupt",
+            PREPARE_FIX,
+        )
     bin_bytes = os.path.getsize(bin_path)
     if bin_bytes != index.expected_bin_bytes:
         what = "truncated" if bin_bytes < index.expected_bin_bytes else "longer than its index (corrupt)"
-        raise ConfigError(key, f"{bin_path} has {bin_bytes} bytes but {idx_path.name} describes "
-                          f"{index.expected_bin_bytes} ({index.num_tokens} tokens of {np.dtype(index.dtype).name}): "
-                          f"the shard is {what}", PREPARE_FIX)
+        raise ConfigError(
+            key,
+            f"{bin_path} has {bin_bytes} bytes but {idx_path.name} describes "
+            f"{index.expected_bin_bytes} ({index.num_tokens} tokens of {np.dtype(index.dtype).name}): "
+            f"the shard is {what}",
+            PREPARE_FIX,
+        )
     if index.num_documents < 1 or len(index.lengths) < 1:
         raise ConfigError(key, f"shard {prefix} holds no documents", PREPARE_FIX)
     meta = read_meta(prefix)
@@ -93,29 +120,41 @@ def check_shard(name: str, prefix: Path, tokenizer: Tokenizer) -> ShardInfo:
     if meta is not None:
         want, have = tokenizer.identity, meta.get("tokenizer", {})
         if have.get("fingerprint") != want["fingerprint"] or have.get("vocab_size") != want["vocab_size"]:
-            raise ConfigError(key, f"shard {prefix} was tokenized with {_describe(have)}, but this run's tokenizer "
-                              f"(data.tokenizer) is {_describe(want)}",
-                              "re-prepare the shard with the run's tokenizer (lmforge data prepare --tokenizer ...), "
-                              "or set data.tokenizer to the one the shard was made with")
+            raise ConfigError(
+                key,
+                f"shard {prefix} was tokenized with {_describe(have)}, but this run's tokenizer "
+                f"(data.tokenizer) is {_describe(want)}",
+                "re-prepare the shard with the run's tokenizer (lmforge data prepare --tokenizer ...), "
+                "or set data.tokenizer to the one the shard was made with",
+            )
         if meta.get("bin_bytes") not in (None, bin_bytes):
-            raise ConfigError(key, f"{bin_path} has {bin_bytes} bytes but {prefix}.meta.json recorded "
-                              f"{meta['bin_bytes']}: the shard changed after it was prepared", PREPARE_FIX)
+            raise ConfigError(
+                key,
+                f"{bin_path} has {bin_bytes} bytes but {prefix}.meta.json recorded "
+                f"{meta['bin_bytes']}: the shard changed after it was prepared",
+                PREPARE_FIX,
+            )
         top = meta.get("max_token_id")
     if top is None:  # a shard from another tool (Megatron-LM, NeMo, GPT-NeoX): scan it once
         top = max_token_id(bin_path, index.dtype)
     if top >= tokenizer.vocab_size:
-        raise ConfigError(key, f"shard {prefix} contains token id {top}, but the tokenizer's vocabulary has "
-                          f"{tokenizer.vocab_size} ids (0..{tokenizer.vocab_size - 1}) — it was made with another "
-                          "vocabulary", "re-prepare the shard with the run's tokenizer, or use the matching "
-                          "data.tokenizer and model.vocab_size")
+        raise ConfigError(
+            key,
+            f"shard {prefix} contains token id {top}, but the tokenizer's vocabulary has "
+            f"{tokenizer.vocab_size} ids (0..{tokenizer.vocab_size - 1}) — it was made with another "
+            "vocabulary",
+            "re-prepare the shard with the run's tokenizer, or use the matching data.tokenizer and model.vocab_size",
+        )
     return ShardInfo(name, prefix, index, meta, int(top))
 
 
 def _describe(identity: dict) -> str:
     if not identity:
         return "an unknown tokenizer"
-    return (f"{identity.get('kind')} tokenizer (vocab {identity.get('vocab_size')}, eod {identity.get('eod')}, "
-            f"fingerprint {identity.get('fingerprint')})")
+    return (
+        f"{identity.get('kind')} tokenizer (vocab {identity.get('vocab_size')}, eod {identity.get('eod')}, "
+        f"fingerprint {identity.get('fingerprint')})"
+    )
 
 
 def split_string(valid_fraction: float) -> str:
@@ -127,8 +166,10 @@ def split_string(valid_fraction: float) -> str:
 def split_bounds(num_docs: int, split: str) -> Dict[str, Tuple[int, int]]:
     """Document ranges per split, computed exactly as megatron-core's builder does."""
     with quiet_megatron_import():
-        from megatron.core.datasets.blended_megatron_dataset_config import (convert_split_vector_to_split_matrix,
-                                                                            parse_and_normalize_split)
+        from megatron.core.datasets.blended_megatron_dataset_config import (
+            convert_split_vector_to_split_matrix,
+            parse_and_normalize_split,
+        )
 
     matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
     out = {}
@@ -145,19 +186,25 @@ def check_splits(shard: ShardInfo, valid_fraction: float, seq_len: int) -> Dict[
     for label, (beg, end) in split_bounds(n_docs, split_string(valid_fraction)).items():
         if end <= beg:
             split = split_string(valid_fraction)
-            need = next((n for n in range(1, 100_001) if all(e > b for b, e in split_bounds(n, split).values())),
-                        math.ceil(1 / min(valid_fraction, 1 - valid_fraction)))
-            raise ConfigError("data.valid_fraction",
-                              f"source '{shard.name}' ({shard.prefix}) has {n_docs} documents; valid_fraction="
-                              f"{valid_fraction} leaves its {label} split with 0 documents (megatron-core's index "
-                              "builder would loop forever on it)",
-                              f"give '{shard.name}' at least {need} documents, or change data.valid_fraction so both "
-                              "splits get one")
+            need = next(
+                (n for n in range(1, 100_001) if all(e > b for b, e in split_bounds(n, split).values())),
+                math.ceil(1 / min(valid_fraction, 1 - valid_fraction)),
+            )
+            raise ConfigError(
+                "data.valid_fraction",
+                f"source '{shard.name}' ({shard.prefix}) has {n_docs} documents; valid_fraction="
+                f"{valid_fraction} leaves its {label} split with 0 documents (megatron-core's index "
+                "builder would loop forever on it)",
+                f"give '{shard.name}' at least {need} documents, or change data.valid_fraction so both splits get one",
+            )
         tokens[label] = int(shard.index.lengths[beg:end].sum(dtype=np.int64))
         if tokens[label] < seq_len + 1:
-            raise ConfigError("model.seq_len", f"the {label} split of source '{shard.name}' ({shard.prefix}) has only "
-                              f"{tokens[label]} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}",
-                              f"use a seq_len below {tokens[label]}, add documents to '{shard.name}', or raise "
-                              "data.valid_fraction" if label == "valid" else
-                              f"use a seq_len below {tokens[label]} or add documents to '{shard.name}'")
+            raise ConfigError(
+                "model.seq_len",
+                f"the {label} split of source '{shard.name}' ({shard.prefix}) has only "
+                f"{tokens[label]} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}",
+                f"use a seq_len below {tokens[label]}, add documents to '{shard.name}', or raise data.valid_fraction"
+                if label == "valid"
+                else f"use a seq_len below {tokens[label]} or add documents to '{shard.name}'",
+            )
     return tokens

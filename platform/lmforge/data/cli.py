@@ -1,4 +1,5 @@
 """``lmforge data prepare|train-tokenizer|export-tiktoken|debian ...``."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,13 @@ def train_tokenizer_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="lmforge data train-tokenizer")
     ap.add_argument("inputs", nargs="+", help="files, directories, globs (any prepare format), or embedded:NAME")
     ap.add_argument("--vocab-size", type=int, default=8192)
-    ap.add_argument("--text-key", "--json-key", dest="json_key", default="text",
-                    help="the JSONL field / Parquet or Arrow column holding the document text")
+    ap.add_argument(
+        "--text-key",
+        "--json-key",
+        dest="json_key",
+        default="text",
+        help="the JSONL field / Parquet or Arrow column holding the document text",
+    )
     ap.add_argument("--out", required=True, help="path of the tokenizer.json to write")
     args = ap.parse_args(argv)
     path = train_bpe(iter_inputs(args.inputs, args.json_key), args.vocab_size, Path(args.out))

@@ -12,6 +12,7 @@ Corpora (see ../shared/notes/data.md for sizes and licences):
 - ``fortunes``: the fortune-mod quotation files (fortunes, mixed free licences). Entries are separated
   by lines holding a single ``%``; one document per entry.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,7 +63,7 @@ def kjv_documents(root: Path) -> Iterator[str]:
         bzz = (mods[0] / f"{testament}.bzz").read_bytes()
         for rec in range(len(bzs) // 12):
             offset, size, _raw = struct.unpack_from("<III", bzs, rec * 12)
-            block = zlib.decompress(bzz[offset:offset + size]).decode("utf-8", errors="replace")
+            block = zlib.decompress(bzz[offset : offset + size]).decode("utf-8", errors="replace")
             for chapter in re.split(r'<chapter\b[^>]*\bsID="[^"]*"[^>]*/>', block):
                 text = _osis_to_text(chapter)
                 if len(text) > 40:
@@ -71,8 +72,11 @@ def kjv_documents(root: Path) -> Iterator[str]:
 
 def fortune_documents(root: Path) -> Iterator[str]:
     """Every entry of the (non-offensive) fortune files."""
-    files = sorted(p for p in (root / "usr/share/games/fortunes").glob("*")
-                   if p.is_file() and p.suffix not in (".dat", ".u8") and not p.is_symlink())
+    files = sorted(
+        p
+        for p in (root / "usr/share/games/fortunes").glob("*")
+        if p.is_file() and p.suffix not in (".dat", ".u8") and not p.is_symlink()
+    )
     if not files:
         raise FileNotFoundError(f"no fortune files under {root}")
     for path in files:
@@ -109,26 +113,43 @@ def build(out: Path, names: Sequence[str], tokenizer_spec: str, cache_dir: Path,
         jsonl = out / f"{name}.jsonl"
         if not jsonl.exists():
             write_jsonl(EXTRACTORS[name](root), jsonl)
-        metas.append(prepare([str(jsonl)], out / name, tok, source=f"debian:{PACKAGES[name]}", workers=workers,
-                             progress=sys.stderr.isatty()))
+        metas.append(
+            prepare(
+                [str(jsonl)],
+                out / name,
+                tok,
+                source=f"debian:{PACKAGES[name]}",
+                workers=workers,
+                progress=sys.stderr.isatty(),
+            )
+        )
     return metas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lmforge data debian", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=read("LMFORGE_CORPORA", ".cache/lmforge-corpora"),
-                    help="directory for the .deb files, JSONL and shards (default $LMFORGE_CORPORA)")
+    ap = argparse.ArgumentParser(
+        prog="lmforge data debian", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out",
+        default=read("LMFORGE_CORPORA", ".cache/lmforge-corpora"),
+        help="directory for the .deb files, JSONL and shards (default $LMFORGE_CORPORA)",
+    )
     ap.add_argument("--corpora", nargs="+", default=list(PACKAGES), choices=list(PACKAGES))
     ap.add_argument("--tokenizer", default="embedded", help="the tokenizer the run will use (default: embedded)")
-    ap.add_argument("--cache-dir", default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
-                    help="data cache holding the embedded tokenizer (default $LMFORGE_DATA_CACHE)")
+    ap.add_argument(
+        "--cache-dir",
+        default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
+        help="data cache holding the embedded tokenizer (default $LMFORGE_DATA_CACHE)",
+    )
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     args = ap.parse_args(argv)
     for meta in build(Path(args.out).absolute(), args.corpora, args.tokenizer, Path(args.cache_dir), args.workers):
         print(f"{meta['source']}: {meta['documents']} documents, {meta['tokens']} tokens")
-    print(f"shards in {Path(args.out).absolute()}; train with: LMFORGE_CORPORA={Path(args.out).absolute()} "
-          "lmforge train data=debian_mix")
+    print(
+        f"shards in {Path(args.out).absolute()}; train with: LMFORGE_CORPORA={Path(args.out).absolute()} "
+        "lmforge train data=debian_mix"
+    )
     return 0
 
 

@@ -9,6 +9,7 @@
 
 Documents are yielded in a fixed order so that everything built from them is reproducible.
 """
+
 from __future__ import annotations
 
 import lzma

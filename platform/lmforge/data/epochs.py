@@ -10,6 +10,7 @@ runs before any process group exists (``lmforge.train``, which prepares the embe
 ``lmforge plan``, for every source whose shard is already there; the mixture builder repeats it once every shard
 is prepared, before megatron-core builds an index.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,9 @@ def _tokenizer_of(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource):
     return load_tokenizer(cfg.tokenizer, cache_dir)
 
 
-def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path,
-                 tokenizer: TokenizerSource = None) -> Optional[Path]:
+def known_prefix(
+    name: str, path: str, cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource = None
+) -> Optional[Path]:
     """The shard prefix of a source when it can be named without preparing anything, else None (``tokenizer``:
     this run's, asked for only when the embedded tokenizer is already built)."""
     if not path.startswith("embedded:"):
@@ -78,9 +80,13 @@ def known_prefix(name: str, path: str, cfg: DataConfig, cache_dir: Path,
     return cache_dir / "shards" / f"embedded-{path.split(':', 1)[1]}-v{VERSION}-{fingerprint}"
 
 
-def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                  known: Optional[Dict[str, Tuple[Path, int]]] = None,
-                  tokenizer: TokenizerSource = None) -> List[SourceEpochs]:
+def source_epochs(
+    cfg: DataConfig,
+    planned_tokens: int,
+    cache_dir: Path,
+    known: Optional[Dict[str, Tuple[Path, int]]] = None,
+    tokenizer: TokenizerSource = None,
+) -> List[SourceEpochs]:
     """Epochs per source for the sources whose shard index is readable. ``known``: {source: (shard prefix, train
     split tokens)} for sources checked already (the mixture builder's ``check_splits``), read from no file again."""
     names, weights, _ = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
@@ -101,9 +107,13 @@ def source_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
     return out
 
 
-def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
-                 known: Optional[Dict[str, Tuple[Path, int]]] = None,
-                 tokenizer: TokenizerSource = None) -> List[SourceEpochs]:
+def check_epochs(
+    cfg: DataConfig,
+    planned_tokens: int,
+    cache_dir: Path,
+    known: Optional[Dict[str, Tuple[Path, int]]] = None,
+    tokenizer: TokenizerSource = None,
+) -> List[SourceEpochs]:
     """Raise ConfigError (``data.max_epochs``) when a source would be repeated more than ``cfg.max_epochs`` times."""
     found = source_epochs(cfg, planned_tokens, cache_dir, known, tokenizer)
     if cfg.max_epochs <= 0 or not found:
@@ -118,7 +128,8 @@ def check_epochs(cfg: DataConfig, planned_tokens: int, cache_dir: Path,
             f"data.max_epochs={cfg.max_epochs:g}",
             f"train on a corpus with >= {need:,} tokens for '{worst.name}' (data=<preset> with real shards made by "
             f"`lmforge data prepare`), lower train.max_steps / train.planned_tokens, or raise data.max_epochs="
-            f"{math.ceil(worst.epochs)} to accept the repetition")
+            f"{math.ceil(worst.epochs)} to accept the repetition",
+        )
     return found
 
 
@@ -132,7 +143,9 @@ def run_planned_tokens(cfg) -> int:
     return total * cfg.model.seq_len
 
 
-def prepare_embedded(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource = None) -> Dict[str, Tuple[Path, int]]:
+def prepare_embedded(
+    cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource = None
+) -> Dict[str, Tuple[Path, int]]:
     """Prepare the tokenizer and the embedded corpora of ``cfg`` (each once, under its lock, as the mixture
     builder would next); {source: (shard prefix, train split tokens)} of the embedded sources."""
     from lmforge.data.mixture import resolve_source

@@ -11,6 +11,7 @@ never silently dropped. A malformed file or row (bad JSON, a non-string text, a 
 raises :class:`MalformedInput` naming the file and row, or, with ``on_error="skip"``, is skipped and
 recorded (the row, or the rest of an unreadable file) and announced on stderr.
 """
+
 from __future__ import annotations
 
 import glob
@@ -42,6 +43,7 @@ class FileReport:
 @dataclass
 class ReadReport:
     """What was read from each input file: documents, rows with no text, malformed rows skipped."""
+
     files: Dict[str, FileReport] = field(default_factory=dict)
 
     def file(self, path: Path) -> FileReport:
@@ -56,13 +58,18 @@ class ReadReport:
         return [s for f in self.files.values() for s in f.skipped]
 
     def as_json(self) -> Dict[str, dict]:
-        return {path: {"documents": f.documents, "empty_rows": f.empty_rows, "skipped": list(f.skipped)}
-                for path, f in self.files.items()}
+        return {
+            path: {"documents": f.documents, "empty_rows": f.empty_rows, "skipped": list(f.skipped)}
+            for path, f in self.files.items()
+        }
 
     def empty_lines(self, text_key: str) -> List[str]:
         """One line per file with empty rows (skipped rows were announced when they were met)."""
-        return [f"data prepare: {path}: {f.empty_rows} row(s) with no or empty '{text_key}' (counted, not written)"
-                for path, f in self.files.items() if f.empty_rows]
+        return [
+            f"data prepare: {path}: {f.empty_rows} row(s) with no or empty '{text_key}' (counted, not written)"
+            for path, f in self.files.items()
+            if f.empty_rows
+        ]
 
 
 def file_format(path: Path) -> str:
@@ -83,8 +90,11 @@ def is_hf_dataset_dir(path: Path) -> bool:
 
 
 def _wanted(path: Path) -> bool:
-    return (path.suffix in TEXT_SUFFIXES or path.name.endswith(".parquet")
-            or any(path.name.endswith(s) for s in JSONL_SUFFIXES))
+    return (
+        path.suffix in TEXT_SUFFIXES
+        or path.name.endswith(".parquet")
+        or any(path.name.endswith(s) for s in JSONL_SUFFIXES)
+    )
 
 
 def _walk(root: Path) -> List[Path]:
@@ -94,8 +104,11 @@ def _walk(root: Path) -> List[Path]:
     for child in sorted(root.iterdir()):
         if child.is_dir():
             out += _walk(child)
-        elif child.is_file() and _wanted(child) and not (child.name in ("state.json", "dataset_info.json")
-                                                         and is_hf_dataset_dir(root)):
+        elif (
+            child.is_file()
+            and _wanted(child)
+            and not (child.name in ("state.json", "dataset_info.json") and is_hf_dataset_dir(root))
+        ):
             out.append(child)
     return out
 
@@ -109,14 +122,18 @@ def list_files(inputs: Sequence[str]) -> List[Path]:
         if glob.has_magic(item):
             matches = sorted(glob.glob(item, recursive=True))
             if not matches:
-                raise FileNotFoundError(f"input glob '{item}' matches nothing. Fix: check the pattern (quote it so "
-                                        "the shell does not expand it)")
+                raise FileNotFoundError(
+                    f"input glob '{item}' matches nothing. Fix: check the pattern (quote it so "
+                    "the shell does not expand it)"
+                )
             files += [p for m in matches for p in ([Path(m)] if not Path(m).is_dir() else _walk(Path(m)))]
             continue
         path = Path(item)
         if not path.exists():
-            raise FileNotFoundError(f"input '{item}' does not exist. Fix: give existing files, directories, globs "
-                                    "or embedded:books|code|reference")
+            raise FileNotFoundError(
+                f"input '{item}' does not exist. Fix: give existing files, directories, globs "
+                "or embedded:books|code|reference"
+            )
         files += _walk(path) if path.is_dir() else [path]
     return files
 
@@ -175,7 +192,7 @@ class _ZstdFrames(io.RawIOBase):
         if not self._fill():
             return 0
         n = min(len(buffer), len(self._out) - self._pos)
-        buffer[:n] = memoryview(self._out)[self._pos:self._pos + n]
+        buffer[:n] = memoryview(self._out)[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -203,8 +220,11 @@ class _Reader:
             self.rep.empty_rows += 1
             return None
         if not isinstance(text, str):
-            self.bad(where, f"field '{self.key}' is {type(text).__name__}, not a string",
-                     f"give '{self.key}' a string, or choose the text field with --text-key")
+            self.bad(
+                where,
+                f"field '{self.key}' is {type(text).__name__}, not a string",
+                f"give '{self.key}' a string, or choose the text field with --text-key",
+            )
             return None
         if not text.strip():
             self.rep.empty_rows += 1
@@ -223,34 +243,49 @@ class _Reader:
                     try:
                         obj = json.loads(line)
                     except ValueError as e:
-                        self.bad(f"{self.path}:{n}", f"not valid JSON ({e.msg}, column {e.colno})",
-                                 "write one JSON object per line")
+                        self.bad(
+                            f"{self.path}:{n}",
+                            f"not valid JSON ({e.msg}, column {e.colno})",
+                            "write one JSON object per line",
+                        )
                         continue
                     if not isinstance(obj, dict):
-                        self.bad(f"{self.path}:{n}", f"a JSON {type(obj).__name__}, not an object",
-                                 "write one JSON object per line")
+                        self.bad(
+                            f"{self.path}:{n}",
+                            f"a JSON {type(obj).__name__}, not an object",
+                            "write one JSON object per line",
+                        )
                         continue
                     text = self.keep(f"{self.path}:{n}", obj.get(self.key))
                     if text is not None:
                         yield text
         except (OSError, EOFError, UnicodeDecodeError) as e:  # corrupt gzip/zstd stream, bad UTF-8
-            self.bad(f"{self.path}:{n + 1}", f"cannot be read as {fmt} ({type(e).__name__}: {e})",
-                     f"re-create or re-download {self.path.name}")
+            self.bad(
+                f"{self.path}:{n + 1}",
+                f"cannot be read as {fmt} ({type(e).__name__}: {e})",
+                f"re-create or re-download {self.path.name}",
+            )
 
     def _batches(self, batches: Iterator, where: str) -> Iterator[str]:
         row = 0
         try:
             for batch in batches:
                 if self.key not in batch.schema.names:
-                    self.bad(where, f"has no column '{self.key}' (columns: {', '.join(batch.schema.names)})",
-                             "choose the text column with --text-key")
+                    self.bad(
+                        where,
+                        f"has no column '{self.key}' (columns: {', '.join(batch.schema.names)})",
+                        "choose the text column with --text-key",
+                    )
                     return
                 column = batch.column(self.key)
                 import pyarrow as pa
 
                 if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-                    self.bad(where, f"column '{self.key}' has type {column.type}, not a string",
-                             "choose the text column with --text-key")
+                    self.bad(
+                        where,
+                        f"column '{self.key}' has type {column.type}, not a string",
+                        "choose the text column with --text-key",
+                    )
                     return
                 for text in column.to_pylist():
                     row += 1
@@ -258,8 +293,11 @@ class _Reader:
                     if text is not None:
                         yield text
         except (OSError, ValueError) as e:  # pyarrow.ArrowInvalid is a ValueError, ArrowIOError an OSError
-            self.bad(f"{where} row {row + 1}", f"cannot be read ({type(e).__name__}: {e})",
-                     f"re-create or re-download {Path(where).name}")
+            self.bad(
+                f"{where} row {row + 1}",
+                f"cannot be read ({type(e).__name__}: {e})",
+                f"re-create or re-download {Path(where).name}",
+            )
 
     def parquet(self) -> Iterator[str]:
         import pyarrow.parquet as pq
@@ -267,12 +305,18 @@ class _Reader:
         try:
             pf = pq.ParquetFile(self.path)
         except (OSError, ValueError) as e:
-            self.bad(str(self.path), f"is not a readable Parquet file ({type(e).__name__}: {e})",
-                     f"re-create or re-download {self.path.name}")
+            self.bad(
+                str(self.path),
+                f"is not a readable Parquet file ({type(e).__name__}: {e})",
+                f"re-create or re-download {self.path.name}",
+            )
             return
         if self.key not in pf.schema_arrow.names:
-            self.bad(str(self.path), f"has no column '{self.key}' (columns: {', '.join(pf.schema_arrow.names)})",
-                     "choose the text column with --text-key")
+            self.bad(
+                str(self.path),
+                f"has no column '{self.key}' (columns: {', '.join(pf.schema_arrow.names)})",
+                "choose the text column with --text-key",
+            )
             return
         yield from self._batches(pf.iter_batches(batch_size=BATCH_ROWS, columns=[self.key]), str(self.path))
 
@@ -283,16 +327,22 @@ class _Reader:
             state = json.loads((self.path / "state.json").read_text())
             names = [d["filename"] for d in state["_data_files"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            self.bad(str(self.path / "state.json"), f"is not a datasets save_to_disk state ({e})",
-                     "save the dataset with datasets.Dataset.save_to_disk")
+            self.bad(
+                str(self.path / "state.json"),
+                f"is not a datasets save_to_disk state ({e})",
+                "save the dataset with datasets.Dataset.save_to_disk",
+            )
             return
         for name in names:
             arrow = self.path / name
             try:
                 reader = pa.ipc.open_stream(pa.memory_map(str(arrow)))
             except (OSError, ValueError) as e:
-                self.bad(str(arrow), f"is not a readable Arrow stream ({type(e).__name__}: {e})",
-                         "save the dataset again with save_to_disk")
+                self.bad(
+                    str(arrow),
+                    f"is not a readable Arrow stream ({type(e).__name__}: {e})",
+                    "save the dataset again with save_to_disk",
+                )
                 continue
             yield from self._batches(iter(reader), str(arrow))
 
@@ -302,8 +352,9 @@ class _Reader:
             yield t
 
 
-def iter_file(path: Path, text_key: str = "text", on_error: str = "stop",
-              report: Optional[ReadReport] = None) -> Iterator[str]:
+def iter_file(
+    path: Path, text_key: str = "text", on_error: str = "stop", report: Optional[ReadReport] = None
+) -> Iterator[str]:
     """The documents of one input file, in file order."""
     reader = _Reader(path, text_key, on_error, report if report is not None else ReadReport())
     fmt = file_format(path)

@@ -19,6 +19,7 @@
   second builder, another job or node, waits on the lock, not in a collective, then loads the files). The
   batch script's prepare step calls it (``jobctl prepare``), so the ranks find every index built.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -113,9 +114,12 @@ def check_visible(index_dir: Path) -> None:
         probe.unlink(missing_ok=True)
     blind = [r for r, f in enumerate(flags) if not f]
     if blind:
-        raise ConfigError("data.cache_dir", f"{index_dir} is not shared: ranks {blind} cannot see a file rank 0 "
-                          "wrote there, but rank 0 alone builds megatron-core's index cache",
-                          "point data.cache_dir (or $LMFORGE_DATA_CACHE) at a filesystem all nodes mount")
+        raise ConfigError(
+            "data.cache_dir",
+            f"{index_dir} is not shared: ranks {blind} cannot see a file rank 0 "
+            "wrote there, but rank 0 alone builds megatron-core's index cache",
+            "point data.cache_dir (or $LMFORGE_DATA_CACHE) at a filesystem all nodes mount",
+        )
 
 
 def content_digest(prefix: Path) -> str:
@@ -165,24 +169,33 @@ def build_for(cfg, prior_state: Optional[dict] = None) -> BuildReport:
     from lmforge.runtime.dist import is_distributed
 
     if is_distributed():
-        raise RuntimeError("index_cache.build_for runs before the process group exists (it must not wait in a "
-                           "collective); call it from the job's prepare step")
+        raise RuntimeError(
+            "index_cache.build_for runs before the process group exists (it must not wait in a "
+            "collective); call it from the job's prepare step"
+        )
     plan = check_batch(cfg)
     cache = default_cache_dir(cfg.data, cfg.run.root)
     index_dir = cache / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.redirect_stdout(sys.stderr), _private_world():
         tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
-        n, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len,
-                                prior_state)
+        n, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len, prior_state)
         t0 = time.perf_counter()
         # One lock for the whole build (build_mixture is told not to take it again: a second flock on a new
         # descriptor of the same file would wait for this process itself).
         with file_lock(index_dir / ".build.lock"):
             waited = time.perf_counter() - t0
             before = {p.name for p in index_dir.glob("*-description.txt")}
-            mixture = build_mixture(cfg.data, tokenizer, cfg.model.seq_len, cfg.train.seed, n,
-                                    cfg.train.eval_batches * plan.micro_batch_size * plan.dp_size, cache, total,
-                                    guard=False)
+            mixture = build_mixture(
+                cfg.data,
+                tokenizer,
+                cfg.model.seq_len,
+                cfg.train.seed,
+                n,
+                cfg.train.eval_batches * plan.micro_batch_size * plan.dp_size,
+                cache,
+                total,
+                guard=False,
+            )
             after = sorted(p.name for p in index_dir.glob("*-description.txt"))
     return BuildReport(index_dir, sorted(set(after) - before), after, waited, mixture)

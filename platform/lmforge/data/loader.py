@@ -19,6 +19,7 @@ position inside its document, restarting after each of the tokenizer's EOD token
 (:func:`lmforge.model.document_mask.document_positions`); the model masks attention and restarts RoPE from it.
 ``data.loss_after_eod=mask`` sets the target after each EOD to -100, which the cross-entropy ignores.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -45,8 +46,9 @@ class MicroBatch:
     document_square_sum: int = 0  # sum of its documents' length^2 (FLOPs, model/flops.py), counted on the host
 
 
-def document_fields(tokens: torch.Tensor, targets: torch.Tensor, eod: Optional[int], document_masking: bool,
-                    loss_after_eod: str) -> Optional[torch.Tensor]:
+def document_fields(
+    tokens: torch.Tensor, targets: torch.Tensor, eod: Optional[int], document_masking: bool, loss_after_eod: str
+) -> Optional[torch.Tensor]:
     """The batch's document positions (None when masking is off); masks the targets after EODs in place.
     ``eod``: the tokenizer's end-of-document id (read only when masking or ``loss_after_eod=mask``)."""
     if not document_masking and loss_after_eod == "keep":
@@ -63,9 +65,17 @@ class DataState:
 
 
 class BatchStream:
-    def __init__(self, mixture: Mixture, plan: BatchPlan, dp_rank: int, device: torch.device,
-                 num_workers: int = 0, prefetch_steps: int = 2, document_masking: bool = False,
-                 loss_after_eod: str = "keep"):
+    def __init__(
+        self,
+        mixture: Mixture,
+        plan: BatchPlan,
+        dp_rank: int,
+        device: torch.device,
+        num_workers: int = 0,
+        prefetch_steps: int = 2,
+        document_masking: bool = False,
+        loss_after_eod: str = "keep",
+    ):
         self.mixture = mixture
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
         # The EOD id the documents end with (the tokenizer megatron-core packed with), read once, when batches need it
@@ -76,8 +86,9 @@ class BatchStream:
         self.state = DataState(tokens_per_source={s: 0 for s in mixture.sources})
         self.prefetcher: Optional[StepPrefetcher[MicroBatch]] = None
         if num_workers > 0:
-            self.prefetcher = StepPrefetcher(self._host_batch, self._step_ranges, plan.global_batch_size,
-                                             num_workers, depth=prefetch_steps)
+            self.prefetcher = StepPrefetcher(
+                self._host_batch, self._step_ranges, plan.global_batch_size, num_workers, depth=prefetch_steps
+            )
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
 
     def sample_indices(self, consumed: int, micro: int) -> range:
@@ -97,8 +108,7 @@ class BatchStream:
         targets = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=pin)
         tokens.copy_(text[:, :-1])
         targets.copy_(text[:, 1:])
-        positions = document_fields(tokens, targets, self.eod, self.document_masking,
-                                    self.loss_after_eod)
+        positions = document_fields(tokens, targets, self.eod, self.document_masking, self.loss_after_eod)
         if positions is None:
             return MicroBatch(tokens, targets, list(ids))
         pairs = document_square_sum(positions)
@@ -112,11 +122,16 @@ class BatchStream:
             self._copy_stream = torch.cuda.Stream(self.device)
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._copy_stream):
-            moved = [MicroBatch(mb.tokens.to(self.device, non_blocking=True),
-                                mb.targets.to(self.device, non_blocking=True), mb.source_ids,
-                                None if mb.positions is None else mb.positions.to(self.device, non_blocking=True),
-                                mb.document_square_sum)
-                     for mb in batches]
+            moved = [
+                MicroBatch(
+                    mb.tokens.to(self.device, non_blocking=True),
+                    mb.targets.to(self.device, non_blocking=True),
+                    mb.source_ids,
+                    None if mb.positions is None else mb.positions.to(self.device, non_blocking=True),
+                    mb.document_square_sum,
+                )
+                for mb in batches
+            ]
         compute.wait_stream(self._copy_stream)  # kernels queued from now on see the copied batches
         for mb in moved:  # allocated on the copy stream, used on the compute stream: not reused before it is done
             for t in (mb.tokens, mb.targets, mb.positions):
@@ -155,8 +170,7 @@ class BatchStream:
             samples = [ds[i] for i in idx]
             tokens = torch.stack([torch.as_tensor(s["tokens"]) for s in samples]).long().to(self.device)
             targets = torch.stack([torch.as_tensor(s["labels"]) for s in samples]).long().to(self.device)
-            positions = document_fields(tokens, targets, self.eod, self.document_masking,
-                                        self.loss_after_eod)
+            positions = document_fields(tokens, targets, self.eod, self.document_masking, self.loss_after_eod)
             yield MicroBatch(tokens, targets, [], positions)
 
     def share_metrics(self) -> Dict[str, float]:
@@ -170,10 +184,12 @@ class BatchStream:
         return out
 
     def state_dict(self) -> dict:
-        return {"consumed_samples": self.state.consumed_samples,
-                "tokens_per_source": dict(self.state.tokens_per_source),
-                "num_train_samples": self.mixture.num_train_samples,
-                "mixture": self.mixture.signature()}
+        return {
+            "consumed_samples": self.state.consumed_samples,
+            "tokens_per_source": dict(self.state.tokens_per_source),
+            "num_train_samples": self.mixture.num_train_samples,
+            "mixture": self.mixture.signature(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         saved_n = state.get("num_train_samples")
@@ -181,12 +197,15 @@ class BatchStream:
             raise ValueError(
                 f"the checkpoint's data index was built for {saved_n} samples, this mixture for "
                 f"{self.mixture.num_train_samples}: the stream would differ. Fix: build the mixture with "
-                "mixture.stream_sizes(..., prior_state=<checkpoint data state>) (the trainer does)")
+                "mixture.stream_sizes(..., prior_state=<checkpoint data state>) (the trainer does)"
+            )
         saved_mix = state.get("mixture")
         if saved_mix is not None and saved_mix != self.mixture.signature():
-            warnings.warn(f"data: resuming with a different mixture {self.mixture.signature()} than the checkpoint's "
-                          f"{saved_mix}; the stream continues at sample {state['consumed_samples']} of the new mixture",
-                          stacklevel=2)
+            warnings.warn(
+                f"data: resuming with a different mixture {self.mixture.signature()} than the checkpoint's "
+                f"{saved_mix}; the stream continues at sample {state['consumed_samples']} of the new mixture",
+                stacklevel=2,
+            )
         if self.prefetcher is not None:
             self.prefetcher.drop()  # built for the old position; take() would also notice, this frees them now
         self.state.consumed_samples = int(state["consumed_samples"])

@@ -11,6 +11,7 @@ package's own submodules still import normally: ``import megatron.core.parallel_
 names the ``__init__`` re-exports, such as ``megatron.core.mpu``, are absent). Where ``megatron.core`` is
 already imported (a caller imported it in full first), nothing is changed.
 """
+
 from __future__ import annotations
 
 import contextlib

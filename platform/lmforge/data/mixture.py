@@ -12,6 +12,7 @@ in *passes* of N samples: pass k (k >= 1) is the same mixture's index built with
 Sample ``i`` is ``pass[i // N][i % N]``; samples ``[0, N)`` are untouched by the extension. Set
 ``train.planned_tokens`` generously at the start to keep a run in one pass.
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,8 +76,10 @@ class Mixture:
     def train_sample(self, i: int) -> dict:
         k, j = divmod(i, self.num_train_samples)
         if k >= len(self.passes):
-            raise IndexError(f"sample {i} is past the {len(self.passes)} pass(es) of {self.num_train_samples} samples "
-                             "built for this run; build the mixture with total_train_samples >= the samples consumed")
+            raise IndexError(
+                f"sample {i} is past the {len(self.passes)} pass(es) of {self.num_train_samples} samples "
+                "built for this run; build the mixture with total_train_samples >= the samples consumed"
+            )
         return self.passes[k][j]
 
     def train_text(self, i: int) -> Tuple[np.ndarray, int]:
@@ -95,14 +98,18 @@ class Mixture:
             return text, self.source_of(source)
         if hasattr(ds, "datasets"):  # a BlendedDataset whose indices are not loaded yet: the public path
             sample = ds[j]
-            return np.concatenate([np.asarray(sample["tokens"]), np.asarray(sample["labels"])[-1:]]), \
-                self.source_of(int(sample["dataset_id"]))
+            return np.concatenate([np.asarray(sample["tokens"]), np.asarray(sample["labels"])[-1:]]), self.source_of(
+                int(sample["dataset_id"])
+            )
         text, _ = ds._query_document_sample_shuffle_indices(j)
         return text, 0
 
     def signature(self) -> dict:
-        return {"sources": dict(zip(self.sources, [round(w, 6) for w in self.weights])), "seq_len": self.seq_len,
-                "seed": self.seed}
+        return {
+            "sources": dict(zip(self.sources, [round(w, 6) for w in self.weights])),
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+        }
 
 
 def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:
@@ -113,11 +120,17 @@ def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:
         return None
     manifest = read_manifest(path)
     if manifest is None:
-        why = ("its preparation has not finished (plan.json but no complete manifest.json)" if (path / PLAN).exists()
-               else f"it holds no {MANIFEST}")
-        raise ConfigError(f"data.sources.{name}.path", f"{path} is a directory, but {why}",
-                          f"finish it (`lmforge data prepare ... --out {path} --shard-size N` again, or --finalize), "
-                          "or give a shard prefix")
+        why = (
+            "its preparation has not finished (plan.json but no complete manifest.json)"
+            if (path / PLAN).exists()
+            else f"it holds no {MANIFEST}"
+        )
+        raise ConfigError(
+            f"data.sources.{name}.path",
+            f"{path} is a directory, but {why}",
+            f"finish it (`lmforge data prepare ... --out {path} --shard-size N` again, or --finalize), "
+            "or give a shard prefix",
+        )
     return [(path / s["name"], int(s["tokens"])) for s in manifest["shards"]]
 
 
@@ -129,8 +142,11 @@ def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, 
         from lmforge.data.embedded import SOURCES, VERSION
 
         if corpus not in SOURCES:
-            raise ConfigError(f"data.sources.{name}.path", f"unknown embedded corpus '{corpus}'",
-                              f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix")
+            raise ConfigError(
+                f"data.sources.{name}.path",
+                f"unknown embedded corpus '{corpus}'",
+                f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix",
+            )
         prefix = cache_dir / "shards" / f"embedded-{corpus}-v{VERSION}-{tokenizer.fingerprint}"
         prepare([path], prefix, tokenizer, source=path, workers=workers)
         return prefix
@@ -139,8 +155,9 @@ def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, 
     return Path(path).expanduser()
 
 
-def stream_sizes(train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int,
-                 prior_state: Optional[dict] = None) -> Tuple[int, int]:
+def stream_sizes(
+    train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int, prior_state: Optional[dict] = None
+) -> Tuple[int, int]:
     """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens."""
     if prior_state and prior_state.get("num_train_samples"):
         n = int(prior_state["num_train_samples"])
@@ -150,9 +167,17 @@ def stream_sizes(train: TrainConfig, tokens_per_step: int, global_batch: int, se
     return n, max(n, train.max_steps * global_batch)
 
 
-def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int, num_train_samples: int,
-                  num_valid_samples: int, cache_dir: Path, total_train_samples: Optional[int] = None,
-                  guard: bool = True) -> Mixture:
+def build_mixture(
+    cfg: DataConfig,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    seed: int,
+    num_train_samples: int,
+    num_valid_samples: int,
+    cache_dir: Path,
+    total_train_samples: Optional[int] = None,
+    guard: bool = True,
+) -> Mixture:
     """Check every source, then build (or load from the cache) the train passes and per-source valid sets.
 
     ``guard=False``: the caller holds the index lock already (``index_cache.build_for``)."""
@@ -173,13 +198,16 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     train_tokens = [check_splits(shard, cfg.valid_fraction, seq_len)["train"] for shard in shards]
     known, first = {}, 0
     for n, p, group in zip(names, paths, members):  # per source: its shards' train tokens together
-        known[n] = (p, sum(train_tokens[first:first + len(group)]))
+        known[n] = (p, sum(train_tokens[first : first + len(group)]))
         first += len(group)
     found = check_epochs(cfg, max(num_train_samples, total_train_samples or 0) * seq_len, cache_dir, known)
     repeated = [s for s in found if s.epochs > 1.0]
     if repeated:  # allowed up to data.max_epochs, never silent
-        notes.append("data: this run repeats its train split: " + ", ".join(f"{s.name} {s.epochs:.2f}x" for s in repeated)
-                     + f" (data.max_epochs {cfg.max_epochs:g} refuses more)")
+        notes.append(
+            "data: this run repeats its train split: "
+            + ", ".join(f"{s.name} {s.epochs:.2f}x" for s in repeated)
+            + f" (data.max_epochs {cfg.max_epochs:g} refuses more)"
+        )
         if rank() == 0:
             print(notes[-1], flush=True)
     # Imported after the checks: megatron-core takes seconds to import, a bad shard should fail before that.
@@ -197,15 +225,26 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     index_dir = cache_dir / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
     index_cache.check_visible(index_dir)
-    adapter = MegatronTokenizerAdapter(tokenizer, {
-        (n if len(g) == 1 else f"{n}/{p.name}"): index_cache.content_digest(p)
-        for n, g in zip(names, members) for p, _ in g})
+    adapter = MegatronTokenizerAdapter(
+        tokenizer,
+        {
+            (n if len(g) == 1 else f"{n}/{p.name}"): index_cache.content_digest(p)
+            for n, g in zip(names, members)
+            for p, _ in g
+        },
+    )
 
     def gpt_config(blend, random_seed: int) -> GPTDatasetConfig:
         return GPTDatasetConfig(
-            random_seed=random_seed, sequence_length=seq_len, blend=blend, split=split_string(cfg.valid_fraction),
-            path_to_cache=str(index_dir), tokenizer=adapter,
-            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+            random_seed=random_seed,
+            sequence_length=seq_len,
+            blend=blend,
+            split=split_string(cfg.valid_fraction),
+            path_to_cache=str(index_dir),
+            tokenizer=adapter,
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
             create_attention_mask=False,  # causal attention is implicit: no dense [S, S] mask per sample
             mid_level_dataset_surplus=0.005,
         )
@@ -217,8 +256,9 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
     passes = []
     with index_cache.build_guard(index_dir, lock=guard):
         for k in range(n_passes):
-            train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [num_train_samples, 1, 0], always,
-                                                        gpt_config(blend, seed + k)).build()
+            train, _, _ = BlendedMegatronDatasetBuilder(
+                GPTDataset, [num_train_samples, 1, 0], always, gpt_config(blend, seed + k)
+            ).build()
             passes.append(train)
         valid = {}
         for name, group in zip(names, members):
@@ -230,8 +270,19 @@ def build_mixture(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, seed: int
             _, v, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, always, gpt_config(source_blend, seed)).build()
             valid[name] = v
     meta = {s.name: s.meta for s in shards}  # a many-shard source keeps its last shard's sidecar
-    return Mixture(passes, valid, names, weights, num_train_samples, tokenizer, meta, seed, seq_len, notes,
-                   blend_source if len(prefixes) != len(names) else [])
+    return Mixture(
+        passes,
+        valid,
+        names,
+        weights,
+        num_train_samples,
+        tokenizer,
+        meta,
+        seed,
+        seq_len,
+        notes,
+        blend_source if len(prefixes) != len(names) else [],
+    )
 
 
 def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:
@@ -240,4 +291,4 @@ def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:
     env = read("LMFORGE_DATA_CACHE")
     if env:
         return Path(env).absolute()
-    return (Path(run_root).expanduser().absolute().parent / ".cache" / "lmforge-data")
+    return Path(run_root).expanduser().absolute().parent / ".cache" / "lmforge-data"

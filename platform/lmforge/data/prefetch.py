@@ -28,6 +28,7 @@ not started, stops the threads and joins them. A pool nobody closed is stopped t
 abort the process ("terminate called without an active exception"). The threads are daemons, so a worker stuck
 past that wait still never keeps the process alive.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -56,8 +57,9 @@ class WorkerPool:
         if num_workers < 1:
             raise ValueError(f"a worker pool needs at least one thread, got {num_workers}")
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                        for i in range(num_workers)]
+        self.threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(num_workers)
+        ]
         for t in self.threads:
             t.start()
         WorkerPool.live.add(self)
@@ -119,8 +121,14 @@ class StepPrefetcher(Generic[T]):
     ``start`` (its sample ranges); ``build(part)`` makes one micro batch; ``step_size`` is the global batch.
     """
 
-    def __init__(self, build: Callable[[Sequence[int]], T], step_parts: Callable[[int], List[Sequence[int]]],
-                 step_size: int, num_workers: int, depth: int = 2):
+    def __init__(
+        self,
+        build: Callable[[Sequence[int]], T],
+        step_parts: Callable[[int], List[Sequence[int]]],
+        step_size: int,
+        num_workers: int,
+        depth: int = 2,
+    ):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1 step, got {depth}")
         self.build, self.step_parts, self.step_size = build, step_parts, step_size
@@ -132,9 +140,17 @@ class StepPrefetcher(Generic[T]):
     def _queue_step(self, start: int) -> None:
         assert self.pool is not None
         parts = self.step_parts(start)
-        self._ahead.append((start, [self.pool.submit(self.build, p, note=f"building {_describe(p)} of the step "
-                                                                         f"at consumed_samples={start}")
-                                    for p in parts]))
+        self._ahead.append(
+            (
+                start,
+                [
+                    self.pool.submit(
+                        self.build, p, note=f"building {_describe(p)} of the step at consumed_samples={start}"
+                    )
+                    for p in parts
+                ],
+            )
+        )
 
     def _top_up(self, start: int) -> None:
         """Queue the steps [start, start + depth * step_size) that are not queued yet."""
@@ -174,5 +190,8 @@ class StepPrefetcher(Generic[T]):
         self.closed = True
         self.drop()
         if self.pool is not None and not self.pool.close(timeout):
-            warnings.warn(f"data: a prefetch thread was still reading after {timeout:.0f} s; it is a daemon and "
-                          "is left to end with the process", stacklevel=2)
+            warnings.warn(
+                f"data: a prefetch thread was still reading after {timeout:.0f} s; it is a daemon and "
+                "is left to end with the process",
+                stacklevel=2,
+            )

@@ -10,6 +10,7 @@ end-of-document token, and written with megatron-core's ``IndexedDatasetBuilder`
 (uint16 when the vocabulary fits, else int32) plus PREFIX.meta.json recording the tokenizer identity.
 The output does not depend on the number of workers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from typing import Deque, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from lmforge.data.formats import ON_ERROR, MalformedInput, ReadReport, input_bytes, iter_file, list_files
+from lmforge.data.formats import ON_ERROR, ReadReport, input_bytes, iter_file, list_files
 from lmforge.data.shards import ensure_shard, write_shard
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.runtime.env import read, read_int
@@ -34,8 +35,9 @@ CHUNK_CHARS = 1 << 20  # text per worker task
 FIRST_CHUNK_CHARS = 1 << 16  # the first chunks ramp up from here: tokenizing starts before 1 MiB is read
 
 
-def iter_inputs(inputs: Sequence[str], text_key: str = "text", on_error: str = "stop",
-                report: Optional[ReadReport] = None) -> Iterator[str]:
+def iter_inputs(
+    inputs: Sequence[str], text_key: str = "text", on_error: str = "stop", report: Optional[ReadReport] = None
+) -> Iterator[str]:
     """Every document of the inputs, in a fixed order (argument order, then sorted paths)."""
     from lmforge.data.embedded import iter_documents
 
@@ -122,9 +124,15 @@ def _encode_chunk(texts: List[str]) -> List[np.ndarray]:
     return [np.asarray(ids, dtype=dtype) for ids in _WORKER_TOKENIZER.encode_batch(texts)]
 
 
-def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, progress: bool = False,
-                  total_chars: Optional[int] = None, stats: Optional[dict] = None,
-                  pool: Optional[object] = None) -> Iterator[np.ndarray]:
+def tokenize_docs(
+    docs: Iterator[str],
+    tokenizer: Tokenizer,
+    workers: int = 1,
+    progress: bool = False,
+    total_chars: Optional[int] = None,
+    stats: Optional[dict] = None,
+    pool: Optional[object] = None,
+) -> Iterator[np.ndarray]:
     """Token ids of each document (a list or an array), in input order; ``workers`` > 1 tokenizes in that many
     processes.
 
@@ -132,8 +140,15 @@ def tokenize_docs(docs: Iterator[str], tokenizer: Tokenizer, workers: int = 1, p
     """
     from tqdm import tqdm
 
-    bar = tqdm(total=total_chars, unit="B", unit_scale=True, desc="tokenizing", disable=not progress,
-               file=sys.stderr, mininterval=0.5)
+    bar = tqdm(
+        total=total_chars,
+        unit="B",
+        unit_scale=True,
+        desc="tokenizing",
+        disable=not progress,
+        file=sys.stderr,
+        mininterval=0.5,
+    )
     stats = stats if stats is not None else {}
     stats.setdefault("chars", 0)
     try:
@@ -183,16 +198,25 @@ def _total_chars(inputs: Sequence[str]) -> Optional[int]:
     return sum(input_bytes(f) for f in list_files(inputs))
 
 
-def prepare(inputs: Sequence[str], prefix: Path, tokenizer: Tokenizer, source: str = "", workers: int = 1,
-            progress: bool = False, json_key: str = "text", on_error: str = "stop") -> dict:
+def prepare(
+    inputs: Sequence[str],
+    prefix: Path,
+    tokenizer: Tokenizer,
+    source: str = "",
+    workers: int = 1,
+    progress: bool = False,
+    json_key: str = "text",
+    on_error: str = "stop",
+) -> dict:
     """Tokenize ``inputs`` into PREFIX.bin/.idx/.meta.json unless a complete shard is already there."""
     list_files(inputs)  # fail on a missing input before taking the lock
 
     def build() -> dict:
         stats: dict = {}
         report = ReadReport()
-        docs = tokenize_docs(iter_inputs(inputs, json_key, on_error, report), tokenizer, workers, progress,
-                             _total_chars(inputs), stats)
+        docs = tokenize_docs(
+            iter_inputs(inputs, json_key, on_error, report), tokenizer, workers, progress, _total_chars(inputs), stats
+        )
 
         def extra() -> dict:
             for line in report.empty_lines(json_key):
@@ -205,38 +229,90 @@ def prepare(inputs: Sequence[str], prefix: Path, tokenizer: Tokenizer, source: s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lmforge data prepare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="*", help="files, directories, globs (*.parquet, *.jsonl[.gz|.zst], datasets "
-                    "save_to_disk dirs, text), or embedded:books|code|reference")
-    ap.add_argument("--out", required=True, help="output prefix (PREFIX.bin/.idx/.meta.json), or with --shard-size "
-                    "an output directory (shards + manifest.json)")
-    ap.add_argument("--tokenizer", default="embedded",
-                    help="embedded | path/to/tokenizer.json | tiktoken:/path/NAME.tiktoken | tiktoken:NAME")
-    ap.add_argument("--cache-dir", default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
-                    help="where the embedded tokenizer lives (default $LMFORGE_DATA_CACHE)")
-    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
-                    help="tokenizer processes (default: half the cores, at most 8)")
-    ap.add_argument("--text-key", "--json-key", dest="text_key", default="text",
-                    help="the JSONL field / Parquet or Arrow column holding the document text")
-    ap.add_argument("--on-error", choices=ON_ERROR, default="stop",
-                    help="a malformed file or row: stop with its name and row (default), or skip it and report it")
-    ap.add_argument("--shard-size", default=None, metavar="SIZE",
-                    help="write shards under the --out directory, with a manifest: SIZE input files per shard (8, "
-                    "8files) or at most SIZE tokens per shard, each file cut in order (500M, 2G, 100000tokens); "
-                    "re-running resumes (finished shards are kept)")
-    ap.add_argument("--launcher", choices=("local", "slurm-array"), default="local",
-                    help="slurm-array: submit slurm/prepare_array.sh as an array job plus a finalize job")
+    ap = argparse.ArgumentParser(
+        prog="lmforge data prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "inputs",
+        nargs="*",
+        help="files, directories, globs (*.parquet, *.jsonl[.gz|.zst], datasets "
+        "save_to_disk dirs, text), or embedded:books|code|reference",
+    )
+    ap.add_argument(
+        "--out",
+        required=True,
+        help="output prefix (PREFIX.bin/.idx/.meta.json), or with --shard-size "
+        "an output directory (shards + manifest.json)",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default="embedded",
+        help="embedded | path/to/tokenizer.json | tiktoken:/path/NAME.tiktoken | tiktoken:NAME",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        default=read("LMFORGE_DATA_CACHE", ".cache/lmforge-data"),
+        help="where the embedded tokenizer lives (default $LMFORGE_DATA_CACHE)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+        help="tokenizer processes (default: half the cores, at most 8)",
+    )
+    ap.add_argument(
+        "--text-key",
+        "--json-key",
+        dest="text_key",
+        default="text",
+        help="the JSONL field / Parquet or Arrow column holding the document text",
+    )
+    ap.add_argument(
+        "--on-error",
+        choices=ON_ERROR,
+        default="stop",
+        help="a malformed file or row: stop with its name and row (default), or skip it and report it",
+    )
+    ap.add_argument(
+        "--shard-size",
+        default=None,
+        metavar="SIZE",
+        help="write shards under the --out directory, with a manifest: SIZE input files per shard (8, "
+        "8files) or at most SIZE tokens per shard, each file cut in order (500M, 2G, 100000tokens); "
+        "re-running resumes (finished shards are kept)",
+    )
+    ap.add_argument(
+        "--launcher",
+        choices=("local", "slurm-array"),
+        default="local",
+        help="slurm-array: submit slurm/prepare_array.sh as an array job plus a finalize job",
+    )
     ap.add_argument("--array-tasks", type=int, default=2, help="array tasks for --launcher slurm-array")
-    ap.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
-                    help="an extra sbatch argument for the array and finalize jobs (repeatable), e.g. --partition=cpu")
-    ap.add_argument("--task-index", type=int, default=None, help="build only shards i %% NUM_TASKS == INDEX "
-                    "(default $SLURM_ARRAY_TASK_ID); no finalize")
+    ap.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra sbatch argument for the array and finalize jobs (repeatable), e.g. --partition=cpu",
+    )
+    ap.add_argument(
+        "--task-index",
+        type=int,
+        default=None,
+        help="build only shards i %% NUM_TASKS == INDEX (default $SLURM_ARRAY_TASK_ID); no finalize",
+    )
     ap.add_argument("--num-tasks", type=int, default=None, help="(default $SLURM_ARRAY_TASK_COUNT)")
-    ap.add_argument("--finalize", action="store_true", help="only check the shards under --out and write "
-                    "manifest.json (the array's final step)")
-    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
-                    help="show a progress bar (default: when stderr is a terminal)")
+    ap.add_argument(
+        "--finalize",
+        action="store_true",
+        help="only check the shards under --out and write manifest.json (the array's final step)",
+    )
+    ap.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=sys.stderr.isatty(),
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
     ap.add_argument("--force", action="store_true", help="rebuild even if a complete shard exists")
     args = ap.parse_args(argv)
     try:
@@ -260,8 +336,10 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("no inputs. Fix: give files, directories, globs or embedded:NAME")
         plan = sharded.load_plan(out)
         if plan["tokenizer"] != tok.identity:
-            raise ValueError(f"{out / sharded.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
-                             f"--tokenizer {args.tokenizer} is {tok.fingerprint}. Fix: pass the plan's --tokenizer")
+            raise ValueError(
+                f"{out / sharded.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
+                f"--tokenizer {args.tokenizer} is {tok.fingerprint}. Fix: pass the plan's --tokenizer"
+            )
     elif args.shard_size is None:
         if args.launcher != "local":
             raise ValueError("--launcher slurm-array needs --shard-size (the array splits the shards)")
@@ -271,8 +349,15 @@ def _run(args: argparse.Namespace) -> int:
             from lmforge.data.shards import meta_path
 
             meta_path(out).unlink(missing_ok=True)
-        meta = prepare(args.inputs, out, tok, workers=args.workers, progress=args.progress, json_key=args.text_key,
-                       on_error=args.on_error)
+        meta = prepare(
+            args.inputs,
+            out,
+            tok,
+            workers=args.workers,
+            progress=args.progress,
+            json_key=args.text_key,
+            on_error=args.on_error,
+        )
         print(json.dumps(meta, indent=1))
         return 0
     else:
@@ -281,8 +366,7 @@ def _run(args: argparse.Namespace) -> int:
                 (out / name).unlink(missing_ok=True)
             for done in [*out.glob("shard-*.meta.json"), *out.glob("shard-*.parts.json")]:
                 done.unlink()
-        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, size, args.text_key,
-                                                                  args.on_error))
+        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, size, args.text_key, args.on_error))
     if args.launcher == "slurm-array":
         from lmforge.data.prepare_slurm import submit_array
 

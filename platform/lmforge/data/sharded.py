@@ -20,6 +20,7 @@ processes or tasks did the work. Re-running skips finished shards and redoes the
 temporary files are removed first; by tokens, the documents of the file's finished shards are read again
 but not tokenized). Task ``t`` of ``T`` builds groups ``i`` with ``i % T == t``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,12 +50,13 @@ class IncompletePrefix(ValueError):
     pass
 
 
-_SCALE = {"": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12}
+_SCALE = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
 @dataclass(frozen=True)
 class ShardSize:
     """``--shard-size``: ``count`` input files or tokens per shard."""
+
     count: int
     unit: str = "files"  # files | tokens
 
@@ -69,11 +71,15 @@ class ShardSize:
         elif tokens and (tokens[2] or tokens[3]):
             size = cls(int(float(tokens[1]) * _SCALE[tokens[2].upper()]), "tokens")
         else:
-            raise ValueError(f"--shard-size {text!r} is not a shard size. Fix: give input files per shard (8 or "
-                             "8files) or tokens per shard (500M, 2G, 100000tokens; K/M/G/T = 10^3/10^6/10^9/10^12)")
+            raise ValueError(
+                f"--shard-size {text!r} is not a shard size. Fix: give input files per shard (8 or "
+                "8files) or tokens per shard (500M, 2G, 100000tokens; K/M/G/T = 10^3/10^6/10^9/10^12)"
+            )
         if size.count < (1 if size.unit == "files" else 2):
-            raise ValueError(f"--shard-size {text!r} is too small. Fix: at least 1 file, or 2 tokens (a document "
-                             "and its end-of-document token), per shard")
+            raise ValueError(
+                f"--shard-size {text!r} is too small. Fix: at least 1 file, or 2 tokens (a document "
+                "and its end-of-document token), per shard"
+            )
         return size
 
 
@@ -89,8 +95,11 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 def file_sha256(path: Path) -> str:
     """sha256 of a file, or of an HF dataset directory's files (relative names and contents, sorted)."""
     h = hashlib.sha256()
-    parts = [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file()] \
-        if path.is_dir() else [("", path)]
+    parts = (
+        [(p.relative_to(path).as_posix(), p) for p in sorted(path.rglob("*")) if p.is_file()]
+        if path.is_dir()
+        else [("", path)]
+    )
     for name, p in parts:
         if name:
             h.update(name.encode() + b"\0")
@@ -100,26 +109,41 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def make_plan(inputs: Sequence[str], tokenizer: Tokenizer, shard_size: Union[int, ShardSize], text_key: str,
-              on_error: str) -> dict:
+def make_plan(
+    inputs: Sequence[str], tokenizer: Tokenizer, shard_size: Union[int, ShardSize], text_key: str, on_error: str
+) -> dict:
     """The groups of input files: by files, N per shard; by tokens, one per file (cut into shards when built)."""
     size = shard_size if isinstance(shard_size, ShardSize) else ShardSize(int(shard_size))
     if size.count < 1:
         raise ValueError(f"--shard-size must be >= 1 file per shard, got {size.count}")
     if any(i.startswith("embedded:") for i in inputs):
-        raise ValueError("embedded: corpora are prepared as one prefix; give files, directories or globs for a "
-                         "sharded --out directory")
+        raise ValueError(
+            "embedded: corpora are prepared as one prefix; give files, directories or globs for a "
+            "sharded --out directory"
+        )
     files = list_files(inputs)
     if not files:
-        raise FileNotFoundError(f"no input files in {', '.join(inputs)}. Fix: check the paths and suffixes "
-                                "(.parquet, .jsonl[.gz|.zst], datasets save_to_disk dirs, text files)")
+        raise FileNotFoundError(
+            f"no input files in {', '.join(inputs)}. Fix: check the paths and suffixes "
+            "(.parquet, .jsonl[.gz|.zst], datasets save_to_disk dirs, text files)"
+        )
     per = size.count if size.unit == "files" else 1
-    groups = [files[i:i + per] for i in range(0, len(files), per)]
-    plan = {"version": PLAN_VERSION, "inputs": list(inputs), "text_key": text_key, "on_error": on_error,
-            "shard_files": size.count if size.unit == "files" else None, "tokenizer": tokenizer.identity,
-            "shards": [{"name": f"shard-{i:05d}",
-                        "files": [{"path": str(f), "format": file_format(f), "bytes": input_bytes(f)} for f in g]}
-                       for i, g in enumerate(groups)]}
+    groups = [files[i : i + per] for i in range(0, len(files), per)]
+    plan = {
+        "version": PLAN_VERSION,
+        "inputs": list(inputs),
+        "text_key": text_key,
+        "on_error": on_error,
+        "shard_files": size.count if size.unit == "files" else None,
+        "tokenizer": tokenizer.identity,
+        "shards": [
+            {
+                "name": f"shard-{i:05d}",
+                "files": [{"path": str(f), "format": file_format(f), "bytes": input_bytes(f)} for f in g],
+            }
+            for i, g in enumerate(groups)
+        ],
+    }
     if size.unit == "tokens":
         plan["shard_tokens"] = size.count
     return plan
@@ -136,16 +160,20 @@ def write_or_check_plan(out: Path, plan: dict) -> dict:
     for key in ("inputs", "text_key", "on_error", "shard_files", "shard_tokens", "tokenizer", "shards"):
         if have.get(key) != plan.get(key):
             what = {"shards": "the input files or their sizes"}.get(key, key)
-            raise PlanMismatch(f"{path} was made for other work ({what} differ): this output directory belongs to "
-                               "another preparation. Fix: use another --out, or --force to start it again")
+            raise PlanMismatch(
+                f"{path} was made for other work ({what} differ): this output directory belongs to "
+                "another preparation. Fix: use another --out, or --force to start it again"
+            )
     return have
 
 
 def load_plan(out: Path) -> dict:
     path = out / PLAN
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: {out} is not a sharded preparation. Fix: run "
-                                "`lmforge data prepare INPUTS --out DIR --shard-size N` first")
+        raise FileNotFoundError(
+            f"{path} does not exist: {out} is not a sharded preparation. Fix: run "
+            "`lmforge data prepare INPUTS --out DIR --shard-size N` first"
+        )
     return json.loads(path.read_text())
 
 
@@ -180,8 +208,15 @@ class _TokenCut:
             yield ids
 
 
-def build_shards(out: Path, plan: dict, tokenizer: Tokenizer, workers: int = 1, task_index: int = 0,
-                 num_tasks: int = 1, progress: bool = False) -> Dict[str, str]:
+def build_shards(
+    out: Path,
+    plan: dict,
+    tokenizer: Tokenizer,
+    workers: int = 1,
+    task_index: int = 0,
+    num_tasks: int = 1,
+    progress: bool = False,
+) -> Dict[str, str]:
     """Build this task's groups that are not finished yet; returns group name -> "built" | "done before"."""
     from lmforge.data.prepare import worker_pool
 
@@ -196,8 +231,9 @@ def build_shards(out: Path, plan: dict, tokenizer: Tokenizer, workers: int = 1, 
     return status
 
 
-def _read_group(plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool, pool,
-                skip_documents: int = 0):
+def _read_group(
+    plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool, pool, skip_documents: int = 0
+):
     """(token ids of the group's documents after the first ``skip_documents``, read report, stats, inputs)."""
     from lmforge.data.prepare import tokenize_docs
 
@@ -211,8 +247,9 @@ def _read_group(plan: dict, group: dict, tokenizer: Tokenizer, workers: int, pro
     return ids, report, stats, inputs
 
 
-def _build_file_group(out: Path, plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool,
-                      pool) -> str:
+def _build_file_group(
+    out: Path, plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool, pool
+) -> str:
     prefix = out / group["name"]
     if meta_path(prefix).exists():
         return "done before"
@@ -233,8 +270,9 @@ def _build_file_group(out: Path, plan: dict, group: dict, tokenizer: Tokenizer, 
     return "built"
 
 
-def _build_token_group(out: Path, plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool,
-                       pool) -> str:
+def _build_token_group(
+    out: Path, plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool, pool
+) -> str:
     """Cut the group's documents into shards of at most ``plan["shard_tokens"]`` tokens; finished ones are kept."""
     name, marker = group["name"], parts_path(out, group["name"])
     if marker.exists():
@@ -257,17 +295,31 @@ def _build_token_group(out: Path, plan: dict, group: dict, tokenizer: Tokenizer,
         source = ",".join(f["path"] for f in group["files"])
         while cut:
             part = len(done)
-            meta = write_shard(out / part_name(name, part), cut.part(), tokenizer, source,
-                               {"workers": workers, "group": name, "part": part, "first_document": first})
+            meta = write_shard(
+                out / part_name(name, part),
+                cut.part(),
+                tokenizer,
+                source,
+                {"workers": workers, "group": name, "part": part, "first_document": first},
+            )
             done.append(meta)
             first += meta["documents"]
         for line in report.empty_lines(plan["text_key"]):
             print(line, file=sys.stderr, flush=True)
         if not done:
-            raise ValueError(f"no documents to write for {out / name} (inputs: {source}): every input was empty. "
-                             "Fix: check the input paths, the text field (--text-key), and the file suffixes")
-        _write_json_atomic(marker, {"parts": [part_name(name, k) for k in range(len(done))],
-                                    "documents": first, "inputs": inputs, "files": report.as_json()})
+            raise ValueError(
+                f"no documents to write for {out / name} (inputs: {source}): every input was empty. "
+                "Fix: check the input paths, the text field (--text-key), and the file suffixes"
+            )
+        _write_json_atomic(
+            marker,
+            {
+                "parts": [part_name(name, k) for k in range(len(done))],
+                "documents": first,
+                "inputs": inputs,
+                "files": report.as_json(),
+            },
+        )
     return "built"
 
 
@@ -281,30 +333,54 @@ def _check_shard(out: Path, plan: dict, name: str) -> tuple:
         return meta, None, f"{name}: {e}"
     bin_bytes = os.path.getsize(f"{prefix}.bin") if Path(f"{prefix}.bin").exists() else -1
     if (index.num_documents, index.num_tokens, bin_bytes) != (meta["documents"], meta["tokens"], meta["bin_bytes"]):
-        return meta, index, (f"{name}: .bin/.idx hold {index.num_documents} documents, {index.num_tokens} tokens, "
-                             f"{bin_bytes} bytes; its sidecar recorded {meta['documents']}, {meta['tokens']}, "
-                             f"{meta['bin_bytes']}")
+        return (
+            meta,
+            index,
+            (
+                f"{name}: .bin/.idx hold {index.num_documents} documents, {index.num_tokens} tokens, "
+                f"{bin_bytes} bytes; its sidecar recorded {meta['documents']}, {meta['tokens']}, "
+                f"{meta['bin_bytes']}"
+            ),
+        )
     if meta["tokenizer"] != plan["tokenizer"]:
-        return meta, index, (f"{name}: tokenized with fingerprint {meta['tokenizer'].get('fingerprint')}, the "
-                             f"plan's tokenizer is {plan['tokenizer'].get('fingerprint')}")
+        return (
+            meta,
+            index,
+            (
+                f"{name}: tokenized with fingerprint {meta['tokenizer'].get('fingerprint')}, the "
+                f"plan's tokenizer is {plan['tokenizer'].get('fingerprint')}"
+            ),
+        )
     return meta, index, None
 
 
 def _shard_entry(name: str, meta: dict, inputs: List[str], **more) -> dict:
-    return {"name": name, "documents": meta["documents"], "tokens": meta["tokens"], "bin_bytes": meta["bin_bytes"],
-            "dtype": meta["dtype"], "max_token_id": meta["max_token_id"], **more, "inputs": inputs}
+    return {
+        "name": name,
+        "documents": meta["documents"],
+        "tokens": meta["tokens"],
+        "bin_bytes": meta["bin_bytes"],
+        "dtype": meta["dtype"],
+        "max_token_id": meta["max_token_id"],
+        **more,
+        "inputs": inputs,
+    }
 
 
 def _check_cut(name: str, metas: List[dict], indexes: list, limit: int) -> Optional[str]:
     """The parts are the cut :class:`_TokenCut` makes: each within ``limit`` (or one document), each full."""
     for k, (meta, index) in enumerate(zip(metas, indexes)):
         if meta["tokens"] > limit and meta["documents"] != 1:
-            return f"{part_name(name, k)}: {meta['tokens']} tokens in {meta['documents']} documents, over the " \
-                   f"shard size {limit}"
+            return (
+                f"{part_name(name, k)}: {meta['tokens']} tokens in {meta['documents']} documents, over the "
+                f"shard size {limit}"
+            )
         following = int(indexes[k + 1].lengths[0]) if k + 1 < len(indexes) else None
         if following is not None and meta["tokens"] + following <= limit:
-            return (f"{part_name(name, k)}: {meta['tokens']} tokens, the next document ({following} tokens) would "
-                    f"have fit in the shard size {limit}")
+            return (
+                f"{part_name(name, k)}: {meta['tokens']} tokens, the next document ({following} tokens) would "
+                f"have fit in the shard size {limit}"
+            )
     return None
 
 
@@ -329,14 +405,17 @@ def finalize(out: Path) -> dict:
                 continue
             record, names = None, [gname]
         checked = [(n, *_check_shard(out, plan, n)) for n in names if meta_path(out / n).exists()]
-        problems = [p for _, _, _, p in checked if p] or [f"{n}: its sidecar is missing" for n in names
-                                                          if not meta_path(out / n).exists()]
+        problems = [p for _, _, _, p in checked if p] or [
+            f"{n}: its sidecar is missing" for n in names if not meta_path(out / n).exists()
+        ]
         if not problems and limit:
             cut = _check_cut(gname, [m for _, m, _, _ in checked], [i for _, _, i, _ in checked], limit)
             problems += [cut] if cut else []
             if sum(m["documents"] for _, m, _, _ in checked) != record["documents"]:
-                problems.append(f"{gname}: its parts hold {sum(m['documents'] for _, m, _, _ in checked)} documents, "
-                                f"{parts_path(out, gname).name} recorded {record['documents']}")
+                problems.append(
+                    f"{gname}: its parts hold {sum(m['documents'] for _, m, _, _ in checked)} documents, "
+                    f"{parts_path(out, gname).name} recorded {record['documents']}"
+                )
         if problems:
             bad += problems
             continue
@@ -352,14 +431,31 @@ def finalize(out: Path) -> dict:
             shards.append(_shard_entry(n, meta, paths, **more))
     if missing or bad:
         what = "input file(s) not fully prepared" if limit else "shard(s) not built"
-        lines = ([f"{len(missing)} of {len(plan['shards'])} {what}: {', '.join(missing[:8])}"
-                  + (" ..." if len(missing) > 8 else "")] if missing else []) + bad
-        raise IncompletePrefix(f"{out} is not complete: {'; '.join(lines)}. Fix: run the same `lmforge data "
-                               "prepare` again (finished shards are kept), then finalize")
-    manifest = {"complete": True, "version": PLAN_VERSION, "tokenizer": plan["tokenizer"],
-                "text_key": plan["text_key"], "on_error": plan["on_error"], "inputs": inputs, "shards": shards,
-                "documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
-                "empty_rows": empty_rows, "skipped": skipped}
+        lines = (
+            [
+                f"{len(missing)} of {len(plan['shards'])} {what}: {', '.join(missing[:8])}"
+                + (" ..." if len(missing) > 8 else "")
+            ]
+            if missing
+            else []
+        ) + bad
+        raise IncompletePrefix(
+            f"{out} is not complete: {'; '.join(lines)}. Fix: run the same `lmforge data "
+            "prepare` again (finished shards are kept), then finalize"
+        )
+    manifest = {
+        "complete": True,
+        "version": PLAN_VERSION,
+        "tokenizer": plan["tokenizer"],
+        "text_key": plan["text_key"],
+        "on_error": plan["on_error"],
+        "inputs": inputs,
+        "shards": shards,
+        "documents": sum(s["documents"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "empty_rows": empty_rows,
+        "skipped": skipped,
+    }
     if limit:
         manifest["shard_tokens"] = limit
     _write_json_atomic(out / MANIFEST, manifest)

@@ -8,6 +8,7 @@ The .idx layout (megatron-core ``_IndexReader``): 9-byte magic ``MMIDIDX\\0\\0``
 code, u64 sequence count S, u64 document count D, then int32 lengths[S], int64 byte pointers[S] and
 int64 document indices[D]. :func:`read_index` parses it without megatron so a bad shard gets a clear error.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,16 @@ from lmforge.data.tokenizer import Tokenizer
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 HEADER_BYTES = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
 # megatron-core's DType codes.
-DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
-               8: np.uint16}
+DTYPE_CODES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 
 
 def meta_path(prefix: Path) -> Path:
@@ -77,7 +86,7 @@ class ShardFormatError(ValueError):
 
 def read_index(idx_path: Path) -> IndexInfo:
     raw = Path(idx_path).read_bytes()
-    if len(raw) < HEADER_BYTES or raw[:len(INDEX_MAGIC)] != INDEX_MAGIC:
+    if len(raw) < HEADER_BYTES or raw[: len(INDEX_MAGIC)] != INDEX_MAGIC:
         raise ShardFormatError(f"{idx_path} is not a Megatron index (no MMIDIDX header)")
     version, code, s_count, d_count = struct.unpack_from("<QBQQ", raw, len(INDEX_MAGIC))
     if version != 1 or code not in DTYPE_CODES:
@@ -88,20 +97,27 @@ def read_index(idx_path: Path) -> IndexInfo:
     lengths = np.frombuffer(raw, dtype=np.int32, count=s_count, offset=HEADER_BYTES)
     docs = np.frombuffer(raw, dtype=np.int64, count=d_count, offset=HEADER_BYTES + 12 * s_count)
     dtype = DTYPE_CODES[code]
-    return IndexInfo(dtype, lengths, docs, len(raw), expected,
-                     int(lengths.sum(dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return IndexInfo(
+        dtype, lengths, docs, len(raw), expected, int(lengths.sum(dtype=np.int64)) * np.dtype(dtype).itemsize
+    )
 
 
 def max_token_id(bin_path: Path, dtype: type, chunk_tokens: int = 1 << 24) -> int:
     data = np.memmap(bin_path, dtype=dtype, mode="r")
     best = -1
     for start in range(0, len(data), chunk_tokens):
-        best = max(best, int(data[start:start + chunk_tokens].max()))
+        best = max(best, int(data[start : start + chunk_tokens].max()))
     return best
 
 
-def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: Tokenizer, source: str,
-                extra_meta: Union[None, dict, Callable[[], dict]] = None, stats: Optional[dict] = None) -> dict:
+def write_shard(
+    prefix: Path,
+    token_docs: Iterable[Sequence[int]],
+    tokenizer: Tokenizer,
+    source: str,
+    extra_meta: Union[None, dict, Callable[[], dict]] = None,
+    stats: Optional[dict] = None,
+) -> dict:
     """Write documents (already tokenized, without EOD) with an EOD appended to each.
 
     ``extra_meta`` (a dict, or a function called once the documents are consumed) adds sidecar fields.
@@ -129,17 +145,28 @@ def write_shard(prefix: Path, token_docs: Iterable[Sequence[int]], tokenizer: To
     if n_docs == 0:
         builder.data_file.close()
         os.unlink(f"{tmp}.bin")
-        raise ValueError(f"no documents to write for {prefix} (inputs: {source}): every input was empty. "
-                         "Fix: check the input paths, the JSONL 'text' field, and the file suffixes")
+        raise ValueError(
+            f"no documents to write for {prefix} (inputs: {source}): every input was empty. "
+            "Fix: check the input paths, the JSONL 'text' field, and the file suffixes"
+        )
     builder.finalize(f"{tmp}.idx")
     seconds = time.perf_counter() - t0
     chars = (stats or {}).get("chars")
     if callable(extra_meta):
         extra_meta = extra_meta()
-    meta = {"source": source, "documents": n_docs, "tokens": n_tokens, "dtype": np.dtype(dtype).name,
-            "max_token_id": top, "bin_bytes": os.path.getsize(f"{tmp}.bin"), "tokenizer": tokenizer.identity,
-            "seconds": round(seconds, 3), "text_chars": chars,
-            "text_mb_per_s": round(chars / 1e6 / max(seconds, 1e-9), 3) if chars else None, **(extra_meta or {})}
+    meta = {
+        "source": source,
+        "documents": n_docs,
+        "tokens": n_tokens,
+        "dtype": np.dtype(dtype).name,
+        "max_token_id": top,
+        "bin_bytes": os.path.getsize(f"{tmp}.bin"),
+        "tokenizer": tokenizer.identity,
+        "seconds": round(seconds, 3),
+        "text_chars": chars,
+        "text_mb_per_s": round(chars / 1e6 / max(seconds, 1e-9), 3) if chars else None,
+        **(extra_meta or {}),
+    }
     os.replace(f"{tmp}.bin", f"{prefix}.bin")
     os.replace(f"{tmp}.idx", f"{prefix}.idx")
     tmp_meta = Path(f"{tmp}.meta.json")

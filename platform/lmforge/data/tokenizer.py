@@ -16,6 +16,7 @@ Specs understood by :func:`load_tokenizer`:
 The files are read by ``lmforge.config.tokenizer_files``, which also gives ``vocab_size_of(spec)``: the
 vocabulary ``validate()`` checks against ``model.vocab_size`` before any data or process group exists.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,12 +27,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from lmforge.config.tokenizer_files import (EMBEDDED_VOCAB, EOD_TOKEN, end_of_text_id, named_tiktoken,
-                                            read_tiktoken_ranks, read_tokenizer_json, tiktoken_file_of,
-                                            vocab_size_of)
+from lmforge.config.tokenizer_files import (
+    EMBEDDED_VOCAB,
+    EOD_TOKEN,
+    end_of_text_id,
+    named_tiktoken,
+    read_tiktoken_ranks,
+    read_tokenizer_json,
+    tiktoken_file_of,
+    vocab_size_of,
+)
 
-__all__ = ["EMBEDDED_VOCAB", "EOD_TOKEN", "Tokenizer", "build_embedded_tokenizer", "embedded_tokenizer_path",
-           "export_tiktoken", "load_tokenizer", "train_bpe", "vocab_size_of"]
+__all__ = [
+    "EMBEDDED_VOCAB",
+    "EOD_TOKEN",
+    "Tokenizer",
+    "build_embedded_tokenizer",
+    "embedded_tokenizer_path",
+    "export_tiktoken",
+    "load_tokenizer",
+    "train_bpe",
+    "vocab_size_of",
+]
 
 # GPT-2 / r50k pre-tokenisation, the same split HF's ByteLevel pre-tokenizer applies.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -72,13 +89,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_path: Path) -> Path:
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257 + 1:
-        raise ValueError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs 256 byte tokens plus "
-                         f"'{EOD_TOKEN}'. Fix: use a vocab size >= 258 (e.g. 8192)")
+        raise ValueError(
+            f"--vocab-size {vocab_size} is too small: a byte-level BPE needs 256 byte tokens plus "
+            f"'{EOD_TOKEN}'. Fix: use a vocab size >= 258 (e.g. 8192)"
+        )
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[EOD_TOKEN],
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -96,8 +117,9 @@ def _sha(data: bytes) -> str:
 def _from_tokenizer_json(path: Path) -> Tokenizer:
     backend = read_tokenizer_json(path)
     digest = _sha(backend.to_str().encode())
-    return Tokenizer(backend, "hf", backend.token_to_id(EOD_TOKEN), backend.get_vocab_size(with_added_tokens=True),
-                     digest, str(path))
+    return Tokenizer(
+        backend, "hf", backend.token_to_id(EOD_TOKEN), backend.get_vocab_size(with_added_tokens=True), digest, str(path)
+    )
 
 
 def _tiktoken_identity(ranks: Dict[bytes, int], pattern: str, special: Dict[str, int]) -> str:
@@ -115,8 +137,9 @@ def _tiktoken_from_file(path: Path) -> Tokenizer:
     eod = end_of_text_id(ranks)
     special = {EOD_TOKEN: eod}
     enc = tiktoken.Encoding(path.stem, pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=special)
-    return Tokenizer(enc, "tiktoken", eod, enc.n_vocab, _tiktoken_identity(ranks, GPT2_PATTERN, special),
-                     f"tiktoken:{path}")
+    return Tokenizer(
+        enc, "tiktoken", eod, enc.n_vocab, _tiktoken_identity(ranks, GPT2_PATTERN, special), f"tiktoken:{path}"
+    )
 
 
 def _tiktoken_named(name: str) -> Tokenizer:
@@ -135,8 +158,9 @@ def export_tiktoken(tokenizer_json: Path, out_path: Path) -> Path:
     data = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
     vocab: Dict[str, int] = data["model"]["vocab"]
     specials = {t["content"] for t in data.get("added_tokens", [])}
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     byte_of: Dict[str, int] = {chr(b): b for b in printable}
     extra = 0
     for b in range(256):

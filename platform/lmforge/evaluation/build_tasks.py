@@ -15,6 +15,7 @@
 All are 0-shot multiple choice by log-likelihood. Their text is from the training corpora (a check that a model
 learned its data, not a held-out benchmark).
 """
+
 from __future__ import annotations
 
 import json
@@ -130,19 +131,28 @@ def stdlib_examples(n: int = N_EXAMPLES, context_lines: int = 6) -> List[Dict]:
             true = lines[i]
             if len(true.strip()) < 8:
                 continue
-            out.append(_example("\n".join(lines[i - context_lines:i]), true,
-                                _similar(usable, true, rnd, N_CHOICES - 1), rnd))
+            out.append(
+                _example("\n".join(lines[i - context_lines : i]), true, _similar(usable, true, rnd, N_CHOICES - 1), rnd)
+            )
     return out[:n]
 
 
 TASKS = {
-    "austen_next_sentence": {"build": austen_examples, "target_delimiter": " ",
-                             "about": "choose the next sentence of a Jane Austen paragraph (4 choices)"},
-    "austen_word_order": {"build": austen_word_order_examples, "target_delimiter": " ",
-                          "about": "choose the next sentence of a Jane Austen paragraph among shuffles of its words "
-                                   "(4 choices)"},
-    "stdlib_next_line": {"build": stdlib_examples, "target_delimiter": "\n",
-                         "about": "choose the next line of a Python standard-library module (4 choices)"},
+    "austen_next_sentence": {
+        "build": austen_examples,
+        "target_delimiter": " ",
+        "about": "choose the next sentence of a Jane Austen paragraph (4 choices)",
+    },
+    "austen_word_order": {
+        "build": austen_word_order_examples,
+        "target_delimiter": " ",
+        "about": "choose the next sentence of a Jane Austen paragraph among shuffles of its words (4 choices)",
+    },
+    "stdlib_next_line": {
+        "build": stdlib_examples,
+        "target_delimiter": "\n",
+        "about": "choose the next line of a Python standard-library module (4 choices)",
+    },
 }
 
 
@@ -151,11 +161,24 @@ def task_yaml(name: str) -> str:
     meta = {"built_by": "python -m lmforge.evaluation.build_tasks", "about": spec["about"], "chance": 0.25}
     if name == "stdlib_next_line":
         meta["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
-    lines = [f"# {spec['about']}; built by lmforge/evaluation/build_tasks.py (do not edit by hand)",
-             f"task: {name}", "dataset_path: json", "dataset_kwargs:", f"  data_files: {{test: {name}.jsonl}}",
-             "test_split: test", "output_type: multiple_choice", "doc_to_text: context", "doc_to_choice: choices",
-             "doc_to_target: label", "num_fewshot: 0", f"target_delimiter: {json.dumps(spec['target_delimiter'])}",
-             "metric_list:", "  - metric: acc", "  - metric: acc_norm", "metadata:"]
+    lines = [
+        f"# {spec['about']}; built by lmforge/evaluation/build_tasks.py (do not edit by hand)",
+        f"task: {name}",
+        "dataset_path: json",
+        "dataset_kwargs:",
+        f"  data_files: {{test: {name}.jsonl}}",
+        "test_split: test",
+        "output_type: multiple_choice",
+        "doc_to_text: context",
+        "doc_to_choice: choices",
+        "doc_to_target: label",
+        "num_fewshot: 0",
+        f"target_delimiter: {json.dumps(spec['target_delimiter'])}",
+        "metric_list:",
+        "  - metric: acc",
+        "  - metric: acc_norm",
+        "metadata:",
+    ]
     lines += [f"  {k}: {json.dumps(v)}" for k, v in meta.items()]
     return "\n".join(lines) + "\n"
 
@@ -165,8 +188,9 @@ def build(out_dir: Path = SHIPPED_DIR) -> List[Path]:
     written = []
     for name, spec in TASKS.items():
         docs = spec["build"]()
-        (out_dir / f"{name}.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs),
-                                               encoding="utf-8")
+        (out_dir / f"{name}.jsonl").write_text(
+            "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8"
+        )
         (out_dir / f"{name}.yaml").write_text(task_yaml(name), encoding="utf-8")
         written += [out_dir / f"{name}.yaml", out_dir / f"{name}.jsonl"]
     return written

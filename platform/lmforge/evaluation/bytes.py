@@ -8,6 +8,7 @@ for one byte) and tiktoken (each token's own bytes); for other tokenizers the UT
 alone (a token that is part of a multi-byte character counts its replacement character). Special tokens (the
 end-of-document token) are 0 bytes: they are in the loss but are no text.
 """
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 Used by the ``lm_eval`` adapter (``interop/lm_eval_model.py``) and by tests that score a finished run; the model
 is the same ``GPT`` the engines build, fed by ``checkpoint.weights.load_full_model_state``.
 """
+
 from __future__ import annotations
 
 import sys
@@ -41,18 +42,23 @@ def run_tokenizer(side: dict, ckpt: Path, override: Optional[str] = None) -> Tok
     spec = override or str(cfg.get("data", {}).get("tokenizer", "embedded"))
     if spec == "embedded":
         run_dir = ckpt.absolute().parents[1]  # <root>/<run>/checkpoints/step-N
-        caches = [default_cache_dir(DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir")),
-                                    cfg.get("run", {}).get("root", "runs")),
-                  run_dir.parent.parent / ".cache" / "lmforge-data"]
+        caches = [
+            default_cache_dir(
+                DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir")), cfg.get("run", {}).get("root", "runs")
+            ),
+            run_dir.parent.parent / ".cache" / "lmforge-data",
+        ]
         cache = next((c for c in caches if (c / "tokenizers").is_dir()), caches[0])
         tok = load_tokenizer(spec, cache)
     else:
         tok = load_tokenizer(spec)
     want = (side.get("tokenizer") or {}).get("fingerprint")
     if want and tok.fingerprint != want:
-        raise WeightsError(f"tokenizer {spec} (fingerprint {tok.fingerprint}) is not the one {ckpt} trained with "
-                           f"(fingerprint {want}). Fix: pass tokenizer=PATH/tokenizer.json of the run, or set "
-                           "LMFORGE_DATA_CACHE to the run's data cache")
+        raise WeightsError(
+            f"tokenizer {spec} (fingerprint {tok.fingerprint}) is not the one {ckpt} trained with "
+            f"(fingerprint {want}). Fix: pass tokenizer=PATH/tokenizer.json of the run, or set "
+            "LMFORGE_DATA_CACHE to the run's data cache"
+        )
     return tok
 
 
@@ -79,16 +85,21 @@ def untrained_like(loaded: LoadedModel, seed: int) -> LoadedModel:
     return LoadedModel(model.eval(), loaded.cfg, loaded.tokenizer, None)
 
 
-def score_checkpoint(path: Path, specs: List[str], limit: int = 0, batch_size: int = 16,
-                     control_seed: Optional[int] = None) -> dict:
+def score_checkpoint(
+    path: Path, specs: List[str], limit: int = 0, batch_size: int = 16, control_seed: Optional[int] = None
+) -> dict:
     """``eval/<task>/*`` of a checkpoint (and, with ``control_seed``, of the same shape freshly initialised)."""
     from lmforge.evaluation.runner import TaskRunner
     from lmforge.evaluation.tasks import load_tasks
 
     loaded = load_checkpoint(path)
-    runner = TaskRunner(load_tasks(specs), loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len,
-                        batch_size, limit)
-    out = {"checkpoint": str(loaded.checkpoint), "trained": runner.run_fn(loaded.token_logprobs, torch.device("cpu"))[0]}
+    runner = TaskRunner(
+        load_tasks(specs), loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len, batch_size, limit
+    )
+    out = {
+        "checkpoint": str(loaded.checkpoint),
+        "trained": runner.run_fn(loaded.token_logprobs, torch.device("cpu"))[0],
+    }
     if control_seed is not None:
         control = untrained_like(loaded, control_seed)
         out["untrained"] = runner.run_fn(control.token_logprobs, torch.device("cpu"))[0]
@@ -111,8 +122,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--control-seed", type=int, default=None, help="also score the same shape, initialised fresh")
     args = p.parse_args(argv)
     try:
-        result = score_checkpoint(Path(args.path), args.tasks.split(","), args.limit, args.batch_size,
-                                  args.control_seed)
+        result = score_checkpoint(
+            Path(args.path), args.tasks.split(","), args.limit, args.batch_size, args.control_seed
+        )
     except (ActionableError, WeightsError) as err:
         print(f"lmforge: {err}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 Built once at start-up (the tasks' requests are encoded once); ``run(engine)`` is called by the trainer on every
 evaluation step, on every rank (collectives: the engine's forwards; one all-reduce of the scores over dp).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -14,8 +15,15 @@ from lmforge.evaluation.tasks import Request, Task
 
 
 class TaskRunner:
-    def __init__(self, tasks: Sequence[Task], encode: Callable[[str], List[int]], eod: int, seq_len: int,
-                 batch_size: int, limit: int = 0):
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        encode: Callable[[str], List[int]],
+        eod: int,
+        seq_len: int,
+        batch_size: int,
+        limit: int = 0,
+    ):
         self.tasks = list(tasks)
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -23,10 +31,12 @@ class TaskRunner:
         self.requests: List[List[List[Request]]] = [t.all_requests(limit) for t in self.tasks]
         self.token_requests: List[List[TokenRequest]] = [
             [encode_pair(encode, eod, r.context, r.continuation) for doc in per_doc for r in doc]
-            for per_doc in self.requests]
+            for per_doc in self.requests
+        ]
 
-    def run_fn(self, logprob_fn: LogprobFn, device: torch.device,
-               dp: Optional[DataParallel] = None) -> Tuple[Dict[str, float], Dict[str, List[Dict[str, Any]]]]:
+    def run_fn(
+        self, logprob_fn: LogprobFn, device: torch.device, dp: Optional[DataParallel] = None
+    ) -> Tuple[Dict[str, float], Dict[str, List[Dict[str, Any]]]]:
         """``eval/<task>/<metric>`` for every task, and each task's per-document records."""
         metrics: Dict[str, float] = {}
         records: Dict[str, List[Dict[str, Any]]] = {}

@@ -10,6 +10,7 @@ layout. The log-likelihood is the sum over the continuation's tokens; ``greedy``
 GPT in one process) and, in a data-parallel job, the ``dp`` (rank, size, group): batch ``b`` is computed by
 data-parallel rank ``b % size`` and the results are summed over the group, so every rank returns all of them.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ def encode_pair(encode: Callable[[str], List[int]], eod: int, context: str, cont
         context = context[:-n_spaces]
     whole = encode(context + continuation)
     ctx = encode(context)
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 def rolling_requests(tokens: List[int], eod: int, seq_len: int) -> List[TokenRequest]:
@@ -50,7 +51,7 @@ def rolling_requests(tokens: List[int], eod: int, seq_len: int) -> List[TokenReq
     tokens just before them (the first given the end-of-document token), so every token is scored once."""
     out = []
     for start in range(0, len(tokens), seq_len):
-        out.append((([eod] + tokens[:start])[-seq_len:], tokens[start:start + seq_len]))
+        out.append((([eod] + tokens[:start])[-seq_len:], tokens[start : start + seq_len]))
     return out
 
 
@@ -58,15 +59,21 @@ def _row(request: TokenRequest, seq_len: int) -> Tuple[List[int], List[int], int
     ctx, cont = request
     if not cont:
         raise ValueError("a request with an empty continuation has no log-likelihood")
-    window = (list(ctx) + list(cont))[-(seq_len + 1):]
+    window = (list(ctx) + list(cont))[-(seq_len + 1) :]
     inp, tgt = window[:-1], window[1:]
     n_cont = min(len(cont), len(tgt))
     return inp, tgt, len(tgt) - n_cont, len(tgt)  # tokens, targets, first and end scored position
 
 
 @torch.no_grad()
-def score(requests: Sequence[TokenRequest], logprob_fn: LogprobFn, seq_len: int, batch_size: int,
-          device: torch.device, dp: Optional[DataParallel] = None) -> List[Tuple[float, bool]]:
+def score(
+    requests: Sequence[TokenRequest],
+    logprob_fn: LogprobFn,
+    seq_len: int,
+    batch_size: int,
+    device: torch.device,
+    dp: Optional[DataParallel] = None,
+) -> List[Tuple[float, bool]]:
     """(sum log-likelihood of the continuation, is it the greedy continuation) per request, in order."""
     rows = [_row(r, seq_len) for r in requests]
     n_batches = math.ceil(len(rows) / batch_size) if rows else 0
@@ -84,7 +91,7 @@ def score(requests: Sequence[TokenRequest], logprob_fn: LogprobFn, seq_len: int,
         ll = (logp.double() * mask).sum(1)
         is_greedy = (greedy | ~mask).all(1).double()
         if chunk:
-            results[chunk[0]:chunk[-1] + 1] = torch.stack([ll, is_greedy], 1)[:len(chunk)]
+            results[chunk[0] : chunk[-1] + 1] = torch.stack([ll, is_greedy], 1)[: len(chunk)]
     if size > 1:
         import torch.distributed as dist
 
@@ -93,8 +100,9 @@ def score(requests: Sequence[TokenRequest], logprob_fn: LogprobFn, seq_len: int,
 
 
 # ---- task metrics (lm-eval's definitions) -------------------------------------------------------------------
-def task_metrics(task: Task, per_doc: List[List[Request]], scores: List[Tuple[float, bool]],
-                 limit: int = 0) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+def task_metrics(
+    task: Task, per_doc: List[List[Request]], scores: List[Tuple[float, bool]], limit: int = 0
+) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
     """``acc``/``acc_norm`` (multiple_choice: argmax of the log-likelihoods, and of log-likelihood per character
     of the choice, as lm-eval's ``acc_norm``), or ``acc`` (greedy) for loglikelihood tasks; with the mean
     log-likelihood of the correct choice (``ll_gold``) and of the others (``ll_other``). Also each document's

@@ -21,6 +21,7 @@ context), so the in-loop numbers agree with ``lm_eval --model lmforge`` on the s
 what is scored and are not implemented here (``process_docs``, filters, ``!function`` tags, ...) are refused,
 never ignored. Every problem is a one-line ``ConfigError`` on ``eval.tasks`` naming the file.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,11 +40,33 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "tasks"
 KEY = "eval.tasks"
 OUTPUT_TYPES = ("multiple_choice", "loglikelihood")
 # Keys read here; keys lm-eval uses for reporting only are accepted and have no effect on scoring.
-READ_KEYS = {"task", "dataset_path", "dataset_kwargs", "test_split", "validation_split", "fewshot_split",
-             "output_type", "doc_to_text", "doc_to_choice", "doc_to_target", "num_fewshot", "target_delimiter",
-             "fewshot_delimiter", "description", "training_split"}
-REPORTING_KEYS = {"metric_list", "metadata", "tag", "group", "dataset_name", "should_decontaminate",
-                  "doc_to_decontamination_query", "fewshot_config"}
+READ_KEYS = {
+    "task",
+    "dataset_path",
+    "dataset_kwargs",
+    "test_split",
+    "validation_split",
+    "fewshot_split",
+    "output_type",
+    "doc_to_text",
+    "doc_to_choice",
+    "doc_to_target",
+    "num_fewshot",
+    "target_delimiter",
+    "fewshot_delimiter",
+    "description",
+    "training_split",
+}
+REPORTING_KEYS = {
+    "metric_list",
+    "metadata",
+    "tag",
+    "group",
+    "dataset_name",
+    "should_decontaminate",
+    "doc_to_decontamination_query",
+    "fewshot_config",
+}
 FEWSHOT_SEED = 1234  # lm-eval's default sampler seed
 
 
@@ -56,13 +79,19 @@ def resolve_task_path(spec: str) -> Path:
     path = Path(spec).expanduser()
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
-            raise _fail(spec, "no such task file", "give the path of an lm-eval task YAML, or a shipped task: "
-                        + ", ".join(shipped_task_names()))
+            raise _fail(
+                spec,
+                "no such task file",
+                "give the path of an lm-eval task YAML, or a shipped task: " + ", ".join(shipped_task_names()),
+            )
         return path
     shipped = SHIPPED_DIR / f"{spec}.yaml"
     if not shipped.is_file():
-        raise _fail(spec, "is neither a .yaml file nor a shipped task",
-                    f"use a task YAML path or one of: {', '.join(shipped_task_names())}")
+        raise _fail(
+            spec,
+            "is neither a .yaml file nor a shipped task",
+            f"use a task YAML path or one of: {', '.join(shipped_task_names())}",
+        )
     return shipped
 
 
@@ -136,8 +165,11 @@ class Task:
     def choices(self, doc: Dict[str, Any]) -> List[str]:
         value = apply_template(self.doc_to_choice, doc)
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            raise _fail(self.path, f"doc_to_choice gave {value!r} for a document, not a list of strings",
-                        "make doc_to_choice a field holding a list, or a Jinja template rendering one")
+            raise _fail(
+                self.path,
+                f"doc_to_choice gave {value!r} for a document, not a list of strings",
+                "make doc_to_choice a field holding a list, or a Jinja template rendering one",
+            )
         return value
 
     def target(self, doc: Dict[str, Any]) -> Union[int, str]:
@@ -151,8 +183,11 @@ class Task:
         target, choices = self.target(doc), self.choices(doc)
         index = target if isinstance(target, int) else (choices.index(target) if target in choices else -1)
         if not 0 <= index < len(choices):
-            raise _fail(self.path, f"doc_to_target gave {target!r}, not one of the {len(choices)} choices",
-                        "doc_to_target must be an index into doc_to_choice or one of its strings")
+            raise _fail(
+                self.path,
+                f"doc_to_target gave {target!r}, not one of the {len(choices)} choices",
+                "doc_to_target must be an index into doc_to_choice or one of its strings",
+            )
         return index
 
     def target_text(self, doc: Dict[str, Any]) -> str:
@@ -160,8 +195,11 @@ class Task:
             return self.choices(doc)[self.gold(doc)]
         target = self.target(doc)
         if not isinstance(target, (str, int)):
-            raise _fail(self.path, f"doc_to_target gave {target!r} for a document, not a target text",
-                        "make doc_to_target a field or template giving one string")
+            raise _fail(
+                self.path,
+                f"doc_to_target gave {target!r} for a document, not a target text",
+                "make doc_to_target a field or template giving one string",
+            )
         return str(target)
 
     # ---- lm-eval's request construction ------------------------------------------------------------------
@@ -193,8 +231,12 @@ class Task:
 # ---- reading a task file -----------------------------------------------------------------------------------
 def _read_jsonl(path: Path, where: Path) -> List[Dict[str, Any]]:
     if not path.is_file():
-        raise _fail(where, f"data file {path} does not exist", "point dataset_kwargs.data_files at local JSONL files "
-                    "(relative paths are read against the task file's directory)")
+        raise _fail(
+            where,
+            f"data file {path} does not exist",
+            "point dataset_kwargs.data_files at local JSONL files "
+            "(relative paths are read against the task file's directory)",
+        )
     docs = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -221,23 +263,35 @@ def load_task(spec: str) -> Task:
         reason = str(err).splitlines()[0]
         if "!function" in path.read_text(encoding="utf-8"):
             reason = "uses a '!function' tag (Python code in a task file)"
-        raise _fail(path, f"cannot be read as a plain YAML task ({reason})",
-                    "use Jinja templates or field names for doc_to_*; Python hooks are not run") from None
+        raise _fail(
+            path,
+            f"cannot be read as a plain YAML task ({reason})",
+            "use Jinja templates or field names for doc_to_*; Python hooks are not run",
+        ) from None
     if not isinstance(raw, dict):
         raise _fail(path, "is not a YAML mapping", "write an lm-eval task file (task:, dataset_path:, ...)")
     unknown = sorted(set(raw) - READ_KEYS - REPORTING_KEYS)
     if unknown:
-        raise _fail(path, f"uses keys lmforge does not implement: {', '.join(unknown)}",
-                    "remove them (they would change what is scored), or run the task with lm_eval --model lmforge")
+        raise _fail(
+            path,
+            f"uses keys lmforge does not implement: {', '.join(unknown)}",
+            "remove them (they would change what is scored), or run the task with lm_eval --model lmforge",
+        )
     for key in ("task", "dataset_path", "dataset_kwargs", "output_type", "doc_to_text", "doc_to_target"):
         if key not in raw:
             raise _fail(path, f"has no '{key}'", f"add '{key}:' (see docs/evaluation.md)")
     if raw["dataset_path"] != "json":
-        raise _fail(path, f"dataset_path '{raw['dataset_path']}' is not local", "use dataset_path: json with "
-                    "dataset_kwargs.data_files naming local JSONL files (no hub downloads)")
+        raise _fail(
+            path,
+            f"dataset_path '{raw['dataset_path']}' is not local",
+            "use dataset_path: json with dataset_kwargs.data_files naming local JSONL files (no hub downloads)",
+        )
     if raw["output_type"] not in OUTPUT_TYPES:
-        raise _fail(path, f"output_type '{raw['output_type']}' is not one of {', '.join(OUTPUT_TYPES)}",
-                    "score generation tasks with lm_eval --model lmforge")
+        raise _fail(
+            path,
+            f"output_type '{raw['output_type']}' is not one of {', '.join(OUTPUT_TYPES)}",
+            "score generation tasks with lm_eval --model lmforge",
+        )
     if raw["output_type"] == "multiple_choice" and "doc_to_choice" not in raw:
         raise _fail(path, "is multiple_choice but has no 'doc_to_choice'", "add doc_to_choice: the list of choices")
     files = (raw.get("dataset_kwargs") or {}).get("data_files")
@@ -262,23 +316,35 @@ def load_task(spec: str) -> Task:
     k = int(raw.get("num_fewshot") or 0)
     if k < 0:
         raise _fail(path, f"num_fewshot={k} is negative", "use 0 or more")
-    task = Task(name=str(raw["task"]), path=path, output_type=raw["output_type"], docs=docs,
-                fewshot_docs=docs if fewshot_split == split else data(fewshot_split), same_split=fewshot_split == split,
-                doc_to_text=raw["doc_to_text"], doc_to_target=raw["doc_to_target"],
-                doc_to_choice=raw.get("doc_to_choice"), num_fewshot=k,
-                target_delimiter=str(raw.get("target_delimiter", " ")),
-                fewshot_delimiter=str(raw.get("fewshot_delimiter", "\n\n")),
-                description=str(raw.get("description") or ""))
+    task = Task(
+        name=str(raw["task"]),
+        path=path,
+        output_type=raw["output_type"],
+        docs=docs,
+        fewshot_docs=docs if fewshot_split == split else data(fewshot_split),
+        same_split=fewshot_split == split,
+        doc_to_text=raw["doc_to_text"],
+        doc_to_target=raw["doc_to_target"],
+        doc_to_choice=raw.get("doc_to_choice"),
+        num_fewshot=k,
+        target_delimiter=str(raw.get("target_delimiter", " ")),
+        fewshot_delimiter=str(raw.get("fewshot_delimiter", "\n\n")),
+        description=str(raw.get("description") or ""),
+    )
     if k and len(task.fewshot_docs) < k + int(task.same_split):
-        raise _fail(path, f"num_fewshot={k} but the few-shot split has {len(task.fewshot_docs)} documents",
-                    "lower num_fewshot or add documents")
+        raise _fail(
+            path,
+            f"num_fewshot={k} but the few-shot split has {len(task.fewshot_docs)} documents",
+            "lower num_fewshot or add documents",
+        )
     from jinja2 import TemplateError
 
     try:
         task.all_requests()
     except TemplateError as err:
-        raise _fail(path, f"a doc_to_* template fails on a document ({err})",
-                    "use the documents' field names (Jinja {{field}})") from None
+        raise _fail(
+            path, f"a doc_to_* template fails on a document ({err})", "use the documents' field names (Jinja {{field}})"
+        ) from None
     return task
 
 

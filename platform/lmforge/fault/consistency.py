@@ -12,6 +12,7 @@ A mismatch names the ranks (with three or more replicas the minority; with two, 
 the two is right) and the tensors. The verdict is shared with every rank (one all-reduce over the world of a
 per-rank flag vector) so the whole job stops together.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -37,8 +38,7 @@ def bit_fingerprint(t: torch.Tensor) -> torch.Tensor:
     local = local_tensor(t)
     if local.dtype == torch.bool:
         local = local.to(torch.uint8)
-    bits = local.view(INT_OF_WIDTH[local.element_size()]) if local.is_floating_point() or local.is_complex() \
-        else local
+    bits = local.view(INT_OF_WIDTH[local.element_size()]) if local.is_floating_point() or local.is_complex() else local
     return bits.sum(dtype=torch.int64)
 
 
@@ -68,9 +68,12 @@ class Mismatch:
         here = [r for r in self.suspects if r in self.group]
         ranks = ", ".join(map(str, here))
         shown = ", ".join(self.tensors[:8]) + (f" and {len(self.tensors) - 8} more" if len(self.tensors) > 8 else "")
-        who = (f"ranks {ranks} disagree (no majority: any of them may be the corrupt one)"
-               if len(here) == len(self.group) else f"rank(s) {ranks} differ from the other replicas "
-               f"({', '.join(str(r) for r in self.group if r not in here)})")
+        who = (
+            f"ranks {ranks} disagree (no majority: any of them may be the corrupt one)"
+            if len(here) == len(self.group)
+            else f"rank(s) {ranks} differ from the other replicas "
+            f"({', '.join(str(r) for r in self.group if r not in here)})"
+        )
         return f"replicas {self.group} of the same shard: {who} on {len(self.tensors)} tensor(s): {shown}"
 
 
@@ -95,8 +98,15 @@ def disagreeing(rows: Sequence[Sequence[int]]) -> Tuple[List[int], List[int]]:
 class ReplicaCheck:
     """``check(step)`` every ``every`` steps: a collective over the replica group, then one over the world."""
 
-    def __init__(self, every: int, model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
-                 group, device: torch.device, start_step: int = 0):
+    def __init__(
+        self,
+        every: int,
+        model: nn.Module,
+        optimizer: Optional[torch.optim.Optimizer],
+        group,
+        device: torch.device,
+        start_step: int = 0,
+    ):
         self.every = every
         self.model = model
         self.optimizer = optimizer
@@ -111,7 +121,9 @@ class ReplicaCheck:
     def fingerprints(self) -> Tuple[List[str], torch.Tensor]:
         named = named_state(self.model, self.optimizer)
         sums = [bit_fingerprint(t).to(self.device) for _, t in named]
-        return [n for n, _ in named], torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=self.device)
+        return [n for n, _ in named], torch.stack(sums) if sums else torch.zeros(
+            0, dtype=torch.int64, device=self.device
+        )
 
     @torch.no_grad()
     def check(self, step: int) -> Optional[Mismatch]:
@@ -130,4 +142,3 @@ class ReplicaCheck:
         if positions:
             return Mismatch(step, suspects, list(self.group_ranks), [names[j] for j in columns])
         return Mismatch(step, suspects)
-

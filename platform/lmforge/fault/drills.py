@@ -14,6 +14,7 @@
 Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
 recovers from it (torchrun restart, Slurm requeue; ranks may be renumbered) trains on.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,9 +37,16 @@ class DrillCrash(RuntimeError):
 class Drills:
     """Called by the trainer around every step (``FaultHooks.before_step`` and ``after_step``)."""
 
-    def __init__(self, cfg: DrillConfig, rank: int, ledger: Path, on_event: Callable[..., None],
-                 pause_watchdog: Callable[[], None], stop_requested: Callable[[], bool],
-                 parameters: Callable[[], Iterable[Tuple[str, torch.Tensor]]]):
+    def __init__(
+        self,
+        cfg: DrillConfig,
+        rank: int,
+        ledger: Path,
+        on_event: Callable[..., None],
+        pause_watchdog: Callable[[], None],
+        stop_requested: Callable[[], bool],
+        parameters: Callable[[], Iterable[Tuple[str, torch.Tensor]]],
+    ):
         self.cfg = cfg
         self.parameters = parameters
         self.ledger = ledger
@@ -76,11 +84,16 @@ class Drills:
                     os._exit(128 + signal.SIGTERM)
                 time.sleep(0.05)
 
-        if cfg.bitflip_step and step == cfg.bitflip_step and self.rank == cfg.bitflip_rank \
-                and self._first_time("bitflip"):
+        if (
+            cfg.bitflip_step
+            and step == cfg.bitflip_step
+            and self.rank == cfg.bitflip_rank
+            and self._first_time("bitflip")
+        ):
             name = flip_bit(self.parameters(), cfg.bitflip_param, cfg.bitflip_bit)
-            self.on_event("drill", step, f"drill: rank {self.rank} flipped bit {cfg.bitflip_bit} of {name}[0] "
-                          f"after step {step}")
+            self.on_event(
+                "drill", step, f"drill: rank {self.rank} flipped bit {cfg.bitflip_bit} of {name}[0] after step {step}"
+            )
 
     def _claim_crash(self) -> bool:
         """True if the crash drill fires in this attempt (one ledger entry per firing, up to crash_times)."""

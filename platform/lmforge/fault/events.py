@@ -5,6 +5,7 @@ that is stuck. So a non-zero rank appends its event line to ``metrics.jsonl`` it
 write, which does not interleave with rank 0's lines). Every event is also printed to stderr, so it lands
 in the launcher's log (the Slurm ``.err`` file) even when the run directory is unreachable.
 """
+
 from __future__ import annotations
 
 import sys

@@ -13,6 +13,7 @@
 Under torchrun the worker's code is lost (the agent exits 1), so every worker ending in error also writes its
 verdict (lmforge.fault.verdict); lmforge.launch.agent exits with the deciding verdict's code.
 """
+
 from lmforge.fault.signals import REQUEUE_EXIT_CODE
 
 BAD_INPUT_EXIT_CODE = 2
@@ -22,5 +23,12 @@ DIVERGED_EXIT_CODE = 45
 REPEATED_CRASH_EXIT_CODE = 46
 CORRUPTED_EXIT_CODE = 47
 
-__all__ = ["BAD_INPUT_EXIT_CODE", "REQUEUE_EXIT_CODE", "WATCHDOG_EXIT_CODE", "ORPHAN_EXIT_CODE", "DIVERGED_EXIT_CODE",
-           "REPEATED_CRASH_EXIT_CODE", "CORRUPTED_EXIT_CODE"]
+__all__ = [
+    "BAD_INPUT_EXIT_CODE",
+    "REQUEUE_EXIT_CODE",
+    "WATCHDOG_EXIT_CODE",
+    "ORPHAN_EXIT_CODE",
+    "DIVERGED_EXIT_CODE",
+    "REPEATED_CRASH_EXIT_CODE",
+    "CORRUPTED_EXIT_CODE",
+]

@@ -13,6 +13,7 @@ The hooks never raise a fault verdict themselves: a verdict that ends training (
 is recorded in ``stop`` (the first one wins) and the trainer raises it. Drills are the exception by design: they
 inject real faults (SIGKILL, an exception, a hang) where the loop would meet them.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,17 @@ class Corrupted(FaultStop):
 
 
 class FaultHooks:
-    def __init__(self, cfg: RootConfig, paths: RunPaths, rank: int, device: torch.device,
-                 logger: Optional[MetricsLogger], preemption: PreemptionFlag, engine, start_step: int = 0):
+    def __init__(
+        self,
+        cfg: RootConfig,
+        paths: RunPaths,
+        rank: int,
+        device: torch.device,
+        logger: Optional[MetricsLogger],
+        preemption: PreemptionFlag,
+        engine,
+        start_step: int = 0,
+    ):
         self.cfg = cfg
         self.paths = paths
         self.engine = engine
@@ -75,17 +85,32 @@ class FaultHooks:
         self.device = device
         self.events = FaultEvents(paths.metrics, rank, logger, jsonl=cfg.logging.jsonl)
         fc = cfg.fault
-        self.watchdog = Watchdog(rank, fc.watchdog_timeout_s, paths.dumps, paths.heartbeats,
-                                 startup_s=fc.watchdog_startup_s, poll_s=fc.watchdog_poll_s,
-                                 orphan_check=fc.orphan_check and watched_by_launcher(), on_event=self.events.emit,
-                                 flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0,
-                                 exit=self._exit)
+        self.watchdog = Watchdog(
+            rank,
+            fc.watchdog_timeout_s,
+            paths.dumps,
+            paths.heartbeats,
+            startup_s=fc.watchdog_startup_s,
+            poll_s=fc.watchdog_poll_s,
+            orphan_check=fc.orphan_check and watched_by_launcher(),
+            on_event=self.events.emit,
+            flight_recorder=device.type == "cuda" and cfg.comm.flight_recorder_entries > 0,
+            exit=self._exit,
+        )
         self.stragglers = StragglerDetector(cfg.metrics.straggler_every, cfg.metrics.straggler_threshold, device)
         self.clock = ComputeClock(device) if cfg.metrics.straggler_every > 0 else None
-        self.loss_guard = LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
-        self.drills = Drills(fc.drill, rank, paths.root / "drills", self.events.emit, self.watchdog.pause,
-                             stop_requested=lambda: preemption.requested,
-                             parameters=lambda: engine.inner.named_parameters())
+        self.loss_guard = (
+            LossGuard(fc.spike_factor, fc.spike_window, fc.max_consecutive_skips) if fc.loss_guard else None
+        )
+        self.drills = Drills(
+            fc.drill,
+            rank,
+            paths.root / "drills",
+            self.events.emit,
+            self.watchdog.pause,
+            stop_requested=lambda: preemption.requested,
+            parameters=lambda: engine.inner.named_parameters(),
+        )
         self.replicas = self._replica_check(engine, start_step)
         self.last_straggler: dict = {}
         self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
@@ -94,9 +119,15 @@ class FaultHooks:
     def _exit(self, code: int) -> None:
         """The watchdog's exit: a hang leaves its (retryable) verdict first."""
         if code == WATCHDOG_EXIT_CODE:
-            record_exit(self.paths.root, VerdictKind.HANG, self.rank, self.watchdog.step,
-                        f"no heartbeat for {self.watchdog.allowance():.0f}s after step {self.watchdog.step} "
-                        f"(stacks in {self.paths.dumps})", code)
+            record_exit(
+                self.paths.root,
+                VerdictKind.HANG,
+                self.rank,
+                self.watchdog.step,
+                f"no heartbeat for {self.watchdog.allowance():.0f}s after step {self.watchdog.step} "
+                f"(stacks in {self.paths.dumps})",
+                code,
+            )
         os._exit(code)
 
     def _replica_check(self, engine, start_step: int) -> Optional[ReplicaCheck]:
@@ -107,11 +138,17 @@ class FaultHooks:
         group = engine.replica_group  # the ranks holding a replica of this shard; None: none (parallel/contract.py)
         if group is None:
             if self.rank == 0 and world_size() > 1:
-                why = ("parallelism.dp_replicate=1: no rank holds a replica of another's shard"
-                       if self.cfg.parallelism.engine == "native" else f"the {self.cfg.parallelism.engine} engine "
-                       "shards the optimizer state across data-parallel ranks")
-                print(f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
-                      "use dp_replicate >= 2 (HSDP) to have replicas checked", flush=True)
+                why = (
+                    "parallelism.dp_replicate=1: no rank holds a replica of another's shard"
+                    if self.cfg.parallelism.engine == "native"
+                    else f"the {self.cfg.parallelism.engine} engine "
+                    "shards the optimizer state across data-parallel ranks"
+                )
+                print(
+                    f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
+                    "use dp_replicate >= 2 (HSDP) to have replicas checked",
+                    flush=True,
+                )
             return None
         return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
 
@@ -123,8 +160,13 @@ class FaultHooks:
         restart, requeue = torchrun_restart_count(), slurm_restart_count()
         # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
         if restart or (requeue and self.rank == 0):
-            self.events.emit("restart", self.watchdog.step, f"torchrun restart {restart}, Slurm requeue {requeue}",
-                             torchrun_restart=restart, slurm_restart=requeue)
+            self.events.emit(
+                "restart",
+                self.watchdog.step,
+                f"torchrun restart {restart}, Slurm requeue {requeue}",
+                torchrun_restart=restart,
+                slurm_restart=requeue,
+            )
         return self
 
     def start_compute_clock(self) -> None:
@@ -172,13 +214,20 @@ class FaultHooks:
             if self.rank == 0:
                 mode = self.clock.mode if self.clock is not None else "wall step time"
                 for r in found["stragglers"]:
-                    self.events.emit("straggler", step, f"rank {r} is a straggler: mean compute time "
-                                     f"{found['times'][r]:.3f}s per step > {self.stragglers.threshold} x median "
-                                     f"{found['median']:.3f}s over the last {self.stragglers.every} steps (compute "
-                                     f"= loop top to {mode}; wall step time {found['wall_times'][r]:.3f}s)",
-                                     slow_rank=r, compute_time_s=found["times"][r], median_s=found["median"],
-                                     step_time_s=found["wall_times"][r], compute_times_s=found["times"],
-                                     step_times_s=found["wall_times"])
+                    self.events.emit(
+                        "straggler",
+                        step,
+                        f"rank {r} is a straggler: mean compute time "
+                        f"{found['times'][r]:.3f}s per step > {self.stragglers.threshold} x median "
+                        f"{found['median']:.3f}s over the last {self.stragglers.every} steps (compute "
+                        f"= loop top to {mode}; wall step time {found['wall_times'][r]:.3f}s)",
+                        slow_rank=r,
+                        compute_time_s=found["times"][r],
+                        median_s=found["median"],
+                        step_time_s=found["wall_times"][r],
+                        compute_times_s=found["times"],
+                        step_times_s=found["wall_times"],
+                    )
             self.last_straggler = found
         self.drills.after_step(step)
         if self.replicas is not None and self.replicas.due(step):
@@ -205,16 +254,18 @@ class FaultHooks:
                 continue
             if g.consecutive == 1:
                 self._hold_last_good(verdict.step)
-            self.events.emit("skipped_step", verdict.step, verdict.cause, skipped_total=g.skipped_total,
-                             consecutive=g.consecutive)
+            self.events.emit(
+                "skipped_step", verdict.step, verdict.cause, skipped_total=g.skipped_total, consecutive=g.consecutive
+            )
             if g.diverged:
                 self.stop = self.diverged(verdict.step)
                 return
 
     def _hold_last_good(self, step: int) -> None:
         """A skip streak starts: pin the newest checkpoint, so saves during the streak cannot retire it."""
-        self._held = pin_last_good(self.paths.checkpoints, f"loss guard: newest checkpoint before the skipped step "
-                                   f"{step}", unless_pinned=True)
+        self._held = pin_last_good(
+            self.paths.checkpoints, f"loss guard: newest checkpoint before the skipped step {step}", unless_pinned=True
+        )
 
     def _release_held(self) -> None:
         if self._held is not None:
@@ -225,14 +276,17 @@ class FaultHooks:
         """Too many skips in a row: pin the last checkpoint before the first one, record the event."""
         g = self.loss_guard
         first_bad = g.first_bad_step or step
-        ref = pin_last_good(self.paths.checkpoints, f"last checkpoint before divergence at step {first_bad}",
-                            at_or_before=first_bad - 1)
+        ref = pin_last_good(
+            self.paths.checkpoints, f"last checkpoint before divergence at step {first_bad}", at_or_before=first_bad - 1
+        )
         if ref is not None:
             where = f"resume from {ref} (pinned) with a lower optim.lr or a fixed data source"
         else:
             where = "no checkpoint precedes the divergence; restart with a lower optim.lr"
-        msg = (f"training diverged: {g.consecutive} skipped steps in a row since step {first_bad} "
-               f"(last cause: {g.last_cause}); {where}")
+        msg = (
+            f"training diverged: {g.consecutive} skipped steps in a row since step {first_bad} "
+            f"(last cause: {g.last_cause}); {where}"
+        )
         self.events.emit("diverged", step, msg, checkpoint=str(ref) if ref else None, first_bad_step=first_bad)
         return Diverged(msg)
 
@@ -242,24 +296,46 @@ class FaultHooks:
         A checkpoint taken after the last agreeing check may already hold the corrupt weights, so the reference
         is the newest one at or before that check (nothing new is saved)."""
         good = self.replicas.last_good_step
-        ref = pin_last_good(self.paths.checkpoints, f"last checkpoint before the replica mismatch found at step "
-                            f"{mismatch.step}", at_or_before=good)
+        ref = pin_last_good(
+            self.paths.checkpoints,
+            f"last checkpoint before the replica mismatch found at step {mismatch.step}",
+            at_or_before=good,
+        )
         if ref is not None:
-            where = (f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
-                     f"train.resume={ref}")
+            where = (
+                f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
+                f"train.resume={ref}"
+            )
         else:
             where = f"no checkpoint precedes step {good}; restart from scratch"
         ranks = ", ".join(map(str, mismatch.suspects))
         if mismatch.tensors and self.rank == min(r for r in mismatch.group if r in mismatch.suspects):
-            self.events.emit("replica_mismatch", mismatch.step, mismatch.describe(), ranks=mismatch.suspects,
-                             replicas=mismatch.group, tensors=mismatch.tensors, last_good_step=good)
-        msg = (f"silent data corruption: data-parallel replicas differ at step {mismatch.step} (last agreeing check "
-               f"at step {good}); suspect rank(s) {ranks}; check their GPUs/hosts and exclude them, then {where}")
+            self.events.emit(
+                "replica_mismatch",
+                mismatch.step,
+                mismatch.describe(),
+                ranks=mismatch.suspects,
+                replicas=mismatch.group,
+                tensors=mismatch.tensors,
+                last_good_step=good,
+            )
+        msg = (
+            f"silent data corruption: data-parallel replicas differ at step {mismatch.step} (last agreeing check "
+            f"at step {good}); suspect rank(s) {ranks}; check their GPUs/hosts and exclude them, then {where}"
+        )
         if self.rank == 0:  # one event in the metrics; every rank's log gets the line
-            self.events.emit("corrupted", mismatch.step, msg, ranks=mismatch.suspects,
-                             checkpoint=str(ref) if ref else None, last_good_step=good)
+            self.events.emit(
+                "corrupted",
+                mismatch.step,
+                msg,
+                ranks=mismatch.suspects,
+                checkpoint=str(ref) if ref else None,
+                last_good_step=good,
+            )
         else:
-            print(f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True)
+            print(
+                f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True
+            )
         return Corrupted(msg)
 
     def close(self) -> None:

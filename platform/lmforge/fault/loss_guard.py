@@ -17,6 +17,7 @@ reference to the newest checkpoint written *before* the first skipped step, whic
 
 ``guard(loss, grad_norm) -> bool`` is the same decision read at once (the DeepSpeed engine, tests).
 """
+
 from __future__ import annotations
 
 import math

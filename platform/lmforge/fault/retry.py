@@ -15,6 +15,7 @@ submitit jobs), recorded in ``<run>/requeues.json`` and as an event in the run's
 Preemptions do not use the failure budget: a job may be preempted any number of times (up to the safety
 limit) without losing its retries for real crashes.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from lmforge.fault.events import FaultEvents
 from lmforge.fault import verdict as verdicts
-from lmforge.fault.exitcodes import (BAD_INPUT_EXIT_CODE, CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, REPEATED_CRASH_EXIT_CODE,
-                                    REQUEUE_EXIT_CODE)
-from lmforge.runtime.rundir import RunPaths
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.exitcodes import (
+    BAD_INPUT_EXIT_CODE,
+    CORRUPTED_EXIT_CODE,
+    DIVERGED_EXIT_CODE,
+    REPEATED_CRASH_EXIT_CODE,
+    REQUEUE_EXIT_CODE,
+)
 from lmforge.runtime.env import slurm_job_id, slurm_restart_count
+from lmforge.runtime.rundir import RunPaths
 
 STATE_FILE = "requeues.json"
 
@@ -72,50 +78,85 @@ NEVER_RETRIED = {
 }
 
 
-def classify(run_dir: Path, exit_code: int, signalled: bool, state: dict, max_failures: int,
-             max_preemptions: int) -> Decision:
+def classify(
+    run_dir: Path, exit_code: int, signalled: bool, state: dict, max_failures: int, max_preemptions: int
+) -> Decision:
     if RunPaths(Path(run_dir)).done_marker.exists():
         return Decision("done", "done", "the run finished (DONE marker present)")
     verdict = verdicts.deciding(run_dir)
     if verdict is not None:
-        return Decision("stop", verdict.kind.value, f"{verdict.summary()}; not retried (a deterministic failure, "
-                        f"{verdicts.verdicts_dir(run_dir)})", verdict.exit_code)
+        return Decision(
+            "stop",
+            verdict.kind.value,
+            f"{verdict.summary()}; not retried (a deterministic failure, {verdicts.verdicts_dir(run_dir)})",
+            verdict.exit_code,
+        )
     if exit_code in NEVER_RETRIED:  # a plain srun worker's own code, when no verdict was written
         kind, why = NEVER_RETRIED[exit_code]
         return Decision("stop", kind, f"{why} (exit {exit_code}): not retried", exit_code)
     if signalled or exit_code in (0, REQUEUE_EXIT_CODE):
         if state["preemptions"] >= max_preemptions:
-            return Decision("stop", "budget", f"preempted {state['preemptions']} times, the limit is {max_preemptions}",
-                            exit_code or 1)
+            return Decision(
+                "stop",
+                "budget",
+                f"preempted {state['preemptions']} times, the limit is {max_preemptions}",
+                exit_code or 1,
+            )
         how = "signal received" if signalled else f"exit {exit_code} without DONE"
         return Decision("requeue", "preempted", f"preempted ({how}); resuming from the preemption checkpoint")
     if state["failures"] >= max_failures:
-        return Decision("stop", "budget", f"exit {exit_code}: retry budget exhausted "
-                        f"({state['failures']} of {max_failures} retries used)", exit_code or 1)
+        return Decision(
+            "stop",
+            "budget",
+            f"exit {exit_code}: retry budget exhausted ({state['failures']} of {max_failures} retries used)",
+            exit_code or 1,
+        )
     return Decision("requeue", "failure", f"exit {exit_code}: retry {state['failures'] + 1} of {max_failures}")
 
 
-def record(run_dir: Path, exit_code: int, signalled: bool, max_failures: int, max_preemptions: int = 100,
-           nodes: Optional[List[str]] = None, excluded: Optional[List[str]] = None) -> Decision:
+def record(
+    run_dir: Path,
+    exit_code: int,
+    signalled: bool,
+    max_failures: int,
+    max_preemptions: int = 100,
+    nodes: Optional[List[str]] = None,
+    excluded: Optional[List[str]] = None,
+) -> Decision:
     """Classify the end of one job run, update ``requeues.json`` and emit the matching event."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
     decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions)
     if decision.action == "requeue":
         state["preemptions" if decision.kind == "preempted" else "failures"] += 1
-    entry = {"time": time.time(), "job": slurm_job_id(),
-             "slurm_restart": slurm_restart_count(), "exit_code": exit_code,
-             "signalled": signalled, "action": decision.action, "kind": decision.kind, "reason": decision.reason,
-             "nodes": nodes or [], "excluded": excluded or [],
-             "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)]}
+    entry = {
+        "time": time.time(),
+        "job": slurm_job_id(),
+        "slurm_restart": slurm_restart_count(),
+        "exit_code": exit_code,
+        "signalled": signalled,
+        "action": decision.action,
+        "kind": decision.kind,
+        "reason": decision.reason,
+        "nodes": nodes or [],
+        "excluded": excluded or [],
+        "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
+    }
     state["history"].append(entry)
     _save_state(run_dir, state)
     if decision.action != "done":
         event = {"requeue": "requeue", "stop": "retry_stop"}[decision.action]
         step = last_step(run_dir)
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
-            event, step, decision.reason, exit_code=exit_code, decision=decision.kind, excluded=excluded or [],
-            failures=state["failures"], preemptions=state["preemptions"])
+            event,
+            step,
+            decision.reason,
+            exit_code=exit_code,
+            decision=decision.kind,
+            excluded=excluded or [],
+            failures=state["failures"],
+            preemptions=state["preemptions"],
+        )
     return decision
 
 

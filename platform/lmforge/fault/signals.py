@@ -5,6 +5,7 @@ trainer checks it after every step, writes a checkpoint and exits with ``REQUEUE
 launch script requeues the job. A second signal while the checkpoint is being written is recorded and
 otherwise ignored: the save is never interrupted half-way.
 """
+
 from __future__ import annotations
 
 import signal

@@ -21,6 +21,7 @@ first two steps of a launch (one-time set-up on every rank, DDP's bucket rebuild
 small all_gather every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank
 (metrics JSONL, W&B, and a console line on stderr) and the step's metrics get ``compute_time_max_over_median``.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -32,7 +33,6 @@ import torch.distributed as dist
 
 from lmforge.config.parallelism import ParallelismConfig
 from lmforge.runtime.dist import world_size
-
 
 # A rank is named only when its excess over the median is also at least this share of the median wall step
 # time: under FSDP/TP the window can be a few milliseconds, where scheduling noise alone doubles it.
@@ -152,7 +152,9 @@ class StragglerDetector:
         self._wall = 0.0
         self._n = 0
 
-    def observe(self, step: int, step_time_s: float, clock: Optional[ComputeClock] = None) -> Optional[Dict[str, object]]:
+    def observe(
+        self, step: int, step_time_s: float, clock: Optional[ComputeClock] = None
+    ) -> Optional[Dict[str, object]]:
         """Record one step; on gather steps return {'times', 'wall_times', 'stragglers', 'median'} where
         ``times`` are the ranks' mean compute times (``clock``; the wall step time without one)."""
         if self.every <= 0:
@@ -175,5 +177,9 @@ class StragglerDetector:
             pairs = [[compute, wall]]
         times, walls = [p[0] for p in pairs], [p[1] for p in pairs]
         floor = MIN_EXCESS_OF_STEP * statistics.median(walls)
-        return {"times": times, "wall_times": walls, "stragglers": find_stragglers(times, self.threshold, floor),
-                "median": statistics.median(times)}
+        return {
+            "times": times,
+            "wall_times": walls,
+            "stragglers": find_stragglers(times, self.threshold, floor),
+            "median": statistics.median(times),
+        }

@@ -18,6 +18,7 @@ Each launcher attempt starts clean: the launcher moves the previous attempt's ve
 ``verdicts/history.jsonl`` (:func:`archive`). Crash tracebacks are kept in ``<run>/crashes/`` for the
 whole run, because the repeated-crash rule compares a crash with the crashes of earlier attempts.
 """
+
 from __future__ import annotations
 
 import enum
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from lmforge.config.errors import ActionableError, ConfigError
-from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env import read, read_int, slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
@@ -56,8 +57,16 @@ class VerdictKind(str, enum.Enum):
         return self in DETERMINISTIC
 
 
-DETERMINISTIC = frozenset({VerdictKind.CONFIG_ERROR, VerdictKind.LAYOUT_ERROR, VerdictKind.DATA_ERROR,
-                           VerdictKind.DIVERGED, VerdictKind.REPEATED_CRASH, VerdictKind.CORRUPTED})
+DETERMINISTIC = frozenset(
+    {
+        VerdictKind.CONFIG_ERROR,
+        VerdictKind.LAYOUT_ERROR,
+        VerdictKind.DATA_ERROR,
+        VerdictKind.DIVERGED,
+        VerdictKind.REPEATED_CRASH,
+        VerdictKind.CORRUPTED,
+    }
+)
 
 
 @dataclass
@@ -213,18 +222,30 @@ def verdict_for(run_dir: Path, exc: BaseException, rank: int, step: int, started
     kind, code, message = found
     tracebacks: List[str] = []
     if kind is VerdictKind.CRASH:
-        text = (f"rank {rank} step {step} pid {os.getpid()} host {socket.gethostname()} "
-                f"torchrun restart {torchrun_restart_count()} slurm restart "
-                f"{slurm_restart_count()}\n" + "".join(traceback.format_exception(exc)))
+        text = (
+            f"rank {rank} step {step} pid {os.getpid()} host {socket.gethostname()} "
+            f"torchrun restart {torchrun_restart_count()} slurm restart "
+            f"{slurm_restart_count()}\n" + "".join(traceback.format_exception(exc))
+        )
         error = "".join(c for c in type(exc).__name__ if c.isalnum() or c == "_")
         path, earlier = record_crash(run_dir, rank, step, error, text, started)
         tracebacks = [str(p) for p in earlier[:1]] + [str(path)]
         if earlier:
             kind, code = VerdictKind.REPEATED_CRASH, REPEATED_CRASH_EXIT_CODE
-            message = (f"the crash at step {step} happened before, in an earlier attempt ({earlier[0].name}): not "
-                       f"retried; {message}; tracebacks: {', '.join(tracebacks)}")
-    v = Verdict(kind, rank, step, message, code, torchrun_restart=torchrun_restart_count(),
-                slurm_restart=slurm_restart_count(), tracebacks=tracebacks)
+            message = (
+                f"the crash at step {step} happened before, in an earlier attempt ({earlier[0].name}): not "
+                f"retried; {message}; tracebacks: {', '.join(tracebacks)}"
+            )
+    v = Verdict(
+        kind,
+        rank,
+        step,
+        message,
+        code,
+        torchrun_restart=torchrun_restart_count(),
+        slurm_restart=slurm_restart_count(),
+        tracebacks=tracebacks,
+    )
     write(run_dir, v)
     return v
 
@@ -237,9 +258,12 @@ class VerdictRecorder:
         self.run_dir = Path(run_dir)
         watched = read("LMFORGE_RUN_DIR")
         if watched and Path(watched).absolute() != self.run_dir.absolute():
-            print(f"lmforge: warning: the launcher reads verdicts in {watched} (LMFORGE_RUN_DIR) but this run writes "
-                  f"them to {self.run_dir}: a deterministic failure would be retried; launch without overriding "
-                  f"hydra.run.dir", flush=True)
+            print(
+                f"lmforge: warning: the launcher reads verdicts in {watched} (LMFORGE_RUN_DIR) but this run writes "
+                f"them to {self.run_dir}: a deterministic failure would be retried; launch without overriding "
+                f"hydra.run.dir",
+                flush=True,
+            )
         self.rank = env_rank() if rank is None else rank
         self.step: Callable[[], int] = lambda: 0
         self.started = time.time()
@@ -264,12 +288,31 @@ class VerdictRecorder:
 def record_exit(run_dir: Path, kind: VerdictKind, rank: int, step: int, message: str, exit_code: int) -> None:
     """For paths that leave with ``os._exit`` (the watchdog): write the verdict, never raise."""
     try:
-        write(run_dir, Verdict(kind, rank, step, message, exit_code,
-                               torchrun_restart=torchrun_restart_count(),
-                               slurm_restart=slurm_restart_count()))
+        write(
+            run_dir,
+            Verdict(
+                kind,
+                rank,
+                step,
+                message,
+                exit_code,
+                torchrun_restart=torchrun_restart_count(),
+                slurm_restart=slurm_restart_count(),
+            ),
+        )
     except OSError:
         pass
 
 
-__all__ = ["VerdictKind", "Verdict", "VerdictRecorder", "DETERMINISTIC", "write", "read_all", "deciding",
-           "archive", "verdict_for", "record_exit"]
+__all__ = [
+    "VerdictKind",
+    "Verdict",
+    "VerdictRecorder",
+    "DETERMINISTIC",
+    "write",
+    "read_all",
+    "deciding",
+    "archive",
+    "verdict_for",
+    "record_exit",
+]

@@ -13,6 +13,7 @@ A blocked collective releases the GIL, so the thread runs. As a backstop for cod
 Python watchdog should have fired. The thread also refreshes ``<run>/heartbeats/rank<r>.json`` (pid, host,
 step, time), which operators and tests use to find a rank's process.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -30,10 +31,20 @@ from lmforge.runtime.env import slurm_job_id, torchrun_restart_count
 
 
 class Watchdog:
-    def __init__(self, rank: int, timeout_s: float, dumps_dir: Path, heartbeat_dir: Optional[Path] = None,
-                 startup_s: float = 0.0, poll_s: float = 1.0, orphan_check: bool = True,
-                 on_event: Optional[Callable[..., None]] = None, flight_recorder: bool = False,
-                 backstop_s: float = 60.0, exit: Callable[[int], None] = os._exit):
+    def __init__(
+        self,
+        rank: int,
+        timeout_s: float,
+        dumps_dir: Path,
+        heartbeat_dir: Optional[Path] = None,
+        startup_s: float = 0.0,
+        poll_s: float = 1.0,
+        orphan_check: bool = True,
+        on_event: Optional[Callable[..., None]] = None,
+        flight_recorder: bool = False,
+        backstop_s: float = 60.0,
+        exit: Callable[[int], None] = os._exit,
+    ):
         self.rank = rank
         self.timeout_s = float(timeout_s)
         self.startup_s = float(startup_s)
@@ -112,16 +123,27 @@ class Watchdog:
             verdict = self.check()
             if verdict == "orphaned":
                 self.fired = verdict
-                self.on_event("orphaned", self.step, f"parent pid {self.parent_pid} is gone (now {os.getppid()}); "
-                              f"the launcher died, exiting instead of training on as an orphan")
+                self.on_event(
+                    "orphaned",
+                    self.step,
+                    f"parent pid {self.parent_pid} is gone (now {os.getppid()}); "
+                    f"the launcher died, exiting instead of training on as an orphan",
+                )
                 self._exit(ORPHAN_EXIT_CODE)
                 return
             if verdict == "watchdog":
                 self.fired = verdict
                 idle = time.monotonic() - self.last_beat
-                path = self.dump(f"no heartbeat for {idle:.1f}s (timeout {self.allowance():.0f}s) after step {self.step}")
-                self.on_event("watchdog", self.step, f"rank {self.rank} stuck for {idle:.1f}s after step {self.step} "
-                              f"(timeout {self.allowance():.0f}s); stacks in {path}", dump=str(path))
+                path = self.dump(
+                    f"no heartbeat for {idle:.1f}s (timeout {self.allowance():.0f}s) after step {self.step}"
+                )
+                self.on_event(
+                    "watchdog",
+                    self.step,
+                    f"rank {self.rank} stuck for {idle:.1f}s after step {self.step} "
+                    f"(timeout {self.allowance():.0f}s); stacks in {path}",
+                    dump=str(path),
+                )
                 self._exit(WATCHDOG_EXIT_CODE)
                 return
             now = time.monotonic()
@@ -135,9 +157,18 @@ class Watchdog:
         try:
             self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.heartbeat_dir / f".rank{self.rank}.json.tmp"
-            tmp.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                                       "step": self.step, "time": time.time(),
-                                       "restart": torchrun_restart_count()}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "rank": self.rank,
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "step": self.step,
+                        "time": time.time(),
+                        "restart": torchrun_restart_count(),
+                    }
+                )
+            )
             os.replace(tmp, self.heartbeat_dir / f"rank{self.rank}.json")
         except OSError:
             pass
@@ -149,8 +180,10 @@ class Watchdog:
         job = slurm_job_id() or "local"
         path = self.dumps_dir / f"watchdog-rank{self.rank}-step{self.step}-job{job}-attempt{attempt}.txt"
         with open(path, "w") as fh:
-            fh.write(f"lmforge watchdog: rank {self.rank} pid {os.getpid()} host {socket.gethostname()}\n"
-                     f"reason: {reason}\n\n")
+            fh.write(
+                f"lmforge watchdog: rank {self.rank} pid {os.getpid()} host {socket.gethostname()}\n"
+                f"reason: {reason}\n\n"
+            )
             fh.flush()
             faulthandler.dump_traceback(file=fh, all_threads=True)
         if self.flight_recorder:

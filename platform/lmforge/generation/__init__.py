@@ -6,6 +6,7 @@ sampled decoding of ragged batches, stop sequences (docs/evaluation.md, "Generat
 
 Above ``model/`` and below everything that trains: it needs a plain single-process GPT and nothing else.
 """
+
 from lmforge.generation.decode import generate
 from lmforge.generation.kv_cache import KVCache, kv_cache_bytes
 from lmforge.generation.sampling import GenerationError, Sampling

@@ -12,6 +12,7 @@ baseline of ``benchmarks/decode.py``.
 The model is lmforge's single-process ``GPT`` (``lmforge.interop.generate.load_for_generation`` builds it from a
 checkpoint of any layout). Prompt + ``max_new_tokens`` must fit ``model.seq_len`` (the RoPE tables it trained with).
 """
+
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
@@ -35,20 +36,32 @@ def _check(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
         if bad:
             raise GenerationError(f"prompt {i} has token ids outside [0, {cfg.vocab_size}): {bad[:5]}")
         if len(p) + max_new_tokens > cfg.seq_len:
-            raise GenerationError(f"prompt {i} ({len(p)} tokens) + max_new_tokens {max_new_tokens} exceeds the "
-                                  f"model's context (model.seq_len={cfg.seq_len}). Fix: shorten the prompt (keep "
-                                  f"its last tokens) or ask for fewer new tokens")
+            raise GenerationError(
+                f"prompt {i} ({len(p)} tokens) + max_new_tokens {max_new_tokens} exceeds the "
+                f"model's context (model.seq_len={cfg.seq_len}). Fix: shorten the prompt (keep "
+                f"its last tokens) or ask for fewer new tokens"
+            )
 
 
 def _ends_with(ids: List[int], stop: Sequence[Sequence[int]]) -> bool:
-    return any(len(s) > 0 and len(ids) >= len(s) and ids[-len(s):] == list(s) for s in stop)
+    return any(len(s) > 0 and len(ids) >= len(s) and ids[-len(s) :] == list(s) for s in stop)
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             temperature: float = 0.0, top_k: Optional[int] = None, top_p: Optional[float] = None, seed: int = 0,
-             eos_token_id: Optional[int] = None, stop: Sequence[Sequence[int]] = (),
-             stop_when: Optional[Callable[[List[int]], bool]] = None, use_cache: bool = True) -> List[List[int]]:
+def generate(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    seed: int = 0,
+    eos_token_id: Optional[int] = None,
+    stop: Sequence[Sequence[int]] = (),
+    stop_when: Optional[Callable[[List[int]], bool]] = None,
+    use_cache: bool = True,
+) -> List[List[int]]:
     """New token ids for each prompt (token id lists of any lengths). Greedy at ``temperature`` 0 (default)."""
     sampling = Sampling(temperature, top_k, top_p, seed)
     sampling.check()
@@ -60,8 +73,11 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_t
         return outs
 
     def finished(row: List[int]) -> bool:
-        return ((eos_token_id is not None and row[-1] == eos_token_id) or _ends_with(row, stop)
-                or (stop_when is not None and stop_when(row)))
+        return (
+            (eos_token_id is not None and row[-1] == eos_token_id)
+            or _ends_with(row, stop)
+            or (stop_when is not None and stop_when(row))
+        )
 
     if not use_cache:
         for i, prompt in enumerate(prompts):

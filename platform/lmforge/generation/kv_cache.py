@@ -15,6 +15,7 @@ Per forward, the decode loop calls ``begin(n_tokens, cos, sin)`` (the slots, pos
 shared by every layer), runs the model with ``kv_cache=cache`` (``DecoderStack.forward`` hands each layer its
 ``layer(name)``), then ``commit()``.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence
@@ -36,9 +37,16 @@ class KVCache:
     """K/V of every layer of ``cfg`` for ``batch`` rows of ``tokens`` slots (``pad[b]`` left-padding slots in
     row ``b``). ``device="meta"`` allocates nothing (sizes of big presets)."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, tokens: int, dtype: torch.dtype = torch.float32,
-                 device: Optional[torch.device | str] = None, pad: Optional[Sequence[int]] = None,
-                 layers: Optional[Sequence[str]] = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        tokens: int,
+        dtype: torch.dtype = torch.float32,
+        device: Optional[torch.device | str] = None,
+        pad: Optional[Sequence[int]] = None,
+        layers: Optional[Sequence[str]] = None,
+    ):
         head_dim = cfg.d_model // cfg.n_heads
         names = [str(i) for i in range(cfg.n_layers)] if layers is None else list(layers)
         shape = (batch, kv_heads(cfg), tokens, head_dim)

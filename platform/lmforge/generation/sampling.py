@@ -3,6 +3,7 @@
 Sampling draws from a ``torch.Generator`` seeded by the caller, so a seed reproduces a generation exactly (for
 the same batch: rows share the generator's stream).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

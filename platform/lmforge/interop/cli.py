@@ -1,5 +1,6 @@
 """``lmforge export hf ...``, ``lmforge import hf ...`` and ``lmforge generate ...`` (argument parsing and error
 reporting only)."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,15 @@ def export_main(argv: Sequence[str]) -> int:
     from lmforge.interop.mapping import InteropError
 
     try:
-        res = export_hf(args.source, args.out_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                        tokenizer=args.tokenizer, with_tokenizer=not args.no_tokenizer, force=args.force)
+        res = export_hf(
+            args.source,
+            args.out_dir,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            tokenizer=args.tokenizer,
+            with_tokenizer=not args.no_tokenizer,
+            force=args.force,
+        )
     except (InteropError, WeightsError, UnsafeCheckpointError, FileNotFoundError) as e:
         return _fail("export", e)
     print(f"exported {res.checkpoint} as {res.architecture} to {res.out_dir}: {', '.join(res.files)}")
@@ -57,8 +65,7 @@ def import_main(argv: Sequence[str]) -> int:
     from lmforge.interop.mapping import InteropError
 
     try:
-        res = import_hf(args.hf_dir, args.out, name=args.name, seq_len=args.seq_len, dtype=args.dtype,
-                        force=args.force)
+        res = import_hf(args.hf_dir, args.out, name=args.name, seq_len=args.seq_len, dtype=args.dtype, force=args.force)
     except (InteropError, ConfigError, FileNotFoundError) as e:
         return _fail("import", e)
     print(f"imported {args.hf_dir} -> {res.checkpoint}")
@@ -71,8 +78,11 @@ def import_main(argv: Sequence[str]) -> int:
 
 
 def generate_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="lmforge generate", description="Continue prompts with a checkpoint's model "
-                                "(KV-cached decoding on one process, the run's tokenizer).")
+    p = argparse.ArgumentParser(
+        prog="lmforge generate",
+        description="Continue prompts with a checkpoint's model "
+        "(KV-cached decoding on one process, the run's tokenizer).",
+    )
     p.add_argument("source", type=Path, help="run directory, its checkpoints/ or a checkpoints/step-NNNNNNNN dir")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -99,9 +109,17 @@ def generate_main(argv: Sequence[str]) -> int:
         def stop_when(row):
             return bool(args.stop) and any(s in tok.decode(row) for s in args.stop)
 
-        outs = generate(loaded.model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, seed=args.seed, eos_token_id=None if args.no_eos else tok.eod,
-                        stop_when=stop_when)
+        outs = generate(
+            loaded.model,
+            prompts,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            eos_token_id=None if args.no_eos else tok.eod,
+            stop_when=stop_when,
+        )
     except (GenerationError, InteropError, WeightsError, UnsafeCheckpointError, FileNotFoundError) as e:
         return _fail("generate", e)
     for i, (text, new) in enumerate(zip(args.prompt, outs)):
@@ -110,7 +128,7 @@ def generate_main(argv: Sequence[str]) -> int:
         continuation = tok.decode(new)
         for s in args.stop:  # cut right after the first stop text
             if s in continuation:
-                continuation = continuation[:continuation.index(s) + len(s)]
+                continuation = continuation[: continuation.index(s) + len(s)]
         if i:
             print("---")
         print(text + continuation, flush=True)

@@ -6,6 +6,7 @@
 
 The output directory is written under a temporary name and renamed into place when complete.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lmforge.checkpoint.weights import (checkpoint_model_config, load_full_model_state, read_sidecar,
-                                        resolve_checkpoint)
+from lmforge.checkpoint.weights import checkpoint_model_config, load_full_model_state, read_sidecar, resolve_checkpoint
 from lmforge.config.data import DataConfig
 from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_state
 from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
@@ -69,14 +69,18 @@ def _tokenizer_json(side: dict, override: Optional[Path], ckpt: Path) -> Optiona
     else:
         path = Path(spec).expanduser()
     if not path.is_file():
-        raise InteropError(f"the run's tokenizer (data.tokenizer={spec!r}) is not at {path}. Fix: pass "
-                           "--tokenizer PATH/tokenizer.json (the file the run trained with), set LMFORGE_DATA_CACHE "
-                           "to the run's data cache, or --no-tokenizer to export weights only")
+        raise InteropError(
+            f"the run's tokenizer (data.tokenizer={spec!r}) is not at {path}. Fix: pass "
+            "--tokenizer PATH/tokenizer.json (the file the run trained with), set LMFORGE_DATA_CACHE "
+            "to the run's data cache, or --no-tokenizer to export weights only"
+        )
     tok = load_tokenizer(str(path))
     want = identity.get("fingerprint")
     if want and tok.fingerprint != want:
-        raise InteropError(f"tokenizer {path} (fingerprint {tok.fingerprint}) is not the one the run trained with "
-                           f"(fingerprint {want} in state.json). Fix: pass --tokenizer with the run's tokenizer.json")
+        raise InteropError(
+            f"tokenizer {path} (fingerprint {tok.fingerprint}) is not the one the run trained with "
+            f"(fingerprint {want} in state.json). Fix: pass --tokenizer with the run's tokenizer.json"
+        )
     return path
 
 
@@ -84,14 +88,30 @@ def _write_tokenizer(src: Path, out: Path, eod_token: str, seq_len: int) -> None
     shutil.copyfile(src, out / "tokenizer.json")
     special = {"bos_token": eod_token, "eos_token": eod_token, "pad_token": eod_token}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_len,
-        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False, **special,
-    }, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": seq_len,
+                "clean_up_tokenization_spaces": False,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                **special,
+            },
+            indent=2,
+        )
+    )
 
 
-def export_hf(source: Path, out_dir: Path, dtype: str = "fp32", max_shard_size: str = "5GB",
-              tokenizer: Optional[Path] = None, with_tokenizer: bool = True, force: bool = False) -> ExportResult:
+def export_hf(
+    source: Path,
+    out_dir: Path,
+    dtype: str = "fp32",
+    max_shard_size: str = "5GB",
+    tokenizer: Optional[Path] = None,
+    with_tokenizer: bool = True,
+    force: bool = False,
+) -> ExportResult:
     if dtype not in DTYPES:
         raise InteropError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     max_bytes = parse_size(max_shard_size)
@@ -129,10 +149,18 @@ def export_hf(source: Path, out_dir: Path, dtype: str = "fp32", max_shard_size: 
             result.tokenizer = str(tok_path)
             result.files += ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
         elif with_tokenizer:
-            result.notes.append(f"tokenizer {identity.get('kind', '?')} is not a HF tokenizer: no tokenizer files "
-                                "written (use the matching HF tokenizer)")
-        info = {"checkpoint": str(ckpt), "step": side.get("step"), "architecture": fam.architecture,
-                "dtype": dtype, "model": asdict(cfg), "tokenizer": identity}
+            result.notes.append(
+                f"tokenizer {identity.get('kind', '?')} is not a HF tokenizer: no tokenizer files "
+                "written (use the matching HF tokenizer)"
+            )
+        info = {
+            "checkpoint": str(ckpt),
+            "step": side.get("step"),
+            "architecture": fam.architecture,
+            "dtype": dtype,
+            "model": asdict(cfg),
+            "tokenizer": identity,
+        }
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
         result.files.append(EXPORT_INFO)
         if out_dir.exists():

@@ -6,6 +6,7 @@ tokenizer, ready for ``lmforge.generation.generate``.
         --> GPT built on the meta device, tensors assigned, RoPE tables rebuilt on the device
     state.json's data.tokenizer (checked against the fingerprint the run recorded) --> Tokenizer
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ def load_model(source: Path, device: str = "cpu", dtype: torch.dtype = torch.flo
     """The consolidated model of the newest complete checkpoint under ``source``, in eval mode on ``device``."""
     source = Path(source).expanduser()
     if not source.exists():
-        raise WeightsError(f"{source} does not exist. Fix: pass a run directory (run.root/run.name), its "
-                           "checkpoints/ or a checkpoints/step-NNNNNNNN directory")
+        raise WeightsError(
+            f"{source} does not exist. Fix: pass a run directory (run.root/run.name), its "
+            "checkpoints/ or a checkpoints/step-NNNNNNNN directory"
+        )
     ckpt = resolve_checkpoint(source)
     cfg, state = load_full_model_state(ckpt, dtype)
     with torch.device("meta"):

@@ -12,6 +12,7 @@ Training then starts from the imported weights with a fresh optimizer and data p
 
 Only local directories and safetensors files are read (no hub, no pickles).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,13 @@ import shutil
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.model import ModelConfig
-from lmforge.interop.mapping import (InteropError, describe, expected_hf_tensors, from_hf_state,
-                                     model_config_from_hf)
+from lmforge.interop.mapping import InteropError, describe, expected_hf_tensors, from_hf_state, model_config_from_hf
 from lmforge.interop.safetensors_io import checkpoint_files, iter_tensors, tensor_shapes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -53,8 +53,10 @@ def _read_config(hf_dir: Path) -> dict:
     if not hf_dir.is_dir():
         hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", str(hf_dir)) is not None
         hint = " (it looks like a hub id: lmforge never downloads; fetch it yourself)" if hub_like else ""
-        raise InteropError(f"{hf_dir}: not a local directory{hint}. Fix: pass a local directory holding config.json "
-                           "and safetensors weights")
+        raise InteropError(
+            f"{hf_dir}: not a local directory{hint}. Fix: pass a local directory holding config.json "
+            "and safetensors weights"
+        )
     path = hf_dir / "config.json"
     if not path.is_file():
         raise InteropError(f"{hf_dir}: no config.json. Fix: point at a Hugging Face model directory")
@@ -77,9 +79,11 @@ def check_tensors(cfg: ModelConfig, files: List[Path]) -> List[str]:
         if tuple(found[name][0]) != expected[name]:
             problems.append(f"tensor {name} has shape {tuple(found[name][0])}, config.json implies {expected[name]}")
     if problems:
-        raise InteropError(f"the checkpoint does not match its config.json ({len(problems)} problem(s)): "
-                           f"{describe(problems)}. Fix: use a complete, unmodified Llama checkpoint whose config.json "
-                           "describes its tensors")
+        raise InteropError(
+            f"the checkpoint does not match its config.json ({len(problems)} problem(s)): "
+            f"{describe(problems)}. Fix: use a complete, unmodified Llama checkpoint whose config.json "
+            "describes its tensors"
+        )
     return sorted(set(expected) | ({"lm_head.weight"} if tied_head else set()))
 
 
@@ -90,8 +94,10 @@ def _load_model(cfg: ModelConfig, files: List[Path], names: List[str], dtype: to
     head = hf.pop("lm_head.weight") if cfg.tie_embeddings and "lm_head.weight" in hf else None
     state = {n: t.to(dtype) for n, t in from_hf_state(cfg, hf).items()}
     if head is not None and not torch.equal(head.to(dtype), state["tok_embeddings.weight"]):
-        raise InteropError("config.json says tie_word_embeddings=true but lm_head.weight differs from "
-                           "model.embed_tokens.weight. Fix: set tie_word_embeddings=false in config.json")
+        raise InteropError(
+            "config.json says tie_word_embeddings=true but lm_head.weight differs from "
+            "model.embed_tokens.weight. Fix: set tie_word_embeddings=false in config.json"
+        )
     with torch.device("meta"):
         model = GPT(cfg)
     model.load_state_dict(state, strict=True, assign=True)
@@ -125,10 +131,12 @@ def _exp_yaml(hf_dir: Path, cfg: ModelConfig, tokenizer: Optional[Path], init_fr
     body: dict = {"model": asdict(cfg), "train": {"init_from": str(init_from)}}
     if tokenizer is not None:
         body["data"] = {"tokenizer": str(tokenizer)}
-    head = ("# @package _global_\n"
-            f"# Written by `lmforge import hf {hf_dir}`: the model shape of that checkpoint, and its weights as the\n"
-            "# starting point (train.init_from; optimizer and data position start fresh). Use it with\n"
-            f"#   lmforge train --config-dir {init_from.parents[1] / 'conf'} +exp=NAME [overrides]\n")
+    head = (
+        "# @package _global_\n"
+        f"# Written by `lmforge import hf {hf_dir}`: the model shape of that checkpoint, and its weights as the\n"
+        "# starting point (train.init_from; optimizer and data position start fresh). Use it with\n"
+        f"#   lmforge train --config-dir {init_from.parents[1] / 'conf'} +exp=NAME [overrides]\n"
+    )
     return head + OmegaConf.to_yaml(OmegaConf.create(body))
 
 
@@ -136,8 +144,14 @@ def _exp_name(hf_dir: Path) -> str:
     return "hf_" + re.sub(r"[^A-Za-z0-9_]+", "_", hf_dir.resolve().name).strip("_").lower()
 
 
-def import_hf(hf_dir: Path, out_dir: Optional[Path] = None, name: Optional[str] = None, seq_len: Optional[int] = None,
-              dtype: str = "fp32", force: bool = False) -> ImportResult:
+def import_hf(
+    hf_dir: Path,
+    out_dir: Optional[Path] = None,
+    name: Optional[str] = None,
+    seq_len: Optional[int] = None,
+    dtype: str = "fp32",
+    force: bool = False,
+) -> ImportResult:
     from lmforge.checkpoint.manager import CheckpointManager
     from lmforge.config.schema import RootConfig
     from lmforge.config.validate import check_model
@@ -166,9 +180,13 @@ def import_hf(hf_dir: Path, out_dir: Optional[Path] = None, name: Optional[str] 
     if tok_path is not None:
         root.data.tokenizer = str(tok_path)
     manager = CheckpointManager(out_dir / "checkpoints", CheckpointConfig())
-    sidecar = {"config": config_dict(root), "tokenizer": identity, "world_size": 1, "data": None,
-               "imported_from": {"path": str(hf_dir.resolve()), "model_type": hf.get("model_type"),
-                                 "dtype": dtype}}
+    sidecar = {
+        "config": config_dict(root),
+        "tokenizer": identity,
+        "world_size": 1,
+        "data": None,
+        "imported_from": {"path": str(hf_dir.resolve()), "model_type": hf.get("model_type"), "dtype": dtype},
+    }
     with warnings.catch_warnings():  # DCP's "torch.distributed is disabled ... single process": intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         ckpt = manager.save(0, model, None, sidecar).path

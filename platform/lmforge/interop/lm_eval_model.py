@@ -11,6 +11,7 @@ run directory or ``checkpoints/step-N``, any layout), ``tokenizer`` (default: th
 Log-likelihoods are computed by ``lmforge.evaluation.scoring`` (the code the in-loop evaluation runs), so the
 adapter's numbers on a task equal the trainer's ``eval/<task>/*`` on the same checkpoint.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,15 @@ from lmforge.generation.decode import generate as decode
 
 @register_model("lmforge")
 class LmforgeLM(TemplateLM):
-    def __init__(self, path: str, tokenizer: Optional[str] = None, batch_size=16, device: str = "cpu",
-                 max_gen_toks: int = 64, **_ignored):  # lm-eval passes max_batch_size etc. to every model
+    def __init__(
+        self,
+        path: str,
+        tokenizer: Optional[str] = None,
+        batch_size=16,
+        device: str = "cpu",
+        max_gen_toks: int = 64,
+        **_ignored,
+    ):  # lm-eval passes max_batch_size etc. to every model
         super().__init__()
         self.loaded = load_checkpoint(path, tokenizer, device)
         self.tok = self.loaded.tokenizer
@@ -73,8 +81,12 @@ class LmforgeLM(TemplateLM):
         """The one decoding call: greedy with the KV cache (lmforge.generation), stopping after the end-of-document
         token; a context longer than fits with ``max_new_tokens`` in ``seq_len`` is cut from the left."""
         max_new_tokens = min(max_new_tokens, self.max_length - 1)
-        (out,) = decode(self.loaded.model, [prompt[-(self.max_length - max_new_tokens):]], max_new_tokens,
-                        eos_token_id=self.eot_token_id)
+        (out,) = decode(
+            self.loaded.model,
+            [prompt[-(self.max_length - max_new_tokens) :]],
+            max_new_tokens,
+            eos_token_id=self.eot_token_id,
+        )
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
@@ -90,7 +102,7 @@ class LmforgeLM(TemplateLM):
             text = self.tok.decode(ids)
             for stop in until:
                 if stop and stop in text:
-                    text = text[:text.index(stop)]
+                    text = text[: text.index(stop)]
             out.append(text)
         return out
 

@@ -18,6 +18,7 @@ Which HF class fits (docs/interop.md):
     gelu   / any                     none: export refuses (a plain GELU MLP with rotary, no biases and GQA
                                      has no exact HF class)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def family_for(cfg: ModelConfig) -> Family:
             f"model.mlp={cfg.mlp!r}: a plain (un-gated) GELU MLP has no exact Hugging Face equivalent among the "
             "rotary, bias-free, GQA-capable decoder classes (Llama and StableLM use a gated MLP; GPT-NeoX/Phi add "
             "biases, parallel residuals or lack GQA). Fix: export models trained with model.mlp=swiglu "
-            "(see docs/interop.md)")
+            "(see docs/interop.md)"
+        )
     if cfg.moe.experts:
         from lmforge.interop.moe_mapping import moe_family_for
 
@@ -76,8 +78,10 @@ def family_for(cfg: ModelConfig) -> Family:
     for fam in FAMILIES.values():
         if fam.norm == cfg.norm and fam.mlp == cfg.mlp:
             return fam
-    raise InteropError(f"model.norm={cfg.norm!r} with model.mlp={cfg.mlp!r} has no Hugging Face mapping. "
-                       "Fix: use rmsnorm (Llama) or layernorm (StableLM) with swiglu")
+    raise InteropError(
+        f"model.norm={cfg.norm!r} with model.mlp={cfg.mlp!r} has no Hugging Face mapping. "
+        "Fix: use rmsnorm (Llama) or layernorm (StableLM) with swiglu"
+    )
 
 
 def to_hf_name(name: str) -> str:
@@ -183,12 +187,20 @@ def hf_config(cfg: ModelConfig, dtype: str, eod: Optional[int]) -> Dict[str, Any
 
         out.update(moe_hf_config(cfg, fam))
     elif fam is LLAMA:
-        out.update({"head_dim": cfg.d_model // cfg.n_heads, "attention_bias": False, "mlp_bias": False,
-                    "pretraining_tp": 1})
+        out.update(
+            {"head_dim": cfg.d_model // cfg.n_heads, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
+        )
     else:
         rope["partial_rotary_factor"] = 1.0
-        out.update({"partial_rotary_factor": 1.0, "use_qkv_bias": False, "qk_layernorm": False,
-                    "use_parallel_residual": False, "hidden_dropout": 0.0})
+        out.update(
+            {
+                "partial_rotary_factor": 1.0,
+                "use_qkv_bias": False,
+                "qk_layernorm": False,
+                "use_parallel_residual": False,
+                "hidden_dropout": 0.0,
+            }
+        )
     return out
 
 
@@ -203,45 +215,89 @@ def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] =
 
     model_type = hf.get("model_type")
     known = {**FAMILIES, **MOE_FAMILIES}
-    _require(hf, "model_type", model_type in known, f"lmforge imports {', '.join(sorted(known))} checkpoints",
-             "convert the checkpoint to a Llama-architecture one first")
+    _require(
+        hf,
+        "model_type",
+        model_type in known,
+        f"lmforge imports {', '.join(sorted(known))} checkpoints",
+        "convert the checkpoint to a Llama-architecture one first",
+    )
     fam = known[model_type]
     moe_fields = moe_config_from_hf(hf, int(hf["num_hidden_layers"])) if model_type in MOE_FAMILIES else {}
-    _require(hf, "qkv_bias", not moe_qkv_bias(hf), "lmforge attention has no q/k/v biases",
-             "import a model with qkv_bias=false")
+    _require(
+        hf,
+        "qkv_bias",
+        not moe_qkv_bias(hf),
+        "lmforge attention has no q/k/v biases",
+        "import a model with qkv_bias=false",
+    )
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    _require(hf, "hidden_act", hf.get("hidden_act", "silu") == "silu", "lmforge's gated MLP uses SiLU (SwiGLU)",
-             "import a SwiGLU model")
+    _require(
+        hf,
+        "hidden_act",
+        hf.get("hidden_act", "silu") == "silu",
+        "lmforge's gated MLP uses SiLU (SwiGLU)",
+        "import a SwiGLU model",
+    )
     head_dim = hf.get("head_dim") or hidden // heads
-    _require(hf, "head_dim", head_dim * heads == hidden, "lmforge derives head_dim = hidden_size / num_attention_heads",
-             "import a model whose head_dim * num_attention_heads equals hidden_size")
+    _require(
+        hf,
+        "head_dim",
+        head_dim * heads == hidden,
+        "lmforge derives head_dim = hidden_size / num_attention_heads",
+        "import a model whose head_dim * num_attention_heads equals hidden_size",
+    )
     for key in ("attention_bias", "mlp_bias", "use_qkv_bias", "qk_layernorm", "use_parallel_residual"):
-        _require(hf, key, not hf.get(key, False), "lmforge blocks have no biases, q/k norms or parallel residuals",
-                 "import a model without them")
+        _require(
+            hf,
+            key,
+            not hf.get(key, False),
+            "lmforge blocks have no biases, q/k norms or parallel residuals",
+            "import a model without them",
+        )
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    _require(hf, "rope_parameters", rope_type == "default",
-             f"rope_type {rope_type!r} (scaled RoPE) is not implemented by lmforge", "import a model with plain RoPE")
-    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor",
-                                                        0.25 if fam is STABLELM else 1.0))
-    _require(hf, "partial_rotary_factor", float(partial) == 1.0, "lmforge rotates the whole head",
-             "import a model with full rotary embeddings")
+    _require(
+        hf,
+        "rope_parameters",
+        rope_type == "default",
+        f"rope_type {rope_type!r} (scaled RoPE) is not implemented by lmforge",
+        "import a model with plain RoPE",
+    )
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25 if fam is STABLELM else 1.0))
+    _require(
+        hf,
+        "partial_rotary_factor",
+        float(partial) == 1.0,
+        "lmforge rotates the whole head",
+        "import a model with full rotary embeddings",
+    )
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     kv = int(hf.get("num_key_value_heads") or heads)
     return ModelConfig(
-        name=name, vocab_size=int(hf["vocab_size"]), d_model=hidden, n_layers=int(hf["num_hidden_layers"]),
-        n_heads=heads, n_kv_heads=kv, d_ff=int(moe_fields.get("d_ff", hf["intermediate_size"])),
-        seq_len=int(seq_len or hf.get("max_position_embeddings", 2048)), mlp="swiglu", norm=fam.norm,
-        norm_eps=float(hf.get(fam.eps_key, 1e-5)), rope_theta=float(theta),
+        name=name,
+        vocab_size=int(hf["vocab_size"]),
+        d_model=hidden,
+        n_layers=int(hf["num_hidden_layers"]),
+        n_heads=heads,
+        n_kv_heads=kv,
+        d_ff=int(moe_fields.get("d_ff", hf["intermediate_size"])),
+        seq_len=int(seq_len or hf.get("max_position_embeddings", 2048)),
+        mlp="swiglu",
+        norm=fam.norm,
+        norm_eps=float(hf.get(fam.eps_key, 1e-5)),
+        rope_theta=float(theta),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        init_std=float(hf.get("initializer_range", 0.02)), **({"moe": moe_fields["moe"]} if moe_fields else {}),
+        init_std=float(hf.get("initializer_range", 0.02)),
+        **({"moe": moe_fields["moe"]} if moe_fields else {}),
     )
 
 
 def expected_hf_tensors(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
     """{HF name: shape} of every tensor the HF checkpoint of ``cfg`` holds (tied models have no lm_head)."""
-    from lmforge.model.gpt import GPT
     import torch
+
+    from lmforge.model.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)

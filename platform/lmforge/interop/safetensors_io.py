@@ -1,4 +1,5 @@
 """Read and write Hugging Face safetensors checkpoints: one file, or shards plus ``model.safetensors.index.json``."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,18 @@ from lmforge.interop.mapping import InteropError
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -69,16 +80,25 @@ def checkpoint_files(hf_dir: Path) -> List[Path]:
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (hf_dir / f).is_file()]
         if missing:
-            raise InteropError(f"{hf_dir / INDEX} names shard files that are not there: {', '.join(missing)}. "
-                               "Fix: copy the complete checkpoint")
+            raise InteropError(
+                f"{hf_dir / INDEX} names shard files that are not there: {', '.join(missing)}. "
+                "Fix: copy the complete checkpoint"
+            )
         return [hf_dir / f for f in files]
     if (hf_dir / SINGLE).is_file():
         return [hf_dir / SINGLE]
     pickled = [p.name for p in hf_dir.glob("*.bin")] + [p.name for p in hf_dir.glob("*.pt")]
-    hint = (f" It has {', '.join(sorted(pickled))}: pickled weights are not loaded (arbitrary code). Convert them "
-            "to safetensors in a trusted environment first") if pickled else ""
-    raise InteropError(f"{hf_dir}: no {SINGLE} or {INDEX}.{hint}. Fix: point at a local HF checkpoint directory "
-                       "saved with safetensors")
+    hint = (
+        (
+            f" It has {', '.join(sorted(pickled))}: pickled weights are not loaded (arbitrary code). Convert them "
+            "to safetensors in a trusted environment first"
+        )
+        if pickled
+        else ""
+    )
+    raise InteropError(
+        f"{hf_dir}: no {SINGLE} or {INDEX}.{hint}. Fix: point at a local HF checkpoint directory saved with safetensors"
+    )
 
 
 def tensor_shapes(files: List[Path]) -> Dict[str, Tuple[Tuple[int, ...], str, Path]]:

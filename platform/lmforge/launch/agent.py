@@ -22,6 +22,7 @@ until its timeout, and a 0 exit would read as success.
 ``<run>/torchelastic`` unless ``--log-dir`` is given (torchrun's default, a new ``/tmp/torchelastic_*`` per
 launch, was never removed: 414 of them after one day of this project's tests).
 """
+
 from __future__ import annotations
 
 import sys
@@ -47,8 +48,12 @@ def agent_class(run_dir: Path):
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self._remaining_restarts > 0:
                 verdict = deciding(run_dir)
                 if verdict is not None:
-                    print(f"lmforge agent: not restarting the worker group ({self._remaining_restarts} restarts "
-                          f"left): {verdict.summary()}", file=sys.stderr, flush=True)
+                    print(
+                        f"lmforge agent: not restarting the worker group ({self._remaining_restarts} restarts "
+                        f"left): {verdict.summary()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     self._remaining_restarts = 0
             return result
 
@@ -70,8 +75,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_dir = read(RUN_DIR_ENV, "")
     if not run_dir:
-        print(f"lmforge agent: ${RUN_DIR_ENV} is not set: the agent reads the workers' verdicts there. Fix: "
-              f"export {RUN_DIR_ENV}=<the run directory> (slurm/train.sh and lmforge launch do)", file=sys.stderr)
+        print(
+            f"lmforge agent: ${RUN_DIR_ENV} is not set: the agent reads the workers' verdicts there. Fix: "
+            f"export {RUN_DIR_ENV}=<the run directory> (slurm/train.sh and lmforge launch do)",
+            file=sys.stderr,
+        )
         return 2
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -7,6 +7,7 @@
 ``lmforge launch --slurm`` turns :func:`resources` into ``--gpus-per-node/--cpus-per-task/--exclusive``;
 slurm/train.sh's prepare step (``jobctl prepare``) runs the other two with the job's real environment.
 """
+
 from __future__ import annotations
 
 import re
@@ -69,9 +70,11 @@ def nodes_override(overrides: Sequence[str], env: Mapping[str, str]) -> Optional
     if given is None:
         return f"cluster.nodes={nnodes}"
     if given.strip() != str(nnodes):
-        raise ConfigError("cluster.nodes", f"is {given} on the command line but the job has {nnodes} nodes "
-                          "(SLURM_NNODES)", f"drop cluster.nodes={given} (the allocation's node count is used) or "
-                          f"submit with sbatch --nodes={given}")
+        raise ConfigError(
+            "cluster.nodes",
+            f"is {given} on the command line but the job has {nnodes} nodes (SLURM_NNODES)",
+            f"drop cluster.nodes={given} (the allocation's node count is used) or submit with sbatch --nodes={given}",
+        )
     return None
 
 
@@ -81,15 +84,24 @@ def check_allocation(cfg, env: Mapping[str, str]) -> None:
     gpus = env.get("SLURM_GPUS_ON_NODE", "").strip()
     wants = gpu_reason(cfg.train.device, c.name, c.device, env)
     if wants and gpus.isdigit() and int(gpus) < c.gpus_per_node:
-        raise ConfigError("cluster.gpus_per_node", f"is {c.gpus_per_node} but the allocation has {gpus} GPU(s) on "
-                          "this node (SLURM_GPUS_ON_NODE)", f"submit with --gpus-per-node={c.gpus_per_node} "
-                          f"(lmforge launch --slurm does) or set cluster.gpus_per_node={gpus}")
+        raise ConfigError(
+            "cluster.gpus_per_node",
+            f"is {c.gpus_per_node} but the allocation has {gpus} GPU(s) on this node (SLURM_GPUS_ON_NODE)",
+            f"submit with --gpus-per-node={c.gpus_per_node} "
+            f"(lmforge launch --slurm does) or set cluster.gpus_per_node={gpus}",
+        )
     cpus = (env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE") or "").strip()
     need = cpus_needed(cfg)
     if cpus.isdigit() and int(cpus) < need:
         source = "SLURM_CPUS_PER_TASK" if env.get("SLURM_CPUS_PER_TASK") else "SLURM_CPUS_ON_NODE"
         key = "cluster.cpus_per_task" if c.cpus_per_task > 0 else "cluster.gpus_per_node"
-        why = (f"cluster.cpus_per_task={need}" if c.cpus_per_task > 0
-               else f"{c.gpus_per_node} worker(s) x {max(1, cfg.train.threads)} thread(s)")
-        raise ConfigError(key, f"needs {need} CPU(s) per node ({why}) but the allocation has {cpus} ({source})",
-                          f"submit with --cpus-per-task={need} (lmforge launch --slurm does)")
+        why = (
+            f"cluster.cpus_per_task={need}"
+            if c.cpus_per_task > 0
+            else f"{c.gpus_per_node} worker(s) x {max(1, cfg.train.threads)} thread(s)"
+        )
+        raise ConfigError(
+            key,
+            f"needs {need} CPU(s) per node ({why}) but the allocation has {cpus} ({source})",
+            f"submit with --cpus-per-task={need} (lmforge launch --slurm does)",
+        )

@@ -1,10 +1,11 @@
 """``lmforge launch``: start training locally under torchrun, or submit it to Slurm.
 
-    lmforge launch --nproc 2 +exp=smoke parallelism=ddp       local torchrun, N processes (CPU or GPU)
-    lmforge launch --slurm --nodes 2 +exp=gpt_1b              sbatch slurm/train.sh +exp=gpt_1b
-    lmforge launch --slurm --submitit +exp=gpt_1b             the same, through submitit (sweeps, Python callers)
-    lmforge launch [--slurm] --dry-run ...                    print what would run / be submitted
+lmforge launch --nproc 2 +exp=smoke parallelism=ddp       local torchrun, N processes (CPU or GPU)
+lmforge launch --slurm --nodes 2 +exp=gpt_1b              sbatch slurm/train.sh +exp=gpt_1b
+lmforge launch --slurm --submitit +exp=gpt_1b             the same, through submitit (sweeps, Python callers)
+lmforge launch [--slurm] --dry-run ...                    print what would run / be submitted
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,13 +17,18 @@ from typing import Optional, Sequence
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmforge launch", description=__doc__.splitlines()[0],
-                                epilog="Everything not an option is a Hydra override passed to lmforge.train.")
+    p = argparse.ArgumentParser(
+        prog="lmforge launch",
+        description=__doc__.splitlines()[0],
+        epilog="Everything not an option is a Hydra override passed to lmforge.train.",
+    )
     p.add_argument("--nproc", type=int, default=None, help="local processes (default: cluster.gpus_per_node)")
     p.add_argument("--max-restarts", type=int, default=None, help="torchrun restarts (default: fault.max_restarts)")
     p.add_argument("--slurm", action="store_true", help="submit slurm/train.sh with sbatch instead of running here")
     p.add_argument("--nodes", type=int, default=None, help="Slurm nodes (default: cluster.nodes)")
-    p.add_argument("--time", type=int, default=None, help="Slurm time limit in minutes (default: cluster.time_limit_min)")
+    p.add_argument(
+        "--time", type=int, default=None, help="Slurm time limit in minutes (default: cluster.time_limit_min)"
+    )
     p.add_argument("--submitit", action="store_true", help="with --slurm: submit through submitit (Python API)")
     p.add_argument("--submitit-folder", default="runs/submitit", help="submitit's job folder")
     p.add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, repeatable")
@@ -58,21 +64,26 @@ def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         else:
             print(slurm.submit(launch))
         return 0
-    from lmforge.launch import local
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
+    from lmforge.launch import local
     from lmforge.trainer.entry_checks import entry_checks
 
     cfg = validate(compose(list(overrides)))
     entry_checks(cfg, epochs=False)  # a bad task file: one line here, not in every worker (epochs: the workers')
     nproc = args.nproc or cfg.cluster.gpus_per_node
-    launch = local.LocalLaunch(nproc=nproc, overrides=list(overrides),
-                               max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,
-                               run_id=local.new_run_id(), port=local.free_port())
+    launch = local.LocalLaunch(
+        nproc=nproc,
+        overrides=list(overrides),
+        max_restarts=cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts,
+        run_id=local.new_run_id(),
+        port=local.free_port(),
+    )
     if args.dry_run:  # the script line, then the torchrun line it runs (its own --dry-run)
         print(shlex.join(launch.command()[3:]), flush=True)
         return subprocess.run(launch.command(dry_run=True)).returncode
     return local.run(launch, cfg.cluster.max_requeues, local.run_dir_of(cfg, launch.run_id))
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

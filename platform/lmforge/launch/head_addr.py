@@ -9,6 +9,7 @@ loopback address that this host routes to its ``lo`` interface (inside a prefix 
 127.0.0.1/8 on an ordinary host), or ``::1``. A 127.x address that lives on a real interface (the test
 cluster's nodes: 127.100.x.y on each namespace's eth0, lo reduced to 127.0.0.1/32) is a distinct host and passes.
 """
+
 from __future__ import annotations
 
 import ipaddress

@@ -1,29 +1,30 @@
 """Job control for slurm/train.sh: the Python half of the batch script (one Hydra compose per call).
 
-    prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?; eval "$prep"
-        checks the job before any worker starts, with its real allocation, and exits 2 with one line on
-        stderr when it cannot run: cluster.nodes against SLURM_NNODES (which sets it when not given), the
-        device contract (lmforge.runtime.device_contract), the layout for world size = nodes x
-        gpus_per_node (mesh product, divisibility, batch arithmetic, memory fit), GPUs and CPUs the
-        allocation has against what the config needs (lmforge.launch.allocation); then prints ``export``
-        lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_MAX_REQUEUES,
-        LMFORGE_NODES_OVERRIDE (``cluster.nodes=N`` for train.sh to append to the overrides, or empty)
-        and the comm preset's environment; records a ``requeued`` event on a requeued run
-        (SLURM_RESTART_COUNT > 0); moves the previous attempt's verdicts to
-        history
-    python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
-        decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), excludes failed
-        nodes of this allocation from the next one, and requeues the job (``scontrol requeue``); prints the
-        decision: ``done``, ``requeue`` or ``stop <exit code>`` (the code the batch script exits with)
+prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?; eval "$prep"
+    checks the job before any worker starts, with its real allocation, and exits 2 with one line on
+    stderr when it cannot run: cluster.nodes against SLURM_NNODES (which sets it when not given), the
+    device contract (lmforge.runtime.device_contract), the layout for world size = nodes x
+    gpus_per_node (mesh product, divisibility, batch arithmetic, memory fit), GPUs and CPUs the
+    allocation has against what the config needs (lmforge.launch.allocation); then prints ``export``
+    lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_MAX_REQUEUES,
+    LMFORGE_NODES_OVERRIDE (``cluster.nodes=N`` for train.sh to append to the overrides, or empty)
+    and the comm preset's environment; records a ``requeued`` event on a requeued run
+    (SLURM_RESTART_COUNT > 0); moves the previous attempt's verdicts to
+    history
+python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
+    decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), excludes failed
+    nodes of this allocation from the next one, and requeues the job (``scontrol requeue``); prints the
+    decision: ``done``, ``requeue`` or ``stop <exit code>`` (the code the batch script exits with)
 """
+
 from __future__ import annotations
 
 import argparse
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
-import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
@@ -49,13 +50,15 @@ def run_dir_for(cfg) -> Path:
 def launch_env(cfg, run_dir: Optional[Path] = None) -> Dict[str, str]:
     """What the batch script (and launchers/common.sh's prepare) exports before torchrun."""
     env = {str(k): str(v) for k, v in cfg.comm.env.items()}
-    env.update({
-        "LMFORGE_RUN_DIR": str(run_dir_for(cfg) if run_dir is None else run_dir),
-        "LMFORGE_NPROC_PER_NODE": str(cfg.cluster.gpus_per_node),
-        "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts),
-        "LMFORGE_MAX_REQUEUES": str(cfg.cluster.max_requeues),
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    })
+    env.update(
+        {
+            "LMFORGE_RUN_DIR": str(run_dir_for(cfg) if run_dir is None else run_dir),
+            "LMFORGE_NPROC_PER_NODE": str(cfg.cluster.gpus_per_node),
+            "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts),
+            "LMFORGE_MAX_REQUEUES": str(cfg.cluster.max_requeues),
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
+    )
     if cfg.train.threads > 0:
         env["OMP_NUM_THREADS"] = str(cfg.train.threads)
     return env
@@ -95,8 +98,14 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     cfg = validate(composed, world_size=planned_world_size(composed))  # lmforge train's checks, this job's world
     c = cfg.cluster
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
-    check_device_contract(cfg.train.device, c.name, c.device, c.gpus_per_node, env=env,
-                          where=f"node {node} (job {env.get('SLURM_JOB_ID', '-')} prepare)")
+    check_device_contract(
+        cfg.train.device,
+        c.name,
+        c.device,
+        c.gpus_per_node,
+        env=env,
+        where=f"node {node} (job {env.get('SLURM_JOB_ID', '-')} prepare)",
+    )
     world = c.nodes * c.gpus_per_node
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
@@ -128,8 +137,12 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
 
         nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
-            "requeued", last_step(run_dir), f"job {slurm_job_id()} run {restart + 1} starts on "
-            f"{','.join(nodes)}", slurm_restart=restart, nodes=nodes)
+            "requeued",
+            last_step(run_dir),
+            f"job {slurm_job_id()} run {restart + 1} starts on {','.join(nodes)}",
+            slurm_restart=restart,
+            nodes=nodes,
+        )
     print_exports(env)
     return 0
 
@@ -146,7 +159,7 @@ def split_overrides(argv: Sequence[str]):
     if "--" not in argv:
         return argv, []
     i = argv.index("--")
-    return argv[:i], argv[i + 1:]
+    return argv[:i], argv[i + 1 :]
 
 
 def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
@@ -162,10 +175,16 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
         excluded = failed_nodes(nodes)
         total = read_int("SLURM_JOB_NUM_NODES", len(nodes))
         if excluded and len(excluded) < total + 1:
-            subprocess.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"],
-                           capture_output=True, text=True)
-    print(f"lmforge: {decision.action}: {decision.reason}"
-          + (f"; excluding {','.join(excluded)}" if excluded else ""), file=sys.stderr, flush=True)
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"],
+                capture_output=True,
+                text=True,
+            )
+    print(
+        f"lmforge: {decision.action}: {decision.reason}" + (f"; excluding {','.join(excluded)}" if excluded else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     print(f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action, flush=True)
     if decision.action == "requeue" and requeue and job:
         sys.stdout.flush()

@@ -24,6 +24,7 @@ All relaunches share one rendezvous id, hence one run directory (runs/torchrun-<
         ``export`` lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_RDZV_ID,
         LMFORGE_RDZV_PORT (a free port when not given), the comm preset's environment, OMP_NUM_THREADS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,23 @@ class LocalLaunch:
 
     def command(self, dry_run: bool = False) -> List[str]:
         """``launchers/torchrun_local.sh`` with every choice explicit, run by this Python."""
-        return ["env", f"LMFORGE_PYTHON={self.python}", "bash", str(launchers_dir() / "torchrun_local.sh"),
-                "--nproc", str(self.nproc), "--max-restarts", str(self.max_restarts), "--rdzv-id", self.run_id,
-                "--port", str(self.port), *(["--dry-run"] if dry_run else []), "--", *self.overrides]
+        return [
+            "env",
+            f"LMFORGE_PYTHON={self.python}",
+            "bash",
+            str(launchers_dir() / "torchrun_local.sh"),
+            "--nproc",
+            str(self.nproc),
+            "--max-restarts",
+            str(self.max_restarts),
+            "--rdzv-id",
+            self.run_id,
+            "--port",
+            str(self.port),
+            *(["--dry-run"] if dry_run else []),
+            "--",
+            *self.overrides,
+        ]
 
 
 def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
@@ -96,8 +111,11 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
             for s, h in old.items():
                 signal.signal(s, h)
         if stop["signal"]:
-            print(f"lmforge launch: stopped by {signal.Signals(stop['signal']).name}; resume with the same "
-                  f"run directory ({run_dir})", file=sys.stderr)
+            print(
+                f"lmforge launch: stopped by {signal.Signals(stop['signal']).name}; resume with the same "
+                f"run directory ({run_dir})",
+                file=sys.stderr,
+            )
             return rc or 0
         decision = record(run_dir, rc, False, max_requeues)
         if decision.action == "done":
@@ -131,10 +149,14 @@ def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         archive(run_dir)  # a new attempt: only its own verdicts decide it
         build_for(cfg)  # every megatron-core index, built before any rank waits in a collective
     env = launch_env(cfg, run_dir)
-    env.update({"LMFORGE_NPROC_PER_NODE": str(nproc), "LMFORGE_RDZV_ID": rdzv_id,
-                "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts if args.max_restarts is None
-                                            else args.max_restarts),
-                "LMFORGE_RDZV_PORT": str(args.port or free_port())})
+    env.update(
+        {
+            "LMFORGE_NPROC_PER_NODE": str(nproc),
+            "LMFORGE_RDZV_ID": rdzv_id,
+            "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts),
+            "LMFORGE_RDZV_PORT": str(args.port or free_port()),
+        }
+    )
     print_exports(env)
     return 0
 

@@ -8,6 +8,7 @@ Resources come from the ``cluster`` config (nodes, gpus_per_node, cpus_per_task,
 signal_lead_s, partition, account; lmforge.launch.allocation) and can be overridden by flags. The job's
 prepare step checks the allocation it got against the same config.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -40,8 +41,14 @@ class SlurmLaunch:
     exclusive: bool = False
 
     def sbatch_args(self) -> List[str]:
-        args = [f"--nodes={self.nodes}", "--ntasks-per-node=1", f"--time={self.time_min}",
-                f"--signal=B:USR1@{self.signal_lead_s}", "--requeue", "--open-mode=append"]
+        args = [
+            f"--nodes={self.nodes}",
+            "--ntasks-per-node=1",
+            f"--time={self.time_min}",
+            f"--signal=B:USR1@{self.signal_lead_s}",
+            "--requeue",
+            "--open-mode=append",
+        ]
         args += Resources(self.nodes, self.gpus_per_node, self.cpus_per_task, self.exclusive).sbatch_args()
         if self.partition:
             args.append(f"--partition={self.partition}")
@@ -53,8 +60,9 @@ class SlurmLaunch:
         return ["sbatch", *self.sbatch_args(), str(train_script()), *self.overrides]
 
 
-def plan(overrides: Sequence[str], nodes: Optional[int] = None, time_min: Optional[int] = None,
-         extra: Sequence[str] = ()) -> SlurmLaunch:
+def plan(
+    overrides: Sequence[str], nodes: Optional[int] = None, time_min: Optional[int] = None, extra: Sequence[str] = ()
+) -> SlurmLaunch:
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
     from lmforge.trainer.entry_checks import entry_checks
@@ -63,15 +71,26 @@ def plan(overrides: Sequence[str], nodes: Optional[int] = None, time_min: Option
     entry_checks(cfg, epochs=False)  # a bad task file is refused before sbatch (the epochs: the job's prepare step)
     c = cfg.cluster
     need = resources(cfg, nodes)  # the node count travels as --nodes only: the job's SLURM_NNODES sets cluster.nodes
-    return SlurmLaunch(list(overrides), need.nodes, need.gpus_per_node, time_min or c.time_limit_min,
-                       c.signal_lead_s, c.partition, c.account, list(extra), need.cpus_per_task, need.exclusive)
+    return SlurmLaunch(
+        list(overrides),
+        need.nodes,
+        need.gpus_per_node,
+        time_min or c.time_limit_min,
+        c.signal_lead_s,
+        c.partition,
+        c.account,
+        list(extra),
+        need.cpus_per_task,
+        need.exclusive,
+    )
 
 
 def dry_run_text(launch: SlurmLaunch) -> str:
     import shlex
 
-    return (f"# sbatch script: {train_script()}\n{train_script().read_text()}\n"
-            f"# command:\n{shlex.join(launch.command())}\n")
+    return (
+        f"# sbatch script: {train_script()}\n{train_script().read_text()}\n# command:\n{shlex.join(launch.command())}\n"
+    )
 
 
 def submit(launch: SlurmLaunch) -> str:
@@ -104,8 +123,13 @@ def submit_submitit(launch: SlurmLaunch, folder: Path) -> str:
     import submitit
 
     executor = submitit.SlurmExecutor(folder=str(folder))
-    params = dict(nodes=launch.nodes, ntasks_per_node=1, time=launch.time_min, use_srun=False,
-                  additional_parameters={"requeue": True, "signal": f"USR1@{launch.signal_lead_s}"})
+    params = dict(
+        nodes=launch.nodes,
+        ntasks_per_node=1,
+        time=launch.time_min,
+        use_srun=False,
+        additional_parameters={"requeue": True, "signal": f"USR1@{launch.signal_lead_s}"},
+    )
     if launch.partition:
         params["partition"] = launch.partition
     if launch.account:

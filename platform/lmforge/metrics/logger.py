@@ -1,4 +1,5 @@
 """Fan records out to the configured sinks. Non-zero ranks get a logger with no sinks."""
+
 from __future__ import annotations
 
 from typing import List, Optional
@@ -18,8 +19,14 @@ class MetricsLogger:
 
     def event(self, event: str, step: int, rank: Optional[int] = None, **fields) -> None:
         """A fault or lifecycle event (restart, requeue, skipped step, straggler, watchdog, ...)."""
-        record = {"time": now(), "kind": "event", "event": event, "step": step,
-                  "rank": self.rank if rank is None else rank, **fields}
+        record = {
+            "time": now(),
+            "kind": "event",
+            "event": event,
+            "step": step,
+            "rank": self.rank if rank is None else rank,
+            **fields,
+        }
         for sink in self.sinks:
             sink.event(record)
 

@@ -17,6 +17,7 @@ not counted) and the peak comes from ``lmforge.runtime.hardware.peak_tflops``. A
 FLOPs per token (document masking: attention within documents only, ``document_flops_per_token`` of this
 rank's batches); the interval then uses the mean of the steps' values.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Where metrics go. Each sink gets the same record dicts; only rank 0 creates sinks (see ``MetricsLogger``)."""
+
 from __future__ import annotations
 
 import json
@@ -46,12 +47,18 @@ class JsonlSink:
 
 def _fmt(record: dict) -> str:
     parts = [f"step {record.get('step', '?')}"]
-    for key, label, spec in (("loss", "loss", ".4f"), ("lr", "lr", ".2e"), ("grad_norm", "gnorm", ".3f"),
-                             ("tokens_per_s", "tok/s", ",.0f"), ("mfu", "mfu", ".1%"),
-                             ("step_time_s", "step", ".3fs"),
-                             # MoE runs (model/moe.py): router aux loss, the most loaded expert vs the mean, drops
-                             ("moe/aux_loss", "moe aux", ".3f"), ("moe/load_max_over_mean", "load max/mean", ".2f"),
-                             ("moe/dropped", "dropped", ".2%")):
+    for key, label, spec in (
+        ("loss", "loss", ".4f"),
+        ("lr", "lr", ".2e"),
+        ("grad_norm", "gnorm", ".3f"),
+        ("tokens_per_s", "tok/s", ",.0f"),
+        ("mfu", "mfu", ".1%"),
+        ("step_time_s", "step", ".3fs"),
+        # MoE runs (model/moe.py): router aux loss, the most loaded expert vs the mean, drops
+        ("moe/aux_loss", "moe aux", ".3f"),
+        ("moe/load_max_over_mean", "load max/mean", ".2f"),
+        ("moe/dropped", "dropped", ".2%"),
+    ):
         if key in record:
             value = record[key]
             parts.append(f"{label} {format(value, spec[:-1]) + 's' if spec.endswith('s') else format(value, spec)}")
@@ -70,8 +77,12 @@ class PlainConsoleSink:
             print(_fmt(record), file=self.stream, flush=True)
 
     def event(self, record: dict) -> None:
-        print(f"[event] {record.get('event')} step={record.get('step')} rank={record.get('rank')} "
-              f"{record.get('cause', '')}", file=self.stream, flush=True)
+        print(
+            f"[event] {record.get('event')} step={record.get('step')} rank={record.get('rank')} "
+            f"{record.get('cause', '')}",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         pass
@@ -83,8 +94,14 @@ class RichConsoleSink:
     def __init__(self, total_steps: int, start_step: int = 0):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[info]}"), refresh_per_second=4)
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            refresh_per_second=4,
+        )
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, info="")
         self.progress.start()
 
@@ -93,13 +110,16 @@ class RichConsoleSink:
             vals = " ".join(f"{k}={v:.3f}" for k, v in record.items() if k.startswith("val/"))
             self.progress.console.print(f"eval step {record['step']}: {vals}")
             return
-        info = f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | " \
-               f"MFU {record.get('mfu', 0):.1%}"
+        info = (
+            f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | "
+            f"MFU {record.get('mfu', 0):.1%}"
+        )
         self.progress.update(self.task, completed=record.get("step", 0), info=info)
 
     def event(self, record: dict) -> None:
-        self.progress.console.print(f"[yellow]event[/] {record.get('event')} step={record.get('step')} "
-                                    f"{record.get('cause', '')}")
+        self.progress.console.print(
+            f"[yellow]event[/] {record.get('event')} step={record.get('step')} {record.get('cause', '')}"
+        )
 
     def close(self) -> None:
         self.progress.stop()

@@ -13,6 +13,7 @@
 - ``tokens_seen`` and ``flops_seen`` are defined as x-axes: train and eval series step on ``tokens_seen``
   by default; ``flops_seen`` is logged in the same rows for scaling-law plots (loss vs compute).
 """
+
 from __future__ import annotations
 
 import netrc
@@ -58,8 +59,9 @@ def server_reachable(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[b
         return False, f"{where} ({type(reason).__name__}: {str(reason)[:160]})"
 
 
-def resolve_mode(requested: str, env: Optional[Mapping[str, str]] = None,
-                 timeout: float = PROBE_TIMEOUT_S) -> Tuple[str, Optional[str]]:
+def resolve_mode(
+    requested: str, env: Optional[Mapping[str, str]] = None, timeout: float = PROBE_TIMEOUT_S
+) -> Tuple[str, Optional[str]]:
     """The mode to use and, if it differs from the request, the one warning to print."""
     env = environment() if env is None else env
     if requested != "online":
@@ -67,12 +69,16 @@ def resolve_mode(requested: str, env: Optional[Mapping[str, str]] = None,
     base_url = env.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
     host = urlparse(base_url).hostname or "api.wandb.ai"
     if not api_key_present(env, host):
-        return "offline", (f"logging.wandb.mode=online but no W&B API key (WANDB_API_KEY or ~/.netrc for {host}); "
-                           f"logging offline instead. Sync later with `wandb sync <run dir>/wandb/offline-run-*`")
+        return "offline", (
+            f"logging.wandb.mode=online but no W&B API key (WANDB_API_KEY or ~/.netrc for {host}); "
+            f"logging offline instead. Sync later with `wandb sync <run dir>/wandb/offline-run-*`"
+        )
     ok, where = server_reachable(base_url, timeout)
     if not ok:
-        return "offline", (f"logging.wandb.mode=online but the W&B server {where} is unreachable; logging offline "
-                           f"instead. Sync later with `wandb sync <run dir>/wandb/offline-run-*`")
+        return "offline", (
+            f"logging.wandb.mode=online but the W&B server {where} is unreachable; logging offline "
+            f"instead. Sync later with `wandb sync <run dir>/wandb/offline-run-*`"
+        )
     return "online", None
 
 
@@ -86,8 +92,16 @@ class WandbSink:
     """``wandb_dir`` is the run directory's ``wandb/`` folder (``RunPaths.wandb``); runs land in
     ``wandb/offline-run-*`` or ``wandb/run-*`` (wandb.init(dir=) appends the ``wandb`` itself)."""
 
-    def __init__(self, cfg: WandbConfig, wandb_dir: Path, config: dict, run_id: Optional[str] = None,
-                 group: Optional[str] = None, mode: Optional[str] = None, warn=None):
+    def __init__(
+        self,
+        cfg: WandbConfig,
+        wandb_dir: Path,
+        config: dict,
+        run_id: Optional[str] = None,
+        group: Optional[str] = None,
+        mode: Optional[str] = None,
+        warn=None,
+    ):
         import wandb
 
         self.requested = cfg.mode
@@ -100,12 +114,29 @@ class WandbSink:
         self._last_step = 0
         self._event_counts: dict = {}
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        settings = wandb.Settings(console="off", save_code=False, disable_code=True, disable_git=True,
-                                  x_disable_meta=True, x_save_requirements=False, x_disable_stats=True,
-                                  init_timeout=60.0, silent=True)
-        kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group or group, tags=list(cfg.tags) or None,
-                      name=cfg.name, id=self.run_id, resume="allow", dir=str(wandb_dir.parent), config=redact(config),
-                      settings=settings)
+        settings = wandb.Settings(
+            console="off",
+            save_code=False,
+            disable_code=True,
+            disable_git=True,
+            x_disable_meta=True,
+            x_save_requirements=False,
+            x_disable_stats=True,
+            init_timeout=60.0,
+            silent=True,
+        )
+        kwargs = dict(
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group or group,
+            tags=list(cfg.tags) or None,
+            name=cfg.name,
+            id=self.run_id,
+            resume="allow",
+            dir=str(wandb_dir.parent),
+            config=redact(config),
+            settings=settings,
+        )
         try:
             self.run = wandb.init(mode=mode, **kwargs)
         except Exception as e:  # noqa: BLE001 - e.g. online init failing after the probe succeeded
@@ -137,8 +168,11 @@ class WandbSink:
         name = str(record.get("event", ""))
         self._last_step = max(self._last_step, int(record.get("step", 0)))  # never step backwards
         if name.startswith("checkpoint"):
-            row = {f"checkpoint/{k}": v for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time", "rank")}
+            row = {
+                f"checkpoint/{k}": v
+                for k, v in record.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time", "rank")
+            }
             if row:
                 self.run.log(row, step=self._last_step)
             return
@@ -165,8 +199,9 @@ def _warn(message: str) -> None:
     print(f"lmforge: warning: {message}", file=sys.stderr, flush=True)
 
 
-def make_wandb_sink(cfg: WandbConfig, wandb_dir: Path, config: dict, run_id: Optional[str],
-                    group: Optional[str] = None) -> Optional[WandbSink]:
+def make_wandb_sink(
+    cfg: WandbConfig, wandb_dir: Path, config: dict, run_id: Optional[str], group: Optional[str] = None
+) -> Optional[WandbSink]:
     """A sink for ``cfg.mode`` (None when disabled). Call on rank 0 only."""
     if cfg.mode == "disabled":
         return None

@@ -7,6 +7,7 @@ into one pass each with an ``exp`` where the decomposed GELU needs a ``tanh``. O
 (AVX2, fp32) the compiled FFN forward + backward at bench_small took 0.92x the time of the compiled
 ``F.gelu`` (docs/step-speed.md, session 29); on GPU it is unmeasured (a fused elementwise pass either way).
 """
+
 from __future__ import annotations
 
 import math

@@ -26,6 +26,7 @@ carried, and the [B, 1, T, T] mask is built once per forward, on the device, nev
   documents' own squares are computed. ``max_seqlen`` is the row length T, an upper bound of every document's
   length that needs no device-to-host copy; the starts (``nonzero``) take one per forward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,21 +83,42 @@ def unpack_batch(x: torch.Tensor, bsz: int) -> torch.Tensor:
     return x.unflatten(0, (bsz, x.shape[0] // bsz))
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, n_rep: int,
-                     kernel=None) -> torch.Tensor:
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, n_rep: int, kernel=None
+) -> torch.Tensor:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] (rotated) -> [B, T, Hq * D]: causal attention within each document
     of the packed stream. ``kernel``: ``varlen_attn``'s signature (default torch's; the CPU test passes an SDPA
     loop over the same ``cu_seqlens``)."""
     if kernel is None:
         from torch.nn.attention.varlen import varlen_attn as kernel
     bsz, seqlen = q.shape[:2]
-    out = kernel(pack_batch(q), pack_batch(k), pack_batch(v), cu_seqlens, cu_seqlens, seqlen, seqlen,
-                 window_size=(-1, 0), enable_gqa=n_rep > 1)
+    out = kernel(
+        pack_batch(q),
+        pack_batch(k),
+        pack_batch(v),
+        cu_seqlens,
+        cu_seqlens,
+        seqlen,
+        seqlen,
+        window_size=(-1, 0),
+        enable_gqa=n_rep > 1,
+    )
     return unpack_batch(out, bsz).flatten(2)
 
 
-def segment_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                 max_q: int, max_k: int, *, window_size=(-1, 0), enable_gqa: bool = False, **_) -> torch.Tensor:
+def segment_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    window_size=(-1, 0),
+    enable_gqa: bool = False,
+    **_,
+) -> torch.Tensor:
     """``varlen_attn``'s contract (as :func:`varlen_attention` calls it) on any device: causal SDPA on each
     segment ``[cu[i], cu[i+1])`` of the packed [total, H, D] stream, on its own. The exact stand-in of torch's
     CUDA-only kernel for the layout around it (tests/unit/test_document_mask.py, gpu_check's dry run)."""
@@ -104,11 +126,18 @@ def segment_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.
         raise ValueError("segment_sdpa: one int32 cu_seqlens for queries and keys, causal window (-1, 0)")
     bounds = cu_q.tolist()
     if bounds[0] != 0 or bounds[-1] != q.shape[0] or max(b - a for a, b in zip(bounds, bounds[1:])) > max_q:
-        raise ValueError(f"segment_sdpa: cu_seqlens {bounds[:4]}... do not cover the {q.shape[0]} tokens in "
-                         f"segments of at most {max_q}")
-    return torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True,
-                                                     enable_gqa=enable_gqa).transpose(0, 1)
-                      for a, b in zip(bounds, bounds[1:])])
+        raise ValueError(
+            f"segment_sdpa: cu_seqlens {bounds[:4]}... do not cover the {q.shape[0]} tokens in "
+            f"segments of at most {max_q}"
+        )
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True, enable_gqa=enable_gqa
+            ).transpose(0, 1)
+            for a, b in zip(bounds, bounds[1:])
+        ]
+    )
 
 
 @dataclass
@@ -141,8 +170,7 @@ class DocumentMask:
             def same_document_causal(b, h, q, k):
                 return (k <= q) & (ids[b, q] == ids[b, k])
 
-            out.block_mask = create_block_mask(same_document_causal, bsz, None, seqlen, seqlen,
-                                               device=positions.device)
+            out.block_mask = create_block_mask(same_document_causal, bsz, None, seqlen, seqlen, device=positions.device)
         return out
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:

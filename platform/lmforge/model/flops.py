@@ -27,6 +27,7 @@ the formula above exactly. This is the work a block-skipping kernel does with ex
 ``sdpa`` backend) computes the whole T x T square on CPU, and FlexAttention skips only whole blocks (128 x
 128), so the hardware does more than this; counting it would raise MFU for wasted work.
 """
+
 from __future__ import annotations
 
 from lmforge.config.model import ModelConfig

@@ -13,6 +13,7 @@ stages with ``GPT.stage``. To let it, the layers live in a ``ModuleDict`` keyed 
 part keeps the global names of its layers), head counts are read from the (possibly sharded) weight shapes
 at run time, and a part without embeddings or head has them set to ``None``.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,10 +25,10 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig
 from lmforge.model.activation import gelu_tanh
-from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
 from lmforge.model.document_mask import DocumentMask
 from lmforge.model.loss import chunked_cross_entropy
 from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
+from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
 
 
 def ffn_hidden_dim(cfg: ModelConfig) -> int:
@@ -69,8 +70,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, kv_heads(cfg) * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc: Optional[DocumentMask] = None, kv_cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, doc: Optional[DocumentMask] = None, kv_cache=None
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
@@ -114,8 +116,9 @@ class Block(nn.Module):
         # model.moe picks the layers whose FFN is a Mixture of Experts (model/moe.py); the rest stay dense.
         self.feed_forward = MoEFeedForward(cfg) if is_moe_layer(cfg, layer) else FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                doc: Optional[DocumentMask] = None, kv_cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, doc: Optional[DocumentMask] = None, kv_cache=None
+    ) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, doc=doc, kv_cache=kv_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -194,8 +197,9 @@ class GPT(DecoderStack):
     and the final norm + output head. Parameter names, and so initialisation and checkpoints, are the same
     for every part."""
 
-    def __init__(self, cfg: ModelConfig, layers: Optional[Iterable[int]] = None, embedding: bool = True,
-                 head: bool = True):
+    def __init__(
+        self, cfg: ModelConfig, layers: Optional[Iterable[int]] = None, embedding: bool = True, head: bool = True
+    ):
         super().__init__()
         self.cfg = cfg
         ids = range(cfg.n_layers) if layers is None else layers
@@ -278,5 +282,3 @@ def param_count_from_config(cfg: ModelConfig) -> int:
     m = cfg.moe
     moe_ffn = d * m.experts + (m.experts + m.shared_experts) * d * expert_hidden_dim(cfg) * mats if n_moe else 0
     return emb + cfg.n_layers * per_layer + n_moe * (moe_ffn - mlp) + norm_params + out
-
-

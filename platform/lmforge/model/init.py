@@ -8,11 +8,11 @@ Scheme (GPT-2 / nanoGPT style): every weight matrix ~ N(0, init_std); the output
 residual branch (``attention.wo``, ``feed_forward.w2``) ~ N(0, init_std / sqrt(2 * n_layers)); norm
 weights 1, norm biases 0.
 """
+
 from __future__ import annotations
 
 import math
 import zlib
-
 from typing import Callable, Optional
 
 import torch
@@ -20,8 +20,12 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig
 
-RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight",
-                    "feed_forward.experts.w2", "feed_forward.shared.w2.weight")  # MoE (model/moe.py)
+RESIDUAL_OUTPUTS = (
+    "attention.wo.weight",
+    "feed_forward.w2.weight",
+    "feed_forward.experts.w2",
+    "feed_forward.shared.w2.weight",
+)  # MoE (model/moe.py)
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -50,8 +54,9 @@ def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) 
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, cfg: ModelConfig, seed: int,
-                    place: Optional[Callable[[nn.Parameter, torch.Tensor], None]] = None) -> None:
+def init_parameters(
+    model: nn.Module, cfg: ModelConfig, seed: int, place: Optional[Callable[[nn.Parameter, torch.Tensor], None]] = None
+) -> None:
     """Fill every parameter with its name-keyed initial value.
 
     ``place(param, full_value)`` copies the full value into a parameter that holds only a shard (the

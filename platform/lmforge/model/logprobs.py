@@ -1,4 +1,5 @@
 """Per-token log-likelihoods of the targets (what downstream evaluation scores), from a [B, T, V] logits tensor."""
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ It keeps for backward only the logits the model produced (their dtype), the targ
 mathematics is F.cross_entropy's (mean over targets != ``ignore_index``; all ignored gives NaN, as torch):
 equal within fp32 rounding (``tests/unit/test_chunked_loss.py``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,11 +36,11 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         step = _rows_per_chunk(vocab)
         for s in range(0, n, step):
-            x = logits[s:s + step]
-            target = safe[s:s + step, None]
+            x = logits[s : s + step]
+            target = safe[s : s + step, None]
             logp = torch.log_softmax(x, dim=-1, dtype=torch.float32)  # torch's fused kernel, chunk-sized output
             picked = logp.gather(1, target).squeeze(1)
-            total -= torch.where(counted[s:s + step], picked, 0.0).sum()
+            total -= torch.where(counted[s : s + step], picked, 0.0).sum()
         count = counted.sum()
         ctx.save_for_backward(logits, targets, count)  # nothing new but one scalar: the rest is recomputed
         return total / count

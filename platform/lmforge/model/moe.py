@@ -46,6 +46,7 @@ and terms. Backward runs once per micro batch and layer, also under activation c
 is never booked), so the step's metrics and bias update count each forward exactly once (the schedule's
 first-step metadata inference, a forward and backward on placeholder tensors, is not booked either).
 """
+
 from __future__ import annotations
 
 import math
@@ -89,6 +90,7 @@ def grouped_mm_fits(d_in: int, d_out: int, dtype: torch.dtype) -> bool:
 @dataclass
 class RoutingStats:
     """One MoE layer's last forward: the unscaled loss terms (with grad) and the load (no grad)."""
+
     aux_loss: torch.Tensor  # scalar
     z_loss: torch.Tensor  # scalar
     tokens_per_expert: torch.Tensor  # [E] float32: assignments routed to each expert (before capacity)
@@ -102,8 +104,9 @@ def router_loss_term(cfg: MoEConfig, stats: RoutingStats) -> torch.Tensor:
 
 
 def detached(stats: RoutingStats) -> RoutingStats:
-    return RoutingStats(stats.aux_loss.detach(), stats.z_loss.detach(), stats.tokens_per_expert, stats.dropped,
-                        stats.assignments)
+    return RoutingStats(
+        stats.aux_loss.detach(), stats.z_loss.detach(), stats.tokens_per_expert, stats.dropped, stats.assignments
+    )
 
 
 class RouterLossInBackward(torch.autograd.Function):
@@ -111,8 +114,9 @@ class RouterLossInBackward(torch.autograd.Function):
     of a layer on any pipeline stage reaches the parameters (``book(stats)`` records the forward it belongs to)."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, loss: torch.Tensor, book: Callable[[RoutingStats], None],
-                stats: RoutingStats) -> torch.Tensor:
+    def forward(
+        ctx, y: torch.Tensor, loss: torch.Tensor, book: Callable[[RoutingStats], None], stats: RoutingStats
+    ) -> torch.Tensor:
         ctx.book, ctx.stats = book, stats
         return y.view_as(y)
 
@@ -179,8 +183,9 @@ class Experts(nn.Module):
             return self.token_dispatch(self, x, counts)
         return self.run(x, counts, self.w1, self.w2, self.w3)
 
-    def run(self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                w3: Optional[torch.Tensor]) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         """The experts ``w1, w2, w3`` ([len(counts), ...]) over rows sorted by expert."""
         if self.uses_grouped(x):
             offs = torch.cumsum(counts, 0).to(torch.int32)
@@ -190,6 +195,7 @@ class Experts(nn.Module):
 
             def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                 return torch.cat([p @ w[e] for e, p in enumerate(a.split(sizes))])
+
         if self.gated:
             return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
         return mm(gelu_tanh(mm(x, w1)), w2)
@@ -226,8 +232,9 @@ class MoEFeedForward(nn.Module):
         self.book_in_backward: Optional[Callable[[RoutingStats], None]] = None
 
     def reset_buffers(self, device: Optional[torch.device] = None) -> None:
-        self.router.expert_bias = torch.zeros(self.n_experts, dtype=torch.float32,
-                                              device=device or self.router.expert_bias.device)
+        self.router.expert_bias = torch.zeros(
+            self.n_experts, dtype=torch.float32, device=device or self.router.expert_bias.device
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -262,8 +269,9 @@ class MoEFeedForward(nn.Module):
             assignments=n * k,
         )
         if self.book_in_backward is not None and torch.is_grad_enabled():
-            y = RouterLossInBackward.apply(y, router_loss_term(self.loss_cfg, self.last), self.book_in_backward,
-                                           detached(self.last))
+            y = RouterLossInBackward.apply(
+                y, router_loss_term(self.loss_cfg, self.last), self.book_in_backward, detached(self.last)
+            )
         return y.reshape(shape)
 
 
@@ -281,7 +289,9 @@ class MoECollector:
         self.cfg = cfg
         self.layers: List[Tuple[str, MoEFeedForward]] = [
             (canonical_name(name).replace(".feed_forward", "").replace("layers.", "layer"), m)
-            for name, m in model.named_modules() if isinstance(m, MoEFeedForward)]
+            for name, m in model.named_modules()
+            if isinstance(m, MoEFeedForward)
+        ]
         self.names = list(layer_names) if layer_names is not None else [name for name, _ in self.layers]
         self.rows = [self.names.index(name) for name, _ in self.layers]
         self.pending: List[List[RoutingStats]] = []  # pipeline parallelism: the backwards booked per row
@@ -302,8 +312,13 @@ class MoECollector:
             self.terms = torch.zeros(len(self.names), 3, device=device)
         self.counts[row, :-1] += stats.tokens_per_expert
         self.counts[row, -1] += stats.dropped
-        self.terms[row] += torch.stack([stats.aux_loss.detach().float(), stats.z_loss.detach().float(),
-                                        stats.aux_loss.new_ones((), dtype=torch.float32)])
+        self.terms[row] += torch.stack(
+            [
+                stats.aux_loss.detach().float(),
+                stats.z_loss.detach().float(),
+                stats.aux_loss.new_ones((), dtype=torch.float32),
+            ]
+        )
 
     def book_in_backward(self, micro_batches: int) -> None:
         """Pipeline parallelism: every layer adds its router loss to the backward at its output and books its
@@ -328,7 +343,7 @@ class MoECollector:
     def step_tensors(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         """The step's ``counts`` and ``terms`` (zeros where this rank booked nothing), for the engine to reduce."""
         for row, booked in enumerate(self.pending):
-            for stats in booked[-self.micro_batches:]:
+            for stats in booked[-self.micro_batches :]:
                 self._book(row, stats)
             booked.clear()
         if self.counts is None:

@@ -1,6 +1,7 @@
 """Rotary position embeddings in the rotate-half layout (the one Hugging Face's Llama uses): the tables and their
 application, shared by the GPT (``model/gpt.py``), document-masked attention (``model/document_mask.py``) and the
 KV-cache decoder."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """``optim=adamw``: torch's AdamW with decoupled weight decay on matrices only (norms and vectors get none)."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -14,8 +15,11 @@ def param_groups(named_params: Iterable, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (decay if p.ndim >= 2 and "norm" not in name else no_decay).append(p)
-    return [{"params": kind, "weight_decay": wd} for params, wd in ((decay, weight_decay), (no_decay, 0.0))
-            for kind in _by_tensor_kind(params)]
+    return [
+        {"params": kind, "weight_decay": wd}
+        for params, wd in ((decay, weight_decay), (no_decay, 0.0))
+        for kind in _by_tensor_kind(params)
+    ]
 
 
 def _by_tensor_kind(params: list) -> list[list]:

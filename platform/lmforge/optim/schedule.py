@@ -5,6 +5,7 @@ lr*min_lr_ratio):
 - wsd:      warmup, stable at lr, then linear decay to the floor over the last decay_fraction of steps.
 - constant: warmup, then lr.
 """
+
 from __future__ import annotations
 
 import math

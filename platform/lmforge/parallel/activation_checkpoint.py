@@ -5,6 +5,7 @@
   element-wise ops (norms, activations, RoPE) are recomputed, trading a little compute for most of the
   activation memory of the element-wise chain.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,6 +36,9 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         if mode == "full":
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
         else:
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False,
-                                         context_fn=functools.partial(create_selective_checkpoint_contexts, _policy))
+            wrapped = checkpoint_wrapper(
+                block,
+                preserve_rng_state=False,
+                context_fn=functools.partial(create_selective_checkpoint_contexts, _policy),
+            )
         model.layers[name] = wrapped

@@ -5,6 +5,7 @@ and ZeRO-Offload (``parallel/deepspeed_engine.py``, imported only when chosen). 
 ``parallel/parallelize.py`` and their optimizer from ``cfg.optim`` (``lmforge.optim``), and expose the same
 contract.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """torch.compile per transformer block (many identical blocks share one compiled graph, compile once)."""
+
 from __future__ import annotations
 
 import torch

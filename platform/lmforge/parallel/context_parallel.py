@@ -39,6 +39,7 @@ Gradients: cp ranks hold replicas of the weights and each computes the mean loss
 same count on every cp rank), so averaging gradients (FSDP over ``dp_shard_cp``) and losses (over ``dp_cp``)
 across dp x cp gives the single-process mean over the global batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,12 @@ class ContextLayout:
         """The global positions rank ``rank`` (default this one) holds, in its local order: [2c] int64."""
         c = self.chunk
         first, second = self.chunks_of(self.rank if rank is None else rank)
-        return torch.cat([torch.arange(first * c, (first + 1) * c, device=device),
-                          torch.arange(second * c, (second + 1) * c, device=device)])
+        return torch.cat(
+            [
+                torch.arange(first * c, (first + 1) * c, device=device),
+                torch.arange(second * c, (second + 1) * c, device=device),
+            ]
+        )
 
     def shard(self, x: torch.Tensor, dim: int = 1, rank: Optional[int] = None) -> torch.Tensor:
         """Rank ``rank``'s (default this one's) two chunks of ``x`` along the sequence ``dim`` (tokens, targets,
@@ -87,8 +92,12 @@ class ContextLayout:
         return torch.cat([x.narrow(dim, first * c, c), x.narrow(dim, second * c, c)], dim=dim)
 
 
-def visible(q_pos: Optional[torch.Tensor], k_pos: Optional[torch.Tensor], q_doc: Optional[torch.Tensor] = None,
-            k_doc: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+def visible(
+    q_pos: Optional[torch.Tensor],
+    k_pos: Optional[torch.Tensor],
+    q_doc: Optional[torch.Tensor] = None,
+    k_doc: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
     """Which keys a query sees. Causal: [Tq, Tk] bool, key position <= query position (positions None: every
     key, a block wholly in the past). Document masking (``q_doc`` [B, Tq], ``k_doc`` [B, Tk] document ids): ANDed
     with same-document, [B, 1, Tq, Tk]. None: everything visible."""
@@ -147,8 +156,9 @@ def _block_backward(q, k, v, mask, scale, lse, delta, dout):
 def _merge(out, lse, rows: slice, out_b, lse_b) -> None:
     """Online softmax: fold a partial attention (out_b, lse_b) of query ``rows`` into (out, lse), in place."""
     new = torch.logaddexp(lse[..., rows], lse_b)
-    out[..., rows, :] = out[..., rows, :] * torch.exp(lse[..., rows] - new)[..., None] + \
-        out_b * torch.exp(lse_b - new)[..., None]
+    out[..., rows, :] = (
+        out[..., rows, :] * torch.exp(lse[..., rows] - new)[..., None] + out_b * torch.exp(lse_b - new)[..., None]
+    )
     lse[..., rows] = new
 
 
@@ -182,8 +192,10 @@ class _Ring:
     def start(self, send: torch.Tensor, tag: int = 0) -> tuple[torch.Tensor, List]:
         """Post this hop (send ``send`` on, receive the previous rank's); returns (receive buffer, requests)."""
         recv = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send.contiguous(), self.next, self.group, tag),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
+        ops = [
+            dist.P2POp(dist.isend, send.contiguous(), self.next, self.group, tag),
+            dist.P2POp(dist.irecv, recv, self.prev, self.group, tag),
+        ]
         return recv, dist.batch_isend_irecv(ops)
 
     @staticmethod
@@ -224,8 +236,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(layout.cp):
             pending = ring.start(outgoing) if step < layout.cp - 1 else None  # the next block travels meanwhile
             _, rows, cols, _ = ring_plan(layout, step)
-            out_b, lse_b = _block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :],
-                                          masks[step], scale)
+            out_b, lse_b = _block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :], masks[step], scale)
             _merge(out, lse, rows, out_b, lse_b)
             if pending is not None:
                 _Ring.wait(pending[1])
@@ -247,9 +258,16 @@ class RingAttention(torch.autograd.Function):
         for step in range(layout.cp):
             pending = ring.start(outgoing) if step < layout.cp - 1 else None
             _, rows, cols, _ = ring_plan(layout, step)
-            dq_b, dk_b, dv_b = _block_backward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :],
-                                               ctx.masks[step], scale, lse[..., rows],
-                                               delta[..., rows], dout[..., rows, :])
+            dq_b, dk_b, dv_b = _block_backward(
+                q[..., rows, :],
+                kv[0][..., cols, :],
+                kv[1][..., cols, :],
+                ctx.masks[step],
+                scale,
+                lse[..., rows],
+                delta[..., rows],
+                dout[..., rows, :],
+            )
             dq[..., rows, :] += dq_b
             dkv[0][..., cols, :] += dk_b
             dkv[1][..., cols, :] += dv_b
@@ -291,8 +309,9 @@ def allgather_attention(q, k, v, group, layout: ContextLayout, docs: Optional[to
         q_doc = layout.shard(docs)
         k_doc = torch.cat([layout.shard(docs, rank=s) for s in range(layout.cp)], dim=1)
     mask = visible(layout.positions(device=q.device), k_pos, q_doc, k_doc)
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                            enable_gqa=k.shape[1] != q.shape[1])
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
+    )
 
 
 EXCHANGES = {"ring": RingAttention.apply, "allgather": allgather_attention}
@@ -324,8 +343,14 @@ class ContextDocumentMask:
     built from the *whole* batch's document positions [B, T]; RoPE at this rank's tokens' in-document
     positions, the K/V exchange masked by document ids (block-diagonal causal, exact)."""
 
-    def __init__(self, positions: torch.Tensor, rope: ContextParallelRotaryTables, exchange: Callable,
-                 group: dist.ProcessGroup, layout: ContextLayout):
+    def __init__(
+        self,
+        positions: torch.Tensor,
+        rope: ContextParallelRotaryTables,
+        exchange: Callable,
+        group: dist.ProcessGroup,
+        layout: ContextLayout,
+    ):
         local = layout.shard(positions)
         self.cos, self.sin = rope.full_cos[local], rope.full_sin[local]  # [B, 2c, D]
         self.docs = document_ids(positions)

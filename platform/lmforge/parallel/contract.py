@@ -18,6 +18,7 @@ IO for the reported ``format`` from one table, without knowing which engine it h
 and data-parallel size a DeepSpeed checkpoint was written with); empty for the native format, whose sidecar
 stays as it always was.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # the step's result and guard types live with the native engine
-    from lmforge.parallel.native_engine import StepGuard, StepResult
     from lmforge.parallel.mesh import ParallelDims
+    from lmforge.parallel.native_engine import StepGuard, StepResult
 
 DCP = "dcp"
 DEEPSPEED = "deepspeed"
@@ -68,11 +69,11 @@ class Engine(Protocol):
     @property
     def dp_size(self) -> int: ...
 
-    def train_step(self, micro_batches: Sequence, lr: float,
-                   guard: Optional["StepGuard"] = None) -> "StepResult": ...
+    def train_step(self, micro_batches: Sequence, lr: float, guard: Optional["StepGuard"] = None) -> "StepResult": ...
 
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def eval_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking; lmforge.data.loader)."""
 
     def train(self) -> None: ...
@@ -99,6 +100,7 @@ class OwnFilesState(Protocol):
     def load_checkpoint(self, directory: Path, universal: bool = False) -> None:
         """Every rank: read them back (``universal``: the layout-independent form, after a data-parallel change)."""
 
-    def load_full_state(self, params: Dict[str, torch.Tensor], moments: Dict[str, Dict[str, torch.Tensor]],
-                        step: int) -> None:
+    def load_full_state(
+        self, params: Dict[str, torch.Tensor], moments: Dict[str, Dict[str, torch.Tensor]], step: int
+    ) -> None:
         """Set full parameter values and AdamW moments by name (continuing from a ``"dcp"`` checkpoint)."""

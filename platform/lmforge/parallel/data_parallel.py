@@ -9,6 +9,7 @@ every gradient after backward, the no-overlap baseline the overlap benchmark com
 replication combined with TP or PP (DTensor parameters, pipeline stages) also uses that all-reduce (on
 the local shards); for overlap there, use FSDP (``dp_shard``) or HSDP (both dims).
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,18 +53,24 @@ def apply_ddp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> n
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.cuda.current_device()] if next(model.parameters()).is_cuda else None
-    return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), bucket_cap_mb=cfg.ddp_bucket_cap_mb,
-                                   device_ids=device_ids, gradient_as_bucket_view=True,
-                                   # the buffers (RoPE tables, MoE routing biases) are equal on every dp replica and
-                                   # change only with the parameters: synced once at wrap, never per forward
-                                   forward_sync_buffers=False)
+    return DistributedDataParallel(
+        model,
+        process_group=mesh["dp"].get_group(),
+        bucket_cap_mb=cfg.ddp_bucket_cap_mb,
+        device_ids=device_ids,
+        gradient_as_bucket_view=True,
+        # the buffers (RoPE tables, MoE routing biases) are equal on every dp replica and
+        # change only with the parameters: synced once at wrap, never per forward
+        forward_sync_buffers=False,
+    )
 
 
 @torch.no_grad()
 def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     """Average gradients over ``group`` after backward (no overlap): one flat all-reduce."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-             for p in model.parameters() if p.grad is not None]
+    grads = [
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters() if p.grad is not None
+    ]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -71,5 +78,5 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     dist.all_reduce(flat, group=group)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()

@@ -2,6 +2,7 @@
 Hydra config, merges the user JSON and holds the checks ``validate()`` runs) with the precision and memory
 pinning of the device the engine runs on.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict

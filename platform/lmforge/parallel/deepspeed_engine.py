@@ -12,6 +12,7 @@ Checkpoints: ``save_checkpoint(dir)`` / ``load_checkpoint(dir)`` write DeepSpeed
 ``dir/deepspeed/``; ``lmforge.checkpoint`` wraps them in the platform's atomic commit, sidecar and
 retention, and handles a change of data-parallel size (universal checkpoint) and conversion to/from DCP.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -58,16 +59,16 @@ class DeepSpeedEngine:
         else:
             deepspeed.init_distributed(dist_backend=dist.get_backend())
         self.plan = cfg.plan  # validate()'s batch plan (cfg: its typed config and plan, config/validate.py)
-        self.ds_config: Dict[str, Any] = build_config(cfg, self.plan, self.precision,
-                                                      pin_memory=device.type == "cuda")
+        self.ds_config: Dict[str, Any] = build_config(cfg, self.plan, self.precision, pin_memory=device.type == "cuda")
         with torch.device("meta"):
             model = GPT(cfg.model)
         check_document_masking(cfg.cfg, device.type)  # train.device=auto resolved: the backend's device check
         model.document_attention = cfg.data.document_attention  # used by batches with document positions
         model = parallelize(model, cfg.cfg, None, device).model  # activation checkpointing, materialize (fp32)
         optimizer = build_optimizer(model, cfg.optim, device)
-        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config,
-                                                             dist_init_required=False)
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        )
         self.model = self.ds  # forward goes through DeepSpeed's hooks (ZeRO-3 gathers parameters)
         self.inner = self.ds.module
         self.dp_group = dist.group.WORLD
@@ -85,14 +86,14 @@ class DeepSpeedEngine:
     def dp_size(self) -> int:
         return dist.get_world_size(self.dp_group)
 
-    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
         logits = self.ds(tokens) if positions is None else self.ds(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
 
-    def train_step(self, micro_batches: Sequence, lr: float,
-                   guard: Optional[StepGuard] = None) -> StepResult:
+    def train_step(self, micro_batches: Sequence, lr: float, guard: Optional[StepGuard] = None) -> StepResult:
         """One optimizer step over ``micro_batches`` (= gradient_accumulation_steps of them).
 
         ``guard`` differs from the native engine: DeepSpeed computes the global gradient norm inside its own
@@ -102,8 +103,10 @@ class DeepSpeedEngine:
         """
         n = len(micro_batches)
         if n != self.ds.gradient_accumulation_steps():
-            raise ValueError(f"{n} micro batches but DeepSpeed was configured for "
-                             f"{self.ds.gradient_accumulation_steps()} (gradient_accumulation_steps)")
+            raise ValueError(
+                f"{n} micro batches but DeepSpeed was configured for "
+                f"{self.ds.gradient_accumulation_steps()} (gradient_accumulation_steps)"
+            )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -124,8 +127,9 @@ class DeepSpeedEngine:
         return StepResult(total, grad_norm, skip)
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def eval_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         loss = self.forward_loss(tokens, targets, positions).float()
         if self.dp_size > 1:
             loss = loss.clone()
@@ -153,8 +157,9 @@ class DeepSpeedEngine:
             return sum(int(t.grad.numel()) for t in opt.fp32_partitioned_groups_flat if t.grad is not None)
         if getattr(opt, "cpu_offload", False):
             return sum(int(t.grad.numel()) for t in opt.single_partition_of_fp32_groups if t.grad is not None)
-        return sum(int(g.numel()) for gs in opt.averaged_gradients.values() if gs is not None for g in gs
-                   if g is not None)
+        return sum(
+            int(g.numel()) for gs in opt.averaged_gradients.values() if gs is not None for g in gs if g is not None
+        )
 
     def footprint(self) -> Dict[str, int]:
         """Elements held by this rank: parameters, gradients (at the last boundary), optimizer state
@@ -165,13 +170,24 @@ class DeepSpeedEngine:
         else:
             params = sum(int(p.numel()) for p in self.inner.parameters())
         base = getattr(self.optimizer, "optimizer", self.optimizer)
-        state = sum(int(t.numel()) for s in base.state.values() for k, t in s.items() if torch.is_tensor(t) and k != "step")
-        state_device = next((t.device.type for s in base.state.values() for t in s.values() if torch.is_tensor(t)), "none")
-        return {"stage": self.stage, "full_params": full, "params": params, "grads": self._grads_at_boundary,
-                "optim_state": state, "optim_state_device": state_device,
-                "partition_gradients": self.stage >= 2,
-                "offload_optimizer": bool(getattr(self.optimizer, "cpu_offload", False)
-                                          or getattr(self.optimizer, "offload_optimizer", False))}
+        state = sum(
+            int(t.numel()) for s in base.state.values() for k, t in s.items() if torch.is_tensor(t) and k != "step"
+        )
+        state_device = next(
+            (t.device.type for s in base.state.values() for t in s.values() if torch.is_tensor(t)), "none"
+        )
+        return {
+            "stage": self.stage,
+            "full_params": full,
+            "params": params,
+            "grads": self._grads_at_boundary,
+            "optim_state": state,
+            "optim_state_device": state_device,
+            "partition_gradients": self.stage >= 2,
+            "offload_optimizer": bool(
+                getattr(self.optimizer, "cpu_offload", False) or getattr(self.optimizer, "offload_optimizer", False)
+            ),
+        }
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save_checkpoint(self, directory) -> None:
@@ -186,8 +202,13 @@ class DeepSpeedEngine:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.ds._config.load_universal_checkpoint = universal
         try:
-            path, _ = self.ds.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=True,
-                                              load_optimizer_states=True, load_lr_scheduler_states=False)
+            path, _ = self.ds.load_checkpoint(
+                str(directory),
+                tag=DS_TAG,
+                load_module_strict=True,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
         finally:
             self.ds._config.load_universal_checkpoint = False
         for group, hyper in zip(self.optimizer.param_groups, groups):
@@ -201,8 +222,9 @@ class DeepSpeedEngine:
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {directory}/{DS_TAG}")
 
-    def load_full_state(self, params: Dict[str, torch.Tensor], moments: Dict[str, Dict[str, torch.Tensor]],
-                        step: int) -> None:
+    def load_full_state(
+        self, params: Dict[str, torch.Tensor], moments: Dict[str, Dict[str, torch.Tensor]], step: int
+    ) -> None:
         """Set every parameter's full fp32 value and AdamW moments (by name) into this rank's ZeRO partitions,
         e.g. from a native checkpoint. Every rank passes the full tensors; each keeps its own fragment."""
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
@@ -211,8 +233,11 @@ class DeepSpeedEngine:
         base = getattr(opt, "optimizer", opt)
         flats = opt.fp32_partitioned_groups_flat if self.stage == 3 else opt.single_partition_of_fp32_groups
         for flat in flats:  # torch AdamW creates its state lazily at the first step: create it now
-            base.state[flat] = {"step": torch.tensor(float(step)), "exp_avg": torch.zeros_like(flat),
-                                "exp_avg_sq": torch.zeros_like(flat)}
+            base.state[flat] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": torch.zeros_like(flat),
+                "exp_avg_sq": torch.zeros_like(flat),
+            }
         if self.stage < 3:  # (re)link each parameter's fragment views into the new optimizer state
             opt._hp_optimizer_states_linked = False
             opt._lazy_init_hp_params_optimizer_state()
@@ -224,8 +249,10 @@ class DeepSpeedEngine:
             for i, fp32 in enumerate(opt.fp32_partitioned_groups_flat):
                 if fp32.numel() > 0:
                     opt.fp16_partitioned_groups_flat[i].data.copy_(fp32.data)
-                    for part, q in zip(opt.fp16_partitioned_groups[i],
-                                       opt.unflatten(opt.fp16_partitioned_groups_flat[i], opt.fp16_partitioned_groups[i])):
+                    for part, q in zip(
+                        opt.fp16_partitioned_groups[i],
+                        opt.unflatten(opt.fp16_partitioned_groups_flat[i], opt.fp16_partitioned_groups[i]),
+                    ):
                         part.data = q.data
         else:
             opt.update_lp_params()

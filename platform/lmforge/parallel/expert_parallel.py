@@ -29,6 +29,7 @@ first) and dispatches them over its own ep group, ``mesh["ep"]`` at its tp index
 expert outputs and gradients and nothing is reduced over tp. With pipeline parallelism ``mesh["ep"]`` is the ep
 group of this rank's stage(s): both ranks of a group run the same schedule, so their exchanges pair up.
 """
+
 from __future__ import annotations
 
 from typing import List
@@ -94,8 +95,10 @@ class TokenDispatch:
         rows = all_to_all(x, recv_sizes, send_sizes, self.group)  # (collective: dispatch)
         by_source = recv.reshape(-1).tolist()
         grouped = _regroup(rows, by_source, ep, local)  # source-major -> local-expert-major
-        w = [None if p is None else (p.to_local() if isinstance(p, DTensor) else p)
-             for p in (experts.w1, experts.w2, experts.w3)]
+        w = [
+            None if p is None else (p.to_local() if isinstance(p, DTensor) else p)
+            for p in (experts.w1, experts.w2, experts.w3)
+        ]
         out = experts.run(grouped, recv.sum(0), *w)
         by_expert = recv.t().reshape(-1).tolist()
         out = _regroup(out, by_expert, local, ep)  # back to source-major
@@ -143,4 +146,3 @@ def shard_experts(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig, 
 def token_dispatches(model: nn.Module) -> List[TokenDispatch]:
     """This model's installed dispatches (empty without expert parallelism)."""
     return [m.token_dispatch for m in expert_modules(model) if m.token_dispatch is not None]
-

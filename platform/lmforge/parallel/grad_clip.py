@@ -11,6 +11,7 @@ The norm must be the norm of the *whole* model's gradient, the same number a sin
 Every rank then scales its gradients by the same ``min(1, max_norm / (norm + 1e-6))``, the formula of
 ``torch.nn.utils.clip_grad_norm_``, as a device tensor: clipping never waits for the host.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -22,7 +23,9 @@ from torch.distributed.tensor import DTensor
 
 
 @torch.no_grad()
-def global_grad_norm(params: Iterable[torch.nn.Parameter], pp_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def global_grad_norm(
+    params: Iterable[torch.nn.Parameter], pp_group: Optional[dist.ProcessGroup] = None
+) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     by_mesh = defaultdict(list)
     plain = []
@@ -71,8 +74,9 @@ def cpu_squared_norm(tensors) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float,
-                   pp_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def clip_grad_norm(
+    params: Iterable[torch.nn.Parameter], max_norm: float, pp_group: Optional[dist.ProcessGroup] = None
+) -> torch.Tensor:
     """Clip in place to ``max_norm`` (<= 0: no clipping); returns the pre-clip global norm.
 
     The coefficient stays on the device (no host sync): every gradient is multiplied by it, which is exact

@@ -47,6 +47,7 @@ term above is divided by cp; FSDP shards over dp_shard x cp; the all-gather exch
 other ranks' K/V (2 * N * (cp-1)/cp * n_kv_heads * head_dim per layer, /tp: K/V are exchanged at their own
 heads), the ring one received K/V block and one fp32 dK/dV block at a time (transient).
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,8 +65,13 @@ from lmforge.model.gpt import ffn_hidden_dim, kv_heads
 GIB = 1024**3
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
 ADAMW_STEP_BYTES = 4  # one fp32 ``step`` tensor per parameter
-COLWISE = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-           "feed_forward.w1.weight", "feed_forward.w3.weight")
+COLWISE = (
+    "attention.wq.weight",
+    "attention.wk.weight",
+    "attention.wv.weight",
+    "feed_forward.w1.weight",
+    "feed_forward.w3.weight",
+)
 ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
 VOCAB_SHARDED = ("tok_embeddings.weight", "output.weight")
 AC_MODES = ("none", "selective", "full")
@@ -148,6 +154,7 @@ def layer_owner(cfg: RootConfig, layer: int) -> int:
 @dataclass
 class StateBytes:
     """Model state on one rank: bytes of parameters, gradients and AdamW state, and tensor counts."""
+
     params: int = 0
     grads: int = 0
     optimizer: int = 0
@@ -167,8 +174,9 @@ class StateBytes:
         return self.params + self.grads + self.optimizer
 
 
-def state_bytes(cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int = 0,
-                dp_shard_rank: int = 0) -> StateBytes:
+def state_bytes(
+    cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int = 0, dp_shard_rank: int = 0
+) -> StateBytes:
     """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
@@ -268,8 +276,9 @@ def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
     return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * s.dt.compute
 
 
-def saved_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True,
-                           last: bool = True) -> int:
+def saved_activation_bytes(
+    m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True, last: bool = True
+) -> int:
     """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward."""
     kept = layers * layer_activation_bytes(m, s, mode)
     if last:
@@ -283,8 +292,9 @@ def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> 
     p = cfg.parallelism
     local = micro_batch_size * cfg.model.seq_len // p.cp
     gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
-    return ActivationShape(tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision),
-                           gathered_kv_tokens=gathered)
+    return ActivationShape(
+        tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision), gathered_kv_tokens=gathered
+    )
 
 
 def fsdp_degree(p) -> int:
@@ -318,6 +328,7 @@ def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float
 @dataclass
 class MemoryEstimate:
     """Bytes on the most loaded device; ``activations_by_mode`` shows the checkpointing alternatives."""
+
     pp_rank: int
     state: StateBytes
     activations: int
@@ -351,20 +362,35 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
     fsdp = fsdp_grads = 0
     if fsdp_degree(p) > 1:
-        gathered = 2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
+        gathered = (
+            2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
+        )
         unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
         accumulated = n_micro if p.pp > 1 else plan.grad_accum
         if fsdp_grad_sync_mode(p) == "last_microbatch" and accumulated > 1:
             unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
         fsdp_grads = unsharded_grads * dt.fsdp_reduce
         fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param + fsdp_grads
-    autocast = st.matmul_numel_unsharded * 2 if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16") else 0
+    autocast = (
+        st.matmul_numel_unsharded * 2
+        if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
+        else 0
+    )
     transient = shape.tokens * m.vocab_size * dt.compute // p.tp if st.last else 0
     transient += cp_ring_buffer_bytes(cfg, shape)
     if p.dp_replicate > 1 and fsdp_degree(p) == 1 and not p.overlap_grad_reduce:
         transient += st.grads  # the flat all-reduce buffer
-    return MemoryEstimate(pp_rank, st, by_mode[p.activation_checkpointing], by_mode, fsdp, autocast, transient, dt,
-                          fsdp_unsharded_grads=fsdp_grads)
+    return MemoryEstimate(
+        pp_rank,
+        st,
+        by_mode[p.activation_checkpointing],
+        by_mode,
+        fsdp,
+        autocast,
+        transient,
+        dt,
+        fsdp_unsharded_grads=fsdp_grads,
+    )
 
 
 def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:
@@ -380,8 +406,11 @@ def gib(n: float) -> float:
 
 
 def bytes_table(est: MemoryEstimate) -> List[Tuple[str, int]]:
-    rows = [("parameters", est.state.params), ("gradients", est.state.grads),
-            ("optimizer state (AdamW)", est.state.optimizer)]
+    rows = [
+        ("parameters", est.state.params),
+        ("gradients", est.state.grads),
+        ("optimizer state (AdamW)", est.state.optimizer),
+    ]
     if est.fsdp_buffers:
         rows.append(("FSDP gathered params/grads", est.fsdp_buffers))
     if est.autocast_copies:
@@ -390,4 +419,3 @@ def bytes_table(est: MemoryEstimate) -> List[Tuple[str, int]]:
     if est.transient:
         rows.append(("transient (logits, buffers)", est.transient))
     return rows
-

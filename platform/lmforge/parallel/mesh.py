@@ -19,6 +19,7 @@ root (deprecated since torch 2.11, with a warning at every start). The answer is
 slice gave (same ranks, same process groups, a new object per call): a flattened dim's own mesh, concatenated
 with root dims where several are named (``DeviceMesh._concatenate``, what FSDP2 itself uses for HSDP).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,11 +75,18 @@ class ParallelMesh:
 
 def build_mesh(dims: ParallelDims, device: torch.device) -> ParallelMesh:
     if dims.ep > 1:
-        root = init_device_mesh(device.type, (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.cp,
-                                              dims.tp), mesh_dim_names=EP_DIM_NAMES)
-        return ParallelMesh(root, {  # (cp > 1 with ep > 1 is refused by config/moe_checks.py)
-            "dp_shard": root["dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp_shard"),
-            "dp": root["dp_replicate", "dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp")})
+        root = init_device_mesh(
+            device.type,
+            (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.cp, dims.tp),
+            mesh_dim_names=EP_DIM_NAMES,
+        )
+        return ParallelMesh(
+            root,
+            {  # (cp > 1 with ep > 1 is refused by config/moe_checks.py)
+                "dp_shard": root["dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp_shard"),
+                "dp": root["dp_replicate", "dp_shard_mod_ep", "ep"]._flatten(mesh_dim_name="dp"),
+            },
+        )
     root = init_device_mesh(device.type, dims.shape, mesh_dim_names=DIM_NAMES)
     # A flattened data-parallel dim for loss averaging and FSDP over (replicate x shard) when needed.
     flattened = {"dp": root["dp_replicate", "dp_shard"]._flatten(mesh_dim_name="dp")}
@@ -90,4 +98,3 @@ def build_mesh(dims: ParallelDims, device: torch.device) -> ParallelMesh:
 
 def dp_rank(mesh: ParallelMesh) -> int:
     return mesh["dp"].get_local_rank()
-

@@ -3,6 +3,7 @@
 The trainer only talks to an engine (this one, or the DeepSpeed engine), so wrapping and the optimizer
 step are the only things that differ between engines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,8 +92,11 @@ class NativeEngine:
         self.replica_group = self.mesh["dp_replicate"].get_group() if self.dims.dp_replicate > 1 else None
         self.pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
         # FSDP without pipelining, deferring: no reduce-scatter until the last micro batch's backward.
-        self.defer_fsdp_sync = (self.dims.dp_shard * self.dims.cp > 1 and self.pipeline is None
-                                and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch")
+        self.defer_fsdp_sync = (
+            self.dims.dp_shard * self.dims.cp > 1
+            and self.pipeline is None
+            and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch"
+        )
 
     @property
     def dp_rank(self) -> int:
@@ -111,8 +115,9 @@ class NativeEngine:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def forward_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                     positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
         if self.context is not None:  # this cp rank's two chunks of every sequence; document positions stay
             tokens, targets = self.context.shard(tokens), self.context.shard(targets)  # whole (keys' documents)
@@ -120,13 +125,14 @@ class NativeEngine:
             logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
         return cross_entropy_loss(logits, targets)
 
-    def train_step(self, micro_batches: Sequence, lr: float,
-                   guard: Optional[StepGuard] = None) -> StepResult:
+    def train_step(self, micro_batches: Sequence, lr: float, guard: Optional[StepGuard] = None) -> StepResult:
         if self.pipeline is not None:
             tokens = torch.cat([mb.tokens for mb in micro_batches])
             targets = torch.cat([mb.targets for mb in micro_batches])
             # document masking: every stage gets its micro batch's positions (whole under cp: the keys' documents)
-            positions = None if micro_batches[0].positions is None else torch.cat([mb.positions for mb in micro_batches])
+            positions = (
+                None if micro_batches[0].positions is None else torch.cat([mb.positions for mb in micro_batches])
+            )
             if self.context is not None:  # cp x pp: every stage runs on this cp rank's two chunks
                 tokens, targets = self.context.shard(tokens), self.context.shard(targets)
             with autocast_context(self.precision, self.device):
@@ -162,7 +168,7 @@ class NativeEngine:
         if self.dims.pp > 1:  # each stage fills its own layers' rows
             both = torch.cat([counts, terms], dim=1)
             dist.all_reduce(both, group=self.pp_group)
-            counts, terms = both[:, :counts.shape[1]], both[:, counts.shape[1]:]
+            counts, terms = both[:, : counts.shape[1]], both[:, counts.shape[1] :]
         if self.dims.dp > 1:
             counts = counts.contiguous()
             dist.all_reduce(counts, group=self.dp_group)
@@ -172,8 +178,9 @@ class NativeEngine:
         return self.moe.step_metrics()
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def eval_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         if self.pipeline is not None:
             if self.context is not None:
                 tokens, targets = self.context.shard(tokens), self.context.shard(targets)
@@ -219,8 +226,9 @@ class NativeEngine:
         rank of this data-parallel replica (pp: broadcast from the last stage). Not reduced over dp."""
         with autocast_context(self.precision, self.device):
             if self.pipeline is not None:
-                out = self.pipeline.eval_forward(tokens, lambda logits: target_logprobs(logits, targets),
-                                                 (2, *targets.shape))
+                out = self.pipeline.eval_forward(
+                    tokens, lambda logits: target_logprobs(logits, targets), (2, *targets.shape)
+                )
             else:
                 out = target_logprobs(self.model(tokens), targets)
         self._reshard()

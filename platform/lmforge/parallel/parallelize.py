@@ -19,6 +19,7 @@ The DeepSpeed engine goes through the same function with the layout it supports 
 compile: refused at validation): activation checkpointing and materialize in fp32; DeepSpeed then owns data
 parallelism and precision, so there is no DDP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class ParallelModel:
     this rank's pipeline stages, sharing ``model``'s submodules); ``pipeline`` runs the pipeline schedule
     (pp > 1, else None); ``manual_grad_sync``: gradients are all-reduced after backward
     (``data_parallel.allreduce_gradients``) instead of by DDP/FSDP."""
+
     model: nn.Module
     module: nn.Module
     parts: List[nn.Module]
@@ -60,8 +62,14 @@ class ParallelModel:
     context: Optional[ContextLayout] = None  # cp > 1: the sequence layout each batch is sharded by
 
 
-def parallelize(model: GPT, cfg: RootConfig, mesh: Optional[ParallelMesh], device: torch.device,
-                batch: Optional[BatchPlan] = None, fsdp: Optional[bool] = None) -> ParallelModel:
+def parallelize(
+    model: GPT,
+    cfg: RootConfig,
+    mesh: Optional[ParallelMesh],
+    device: torch.device,
+    batch: Optional[BatchPlan] = None,
+    fsdp: Optional[bool] = None,
+) -> ParallelModel:
     """Steps 1-5, then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
 
     ``mesh`` is None only for the DeepSpeed engine. ``batch``: validate()'s batch plan, needed for pp > 1 (a
@@ -135,11 +143,16 @@ def uses_fsdp(cfg: ParallelismConfig) -> bool:
 def uses_ddp(cfg: ParallelismConfig) -> bool:
     """DDP for pure replication of an unsplit, untensor-parallel model on the native engine (DeepSpeed owns
     its data parallelism)."""
-    return (cfg.engine == "native" and cfg.dp_replicate > 1 and cfg.dp_shard == 1 and cfg.tp == 1
-            and cfg.pp == 1 and cfg.cp == 1)
+    return (
+        cfg.engine == "native"
+        and cfg.dp_replicate > 1
+        and cfg.dp_shard == 1
+        and cfg.tp == 1
+        and cfg.pp == 1
+        and cfg.cp == 1
+    )
 
 
 def uses_manual_allreduce(cfg: ParallelismConfig) -> bool:
     """Replication without FSDP where DDP is off (no overlap) or does not apply (TP / PP)."""
-    return (cfg.dp_replicate > 1 and not uses_fsdp(cfg)
-            and (not cfg.overlap_grad_reduce or cfg.tp > 1 or cfg.pp > 1))
+    return cfg.dp_replicate > 1 and not uses_fsdp(cfg) and (not cfg.overlap_grad_reduce or cfg.tp > 1 or cfg.pp > 1)

@@ -30,6 +30,7 @@ between stages for them; each stage builds its own mask.
 Evaluation. Forward only, stage by stage with point-to-point sends; each send carries a header with the
 activation's dtype and shape, so the receiving stage never assumes the training dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,12 +91,19 @@ def rank_part(cfg: ModelConfig, plan: StagePlan, pp_rank: int) -> GPT:
 
 def build_stages(part: GPT, plan: StagePlan, pp_rank: int) -> List[GPTStage]:
     """This rank's stages over ``part`` (call after TP / AC / compile, which replace the part's blocks)."""
-    return [part.stage(s, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1)
-            for s in plan.local_stages(pp_rank)]
+    return [
+        part.stage(s, plan.layers[s], first=s == 0, last=s == plan.n_stages - 1) for s in plan.local_stages(pp_rank)
+    ]
 
 
-def build_schedule(stages: List[GPTStage], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
-                   cfg: ParallelismConfig, n_microbatches: int):
+def build_schedule(
+    stages: List[GPTStage],
+    plan: StagePlan,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    cfg: ParallelismConfig,
+    n_microbatches: int,
+):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -110,8 +118,15 @@ def build_schedule(stages: List[GPTStage], plan: StagePlan, pp_mesh: DeviceMesh,
 class PipelineRunner:
     """Runs one training step (the schedule) or a forward-only evaluation across the pipeline ranks."""
 
-    def __init__(self, stages: List[GPTStage], plan: StagePlan, pp_mesh: DeviceMesh, device: torch.device,
-                 cfg: ParallelismConfig, n_microbatches: int):
+    def __init__(
+        self,
+        stages: List[GPTStage],
+        plan: StagePlan,
+        pp_mesh: DeviceMesh,
+        device: torch.device,
+        cfg: ParallelismConfig,
+        n_microbatches: int,
+    ):
         self.stages = stages
         self.plan = plan
         self.pp_mesh = pp_mesh
@@ -136,8 +151,9 @@ class PipelineRunner:
         dist.broadcast(value, src=self._global(self.plan.last_stage_rank), group=self.group)
         return value
 
-    def train_step(self, tokens: torch.Tensor, targets: torch.Tensor,
-                   positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def train_step(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Forward + backward of the whole batch; returns the mean loss (on every pipeline rank). ``positions``
         [B, T]: the batch's document positions (data.document_masking), given on every pipeline rank."""
         losses: List[torch.Tensor] = []
@@ -146,8 +162,11 @@ class PipelineRunner:
             kwargs["positions"] = positions  # micro batch i's rows to every stage's forward of micro batch i
         args = (tokens,) if self.has_first else ()
         self.schedule.step(*args, **kwargs)
-        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.has_last \
+        loss = (
+            torch.stack([x.detach().float() for x in losses]).mean()
+            if self.has_last
             else torch.zeros((), device=self.device)
+        )
         return self.broadcast_from_last(loss)
 
     def send_activation(self, h: torch.Tensor, dst: int) -> None:
@@ -167,8 +186,9 @@ class PipelineRunner:
         return h
 
     @torch.no_grad()
-    def eval_loss(self, tokens: torch.Tensor, targets: torch.Tensor,
-                  positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def eval_loss(
+        self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
         return self.eval_forward(tokens, lambda logits: cross_entropy_loss(logits, targets).float(), (), positions)
 

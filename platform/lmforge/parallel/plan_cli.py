@@ -8,6 +8,7 @@ no process group: layout, batch, DeepSpeed, tokenizer vocabulary, ...) with the 
 ``cluster.nodes * cluster.gpus_per_node``, prints the mesh, parameters, FLOPs, memory per device and a
 step-time estimate, and exits 2 with the reason and a fix when the layout is impossible or does not fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,20 +34,35 @@ def plan_json(plan) -> dict:
     from lmforge.parallel.memory_estimate import bytes_table
 
     return {
-        "world_size": plan.world_size, "device": plan.device_kind, "precision": plan.precision,
-        "mesh": {"pp": plan.cfg.parallelism.pp, "dp_replicate": plan.cfg.parallelism.dp_replicate,
-                 "dp_shard": plan.cfg.parallelism.dp_shard, "tp": plan.cfg.parallelism.tp,
-                 "cp": plan.cfg.parallelism.cp, "ep": plan.cfg.parallelism.ep},
+        "world_size": plan.world_size,
+        "device": plan.device_kind,
+        "precision": plan.precision,
+        "mesh": {
+            "pp": plan.cfg.parallelism.pp,
+            "dp_replicate": plan.cfg.parallelism.dp_replicate,
+            "dp_shard": plan.cfg.parallelism.dp_shard,
+            "tp": plan.cfg.parallelism.tp,
+            "cp": plan.cfg.parallelism.cp,
+            "ep": plan.cfg.parallelism.ep,
+        },
         "cp_exchange_bytes_per_step": plan.cp_exchange_bytes,
-        "ep_all_to_all_bytes_per_step": plan.ep_all_to_all_bytes, "expert_parameters_per_device": plan.memory.state.expert_numel,
-        "parameters": plan.n_params, "flops_per_token": plan.flops_per_token, "flops_per_step": plan.flops_per_step,
+        "ep_all_to_all_bytes_per_step": plan.ep_all_to_all_bytes,
+        "expert_parameters_per_device": plan.memory.state.expert_numel,
+        "parameters": plan.n_params,
+        "flops_per_token": plan.flops_per_token,
+        "flops_per_step": plan.flops_per_step,
         "tokens_per_step": plan.batch.tokens_per_step,
-        "memory_bytes": dict(bytes_table(plan.memory)), "memory_total_bytes": plan.memory.total,
+        "memory_bytes": dict(bytes_table(plan.memory)),
+        "memory_total_bytes": plan.memory.total,
         "activations_by_mode_bytes": plan.memory.activations_by_mode,
-        "usable_memory_bytes": plan.usable_memory, "fits": plan.fits,
-        "step_time_s": plan.step_time_s, "tokens_per_s": plan.tokens_per_s,
-        "model_tflops_per_device": plan.model_tflops_per_device, "assumed_mfu": plan.assumed_mfu,
-        "bubble": plan.bubble, "warnings": plan.warnings,
+        "usable_memory_bytes": plan.usable_memory,
+        "fits": plan.fits,
+        "step_time_s": plan.step_time_s,
+        "tokens_per_s": plan.tokens_per_s,
+        "model_tflops_per_device": plan.model_tflops_per_device,
+        "assumed_mfu": plan.assumed_mfu,
+        "bubble": plan.bubble,
+        "warnings": plan.warnings,
     }
 
 

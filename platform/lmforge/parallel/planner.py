@@ -12,6 +12,7 @@ per pipeline stage, batch arithmetic) and adds what needs the model and the hard
 
 ``check_fits`` refuses a layout that does not fit in device memory, naming the cheapest changes that do.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,18 @@ from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.model.moe import moe_layer_ids
-from lmforge.parallel.memory_estimate import (ADAMW_STATES, AC_MODES, GIB, MemoryEstimate, bytes_table, dtypes_for,
-                                              estimate_memory, gib, layer_owner, resolve_precision)
+from lmforge.parallel.memory_estimate import (
+    AC_MODES,
+    ADAMW_STATES,
+    GIB,
+    MemoryEstimate,
+    bytes_table,
+    dtypes_for,
+    estimate_memory,
+    gib,
+    layer_owner,
+    resolve_precision,
+)
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
@@ -61,8 +72,11 @@ def device_memory_bytes(cfg: RootConfig, kind: str) -> int:
     if kind == "cpu":
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total // max(1, cfg.cluster.gpus_per_node)
-    raise ConfigError("cluster.device", f"no memory size known for device '{kind}'",
-                      f"set cluster.device_memory_gib, or one of: {', '.join(sorted(DEVICE_MEMORY_GIB))}, cpu")
+    raise ConfigError(
+        "cluster.device",
+        f"no memory size known for device '{kind}'",
+        f"set cluster.device_memory_gib, or one of: {', '.join(sorted(DEVICE_MEMORY_GIB))}, cpu",
+    )
 
 
 def usable_bytes(total: int, kind: str) -> int:
@@ -80,8 +94,11 @@ def peak_tflops(kind: str, precision: str) -> float:
 
         return cpu_peak_tflops(torch.bfloat16 if dtype == "bf16" else torch.float32)
     if kind not in PEAK_TFLOPS:
-        raise ConfigError("cluster.device", f"no peak FLOP/s known for device '{kind}'",
-                          f"use one of: {', '.join(sorted(PEAK_TFLOPS))}, cpu")
+        raise ConfigError(
+            "cluster.device",
+            f"no peak FLOP/s known for device '{kind}'",
+            f"use one of: {', '.join(sorted(PEAK_TFLOPS))}, cpu",
+        )
     table = PEAK_TFLOPS[kind]
     return table.get(dtype, table["bf16"])
 
@@ -212,19 +229,33 @@ def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[
     p = cfg.parallelism
     warnings = []
     if p.tp > cfg.cluster.gpus_per_node:
-        warnings.append(f"tp={p.tp} spans nodes ({cfg.cluster.gpus_per_node} devices per node): tensor-parallel "
-                        "collectives then cross the slower inter-node network")
-    plan = Plan(cfg=cfg, world_size=world, device_kind=kind, precision=precision, batch=batch,
-                n_params=param_count_from_config(cfg.model), flops_per_token=flops_per_token(cfg.model),
-                memory=memory, device_memory=total_mem, usable_memory=usable_bytes(total_mem, kind),
-                peak_tflops=peak if peak is not None else peak_tflops(kind, precision),
-                assumed_mfu=cfg.cluster.assumed_mfu, bubble=0.0,
-                recompute=RECOMPUTE_FACTOR[p.activation_checkpointing], warnings=warnings)
+        warnings.append(
+            f"tp={p.tp} spans nodes ({cfg.cluster.gpus_per_node} devices per node): tensor-parallel "
+            "collectives then cross the slower inter-node network"
+        )
+    plan = Plan(
+        cfg=cfg,
+        world_size=world,
+        device_kind=kind,
+        precision=precision,
+        batch=batch,
+        n_params=param_count_from_config(cfg.model),
+        flops_per_token=flops_per_token(cfg.model),
+        memory=memory,
+        device_memory=total_mem,
+        usable_memory=usable_bytes(total_mem, kind),
+        peak_tflops=peak if peak is not None else peak_tflops(kind, precision),
+        assumed_mfu=cfg.cluster.assumed_mfu,
+        bubble=0.0,
+        recompute=RECOMPUTE_FACTOR[p.activation_checkpointing],
+        warnings=warnings,
+    )
     plan.bubble = bubble_fraction(cfg, plan.n_micro)
     return plan
 
 
 # ---- refusing layouts that do not fit, with the changes that would fit ------------------------------
+
 
 def _with(cfg: RootConfig, **changes) -> RootConfig:
     new = copy.deepcopy(cfg)
@@ -240,12 +271,17 @@ def _candidates(cfg: RootConfig) -> List[Tuple[str, RootConfig]]:
     out: List[Tuple[str, RootConfig]] = []
     for mode in ("selective", "full"):
         if AC_MODES.index(mode) > AC_MODES.index(p.activation_checkpointing):
-            out.append((f"parallelism.activation_checkpointing={mode}",
-                        _with(cfg, parallelism__activation_checkpointing=mode)))
+            out.append(
+                (f"parallelism.activation_checkpointing={mode}", _with(cfg, parallelism__activation_checkpointing=mode))
+            )
     layouts: List[Tuple[str, dict]] = []
     if p.dp_replicate > 1:
-        layouts.append((f"parallelism.dp_shard={p.dp_shard * p.dp_replicate} parallelism.dp_replicate=1",
-                        dict(parallelism__dp_shard=p.dp_shard * p.dp_replicate, parallelism__dp_replicate=1)))
+        layouts.append(
+            (
+                f"parallelism.dp_shard={p.dp_shard * p.dp_replicate} parallelism.dp_replicate=1",
+                dict(parallelism__dp_shard=p.dp_shard * p.dp_replicate, parallelism__dp_replicate=1),
+            )
+        )
     if p.dp_shard > 1 and p.reshard_after_forward is False:
         layouts.append(("parallelism.reshard_after_forward=true", dict(parallelism__reshard_after_forward=True)))
     mb = t.micro_batch_size // 2
@@ -264,14 +300,22 @@ def _candidates(cfg: RootConfig) -> List[Tuple[str, RootConfig]]:
             for dp_dim in ("dp_shard", "dp_replicate"):
                 dp = getattr(p, dp_dim)
                 if dp % ratio == 0:
-                    layouts.append((f"parallelism.{dim}={size} parallelism.{dp_dim}={dp // ratio}",
-                                    {f"parallelism__{dim}": size, f"parallelism__{dp_dim}": dp // ratio}))
+                    layouts.append(
+                        (
+                            f"parallelism.{dim}={size} parallelism.{dp_dim}={dp // ratio}",
+                            {f"parallelism__{dim}": size, f"parallelism__{dp_dim}": dp // ratio},
+                        )
+                    )
                     break
     for text, change in layouts:
         out.append((text, _with(cfg, **change)))
         if p.activation_checkpointing != "full":
-            out.append((f"{text} parallelism.activation_checkpointing=full",
-                        _with(cfg, parallelism__activation_checkpointing="full", **change)))
+            out.append(
+                (
+                    f"{text} parallelism.activation_checkpointing=full",
+                    _with(cfg, parallelism__activation_checkpointing="full", **change),
+                )
+            )
     return out
 
 
@@ -298,9 +342,11 @@ def check_fits(plan: Plan) -> None:
         return
     m = plan.memory
     where = f" on pipeline rank {m.pp_rank}" if plan.cfg.parallelism.pp > 1 else ""
-    reason = (f"estimated {gib(m.total):.1f} GiB per device{where} exceeds the {gib(plan.usable_memory):.1f} GiB "
-              f"usable of {gib(plan.device_memory):.0f} GiB on {plan.device_kind} (parameters+gradients+optimizer "
-              f"{gib(m.state.total):.1f} GiB, activations {gib(m.activations):.1f} GiB)")
+    reason = (
+        f"estimated {gib(m.total):.1f} GiB per device{where} exceeds the {gib(plan.usable_memory):.1f} GiB "
+        f"usable of {gib(plan.device_memory):.0f} GiB on {plan.device_kind} (parameters+gradients+optimizer "
+        f"{gib(m.state.total):.1f} GiB, activations {gib(m.activations):.1f} GiB)"
+    )
     fixes = suggest_fixes(plan)
     if fixes:
         fix = " or ".join(f"{text} ({est:.1f} GiB)" for text, est in fixes)
@@ -310,6 +356,7 @@ def check_fits(plan: Plan) -> None:
 
 
 # ---- presentation -------------------------------------------------------------------------------------
+
 
 def _si(x: float, unit: str) -> str:
     for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -339,7 +386,9 @@ def format_plan(plan: Plan) -> str:
         f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
         f"(world size {plan.world_size}), precision {plan.precision}",
         f"mesh       pp={p.pp} x dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard}"
-        + (f" x cp={p.cp}" if p.cp > 1 else "") + (f" (ep={p.ep} within dp_shard)" if p.ep > 1 else "") + f" x tp={p.tp}"
+        + (f" x cp={p.cp}" if p.cp > 1 else "")
+        + (f" (ep={p.ep} within dp_shard)" if p.ep > 1 else "")
+        + f" x tp={p.tp}"
         f"  ({mesh_placement(cfg)})",
         f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
         f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
@@ -347,45 +396,57 @@ def format_plan(plan: Plan) -> str:
         f"model      {plan.n_params:,} parameters ({matmul_params(m):,} in matmuls), {m.n_layers} layers, "
         f"d_model {m.d_model}, heads {m.n_heads}/{m.n_kv_heads or m.n_heads} kv, seq_len {m.seq_len}",
         f"batch      {b.global_batch_size} sequences = micro {b.micro_batch_size} x grad_accum {b.grad_accum} "
-        f"x dp {b.dp_size}; {b.tokens_per_step:,} tokens/step" + (f"; {plan.n_micro} pipeline micro batches" if p.pp > 1 else ""),
+        f"x dp {b.dp_size}; {b.tokens_per_step:,} tokens/step"
+        + (f"; {plan.n_micro} pipeline micro batches" if p.pp > 1 else ""),
     ]
     if p.cp > 1:
-        lines.append(f"cp         {p.cp} ranks per sequence ({p.cp_kv_exchange}): {m.seq_len // p.cp} of {m.seq_len} tokens "
-                     f"per rank (chunks of {m.seq_len // (2 * p.cp)}); K/V exchange {gib(plan.cp_exchange_bytes):.3f} GiB "
-                     f"per rank and step")
+        lines.append(
+            f"cp         {p.cp} ranks per sequence ({p.cp_kv_exchange}): {m.seq_len // p.cp} of {m.seq_len} tokens "
+            f"per rank (chunks of {m.seq_len // (2 * p.cp)}); K/V exchange {gib(plan.cp_exchange_bytes):.3f} GiB "
+            f"per rank and step"
+        )
     if p.ep > 1:  # expert parallelism: experts per rank, their state, the token all-to-all
         st = mem.state
         expert_bytes = st.expert_numel * (2 + ADAMW_STATES) * mem.dtypes.param
-        where = (f" in each of its {moe_layers_per_pipeline_rank(cfg)} MoE layers" if p.pp > 1 else "") + \
-            (f", replicated over tp {p.tp}" if p.tp > 1 else "")
-        lines.append(f"ep         {p.ep} ranks per expert group (of dp_shard {p.dp_shard}): {m.moe.experts // p.ep} of "
-                     f"{m.moe.experts} experts per rank{where}, FSDP over {p.dp_shard // p.ep}; experts' "
-                     f"parameters+gradients+AdamW {gib(expert_bytes):.3f} GiB per device; token all-to-all "
-                     f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step")
+        where = (f" in each of its {moe_layers_per_pipeline_rank(cfg)} MoE layers" if p.pp > 1 else "") + (
+            f", replicated over tp {p.tp}" if p.tp > 1 else ""
+        )
+        lines.append(
+            f"ep         {p.ep} ranks per expert group (of dp_shard {p.dp_shard}): {m.moe.experts // p.ep} of "
+            f"{m.moe.experts} experts per rank{where}, FSDP over {p.dp_shard // p.ep}; experts' "
+            f"parameters+gradients+AdamW {gib(expert_bytes):.3f} GiB per device; token all-to-all "
+            f"{gib(plan.ep_all_to_all_bytes):.3f} GiB per rank and step"
+        )
     lines += [
         f"FLOPs      {_si(plan.flops_per_token, 'FLOP')}/token (6N + attention), {_si(plan.flops_per_step, 'FLOP')}/step",
         "memory     per device, most loaded rank" + (f" (pipeline rank {mem.pp_rank})" if p.pp > 1 else "") + ":",
     ]
     for name, n in bytes_table(mem):
         lines.append(f"  {name:<30} {gib(n):9.2f} GiB")
-    lines.append(f"  {'total':<30} {gib(mem.total):9.2f} GiB of {gib(plan.usable_memory):.1f} usable "
-                 f"({gib(plan.device_memory):.0f} GiB {plan.device_kind})")
+    lines.append(
+        f"  {'total':<30} {gib(mem.total):9.2f} GiB of {gib(plan.usable_memory):.1f} usable "
+        f"({gib(plan.device_memory):.0f} GiB {plan.device_kind})"
+    )
     alt = " | ".join(f"{mode} {gib(mem.activations_by_mode[mode]):.2f}" for mode in AC_MODES)
     lines.append(f"  activations by checkpointing: {alt} GiB; total with full: {gib(mem.total_with('full')):.2f} GiB")
     if p.pp > 1:
-        lines.append("  per pipeline rank: " + ", ".join(f"{r}: {gib(v):.2f}" for r, v in sorted(mem.per_stage_total.items())) + " GiB")
+        lines.append(
+            "  per pipeline rank: "
+            + ", ".join(f"{r}: {gib(v):.2f}" for r, v in sorted(mem.per_stage_total.items()))
+            + " GiB"
+        )
     lines.append(
         f"step time  {plan.step_time_s:.3f} s at assumed MFU {plan.assumed_mfu:.0%} of {plan.peak_tflops:.1f} TFLOP/s "
         f"(bubble {plan.bubble:.1%}, recompute x{plan.recompute:.2f}) -> {plan.tokens_per_s:,.0f} tokens/s, "
-        f"{plan.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {plan.expected_mfu:.1%})")
+        f"{plan.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {plan.expected_mfu:.1%})"
+    )
     for w in plan.warnings:
         lines.append(f"warning    {w}")
     lines.append("fits       yes" if plan.fits else "fits       NO")
     return "\n".join(lines)
 
 
-def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str,
-                        emit: Callable[[str], None] = print) -> bool:
+def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, emit: Callable[[str], None] = print) -> bool:
     """Start-up check of the trainer on a real device: warn (not fail) when the estimate exceeds memory."""
     from lmforge.parallel.memory_estimate import resolve_precision as resolve
 
@@ -394,8 +455,10 @@ def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str,
     usable = usable_bytes(total_bytes, kind)
     if est.total <= usable:
         return False
-    emit(f"lmforge: warning: the planner estimates {gib(est.total):.1f} GiB per device but {gib(usable):.1f} GiB "
-         f"are usable on this {kind}; run `lmforge plan` with these overrides for fixes")
+    emit(
+        f"lmforge: warning: the planner estimates {gib(est.total):.1f} GiB per device but {gib(usable):.1f} GiB "
+        f"are usable on this {kind}; run `lmforge plan` with these overrides for fixes"
+    )
     return True
 
 

@@ -3,6 +3,7 @@
 ``auto`` is ``bf16-mixed`` on CUDA (fp32 parameters, bf16 autocast) and ``fp32`` elsewhere; ``bf16`` keeps the
 parameters themselves in bf16 (native engine; DeepSpeed casts through its own bf16 config).
 """
+
 from __future__ import annotations
 
 import contextlib

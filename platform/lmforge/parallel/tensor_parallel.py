@@ -30,6 +30,7 @@ sequence dim (``SequenceParallel``): the residual stream between blocks is the *
 a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add fails, see
 shared/notes/engines.md), all-gathered before attention / the MLP and reduce-scattered after them.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -38,8 +39,15 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               RowwiseParallel, ParallelStyle, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from lmforge.model.moe import MoEFeedForward
 
@@ -54,25 +62,42 @@ def block_plan(sequence_parallel: bool, moe: bool = False, shared_experts: bool 
         "attention.wo": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
     }
     if not moe:
-        plan.update({"feed_forward.w1": ColwiseParallel(),
-                     "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
-                     "feed_forward.w3": ColwiseParallel()})
+        plan.update(
+            {
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sequence_parallel else Replicate()),
+                "feed_forward.w3": ColwiseParallel(),
+            }
+        )
     elif shared_experts:  # the shared experts' FFN: column/row-parallel, output replicated (added to the routed)
-        plan.update({"feed_forward.shared.w1": ColwiseParallel(), "feed_forward.shared.w3": ColwiseParallel(),
-                     "feed_forward.shared.w2": RowwiseParallel(output_layouts=Replicate())})
+        plan.update(
+            {
+                "feed_forward.shared.w1": ColwiseParallel(),
+                "feed_forward.shared.w3": ColwiseParallel(),
+                "feed_forward.shared.w2": RowwiseParallel(output_layouts=Replicate()),
+            }
+        )
     if sequence_parallel:
-        plan.update({
-            "attention_norm": SequenceParallel(),
-            "ffn_norm": SequenceParallel(),
-            # (x, cos, sin): gather the sequence shard of x; the RoPE tables are plain full-length tensors.
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        })
+        plan.update(
+            {
+                "attention_norm": SequenceParallel(),
+                "ffn_norm": SequenceParallel(),
+                # (x, cos, sin): gather the sequence shard of x; the RoPE tables are plain full-length tensors.
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+                ),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            }
+        )
         if moe:  # the full sequence in as a plain tensor (routing sees one device's tokens), the shard out
             plan["feed_forward"] = PrepareModuleInputOutput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=True,
+            )
     return plan
 
 
@@ -80,8 +105,9 @@ def outer_plan(model: nn.Module, sequence_parallel: bool) -> dict:
     """Embedding, final norm and output; only for the modules this (pipeline stage) model holds."""
     plan = {}
     if getattr(model, "tok_embeddings", None) is not None:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=Shard(1) if sequence_parallel else Replicate())
+        plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sequence_parallel else Replicate()
+        )
     if getattr(model, "norm", None) is not None and sequence_parallel:
         plan["norm"] = SequenceParallel()
     if getattr(model, "output", None) is not None:
@@ -114,8 +140,9 @@ class VocabParallelOutput(ParallelStyle):
     @staticmethod
     def _shard_weight(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
         if name == "" and module.weight is not None:
-            module.weight = nn.Parameter(distribute_tensor(module.weight, mesh, [Shard(0)]),
-                                         requires_grad=module.weight.requires_grad)
+            module.weight = nn.Parameter(
+                distribute_tensor(module.weight, mesh, [Shard(0)]), requires_grad=module.weight.requires_grad
+            )
 
     @staticmethod
     def _replicate_input(input_layout: Placement, module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
@@ -129,8 +156,13 @@ class VocabParallelOutput(ParallelStyle):
         return logits.redistribute(mesh, [Replicate()]).to_local()
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(module, device_mesh, self._shard_weight,
-                                 partial(self._replicate_input, self.input_layout), self._gather_logits)
+        return distribute_module(
+            module,
+            device_mesh,
+            self._shard_weight,
+            partial(self._replicate_input, self.input_layout),
+            self._gather_logits,
+        )
 
 
 def keep_grads_in_param_layout(model: nn.Module) -> int:
@@ -155,5 +187,6 @@ def _to_param_layout(param: torch.Tensor) -> None:
     grad = param.grad
     if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
         local = grad.redistribute(param.device_mesh, param.placements).to_local().clone()  # own the slice
-        param.grad = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                        shape=param.shape, stride=param.stride())
+        param.grad = DTensor.from_local(
+            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )

@@ -14,6 +14,7 @@ is the one way to train on CPU under a GPU cluster config. Called once per worke
 exists (``trainer.Trainer``) and once per job in slurm/train.sh's prepare step (``launch.jobctl prepare``).
 Layer 0: plain arguments, no Hydra.
 """
+
 from __future__ import annotations
 
 import socket
@@ -77,14 +78,22 @@ def gpu_reason(device: str, cluster_name: str, cluster_device: str, env: Mapping
 
 
 def install_fix() -> str:
-    return ("install the CUDA build of torch into the job's environment (on the login node: make install "
-            "TORCH_VARIANT=cu128, or pip install torch==<version> --index-url https://download.pytorch.org/whl/cu128 "
-            "with the job's LMFORGE_PYTHON)")
+    return (
+        "install the CUDA build of torch into the job's environment (on the login node: make install "
+        "TORCH_VARIANT=cu128, or pip install torch==<version> --index-url https://download.pytorch.org/whl/cu128 "
+        "with the job's LMFORGE_PYTHON)"
+    )
 
 
-def check(device: str, cluster_name: str, cluster_device: str, nproc_per_node: int,
-          env: Optional[Mapping[str, str]] = None, facts: Optional[DeviceFacts] = None,
-          where: str = "") -> Optional[str]:
+def check(
+    device: str,
+    cluster_name: str,
+    cluster_device: str,
+    nproc_per_node: int,
+    env: Optional[Mapping[str, str]] = None,
+    facts: Optional[DeviceFacts] = None,
+    where: str = "",
+) -> Optional[str]:
     """Raise DeviceContractError when the job wants GPUs it cannot use. Returns why GPUs are wanted (None: CPU)."""
     env = environment() if env is None else env
     reason = gpu_reason(device, cluster_name, cluster_device, env)
@@ -102,10 +111,12 @@ def check(device: str, cluster_name: str, cluster_device: str, nproc_per_node: i
         raise DeviceContractError(
             f"{who}: {reason} but {build} finds no usable CUDA device (no driver or no GPU visible; "
             f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '<unset>')}). Fix: run on GPU nodes and request "
-            f"them (sbatch --gpus-per-node={nproc_per_node}; check nvidia-smi on {node}), {cpu_fix}")
+            f"them (sbatch --gpus-per-node={nproc_per_node}; check nvidia-smi on {node}), {cpu_fix}"
+        )
     if facts.device_count < nproc_per_node:
         raise DeviceContractError(
             f"{who}: {reason} but {build} sees {facts.device_count} CUDA device(s) for {nproc_per_node} processes "
             f"per node. Fix: request --gpus-per-node={nproc_per_node} or set cluster.gpus_per_node="
-            f"{facts.device_count}")
+            f"{facts.device_count}"
+        )
     return reason

@@ -3,6 +3,7 @@
 Every function works before (or without) a process group, as a single process: rank 0 of a world of 1.
 Groups other than the default one (a mesh dimension's) are passed explicitly where they are used.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

@@ -12,6 +12,7 @@ the whole environment for a child process (``dict(os.environ)``, ``{**os.environ
 the child inherits it, lmforge interprets nothing in it. Inside ``runtime/``, ``secrets.py`` scans every value
 for secrets (redaction only) and ``provenance.py`` records launcher variables into provenance.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,8 +80,9 @@ class UnlistedVariable(KeyError):
 
 def _listed(name: str) -> str:
     if name not in VARIABLES and not name.startswith(tuple(FAMILIES)):
-        raise UnlistedVariable(f"environment variable {name} is not in lmforge.runtime.env.VARIABLES; add it with "
-                               "its meaning")
+        raise UnlistedVariable(
+            f"environment variable {name} is not in lmforge.runtime.env.VARIABLES; add it with its meaning"
+        )
     return name
 
 

@@ -6,6 +6,7 @@ GEMM peak and a warning, never a near guess. For CPUs there is no honest spec
 number, so the peak is *measured* once with a square GEMM at the run's thread count and dtype, and cached
 in ``~/.cache/lmforge/cpu_peak.json`` keyed by CPU model, threads, dtype and torch version.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,41 +38,98 @@ class GpuSpec:
 # Dense TFLOP/s (the datasheets print "with sparsity" figures at 2x; these are half of those). Sources in
 # docs/metrics.md ("GPU peak table").
 GPU_SPECS: Tuple[GpuSpec, ...] = (
-    GpuSpec("h100_sxm", ("h100",), ("pcie", "nvl"), (70, 85),
-            {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 80.0),
-    GpuSpec("h100_pcie", ("h100", "pcie"), (), (70, 85),
-            {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2}, 80.0),
-    GpuSpec("h100_nvl", ("h100", "nvl"), (), (85, 100),
-            {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0}, 94.0),
-    GpuSpec("h200", ("h200",), ("nvl",), (130, 150),
-            {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}, 141.0),
-    GpuSpec("h200_nvl", ("h200", "nvl"), (), (130, 150),
-            {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0}, 141.0),
+    GpuSpec(
+        "h100_sxm",
+        ("h100",),
+        ("pcie", "nvl"),
+        (70, 85),
+        {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+        80.0,
+    ),
+    GpuSpec(
+        "h100_pcie",
+        ("h100", "pcie"),
+        (),
+        (70, 85),
+        {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
+        80.0,
+    ),
+    GpuSpec(
+        "h100_nvl",
+        ("h100", "nvl"),
+        (),
+        (85, 100),
+        {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
+        94.0,
+    ),
+    GpuSpec(
+        "h200",
+        ("h200",),
+        ("nvl",),
+        (130, 150),
+        {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+        141.0,
+    ),
+    GpuSpec(
+        "h200_nvl",
+        ("h200", "nvl"),
+        (),
+        (130, 150),
+        {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
+        141.0,
+    ),
     GpuSpec("a100_40gb", ("a100",), (), (35, 45), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 40.0),
     GpuSpec("a100_80gb", ("a100",), (), (75, 85), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 80.0),
-    GpuSpec("b200", ("b200",), (), (170, 200),
-            {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 80.0}, 180.0),
-    GpuSpec("l40s", ("l40s",), (), (40, 50),
-            {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6}, 48.0),
-    GpuSpec("mi300x", ("mi300x",), (), (180, 200),
-            {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7, "fp32": 163.4}, 192.0),
+    GpuSpec(
+        "b200",
+        ("b200",),
+        (),
+        (170, 200),
+        {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 80.0},
+        180.0,
+    ),
+    GpuSpec(
+        "l40s",
+        ("l40s",),
+        (),
+        (40, 50),
+        {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
+        48.0,
+    ),
+    GpuSpec(
+        "mi300x",
+        ("mi300x",),
+        (),
+        (180, 200),
+        {"bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "tf32": 653.7, "fp32": 163.4},
+        192.0,
+    ),
 )
 # Short names accepted for planning (``cluster.device``): the common part of each family.
 KIND_ALIASES = {"h100": "h100_sxm", "a100": "a100_80gb"}
 _BY_KIND = {spec.kind: spec for spec in GPU_SPECS}
 # Dense TFLOP/s and memory per device in GiB by kind (aliases included): what the planner looks up.
-PEAK_TFLOPS: Dict[str, Dict[str, float]] = {**{s.kind: s.peaks for s in GPU_SPECS},
-                                            **{a: _BY_KIND[k].peaks for a, k in KIND_ALIASES.items()}}
-DEVICE_MEMORY_GIB: Dict[str, float] = {**{s.kind: s.nominal_gib for s in GPU_SPECS},
-                                       **{a: _BY_KIND[k].nominal_gib for a, k in KIND_ALIASES.items()}}
+PEAK_TFLOPS: Dict[str, Dict[str, float]] = {
+    **{s.kind: s.peaks for s in GPU_SPECS},
+    **{a: _BY_KIND[k].peaks for a, k in KIND_ALIASES.items()},
+}
+DEVICE_MEMORY_GIB: Dict[str, float] = {
+    **{s.kind: s.nominal_gib for s in GPU_SPECS},
+    **{a: _BY_KIND[k].nominal_gib for a, k in KIND_ALIASES.items()},
+}
 
 
 def match_gpu(name: str, total_memory: int) -> Optional[GpuSpec]:
     """The one spec whose name tokens and memory range fit the device, else None (never a near guess)."""
     lowered = name.lower().replace("-", " ")
     gib = total_memory / 2**30
-    hits = [s for s in GPU_SPECS if all(t in lowered for t in s.tokens)
-            and not any(x in lowered for x in s.excludes) and s.memory_gib[0] <= gib <= s.memory_gib[1]]
+    hits = [
+        s
+        for s in GPU_SPECS
+        if all(t in lowered for t in s.tokens)
+        and not any(x in lowered for x in s.excludes)
+        and s.memory_gib[0] <= gib <= s.memory_gib[1]
+    ]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -123,8 +181,9 @@ def _cpu_model() -> str:
     return platform.processor() or "cpu"
 
 
-def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 0, repeats: int = 5,
-                          best: bool = False) -> float:
+def measure_matmul_tflops(
+    device: torch.device, dtype: torch.dtype, n: int = 0, repeats: int = 5, best: bool = False
+) -> float:
     """TFLOP/s of an n x n x n matmul on ``device`` after warm-up: the median of the repeats, or with
     ``best`` the fastest one (a *peak* should not be dragged down by a moment of contention)."""
     n = n or (4096 if device.type == "cuda" else 2048)
@@ -181,8 +240,9 @@ def cpu_peak_tflops(dtype: torch.dtype = torch.float32, cache: Optional[Path] = 
     return float(table[key])
 
 
-def refresh_cpu_peak(dtype: torch.dtype, achieved: float, peak: float, warn: Callable[[str], None] = print,
-                     cache: Optional[Path] = None) -> float:
+def refresh_cpu_peak(
+    dtype: torch.dtype, achieved: float, peak: float, warn: Callable[[str], None] = print, cache: Optional[Path] = None
+) -> float:
     """A run achieved ``achieved`` TFLOP/s, above the cached CPU GEMM peak ``peak`` (measured while other work held
     the cores): measure it again, keep the higher figure in the cache, announce it in one line, return it."""
     cache, key = _cpu_peak_cache(cache), _cpu_peak_key(dtype)
@@ -190,9 +250,11 @@ def refresh_cpu_peak(dtype: torch.dtype, achieved: float, peak: float, warn: Cal
     table = _read_table(cache)
     new = table[key] = max(measured, peak, float(table.get(key, 0.0)))  # another process may have cached more
     _write_table(cache, table)
-    warn(f"lmforge: warning: the step ran at {achieved:.3f} TFLOP/s, above the cached CPU {dtype_key(dtype)} GEMM "
-         f"peak of {peak:.3f} (measured under contention); re-measured: {measured:.3f}. MFU from now on uses "
-         f"{new:.3f} ({cache})")
+    warn(
+        f"lmforge: warning: the step ran at {achieved:.3f} TFLOP/s, above the cached CPU {dtype_key(dtype)} GEMM "
+        f"peak of {peak:.3f} (measured under contention); re-measured: {measured:.3f}. MFU from now on uses "
+        f"{new:.3f} ({cache})"
+    )
     return new
 
 
@@ -205,8 +267,10 @@ def peak_tflops(device: torch.device, dtype: torch.dtype, warn: Callable[[str], 
     spec = match_gpu(props.name, props.total_memory)
     if spec is None:
         measured = measure_matmul_tflops(device, dtype, best=True)
-        warn(f"lmforge: warning: GPU '{props.name}' ({props.total_memory / 2**30:.1f} GiB) is not in the peak table "
-             f"(lmforge.runtime.hardware.GPU_SPECS); MFU uses a measured {dtype_key(dtype)} GEMM peak of "
-             f"{measured:.1f} TFLOP/s. Fix: add the GPU's datasheet dense peak to GPU_SPECS")
+        warn(
+            f"lmforge: warning: GPU '{props.name}' ({props.total_memory / 2**30:.1f} GiB) is not in the peak table "
+            f"(lmforge.runtime.hardware.GPU_SPECS); MFU uses a measured {dtype_key(dtype)} GEMM peak of "
+            f"{measured:.1f} TFLOP/s. Fix: add the GPU's datasheet dense peak to GPU_SPECS"
+        )
         return measured
     return spec.peaks.get(dtype_key(dtype), spec.peaks["bf16"])

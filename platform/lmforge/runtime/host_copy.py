@@ -11,6 +11,7 @@ On the CPU the device *is* the host: the copy is the tensor itself and is always
 ``numpy()``, not ``item()``, so a host read of a staged value is never mistaken for a device sync
 (tests count ``aten._local_scalar_dense`` calls to prove a step makes none).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional

@@ -17,6 +17,7 @@ CPU, ``system`` on a GPU (whose tensors the CUDA caching allocator already keeps
 
 The switches exist in glibc only: elsewhere (musl, macOS) ``retain`` changes nothing and says so.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
 """What produced a run: code version, packages, hosts, devices, layout, scheduler ids, environment."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -14,10 +15,38 @@ import torch
 
 from lmforge.runtime.secrets import redact, redacted_environ
 
-PACKAGES = ("lmforge", "torch", "numpy", "hydra-core", "omegaconf", "megatron-core", "wandb", "deepspeed",
-            "tokenizers", "transformers", "submitit")
-ENV_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LMFORGE_", "NCCL_", "TORCH_", "GLOO_", "CUDA_", "OMP_", "MASTER_",
-                "WORLD_SIZE", "RANK", "LOCAL_", "GROUP_", "ROLE_", "WANDB_", "HF_", "PYTHON")
+PACKAGES = (
+    "lmforge",
+    "torch",
+    "numpy",
+    "hydra-core",
+    "omegaconf",
+    "megatron-core",
+    "wandb",
+    "deepspeed",
+    "tokenizers",
+    "transformers",
+    "submitit",
+)
+ENV_PREFIXES = (
+    "SLURM_",
+    "TORCHELASTIC_",
+    "LMFORGE_",
+    "NCCL_",
+    "TORCH_",
+    "GLOO_",
+    "CUDA_",
+    "OMP_",
+    "MASTER_",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_",
+    "GROUP_",
+    "ROLE_",
+    "WANDB_",
+    "HF_",
+    "PYTHON",
+)
 
 
 def git_state(path: Path) -> dict[str, Any]:
@@ -61,11 +90,24 @@ def collect(layout: Optional[dict] = None, hostnames: Optional[list[str]] = None
         "devices": device_names(),
         "threads": torch.get_num_threads(),
         "layout": layout or {},
-        "slurm": {k: v for k, v in os.environ.items() if k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
-                                                              "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
-                                                              "SLURM_JOB_NODELIST", "SLURM_NNODES")},
-        "torchrun": {k: v for k, v in os.environ.items() if k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                                                                 "TORCHELASTIC_MAX_RESTARTS")},
+        "slurm": {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            in (
+                "SLURM_JOB_ID",
+                "SLURM_ARRAY_JOB_ID",
+                "SLURM_ARRAY_TASK_ID",
+                "SLURM_RESTART_COUNT",
+                "SLURM_JOB_NODELIST",
+                "SLURM_NNODES",
+            )
+        },
+        "torchrun": {
+            k: v
+            for k, v in os.environ.items()
+            if k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+        },
         "argv": redact(list(sys.argv)),
         "env": redacted_environ(ENV_PREFIXES),
     }

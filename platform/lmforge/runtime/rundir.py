@@ -17,6 +17,7 @@ inside a run directory is named here (``RunPaths``), nowhere else.
 ``run.root`` may be any directory; a name or sweep point never leaves it (``escape_reason``: no absolute path,
 no ``..`` component). Run directories are made ``RUN_DIR_MODE`` (0o750: group may read, others nothing).
 """
+
 from __future__ import annotations
 
 import os
@@ -78,8 +79,12 @@ def _fresh_id(root: Path) -> str:
     return _FRESH_ID
 
 
-def resolve_run_dir(root: str | os.PathLike, name: Optional[str] = None, sweep_point: Optional[str] = None,
-                    env: Optional[Mapping[str, str]] = None) -> Path:
+def resolve_run_dir(
+    root: str | os.PathLike,
+    name: Optional[str] = None,
+    sweep_point: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Path:
     env = environment() if env is None else env
     root_path = Path(root).expanduser().absolute()
     for key, candidate in (("run.name", name), ("run.sweep_point", sweep_point)):
@@ -100,7 +105,8 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("lmforge_run_dir"):
         OmegaConf.register_new_resolver(
-            "lmforge_run_dir", lambda root, name=None, point=None: str(resolve_run_dir(root, name, point)),
+            "lmforge_run_dir",
+            lambda root, name=None, point=None: str(resolve_run_dir(root, name, point)),
             use_cache=True,
         )
 

@@ -4,6 +4,7 @@ A key is secret when one of its name's parts (split at ``_ . -``) is, or ends wi
 (case-insensitive): ``WANDB_API_KEY``, ``HF_TOKEN``, ``apikey`` are; ``tokenizer``, ``planned_tokens`` are not. Text is scrubbed of the
 *values* of every secret environment variable too, so a key pasted into an override is caught as well.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def redact_text(text: str, env: Mapping[str, str] | None = None) -> str:
 def redact(obj: Any, env: Mapping[str, str] | None = None) -> Any:
     """Deep copy of dicts/lists/strings with secret keys and secret values replaced."""
     if isinstance(obj, Mapping):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_name(k) and obj[k] not in (None, "")
-                    else redact(v, env)) for k, v in obj.items()}
+        return {
+            k: (REDACTED if isinstance(k, str) and is_secret_name(k) and obj[k] not in (None, "") else redact(v, env))
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [redact(v, env) for v in obj]
     if isinstance(obj, str):

@@ -20,6 +20,7 @@ runs' budgets, and each bin's profile carries a first-order correction for the s
 so the vertex is the minimum at C_b (q is fitted; with one budget per bin the term is absent). The
 correction is first order only: wide bins still bias N*, so prefer more, narrower bins when runs allow.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,7 +47,9 @@ class IsoFlopMinimum:
 
     def predict(self, obs: Observations, sel: np.ndarray) -> np.ndarray:
         """The profile's fitted losses for the runs ``sel`` (of this budget)."""
-        return np.polyval(self.n_coef, np.log(obs.n[sel])) + self.budget_coef * np.log(obs.true_budget[sel] / self.budget)
+        return np.polyval(self.n_coef, np.log(obs.n[sel])) + self.budget_coef * np.log(
+            obs.true_budget[sel] / self.budget
+        )
 
 
 @dataclass
@@ -70,7 +73,10 @@ class Approach2Fit:
 
     def as_dict(self) -> dict:
         return {
-            "a": self.n_law.exponent, "k_N": self.n_law.k, "b": self.d_law.exponent, "k_D": self.d_law.k,
+            "a": self.n_law.exponent,
+            "k_N": self.n_law.k,
+            "b": self.d_law.exponent,
+            "k_D": self.d_law.k,
             "minima": [m.__dict__ for m in self.minima],
         }
 
@@ -79,8 +85,9 @@ def _fmt_c(c: float) -> str:
     return f"{c:.3g}"
 
 
-def _vertex(x: np.ndarray, y: np.ndarray, budget: float, axis: str, u: Optional[np.ndarray] = None
-            ) -> tuple[float, List[float], float]:
+def _vertex(
+    x: np.ndarray, y: np.ndarray, budget: float, axis: str, u: Optional[np.ndarray] = None
+) -> tuple[float, List[float], float]:
     if u is None:
         coef, q = np.polyfit(x, y, 2), 0.0
     else:
@@ -127,14 +134,18 @@ def isoflop_minimum(obs: Observations, budget: float, min_points: int = MIN_POIN
     u = u if np.ptp(u) > 1e-9 and k > min_points else None  # a spread of budgets inside a bin: correct for it
     xn, ncoef, q = _vertex(ln_n, y, budget, "N", u)
     xd, dcoef, _ = _vertex(ln_d, y, budget, "D", u)
-    return IsoFlopMinimum(budget, float(np.exp(xn)), float(np.exp(xd)), float(np.polyval(ncoef, xn)), ncoef, dcoef, k, q)
+    return IsoFlopMinimum(
+        budget, float(np.exp(xn)), float(np.exp(xd)), float(np.polyval(ncoef, xn)), ncoef, dcoef, k, q
+    )
 
 
 def budget_bins(obs: Observations, bins: int) -> np.ndarray:
     """Each run's bin label: ``bins`` log-spaced bins over the table's budgets, each labelled by the geometric
     mean of the budgets it holds."""
     if bins < 2:
-        raise ScalingError(f"--bins {bins}", "Approach 2 needs at least 2 budget bins to fit a power law", "use --bins 6")
+        raise ScalingError(
+            f"--bins {bins}", "Approach 2 needs at least 2 budget bins to fit a power law", "use --bins 6"
+        )
     c = obs.true_budget
     ln_c = np.log(c)
     edges = np.linspace(ln_c.min(), ln_c.max(), bins + 1)
@@ -160,11 +171,17 @@ def fit_approach2(obs: Observations, min_points: int = MIN_POINTS_PER_BUDGET) ->
     obs.check()
     budgets = obs.budgets()
     if len(budgets) < 2:
-        raise ScalingError("Approach 2", f"needs IsoFLOP profiles at >= 2 budgets to fit a power law, got "
-                           f"{len(budgets)} ({', '.join(_fmt_c(b) for b in budgets)})",
-                           "plan more budgets (sweep plan --budgets 1e11,3e11,1e12)")
+        raise ScalingError(
+            "Approach 2",
+            f"needs IsoFLOP profiles at >= 2 budgets to fit a power law, got "
+            f"{len(budgets)} ({', '.join(_fmt_c(b) for b in budgets)})",
+            "plan more budgets (sweep plan --budgets 1e11,3e11,1e12)",
+        )
     minima = [isoflop_minimum(obs, b, min_points) for b in budgets]
     c = np.array([m.budget for m in minima])
-    return Approach2Fit(minima, fit_power_law(c, np.array([m.n_opt for m in minima])),
-                        fit_power_law(c, np.array([m.d_opt for m in minima])),
-                        fit_power_law(c, np.array([m.loss_opt for m in minima])))
+    return Approach2Fit(
+        minima,
+        fit_power_law(c, np.array([m.n_opt for m in minima])),
+        fit_power_law(c, np.array([m.d_opt for m in minima])),
+        fit_power_law(c, np.array([m.loss_opt for m in minima])),
+    )

@@ -12,6 +12,7 @@ a, b in {0, 5, ..., 25}). The objective is evaluated on the whole grid at once a
 ``top_k`` best grid points (all of them with ``top_k=None``); the best optimum wins. The LSE form keeps every
 term positive and the gradient is exact, which avoids the precision problems the replication reports.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,11 @@ from lmforge.scaling.laws import Law
 
 HUBER_DELTA = 1e-3
 GRID = dict(
-    alpha=np.arange(0.0, 2.01, 0.5), beta=np.arange(0.0, 2.01, 0.5), e=np.arange(-1.0, 1.01, 0.5),
-    a=np.arange(0.0, 25.1, 5.0), b=np.arange(0.0, 25.1, 5.0),
+    alpha=np.arange(0.0, 2.01, 0.5),
+    beta=np.arange(0.0, 2.01, 0.5),
+    e=np.arange(-1.0, 1.01, 0.5),
+    a=np.arange(0.0, 25.1, 5.0),
+    b=np.arange(0.0, 25.1, 5.0),
 )
 MIN_POINTS = 6  # five free parameters
 
@@ -45,8 +49,13 @@ class Approach3Fit:
         return np.log(obs.loss) - np.log(self.law.loss(obs.n, obs.d))
 
     def as_dict(self) -> dict:
-        return {**self.law.as_dict(), "objective": self.objective, "huber_delta": self.delta,
-                "inits_tried": self.inits_tried, "converged": self.converged}
+        return {
+            **self.law.as_dict(),
+            "objective": self.objective,
+            "huber_delta": self.delta,
+            "inits_tried": self.inits_tried,
+            "converged": self.converged,
+        }
 
 
 def _huber(r: np.ndarray, delta: Optional[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +82,16 @@ def _objective(theta, ln_n, ln_d, y, delta):
     pred = (m + np.log(s))[..., 0, :]
     val, dh = _huber(pred - y, delta)
     w = w / s
-    grad = np.stack([(dh * w[..., 0, :]).sum(-1), (dh * w[..., 1, :]).sum(-1), (dh * w[..., 2, :]).sum(-1),
-                     -(dh * w[..., 0, :] * ln_n).sum(-1), -(dh * w[..., 1, :] * ln_d).sum(-1)], axis=-1)
+    grad = np.stack(
+        [
+            (dh * w[..., 0, :]).sum(-1),
+            (dh * w[..., 1, :]).sum(-1),
+            (dh * w[..., 2, :]).sum(-1),
+            -(dh * w[..., 0, :] * ln_n).sum(-1),
+            -(dh * w[..., 1, :] * ln_d).sum(-1),
+        ],
+        axis=-1,
+    )
     return val.sum(-1), grad
 
 
@@ -83,8 +100,13 @@ def init_grid() -> np.ndarray:
     return np.array(list(rows), dtype=float)
 
 
-def fit_approach3(obs: Observations, delta: Optional[float] = HUBER_DELTA, top_k: Optional[int] = 8,
-                  extra_inits: Sequence[Sequence[float]] = (), maxiter: int = 300) -> Approach3Fit:
+def fit_approach3(
+    obs: Observations,
+    delta: Optional[float] = HUBER_DELTA,
+    top_k: Optional[int] = 8,
+    extra_inits: Sequence[Sequence[float]] = (),
+    maxiter: int = 300,
+) -> Approach3Fit:
     return fit_approach3_many([obs], delta, top_k, [extra_inits], maxiter)[0]
 
 
@@ -97,23 +119,30 @@ def stack_tables(tables: Sequence[Observations], copies: Sequence[int]) -> tuple
     at = 0
     for t, c in zip(tables, copies):
         n = len(t)
-        ln_n[at:at + c, :n], ln_d[at:at + c, :n], y[at:at + c, :n] = np.log(t.n), np.log(t.d), np.log(t.loss)
-        w[at:at + c, :n] = 1.0
+        ln_n[at : at + c, :n], ln_d[at : at + c, :n], y[at : at + c, :n] = np.log(t.n), np.log(t.d), np.log(t.loss)
+        w[at : at + c, :n] = 1.0
         at += c
     return ln_n, ln_d, y, w
 
 
-def fit_approach3_many(tables: Sequence[Observations], delta: Optional[float] = HUBER_DELTA,
-                       top_k: Optional[int] = 8, extra_inits: Sequence[Sequence[Sequence[float]]] = (),
-                       maxiter: int = 300) -> list:
+def fit_approach3_many(
+    tables: Sequence[Observations],
+    delta: Optional[float] = HUBER_DELTA,
+    top_k: Optional[int] = 8,
+    extra_inits: Sequence[Sequence[Sequence[float]]] = (),
+    maxiter: int = 300,
+) -> list:
     """Point fits of several tables at once (every table's starts in one batch of ``fit_law_batch``)."""
     grid = init_grid()
     starts, copies = [], []
     for i, obs in enumerate(tables):
         obs.check()
         if len(obs) < MIN_POINTS:
-            raise ScalingError("Approach 3", f"has {len(obs)} run(s); the law has 5 free parameters and needs at least "
-                               f"{MIN_POINTS}", "plan more runs (>= 5 sizes at >= 2 budgets)")
+            raise ScalingError(
+                "Approach 3",
+                f"has {len(obs)} run(s); the law has 5 free parameters and needs at least {MIN_POINTS}",
+                "plan more runs (>= 5 sizes at >= 2 budgets)",
+            )
         values, _ = _objective(grid, np.log(obs.n), np.log(obs.d), np.log(obs.loss), delta)
         order = np.argsort(values)
         own = grid[order if top_k is None else order[:top_k]]
@@ -126,7 +155,7 @@ def fit_approach3_many(tables: Sequence[Observations], delta: Optional[float] = 
     theta, objective, converged = fit_law_batch(ln_n, ln_d, y, w, np.concatenate(starts), delta, max_iter=maxiter)
     fits, at = [], 0
     for c in copies:
-        i = at + int(np.argmin(objective[at:at + c]))
+        i = at + int(np.argmin(objective[at : at + c]))
         a, b, e, al, be = theta[i]
         law = Law(E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)), alpha=float(al), beta=float(be))
         fits.append(Approach3Fit(law, float(objective[i]), delta, c, bool(converged[i])))
@@ -134,8 +163,9 @@ def fit_approach3_many(tables: Sequence[Observations], delta: Optional[float] = 
     return fits
 
 
-def fit_law_batch(ln_n, ln_d, y, weights, theta0, delta: Optional[float] = HUBER_DELTA, max_iter: int = 300,
-                  tol: float = 1e-10) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fit_law_batch(
+    ln_n, ln_d, y, weights, theta0, delta: Optional[float] = HUBER_DELTA, max_iter: int = 300, tol: float = 1e-10
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fit K data sets at once: (theta [K, 5], objective [K], converged [K]).
 
     ``ln_n``, ``ln_d``, ``y`` are [n] (shared) or [K, n]; ``weights`` [K, n] are per-run multiplicities (a

@@ -29,6 +29,7 @@ estimate; a replicate whose fit did not converge, or whose law does not decrease
 compute-optimal allocation), is counted as failed and left out. Approach 2 replicates that lose an
 interior minimum are counted the same way.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,9 +69,15 @@ class BootstrapResult:
     predictions: Dict[str, Dict[str, Interval]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"replicates": self.replicates, "failed": self.failed, "level": self.level, "method": self.method,
-                "design": self.design, "params": {k: v.as_dict() for k, v in self.params.items()},
-                "predictions": {c: {k: v.as_dict() for k, v in d.items()} for c, d in self.predictions.items()}}
+        return {
+            "replicates": self.replicates,
+            "failed": self.failed,
+            "level": self.level,
+            "method": self.method,
+            "design": self.design,
+            "params": {k: v.as_dict() for k, v in self.params.items()},
+            "predictions": {c: {k: v.as_dict() for k, v in d.items()} for c, d in self.predictions.items()},
+        }
 
 
 def design_of(obs: Observations) -> str:
@@ -105,14 +112,22 @@ def _block_idx(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def check_method(obs: Observations, method: str, bins: int) -> None:
     """Refuse a method this table cannot support (``obs``: as the approach sees it, binned for Approach 2)."""
     if method not in METHODS[1:]:
-        raise ScalingError(f"--bootstrap-method {method}", "is not a bootstrap method", f"choose one of {', '.join(METHODS)}")
+        raise ScalingError(
+            f"--bootstrap-method {method}", "is not a bootstrap method", f"choose one of {', '.join(METHODS)}"
+        )
     if method == "within-budget" and all((obs.budget == b).sum() < 2 for b in obs.budgets()):
-        raise ScalingError("--bootstrap-method within-budget", f"every budget of this table holds one run, so resampling "
-                           "within budgets redraws each run onto itself and every interval would have zero width",
-                           "use --bootstrap-method auto (runs for a scattered table) or runs/residual")
+        raise ScalingError(
+            "--bootstrap-method within-budget",
+            "every budget of this table holds one run, so resampling "
+            "within budgets redraws each run onto itself and every interval would have zero width",
+            "use --bootstrap-method auto (runs for a scattered table) or runs/residual",
+        )
     if method == "budget-blocks" and len(set(budget_bins(obs, bins).tolist())) < 3:
-        raise ScalingError("--bootstrap-method budget-blocks", f"the table's budgets fill fewer than 3 of {bins} bins",
-                           "raise --bins, or use --bootstrap-method runs")
+        raise ScalingError(
+            "--bootstrap-method budget-blocks",
+            f"the table's budgets fill fewer than 3 of {bins} bins",
+            "raise --bins, or use --bootstrap-method runs",
+        )
 
 
 def _interval(samples: Sequence[float], level: float) -> Interval:
@@ -126,8 +141,9 @@ def _law_of(theta: np.ndarray) -> Law:
     return Law(E=float(np.exp(e)), A=float(np.exp(a)), B=float(np.exp(b)), alpha=al, beta=be)
 
 
-def _approach3_draws(obs: Observations, method: str, replicates: int, point_law: Law, bins: int,
-                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _approach3_draws(
+    obs: Observations, method: str, replicates: int, point_law: Law, bins: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(ln L [R, n], weights [R, n]) of ``replicates`` resamples of one table."""
     n = len(obs)
     y = np.log(obs.loss)
@@ -148,14 +164,24 @@ def _approach3_draws(obs: Observations, method: str, replicates: int, point_law:
     return np.broadcast_to(y, (replicates, n)).copy(), weights
 
 
-def bootstrap_approach3_many(tables: Sequence[Observations], point_laws: Sequence[Law], replicates: int,
-                             targets: Sequence[float] = (), level: float = 0.95, seed: int = 0,
-                             delta: Optional[float] = HUBER_DELTA, method: str = "auto", bins: int = 6,
-                             seeds: Optional[Sequence[int]] = None) -> List[BootstrapResult]:
+def bootstrap_approach3_many(
+    tables: Sequence[Observations],
+    point_laws: Sequence[Law],
+    replicates: int,
+    targets: Sequence[float] = (),
+    level: float = 0.95,
+    seed: int = 0,
+    delta: Optional[float] = HUBER_DELTA,
+    method: str = "auto",
+    bins: int = 6,
+    seeds: Optional[Sequence[int]] = None,
+) -> List[BootstrapResult]:
     """Approach 3 intervals for several tables, every replicate of every table fitted in one batch
     (``bootstrap(obs, '3', ...)`` is the one-table case; the calibration test uses many)."""
     if replicates < 2:
-        raise ScalingError("bootstrap", f"needs >= 2 replicates, got {replicates}", "use --bootstrap 200 (0 turns it off)")
+        raise ScalingError(
+            "bootstrap", f"needs >= 2 replicates, got {replicates}", "use --bootstrap 200 (0 turns it off)"
+        )
     seeds = list(seeds) if seeds is not None else [seed + i for i in range(len(tables))]
     width = max(len(t) for t in tables)
     ln_n, ln_d, ys, ws, theta0, meta = [], [], [], [], [], []
@@ -171,8 +197,14 @@ def bootstrap_approach3_many(tables: Sequence[Observations], point_laws: Sequenc
         ws.append(np.pad(w, ((0, 0), (0, pad))))
         theta0.append(np.broadcast_to(np.asarray(theta_of(law)), (replicates, 5)))
         meta.append((m, design))
-    theta, _, converged = fit_law_batch(np.concatenate(ln_n), np.concatenate(ln_d), np.concatenate(ys),
-                                        np.concatenate(ws), np.concatenate(theta0), delta)
+    theta, _, converged = fit_law_batch(
+        np.concatenate(ln_n),
+        np.concatenate(ln_d),
+        np.concatenate(ys),
+        np.concatenate(ws),
+        np.concatenate(theta0),
+        delta,
+    )
     ok_all = converged & np.isfinite(theta).all(-1) & (theta[:, 3] > 0) & (theta[:, 4] > 0)
     results = []
     keys = [f"{c:.6g}" for c in targets]
@@ -181,11 +213,16 @@ def bootstrap_approach3_many(tables: Sequence[Observations], point_laws: Sequenc
         th, ok = theta[rows][ok_all[rows]], ok_all[rows]
         failed = int((~ok).sum())
         if replicates - failed < 2:
-            raise ScalingError(f"bootstrap (Approach 3, {m})", f"{failed} of {replicates} replicates failed to fit",
-                               "add runs, or try another --bootstrap-method")
+            raise ScalingError(
+                f"bootstrap (Approach 3, {m})",
+                f"{failed} of {replicates} replicates failed to fit",
+                "add runs, or try another --bootstrap-method",
+            )
         laws = [_law_of(t) for t in th]
-        params = {k: _interval([getattr(law, k) for law in laws], level)
-                  for k in ("E", "A", "B", "alpha", "beta", "a", "b", "G")}
+        params = {
+            k: _interval([getattr(law, k) for law in laws], level)
+            for k in ("E", "A", "B", "alpha", "beta", "a", "b", "G")
+        }
         preds = {}
         for key, c in zip(keys, targets):
             opt = np.array([law.optimal(c) for law in laws], dtype=float)  # [R', 3]
@@ -194,9 +231,18 @@ def bootstrap_approach3_many(tables: Sequence[Observations], point_laws: Sequenc
     return results
 
 
-def bootstrap(obs: Observations, approach: str, replicates: int = 200, targets: Sequence[float] = (),
-              level: float = 0.95, seed: int = 0, point_law: Optional[Law] = None,
-              delta: Optional[float] = HUBER_DELTA, method: str = "auto", bins: int = 6) -> BootstrapResult:
+def bootstrap(
+    obs: Observations,
+    approach: str,
+    replicates: int = 200,
+    targets: Sequence[float] = (),
+    level: float = 0.95,
+    seed: int = 0,
+    point_law: Optional[Law] = None,
+    delta: Optional[float] = HUBER_DELTA,
+    method: str = "auto",
+    bins: int = 6,
+) -> BootstrapResult:
     """Percentile intervals for ``approach`` in {'2', '3'} over ``replicates`` resamples.
 
     Approach 2 on a scattered table is fitted on its log-spaced budget bins (``bins``), as ``fit_approach2``
@@ -204,7 +250,9 @@ def bootstrap(obs: Observations, approach: str, replicates: int = 200, targets: 
     residual method, the fitted values.
     """
     if replicates < 2:
-        raise ScalingError("bootstrap", f"needs >= 2 replicates, got {replicates}", "use --bootstrap 200 (0 turns it off)")
+        raise ScalingError(
+            "bootstrap", f"needs >= 2 replicates, got {replicates}", "use --bootstrap 200 (0 turns it off)"
+        )
     if approach == "3":
         if point_law is None:
             from lmforge.scaling.approach3 import fit_approach3
@@ -236,12 +284,20 @@ def bootstrap(obs: Observations, approach: str, replicates: int = 200, targets: 
             preds[key]["loss_opt"].append(float(fit.loss_law(c)) if fit.loss_law else float("nan"))
     ok_count = replicates - failed
     if ok_count < 2:
-        raise ScalingError(f"bootstrap (Approach {approach}, {method})", f"{failed} of {replicates} replicates failed to fit",
-                           "add runs per budget so resampled profiles keep an interior minimum, or try another "
-                           "--bootstrap-method")
-    return BootstrapResult(replicates, failed, level, method, design,
-                           {k: _interval(v, level) for k, v in samples.items()},
-                           {c: {k: _interval(v, level) for k, v in d.items()} for c, d in preds.items()})
+        raise ScalingError(
+            f"bootstrap (Approach {approach}, {method})",
+            f"{failed} of {replicates} replicates failed to fit",
+            "add runs per budget so resampled profiles keep an interior minimum, or try another --bootstrap-method",
+        )
+    return BootstrapResult(
+        replicates,
+        failed,
+        level,
+        method,
+        design,
+        {k: _interval(v, level) for k, v in samples.items()},
+        {c: {k: _interval(v, level) for k, v in d.items()} for c, d in preds.items()},
+    )
 
 
 def _approach2_resample(obs: Observations, method: str, point2, bins: int, rng: np.random.Generator) -> Observations:

@@ -1,12 +1,13 @@
 """``lmforge sweep plan|run|status|collect`` and ``lmforge scaling fit``.
 
-    lmforge sweep plan --preset tiny_cpu --name demo [--budgets 1e10,3e10] [--run-root runs] [-- OVERRIDES]
-    lmforge sweep run runs/demo [--launcher local|hydra|slurm-array] [--jobs 2] [--dry-run]
-    lmforge sweep status runs/demo
-    lmforge sweep collect runs/demo                       # -> runs/demo/results.csv
-    lmforge scaling fit runs/demo [--targets 1e21,1e22] [--bootstrap 200] [--wandb offline]
-    lmforge scaling fit table.csv --n-col params --d-col tokens --loss-col loss [--drop-highest-loss 3] [--bins 6]
+lmforge sweep plan --preset tiny_cpu --name demo [--budgets 1e10,3e10] [--run-root runs] [-- OVERRIDES]
+lmforge sweep run runs/demo [--launcher local|hydra|slurm-array] [--jobs 2] [--dry-run]
+lmforge sweep status runs/demo
+lmforge sweep collect runs/demo                       # -> runs/demo/results.csv
+lmforge scaling fit runs/demo [--targets 1e21,1e22] [--bootstrap 200] [--wandb offline]
+lmforge scaling fit table.csv --n-col params --d-col tokens --loss-col loss [--drop-highest-loss 3] [--bins 6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,9 @@ def load_preset(name: str) -> Dict[str, Any]:
         path = conf_dir() / "sweep" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (conf_dir() / "sweep").glob("*.yaml"))
-        raise ScalingError(f"--preset {name}", "no such sweep preset", f"known presets: {', '.join(known)}, or a YAML path")
+        raise ScalingError(
+            f"--preset {name}", "no such sweep preset", f"known presets: {', '.join(known)}, or a YAML path"
+        )
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
@@ -64,14 +67,22 @@ def _embedded_tokenizer(vocab: int, run_root: str, extra: Sequence[str]) -> str:
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
-    from lmforge.scaling.plan import Rules, optimum_check, plan, summary_table, time_estimate, validate_points, write_sweep
+    from lmforge.scaling.plan import (
+        Rules,
+        optimum_check,
+        plan,
+        summary_table,
+        time_estimate,
+        validate_points,
+        write_sweep,
+    )
     from lmforge.scaling.shapes import ShapeFamily
 
     argv = list(argv)
     extra: List[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(prog="lmforge sweep plan", description="Plan an IsoFLOP grid.")
     ap.add_argument("--preset", default=None, help="conf/sweep/NAME.yaml or a YAML path")
     ap.add_argument("--name", default=None, help="sweep name (W&B group, run-directory folder)")
@@ -104,7 +115,9 @@ def cmd_plan(argv: Sequence[str]) -> int:
     run_root = args.run_root or "runs"
     overrides = [str(o) for o in preset.get("overrides", [])] + extra
     if preset.get("embedded_tokenizer_vocab") and not any(o.startswith("data.tokenizer=") for o in overrides):
-        overrides.append(f"data.tokenizer={_embedded_tokenizer(int(preset['embedded_tokenizer_vocab']), run_root, overrides)}")
+        overrides.append(
+            f"data.tokenizer={_embedded_tokenizer(int(preset['embedded_tokenizer_vocab']), run_root, overrides)}"
+        )
     sweep = plan(name, budgets, fam, rules, run_root, overrides)
     if not args.no_validate:
         validate_points(sweep)
@@ -134,15 +147,29 @@ def cmd_run(argv: Sequence[str]) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="local: worker processes in parallel")
     ap.add_argument("--isolate", action="store_true", help="local: one process per point")
     ap.add_argument("--hydra-launcher", default="basic", help="basic | submitit_local | submitit_slurm")
-    ap.add_argument("--launcher-arg", action="append", default=[], metavar="ARG",
-                    help="hydra: hydra.launcher.KEY=VALUE; slurm-array: extra sbatch argument")
+    ap.add_argument(
+        "--launcher-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="hydra: hydra.launcher.KEY=VALUE; slurm-array: extra sbatch argument",
+    )
     ap.add_argument("--slurm-script", default=None, help="slurm-array: the array script (default slurm/sweep_array.sh)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = ap.parse_args(argv)
     sweep_dir = args.sweep if args.sweep.is_dir() else args.sweep.parent
     sweep = load_sweep(args.sweep)
-    return run_sweep(sweep, sweep_dir, args.launcher, args.jobs, args.isolate, args.hydra_launcher, args.launcher_arg,
-                     Path(args.slurm_script) if args.slurm_script else None, args.dry_run)
+    return run_sweep(
+        sweep,
+        sweep_dir,
+        args.launcher,
+        args.jobs,
+        args.isolate,
+        args.hydra_launcher,
+        args.launcher_arg,
+        Path(args.slurm_script) if args.slurm_script else None,
+        args.dry_run,
+    )
 
 
 def cmd_status(argv: Sequence[str]) -> int:
@@ -179,7 +206,9 @@ def cmd_collect(argv: Sequence[str]) -> int:
     if missing:
         print(f"not finished (left out): {', '.join(missing)}", file=sys.stderr)
     for r in rows:
-        print(f"  {r['id']:<24} loss {r.get('final_val_loss', float('nan')):.4f}  FLOPs {r.get('flops_error', 0):+.2%} vs budget")
+        print(
+            f"  {r['id']:<24} loss {r.get('final_val_loss', float('nan')):.4f}  FLOPs {r.get('flops_error', 0):+.2%} vs budget"
+        )
     return 0
 
 
@@ -187,24 +216,38 @@ def _read_observations(args) -> tuple:
     """(observations, the table's path, fit.json 'source' record) for ``scaling fit``'s input."""
     from lmforge.scaling.approach3 import MIN_POINTS
     from lmforge.scaling.collect import RESULTS_FILE
-    from lmforge.scaling.data import (TableColumns, drop_highest_losses, observations_from_rows,
-                                      observations_from_table, read_csv, read_table)
+    from lmforge.scaling.data import (
+        TableColumns,
+        drop_highest_losses,
+        observations_from_rows,
+        observations_from_table,
+        read_csv,
+        read_table,
+    )
 
     src = args.results / RESULTS_FILE if args.results.is_dir() else args.results
     external = any(v is not None for v in (args.n_col, args.d_col, args.c_col, args.loss_col)) or src.suffix == ".jsonl"
     if external:
         if args.n_col is None or args.loss_col is None:
-            raise ScalingError("scaling fit", "an external table needs --n-col and --loss-col (and --d-col or --c-col)",
-                               "e.g. --n-col params --d-col tokens --loss-col loss")
-        cols = TableColumns(args.n_col, args.loss_col, args.d_col, args.c_col, args.id_col, args.n_scale, args.d_scale,
-                            args.c_scale)
+            raise ScalingError(
+                "scaling fit",
+                "an external table needs --n-col and --loss-col (and --d-col or --c-col)",
+                "e.g. --n-col params --d-col tokens --loss-col loss",
+            )
+        cols = TableColumns(
+            args.n_col, args.loss_col, args.d_col, args.c_col, args.id_col, args.n_scale, args.d_scale, args.c_scale
+        )
         rows = read_table(src)
         obs = observations_from_table(rows, cols, str(src))
         source = {"table": str(src), "columns": cols.describe()}
     else:
         if not src.is_file():
-            raise ScalingError(str(src), "no results file", "run `lmforge sweep collect SWEEP_DIR` first, or pass a "
-                               "CSV/JSONL table with --n-col, --d-col or --c-col, and --loss-col")
+            raise ScalingError(
+                str(src),
+                "no results file",
+                "run `lmforge sweep collect SWEEP_DIR` first, or pass a "
+                "CSV/JSONL table with --n-col, --d-col or --c-col, and --loss-col",
+            )
         rows = read_csv(src)
         obs = observations_from_rows(rows, args.loss, args.n, source=src)
         source = {"table": str(src), "columns": {"n": args.n, "loss": args.loss, "d": "tokens", "c": "budget"}}
@@ -214,20 +257,28 @@ def _read_observations(args) -> tuple:
         obs, dropped = drop_highest_losses(obs, args.drop_highest_loss)
         source["filters"].append({"filter": f"drop_highest_loss={args.drop_highest_loss}", "dropped": dropped})
     if len(obs) < MIN_POINTS:
-        raise ScalingError(str(src), f"has {len(obs)} usable run(s) after filters; a fit needs at least {MIN_POINTS} "
-                           "(the law has 5 free parameters)", "add runs, or drop fewer (--drop-highest-loss)")
+        raise ScalingError(
+            str(src),
+            f"has {len(obs)} usable run(s) after filters; a fit needs at least {MIN_POINTS} "
+            "(the law has 5 free parameters)",
+            "add runs, or drop fewer (--drop-highest-loss)",
+        )
     metric = None
     if args.metric_col:
         by_id = {}
         for i, r in enumerate(rows):
             if args.metric_col not in r:
-                raise ScalingError(f"--metric-col {args.metric_col}", f"is not a column of {src}",
-                                   f"columns: {', '.join(rows[0])}")
+                raise ScalingError(
+                    f"--metric-col {args.metric_col}", f"is not a column of {src}", f"columns: {', '.join(rows[0])}"
+                )
             try:
                 by_id[ids[i]] = float(r[args.metric_col]) if r[args.metric_col] not in (None, "") else float("nan")
             except (TypeError, ValueError):
-                raise ScalingError(f"{src} row {i + 1}", f"column '{args.metric_col}' holds {r[args.metric_col]!r}, "
-                                   "not a number", "fix or remove that row") from None
+                raise ScalingError(
+                    f"{src} row {i + 1}",
+                    f"column '{args.metric_col}' holds {r[args.metric_col]!r}, not a number",
+                    "fix or remove that row",
+                ) from None
         metric = [by_id[i] for i in obs.ids]
     return obs, src, source, metric
 
@@ -237,38 +288,69 @@ def cmd_fit(argv: Sequence[str]) -> int:
     from lmforge.scaling.report import fit_all, log_to_wandb, summary_text, write_report
 
     ap = argparse.ArgumentParser(prog="lmforge scaling fit", description="Approach 2 and 3 fits, predictions, plots.")
-    ap.add_argument("results", type=Path, help="results.csv or a sweep directory holding one, or any CSV/JSONL "
-                    "table of runs (with --n-col, --d-col or --c-col, --loss-col)")
-    ap.add_argument("--loss", default="final_val_loss",
-                    help="final_val_loss | smoothed_val_loss | final_train_loss | smoothed_train_loss")
+    ap.add_argument(
+        "results",
+        type=Path,
+        help="results.csv or a sweep directory holding one, or any CSV/JSONL "
+        "table of runs (with --n-col, --d-col or --c-col, --loss-col)",
+    )
+    ap.add_argument(
+        "--loss",
+        default="final_val_loss",
+        help="final_val_loss | smoothed_val_loss | final_train_loss | smoothed_train_loss",
+    )
     ap.add_argument("--n", default="n_flops", help="size column: n_flops (C = 6ND exactly) | n_params | n_matmul")
     ap.add_argument("--n-col", default=None, help="external table: the parameters column (unit: parameters)")
     ap.add_argument("--d-col", default=None, help="external table: the training-tokens column (unit: tokens)")
-    ap.add_argument("--c-col", default=None, help="external table: the training-FLOPs column (unit: FLOPs); "
-                    "without --d-col, D = C / (6N); without --c-col, C = 6ND")
+    ap.add_argument(
+        "--c-col",
+        default=None,
+        help="external table: the training-FLOPs column (unit: FLOPs); "
+        "without --d-col, D = C / (6N); without --c-col, C = 6ND",
+    )
     ap.add_argument("--loss-col", default=None, help="external table: the final loss column (unit: nats/token)")
     ap.add_argument("--id-col", default=None, help="external table: a run name column (default: row numbers)")
     for what, unit in (("n", "parameters"), ("d", "tokens"), ("c", "FLOPs")):
-        ap.add_argument(f"--{what}-scale", type=float, default=1.0,
-                        help=f"multiply the {what.upper()} column by this to get {unit} (e.g. 1e6 for millions)")
-    ap.add_argument("--drop-highest-loss", type=int, default=0, metavar="K",
-                    help="leave out the K highest-loss runs (recorded in fit.json)")
+        ap.add_argument(
+            f"--{what}-scale",
+            type=float,
+            default=1.0,
+            help=f"multiply the {what.upper()} column by this to get {unit} (e.g. 1e6 for millions)",
+        )
+    ap.add_argument(
+        "--drop-highest-loss",
+        type=int,
+        default=0,
+        metavar="K",
+        help="leave out the K highest-loss runs (recorded in fit.json)",
+    )
     ap.add_argument("--bins", type=int, default=6, help="scattered tables: Approach 2's log-spaced budget bins")
-    ap.add_argument("--metric-col", default=None, help="downstream: an eval metric column (e.g. one sweep collect "
-                    "copied from the runs' last evaluation) to fit with a sigmoidal link")
+    ap.add_argument(
+        "--metric-col",
+        default=None,
+        help="downstream: an eval metric column (e.g. one sweep collect "
+        "copied from the runs' last evaluation) to fit with a sigmoidal link",
+    )
     ap.add_argument("--metric-against", default="loss", choices=["loss", "compute"])
-    ap.add_argument("--metric-chance", type=float, default=None, help="fix the link's floor (e.g. 0.25 for 4-way choice)")
+    ap.add_argument(
+        "--metric-chance", type=float, default=None, help="fix the link's floor (e.g. 0.25 for 4-way choice)"
+    )
     ap.add_argument("--targets", default=None, help="budgets to predict for (default: the preset's targets.txt)")
     ap.add_argument("--approach", default="2,3")
     ap.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates (0: none)")
-    ap.add_argument("--bootstrap-method", default="auto", choices=METHODS,
-                    help="auto: within-budget on an IsoFLOP grid, runs (Approach 3) on a scattered table")
+    ap.add_argument(
+        "--bootstrap-method",
+        default="auto",
+        choices=METHODS,
+        help="auto: within-budget on an IsoFLOP grid, runs (Approach 3) on a scattered table",
+    )
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--huber-delta", type=float, default=1e-3, help="<= 0: plain least squares")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: <results dir>/fit)")
-    ap.add_argument("--wandb", default=read("LMFORGE_SCALING_WANDB", "disabled"),
-                    choices=["disabled", "offline", "online"])
+    ap.add_argument(
+        "--wandb", default=read("LMFORGE_SCALING_WANDB", "disabled"), choices=["disabled", "offline", "online"]
+    )
     ap.add_argument("--wandb-project", default="lmforge")
     ap.add_argument("--group", default=None, help="W&B group (default: the sweep name)")
     args = ap.parse_args(argv)
@@ -281,16 +363,37 @@ def cmd_fit(argv: Sequence[str]) -> int:
         if design_of(obs) == SCATTERED:
             check_method(binned(obs, args.bins), args.bootstrap_method, args.bins)
     targets_file = src.parent / "targets.txt"
-    targets = _floats(args.targets) if args.targets else (_floats(targets_file.read_text()) if targets_file.exists() else [])
+    targets = (
+        _floats(args.targets) if args.targets else (_floats(targets_file.read_text()) if targets_file.exists() else [])
+    )
     out = args.out or src.parent / "fit"
-    report = fit_all(obs, targets, [a.strip() for a in args.approach.split(",")], args.bootstrap, args.level,
-                     args.seed, args.huber_delta if args.huber_delta > 0 else None, out, args.bootstrap_method,
-                     args.bins, source)
+    report = fit_all(
+        obs,
+        targets,
+        [a.strip() for a in args.approach.split(",")],
+        args.bootstrap,
+        args.level,
+        args.seed,
+        args.huber_delta if args.huber_delta > 0 else None,
+        out,
+        args.bootstrap_method,
+        args.bins,
+        source,
+    )
     if metric is not None:
         from lmforge.scaling.report import add_downstream
 
-        add_downstream(report, obs, metric, args.metric_col, args.metric_against, args.metric_chance,
-                       min(args.bootstrap, 100), args.level, args.seed)
+        add_downstream(
+            report,
+            obs,
+            metric,
+            args.metric_col,
+            args.metric_against,
+            args.metric_chance,
+            min(args.bootstrap, 100),
+            args.level,
+            args.seed,
+        )
         if out is not None:
             write_report(report, out)
     print(summary_text(report))

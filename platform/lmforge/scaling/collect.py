@@ -14,6 +14,7 @@ realised (final step, tokens_seen, flops_seen, flops_error = flops_seen / budget
 Only runs with a DONE marker are collected (an unfinished run's loss is not its final loss); the rest are
 reported. ``collect_wandb`` reads the same numbers from W&B's public API when online (see docs).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ def read_metrics(path: Path) -> List[dict]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ScalingError(str(path), "is not JSON lines text (binary content is never read as metrics)",
-                           "re-run the point, or remove the file") from None
+        raise ScalingError(
+            str(path),
+            "is not JSON lines text (binary content is never read as metrics)",
+            "re-run the point, or remove the file",
+        ) from None
     for line in text.splitlines():
         line = line.strip()
         if not line:
@@ -67,8 +71,11 @@ def source_weights(paths: RunPaths) -> Dict[str, float]:
         cfg = OmegaConf.to_container(OmegaConf.load(paths.config), resolve=False)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ScalingError(str(paths.config), f"is not a plain YAML run config ({first})",
-                           "restore it from the run, or re-run the point") from None
+        raise ScalingError(
+            str(paths.config),
+            f"is not a plain YAML run config ({first})",
+            "restore it from the run, or re-run the point",
+        ) from None
     sources = (cfg.get("data") or {}).get("sources") or {}
     raw = {k: float(v.get("weight", 1.0)) for k, v in sources.items()}
     total = sum(raw.values()) or 1.0
@@ -91,9 +98,15 @@ def summarise_run(records: List[dict], weights: Dict[str, float], smooth_fractio
     if train:
         last = max(train, key=lambda r: r.get("step", 0))
         end_tokens = _float(last.get("tokens_seen"))
-        out.update(final_step=last.get("step"), tokens_seen=last.get("tokens_seen"), flops_seen=last.get("flops_seen"),
-                   final_train_loss=_float(last.get("loss")))
-        tail = [_float(r.get("loss")) for r in train if _float(r.get("tokens_seen")) >= (1 - smooth_fraction) * end_tokens]
+        out.update(
+            final_step=last.get("step"),
+            tokens_seen=last.get("tokens_seen"),
+            flops_seen=last.get("flops_seen"),
+            final_train_loss=_float(last.get("loss")),
+        )
+        tail = [
+            _float(r.get("loss")) for r in train if _float(r.get("tokens_seen")) >= (1 - smooth_fraction) * end_tokens
+        ]
         out["smoothed_train_loss"] = sum(tail) / len(tail) if tail else float("nan")
     if evals:
         last_eval = max(evals, key=lambda r: r.get("step", 0))
@@ -104,18 +117,34 @@ def summarise_run(records: List[dict], weights: Dict[str, float], smooth_fractio
             elif k not in ("kind", "step", "tokens_seen") and isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[k] = float(v)  # any other metric of the last evaluation (eval tasks): `scaling fit --metric-col`
         end_tokens = _float(last_eval.get("tokens_seen"))
-        tail = [_val_average(r, weights) for r in evals
-                if _float(r.get("tokens_seen")) >= (1 - smooth_fraction) * end_tokens]
+        tail = [
+            _val_average(r, weights)
+            for r in evals
+            if _float(r.get("tokens_seen")) >= (1 - smooth_fraction) * end_tokens
+        ]
         out["smoothed_val_loss"] = sum(tail) / len(tail) if tail else float("nan")
     return out
 
 
 def point_row(p: Point, smooth_fraction: float = 0.1) -> dict:
     paths = RunPaths(Path(p.run_dir))
-    row = {"id": p.id, "budget": p.budget, "n_params": p.n_params, "n_flops": p.n_flops, "n_matmul": p.n_matmul,
-           "flops_per_token": p.flops_per_token, "tokens": p.tokens, "tokens_per_param": p.tokens_per_param,
-           "n_layers": p.n_layers, "d_model": p.d_model, "max_steps": p.max_steps, "global_batch_size": p.global_batch_size,
-           "lr": p.lr, "planned_flops": p.planned_flops, "run_dir": p.run_dir}
+    row = {
+        "id": p.id,
+        "budget": p.budget,
+        "n_params": p.n_params,
+        "n_flops": p.n_flops,
+        "n_matmul": p.n_matmul,
+        "flops_per_token": p.flops_per_token,
+        "tokens": p.tokens,
+        "tokens_per_param": p.tokens_per_param,
+        "n_layers": p.n_layers,
+        "d_model": p.d_model,
+        "max_steps": p.max_steps,
+        "global_batch_size": p.global_batch_size,
+        "lr": p.lr,
+        "planned_flops": p.planned_flops,
+        "run_dir": p.run_dir,
+    }
     row.update(summarise_run(read_metrics(paths.metrics), source_weights(paths), smooth_fraction))
     flops = _float(row.get("flops_seen"))
     row["flops_error"] = flops / p.budget - 1 if math.isfinite(flops) else float("nan")
@@ -153,14 +182,28 @@ def collect_wandb(project: str, group: str, sweep: Sweep, entity: Optional[str] 
     rows = []
     for run in api.runs(path, filters={"group": group}):
         cfg = run.config or {}
-        sp = (cfg.get("run") or {}).get("sweep_point") if isinstance(cfg.get("run"), dict) else cfg.get("run.sweep_point")
+        sp = (
+            (cfg.get("run") or {}).get("sweep_point")
+            if isinstance(cfg.get("run"), dict)
+            else cfg.get("run.sweep_point")
+        )
         if sp not in by_point:
             continue
         p = by_point[sp]
         summary = dict(run.summary)
         vals = {k: _float(v) for k, v in summary.items() if k.startswith("val/") and k.endswith("/loss")}
-        rows.append({"id": p.id, "budget": p.budget, "n_params": p.n_params, "n_flops": p.n_flops, "tokens": p.tokens,
-                     "flops_seen": summary.get("flops_seen"), "final_train_loss": _float(summary.get("loss")),
-                     "final_val_loss": sum(vals.values()) / len(vals) if vals else float("nan"), **vals,
-                     "wandb_run": run.path and "/".join(run.path)})
+        rows.append(
+            {
+                "id": p.id,
+                "budget": p.budget,
+                "n_params": p.n_params,
+                "n_flops": p.n_flops,
+                "tokens": p.tokens,
+                "flops_seen": summary.get("flops_seen"),
+                "final_train_loss": _float(summary.get("loss")),
+                "final_val_loss": sum(vals.values()) / len(vals) if vals else float("nan"),
+                **vals,
+                "wandb_run": run.path and "/".join(run.path),
+            }
+        )
     return rows

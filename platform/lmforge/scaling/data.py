@@ -1,4 +1,5 @@
 """The table every fit reads: one row per finished run (budget C, parameters N, tokens D, loss L)."""
+
 from __future__ import annotations
 
 import csv
@@ -34,29 +35,41 @@ class Observations:
             self.ids = [f"row{i}" for i in range(len(self.loss))]
         sizes = {len(self.budget), len(self.n), len(self.d), len(self.loss), len(self.ids), len(self.true_budget)}
         if len(sizes) != 1:
-            raise ScalingError("observations", f"columns have different lengths {sorted(sizes)}", "pass equal-length columns")
+            raise ScalingError(
+                "observations", f"columns have different lengths {sorted(sizes)}", "pass equal-length columns"
+            )
 
     def __len__(self) -> int:
         return len(self.loss)
 
     def subset(self, idx: Sequence[int]) -> "Observations":
         idx = np.asarray(idx, dtype=int)
-        return Observations(self.budget[idx], self.n[idx], self.d[idx], self.loss[idx], [self.ids[i] for i in idx],
-                            self.true_budget[idx])
+        return Observations(
+            self.budget[idx],
+            self.n[idx],
+            self.d[idx],
+            self.loss[idx],
+            [self.ids[i] for i in idx],
+            self.true_budget[idx],
+        )
 
     def budgets(self) -> List[float]:
         return sorted(set(self.budget.tolist()))
 
     def check(self) -> "Observations":
         """Fail fast on values no fit can use (non-positive or non-finite losses, sizes, token counts)."""
-        for name, col in (("loss", self.loss), ("N (parameters)", self.n), ("D (tokens)", self.d),
-                          ("budget (FLOPs)", self.budget)):
+        for name, col in (
+            ("loss", self.loss),
+            ("N (parameters)", self.n),
+            ("D (tokens)", self.d),
+            ("budget (FLOPs)", self.budget),
+        ):
             bad = [i for i, v in enumerate(col) if not (math.isfinite(v) and v > 0)]
             if bad:
                 i = bad[0]
                 raise ScalingError(
-                    f"run '{self.ids[i]}'", f"{name} is {col[i]!r}; every {name} must be a finite positive number "
-                    f"({len(bad)} bad row(s))",
+                    f"run '{self.ids[i]}'",
+                    f"{name} is {col[i]!r}; every {name} must be a finite positive number ({len(bad)} bad row(s))",
                     "drop or re-run that run (a diverged run logs nan/inf); losses are fitted in log space",
                 )
         return self
@@ -81,15 +94,17 @@ def read_csv(path: Path) -> List[Dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def observations_from_rows(rows: Sequence[Dict], loss_key: str = "final_val_loss", n_key: str = "n_flops",
-                           source: Optional[str] = None) -> Observations:
+def observations_from_rows(
+    rows: Sequence[Dict], loss_key: str = "final_val_loss", n_key: str = "n_flops", source: Optional[str] = None
+) -> Observations:
     """Build observations from collected rows (``sweep collect`` output); rows without the loss are refused."""
     if not rows:
         raise ScalingError(str(source or "results"), "has no rows", "run `lmforge sweep collect` after runs finished")
     missing = [k for k in (loss_key, n_key, "tokens", "budget", "id") if k not in rows[0]]
     if missing:
-        raise ScalingError(str(source or "results"), f"has no column(s) {', '.join(missing)}",
-                           f"columns present: {', '.join(rows[0])}")
+        raise ScalingError(
+            str(source or "results"), f"has no column(s) {', '.join(missing)}", f"columns present: {', '.join(rows[0])}"
+        )
 
     def num(r: Dict, k: str) -> float:
         v = r.get(k)
@@ -98,9 +113,13 @@ def observations_from_rows(rows: Sequence[Dict], loss_key: str = "final_val_loss
         except ValueError:
             return float("nan")
 
-    return Observations([num(r, "budget") for r in rows], [num(r, n_key) for r in rows],
-                        [num(r, "tokens") for r in rows], [num(r, loss_key) for r in rows],
-                        [str(r["id"]) for r in rows])
+    return Observations(
+        [num(r, "budget") for r in rows],
+        [num(r, n_key) for r in rows],
+        [num(r, "tokens") for r in rows],
+        [num(r, loss_key) for r in rows],
+        [str(r["id"]) for r in rows],
+    )
 
 
 # ---- external tables: any CSV/JSONL of runs (published tables, other frameworks) ---------------------------
@@ -124,9 +143,13 @@ class TableColumns:
     c_scale: float = 1.0
 
     def describe(self) -> Dict:
-        return {"n": f"{self.n} x {self.n_scale:g} = parameters", "loss": f"{self.loss} = nats/token",
-                "d": f"{self.d} x {self.d_scale:g} = tokens" if self.d else "C / (6 N)",
-                "c": f"{self.c} x {self.c_scale:g} = FLOPs" if self.c else "6 N D", "id": self.id or "row number"}
+        return {
+            "n": f"{self.n} x {self.n_scale:g} = parameters",
+            "loss": f"{self.loss} = nats/token",
+            "d": f"{self.d} x {self.d_scale:g} = tokens" if self.d else "C / (6 N)",
+            "c": f"{self.c} x {self.c_scale:g} = FLOPs" if self.c else "6 N D",
+            "id": self.id or "row number",
+        }
 
 
 def read_table(path: Path) -> List[Dict]:
@@ -135,8 +158,11 @@ def read_table(path: Path) -> List[Dict]:
     if not path.is_file():
         raise ScalingError(str(path), "no such file", "pass a CSV or JSONL table of runs (or a sweep directory)")
     if path.suffix not in TABLE_SUFFIXES:
-        raise ScalingError(str(path), f"has suffix '{path.suffix}'; tables are read from {', '.join(TABLE_SUFFIXES)}",
-                           "export the table as CSV (one header line) or JSON lines (one object per run)")
+        raise ScalingError(
+            str(path),
+            f"has suffix '{path.suffix}'; tables are read from {', '.join(TABLE_SUFFIXES)}",
+            "export the table as CSV (one header line) or JSON lines (one object per run)",
+        )
     try:
         if path.suffix == ".csv":
             return read_csv(path)
@@ -147,12 +173,17 @@ def read_table(path: Path) -> List[Dict]:
             if line.strip():
                 row = json.loads(line)
                 if not isinstance(row, dict):
-                    raise ScalingError(f"{path}:{i}", "is not a JSON object", "write one {\"column\": value} object per line")
+                    raise ScalingError(
+                        f"{path}:{i}", "is not a JSON object", 'write one {"column": value} object per line'
+                    )
                 rows.append(row)
         return rows
     except (UnicodeDecodeError, ValueError) as e:
-        raise ScalingError(str(path), f"is not a readable {path.suffix[1:].upper()} table ({type(e).__name__})",
-                           "check the file's format and encoding (UTF-8)") from None
+        raise ScalingError(
+            str(path),
+            f"is not a readable {path.suffix[1:].upper()} table ({type(e).__name__})",
+            "check the file's format and encoding (UTF-8)",
+        ) from None
 
 
 def observations_from_table(rows: Sequence[Dict], cols: TableColumns, source: str) -> Observations:
@@ -161,11 +192,19 @@ def observations_from_table(rows: Sequence[Dict], cols: TableColumns, source: st
     if not rows:
         raise ScalingError(source, "has no rows", "pass a table with one row per run")
     if cols.d is None and cols.c is None:
-        raise ScalingError("scaling fit", "neither --d-col nor --c-col given", "name the tokens column (--d-col) or "
-                           "the training-FLOPs column (--c-col)")
+        raise ScalingError(
+            "scaling fit",
+            "neither --d-col nor --c-col given",
+            "name the tokens column (--d-col) or the training-FLOPs column (--c-col)",
+        )
     present = list(rows[0])
-    for flag, name in (("--n-col", cols.n), ("--loss-col", cols.loss), ("--d-col", cols.d), ("--c-col", cols.c),
-                       ("--id-col", cols.id)):
+    for flag, name in (
+        ("--n-col", cols.n),
+        ("--loss-col", cols.loss),
+        ("--d-col", cols.d),
+        ("--c-col", cols.c),
+        ("--id-col", cols.id),
+    ):
         if name is not None and name not in present:
             raise ScalingError(f"{flag} {name}", f"is not a column of {source}", f"columns: {', '.join(present)}")
 
@@ -175,8 +214,11 @@ def observations_from_table(rows: Sequence[Dict], cols: TableColumns, source: st
             try:
                 out[i] = float(r.get(name)) * scale
             except (TypeError, ValueError):
-                raise ScalingError(f"{source} row {i + 1}", f"column '{name}' holds {r.get(name)!r}, not a number",
-                                   "fix or remove that row") from None
+                raise ScalingError(
+                    f"{source} row {i + 1}",
+                    f"column '{name}' holds {r.get(name)!r}, not a number",
+                    "fix or remove that row",
+                ) from None
         return out
 
     n, loss = col(cols.n, cols.n_scale), col(cols.loss, 1.0)
@@ -191,27 +233,39 @@ def observations_from_table(rows: Sequence[Dict], cols: TableColumns, source: st
     if cols.d and cols.c:
         ratio = float(np.median(c / (6.0 * n * d)))
         if not 1 / 3 <= ratio <= 3:
-            raise ScalingError(f"{source}", f"C / (6 N D) is {ratio:.3g} (median over rows): the FLOPs, parameter and "
-                               "token columns are not in consistent units", "state each column's unit with --n-scale/"
-                               "--d-scale/--c-scale (e.g. --n-scale 1e6 for millions of parameters)")
+            raise ScalingError(
+                f"{source}",
+                f"C / (6 N D) is {ratio:.3g} (median over rows): the FLOPs, parameter and "
+                "token columns are not in consistent units",
+                "state each column's unit with --n-scale/"
+                "--d-scale/--c-scale (e.g. --n-scale 1e6 for millions of parameters)",
+            )
     tpp = float(np.median(d / n))
     lo, hi = TOKENS_PER_PARAM_RANGE
     if not lo <= tpp <= hi:
-        raise ScalingError(f"{source}", f"the median run has {tpp:.3g} tokens per parameter, outside {lo:g}..{hi:g}: "
-                           "a column is in the wrong unit", "state each column's unit with --n-scale/--d-scale/--c-scale "
-                           "(N in parameters, D in tokens, C in FLOPs; e.g. --n-scale 1e6 for millions)")
+        raise ScalingError(
+            f"{source}",
+            f"the median run has {tpp:.3g} tokens per parameter, outside {lo:g}..{hi:g}: a column is in the wrong unit",
+            "state each column's unit with --n-scale/--d-scale/--c-scale "
+            "(N in parameters, D in tokens, C in FLOPs; e.g. --n-scale 1e6 for millions)",
+        )
     if float(loss.max()) > 30:
-        raise ScalingError(f"{source} column '{cols.loss}'", f"holds values up to {loss.max():.3g}: that is a perplexity "
-                           "or a loss in bits/sequence, not nats/token", "give the cross-entropy in nats per token "
-                           "(ln of the perplexity)")
+        raise ScalingError(
+            f"{source} column '{cols.loss}'",
+            f"holds values up to {loss.max():.3g}: that is a perplexity or a loss in bits/sequence, not nats/token",
+            "give the cross-entropy in nats per token (ln of the perplexity)",
+        )
     return obs
 
 
 def drop_highest_losses(obs: Observations, k: int) -> tuple[Observations, List[str]]:
     """The table without its ``k`` highest-loss runs (as published replications do), and their ids."""
     if k < 0 or k >= len(obs):
-        raise ScalingError(f"--drop-highest-loss {k}", f"must be in 0..{len(obs) - 1} for a table of {len(obs)} runs",
-                           "drop fewer runs")
+        raise ScalingError(
+            f"--drop-highest-loss {k}",
+            f"must be in 0..{len(obs) - 1} for a table of {len(obs)} runs",
+            "drop fewer runs",
+        )
     order = np.argsort(obs.loss, kind="stable")
-    keep = np.sort(order[:len(obs) - k])
-    return obs.subset(keep), [obs.ids[i] for i in order[len(obs) - k:]]
+    keep = np.sort(order[: len(obs) - k])
+    return obs.subset(keep), [obs.ids[i] for i in order[len(obs) - k :]]

@@ -15,6 +15,7 @@ The link is fitted inside the observed range of x; a prediction far outside it i
 S-curve's shape, which a sweep whose scores all sit near chance cannot constrain (the fit says so: the
 mid-point then lies outside the data and its interval is wide).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -44,8 +45,13 @@ class SigmoidLink:
         return self.floor + (self.ceiling - self.floor) / (1.0 + np.exp(-self.slope * (z - self.mid)))
 
     def as_dict(self) -> dict:
-        return {"floor": self.floor, "ceiling": self.ceiling, "slope": self.slope, "mid": self.mid,
-                "against": self.against}
+        return {
+            "floor": self.floor,
+            "ceiling": self.ceiling,
+            "slope": self.slope,
+            "mid": self.mid,
+            "against": self.against,
+        }
 
 
 @dataclass
@@ -60,9 +66,16 @@ class DownstreamFit:
     predictions: List[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"metric": self.metric, **self.link.as_dict(), "rms": self.rms, "runs": self.runs,
-                "fixed_floor": self.fixed_floor, "intervals": self.intervals, "failed_refits": self.failed,
-                "predictions": self.predictions}
+        return {
+            "metric": self.metric,
+            **self.link.as_dict(),
+            "rms": self.rms,
+            "runs": self.runs,
+            "fixed_floor": self.fixed_floor,
+            "intervals": self.intervals,
+            "failed_refits": self.failed,
+            "predictions": self.predictions,
+        }
 
 
 def _fit_z(z: np.ndarray, m: np.ndarray, against: str, floor: Optional[float]) -> tuple[np.ndarray, float]:
@@ -93,29 +106,50 @@ def _fit_z(z: np.ndarray, m: np.ndarray, against: str, floor: Optional[float]) -
             res = least_squares(resid, start, bounds=(lower, upper), max_nfev=400)
             if best is None or res.cost < best.cost:
                 best = res
-    return np.asarray(unpack(best.x), dtype=float), float(np.sqrt(np.mean(best.fun ** 2)))
+    return np.asarray(unpack(best.x), dtype=float), float(np.sqrt(np.mean(best.fun**2)))
 
 
-def fit_link(x: Sequence[float], metric: Sequence[float], against: str = "loss", floor: Optional[float] = None,
-             name: str = "metric") -> DownstreamFit:
+def fit_link(
+    x: Sequence[float],
+    metric: Sequence[float],
+    against: str = "loss",
+    floor: Optional[float] = None,
+    name: str = "metric",
+) -> DownstreamFit:
     if against not in AGAINST:
-        raise ScalingError(f"--metric-against {against}", "is not a downstream axis", f"choose one of {', '.join(AGAINST)}")
+        raise ScalingError(
+            f"--metric-against {against}", "is not a downstream axis", f"choose one of {', '.join(AGAINST)}"
+        )
     x, m = np.asarray(x, dtype=float), np.asarray(metric, dtype=float)
     ok = np.isfinite(x) & np.isfinite(m) & (x > 0)
     if ok.sum() < MIN_RUNS:
-        raise ScalingError(f"downstream '{name}'", f"{int(ok.sum())} run(s) carry a finite value; the sigmoidal link "
-                           f"has up to 4 parameters and needs at least {MIN_RUNS}", "evaluate the task in more runs")
+        raise ScalingError(
+            f"downstream '{name}'",
+            f"{int(ok.sum())} run(s) carry a finite value; the sigmoidal link "
+            f"has up to 4 parameters and needs at least {MIN_RUNS}",
+            "evaluate the task in more runs",
+        )
     x, m = x[ok], m[ok]
     if np.ptp(m) <= 0:
-        raise ScalingError(f"downstream '{name}'", f"every run scores {m[0]:g}: a constant has no link to fit",
-                           "use a task the sweep's models can partly solve, or bigger budgets")
+        raise ScalingError(
+            f"downstream '{name}'",
+            f"every run scores {m[0]:g}: a constant has no link to fit",
+            "use a task the sweep's models can partly solve, or bigger budgets",
+        )
     z = np.log(x) if against == "compute" else x
     p, rms = _fit_z(z, m, against, floor)
     return DownstreamFit(name, SigmoidLink(*map(float, p), against=against), rms, int(len(m)), floor)
 
 
-def bootstrap_link(fit: DownstreamFit, x: Sequence[float], metric: Sequence[float], replicates: int = 100,
-                   level: float = 0.95, seed: int = 0, at: Sequence[float] = ()) -> DownstreamFit:
+def bootstrap_link(
+    fit: DownstreamFit,
+    x: Sequence[float],
+    metric: Sequence[float],
+    replicates: int = 100,
+    level: float = 0.95,
+    seed: int = 0,
+    at: Sequence[float] = (),
+) -> DownstreamFit:
     """Percentile intervals of the link's parameters (and of its values ``at``) by resampling runs."""
     x, m = np.asarray(x, dtype=float), np.asarray(metric, dtype=float)
     ok = np.isfinite(x) & np.isfinite(m) & (x > 0)
@@ -131,15 +165,26 @@ def bootstrap_link(fit: DownstreamFit, x: Sequence[float], metric: Sequence[floa
         p, _ = _fit_z(z[idx], m[idx], fit.link.against, fit.fixed_floor)
         draws.append(p)
     if len(draws) < 2:
-        raise ScalingError(f"downstream '{fit.metric}'", f"{failed} of {replicates} bootstrap refits failed",
-                           "evaluate the task in more runs")
+        raise ScalingError(
+            f"downstream '{fit.metric}'",
+            f"{failed} of {replicates} bootstrap refits failed",
+            "evaluate the task in more runs",
+        )
     draws = np.array(draws)
     q = (1 - level) / 2
-    fit.intervals = {k: {"low": float(np.quantile(draws[:, i], q)), "high": float(np.quantile(draws[:, i], 1 - q))}
-                     for i, k in enumerate(PARAMS)}
+    fit.intervals = {
+        k: {"low": float(np.quantile(draws[:, i], q)), "high": float(np.quantile(draws[:, i], 1 - q))}
+        for i, k in enumerate(PARAMS)
+    }
     fit.failed = failed
     for x0 in at:
         vals = [float(SigmoidLink(*p, against=fit.link.against)(x0)) for p in draws]
-        fit.predictions.append({"x": float(x0), "value": float(fit.link(x0)),
-                                "low": float(np.quantile(vals, q)), "high": float(np.quantile(vals, 1 - q))})
+        fit.predictions.append(
+            {
+                "x": float(x0),
+                "value": float(fit.link(x0)),
+                "low": float(np.quantile(vals, q)),
+                "high": float(np.quantile(vals, 1 - q)),
+            }
+        )
     return fit

@@ -1,4 +1,5 @@
 """The one error type of the scaling package: what is wrong, why, and how to fix it."""
+
 from __future__ import annotations
 
 from lmforge.config.errors import ActionableError

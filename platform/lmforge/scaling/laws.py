@@ -7,6 +7,7 @@ Under the constraint C = 6 N D the loss-minimising allocation is (their eq. 4)
     N_opt(C) = G (C/6)^a,   D_opt(C) = G^-1 (C/6)^b,
     a = beta / (alpha + beta),  b = alpha / (alpha + beta),  G = (alpha A / (beta B))^(1 / (alpha + beta)).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ class Law:
     def loss(self, n, d):
         n = np.asarray(n, dtype=float)
         d = np.asarray(d, dtype=float)
-        return self.E + self.A / n ** self.alpha + self.B / d ** self.beta
+        return self.E + self.A / n**self.alpha + self.B / d**self.beta
 
     @property
     def a(self) -> float:
@@ -48,9 +49,11 @@ class Law:
             from lmforge.scaling.errors import ScalingError
 
             raise ScalingError(
-                "Approach 3", f"the fitted law (alpha={self.alpha:.3g}, beta={self.beta:.3g}) does not decrease in both "
+                "Approach 3",
+                f"the fitted law (alpha={self.alpha:.3g}, beta={self.beta:.3g}) does not decrease in both "
                 "N and D, so it has no compute-optimal allocation",
-                "the runs do not constrain the law: add budgets/sizes, or check the residual plot for bad runs")
+                "the runs do not constrain the law: add budgets/sizes, or check the residual plot for bad runs",
+            )
         c = np.asarray(c, dtype=float)
         n = self.G * (c / 6.0) ** self.a
         d = (c / 6.0) ** self.b / self.G

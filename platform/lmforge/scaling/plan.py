@@ -17,6 +17,7 @@ token count (train.planned_tokens = max_steps * tokens/step); warmup = max(1, ro
 Every run uses the same micro batch, dp size, eval_batches, seq_len and seed, so all runs evaluate on the same
 fixed validation samples.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,11 +68,17 @@ class Rules:
 
     def check(self) -> "Rules":
         if not 0 < self.tpp_min < self.tpp_max:
-            raise ScalingError("rules.tpp", f"need 0 < tpp_min < tpp_max, got {self.tpp_min}..{self.tpp_max}",
-                               "e.g. --tpp 2,200 (Chinchilla's optimum is ~20 tokens per parameter)")
+            raise ScalingError(
+                "rules.tpp",
+                f"need 0 < tpp_min < tpp_max, got {self.tpp_min}..{self.tpp_max}",
+                "e.g. --tpp 2,200 (Chinchilla's optimum is ~20 tokens per parameter)",
+            )
         if self.sizes < MIN_SIZES:
-            raise ScalingError("rules.sizes", f"{self.sizes} sizes per budget; an IsoFLOP profile needs at least {MIN_SIZES}",
-                               f"use --sizes {MIN_SIZES} or more")
+            raise ScalingError(
+                "rules.sizes",
+                f"{self.sizes} sizes per budget; an IsoFLOP profile needs at least {MIN_SIZES}",
+                f"use --sizes {MIN_SIZES} or more",
+            )
         for key in ("micro_batch_size", "dp", "min_steps", "evals_per_run", "eval_batches", "log_points"):
             if getattr(self, key) < 1:
                 raise ScalingError(f"rules.{key}", f"must be >= 1, got {getattr(self, key)}", "set a positive value")
@@ -80,10 +87,10 @@ class Rules:
         return self
 
     def tokens_per_step(self, budget: float) -> float:
-        return self.batch_coef * budget ** self.batch_exp
+        return self.batch_coef * budget**self.batch_exp
 
     def lr(self, budget: float) -> float:
-        return float(min(self.lr_max, max(self.lr_min, self.lr_coef * budget ** self.lr_exp)))
+        return float(min(self.lr_max, max(self.lr_min, self.lr_coef * budget**self.lr_exp)))
 
 
 @dataclass
@@ -137,7 +144,9 @@ class Sweep:
         for p in self.points:
             if p.id == pid:
                 return p
-        raise ScalingError(f"sweep '{self.name}'", f"has no point '{pid}'", f"points: {', '.join(p.id for p in self.points)}")
+        raise ScalingError(
+            f"sweep '{self.name}'", f"has no point '{pid}'", f"points: {', '.join(p.id for p in self.points)}"
+        )
 
 
 def budget_label(c: float) -> str:
@@ -182,8 +191,14 @@ def select_sizes(candidates: List[Shape], k: int) -> List[Shape]:
     return [candidates[i] for i in sorted(chosen)]
 
 
-def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules, run_root: str,
-         extra_overrides: Sequence[str] = ()) -> Sweep:
+def plan(
+    name: str,
+    budgets: Sequence[float],
+    family: ShapeFamily,
+    rules: Rules,
+    run_root: str,
+    extra_overrides: Sequence[str] = (),
+) -> Sweep:
     rules.check()
     shapes = sorted(family.check().shapes(), key=lambda s: s.n_flops)
     if not budgets:
@@ -191,10 +206,18 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
     if not name or "/" in name or " " in name or escape_reason(name):
         raise ScalingError("sweep plan --name", f"'{name}' is not a usable sweep name", "use letters, digits, - and _")
     root = str(Path(run_root).expanduser().absolute())
-    common = [f"run.root={root}", f"run.sweep_name={name}", f"logging.wandb.group={name}",
-              f"train.micro_batch_size={rules.micro_batch_size}", f"train.eval_batches={rules.eval_batches}",
-              f"train.seed={rules.seed}", "train.grad_accum=null", "optim.schedule=cosine",
-              f"optim.min_lr_ratio={rules.min_lr_ratio}", *extra_overrides]
+    common = [
+        f"run.root={root}",
+        f"run.sweep_name={name}",
+        f"logging.wandb.group={name}",
+        f"train.micro_batch_size={rules.micro_batch_size}",
+        f"train.eval_batches={rules.eval_batches}",
+        f"train.seed={rules.seed}",
+        "train.grad_accum=null",
+        "optim.schedule=cosine",
+        f"optim.min_lr_ratio={rules.min_lr_ratio}",
+        *extra_overrides,
+    ]
     points: List[Point] = []
     for c in sorted(float(b) for b in budgets):
         if not c > 0:
@@ -202,8 +225,10 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
         fits = [s for s in shapes if rules.tpp_min <= (c / s.flops_per_token) / s.n_flops <= rules.tpp_max]
         if len(fits) < rules.sizes:
             tpp = [(c / s.flops_per_token) / s.n_flops for s in shapes]
-            span = f"the family spans {max(tpp):.3g} (smallest, {shapes[0].model.name}) to {min(tpp):.3g} (largest, " \
-                   f"{shapes[-1].model.name})"
+            span = (
+                f"the family spans {max(tpp):.3g} (smallest, {shapes[0].model.name}) to {min(tpp):.3g} (largest, "
+                f"{shapes[-1].model.name})"
+            )
             raise ScalingError(
                 f"budget C={budget_label(c)}",
                 f"only {len(fits)} shape(s) of the family have tokens/parameter in [{rules.tpp_min:g}, {rules.tpp_max:g}] "
@@ -219,9 +244,11 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
             err = planned / c - 1
             pid = f"c{budget_label(c)}-l{m.n_layers}-d{m.d_model}"
             if abs(err) > rules.budget_tolerance:
-                raise ScalingError(f"point {pid}", f"step rounding puts its FLOPs {err:+.1%} off the budget (only "
-                                   f"{steps} step(s) of {gbs} sequences)",
-                                   "lower rules.micro_batch_size or raise the budget so each run has more steps")
+                raise ScalingError(
+                    f"point {pid}",
+                    f"step rounding puts its FLOPs {err:+.1%} off the budget (only {steps} step(s) of {gbs} sequences)",
+                    "lower rules.micro_batch_size or raise the budget so each run has more steps",
+                )
             warmup = min(steps - 1, max(1, round(rules.warmup_fraction * steps))) if steps > 1 else 0
             lr = rules.lr(c)
             eval_every = max(1, math.ceil(steps / rules.evals_per_run))
@@ -229,17 +256,46 @@ def plan(name: str, budgets: Sequence[float], family: ShapeFamily, rules: Rules,
             tags = [f"budget={budget_label(c)}", f"N={s.n_flops:.4g}", f"D={tokens:.4g}"]
             own = {
                 **{o.split("=", 1)[0]: o.split("=", 1)[1] for o in s.model_overrides()},
-                "train.max_steps": steps, "train.global_batch_size": gbs, "train.planned_tokens": tokens,
-                "train.eval_every": eval_every, "optim.lr": lr, "optim.warmup_steps": warmup,
-                "logging.every_steps": max(1, steps // rules.log_points), "run.sweep_point": sweep_point,
+                "train.max_steps": steps,
+                "train.global_batch_size": gbs,
+                "train.planned_tokens": tokens,
+                "train.eval_every": eval_every,
+                "optim.lr": lr,
+                "optim.warmup_steps": warmup,
+                "logging.every_steps": max(1, steps // rules.log_points),
+                "run.sweep_point": sweep_point,
                 "logging.wandb.tags": tags,
             }
-            overrides = common + [f"{k}={v if isinstance(v, str) and k.startswith('model.') else _value(v)}"
-                                  for k, v in own.items()]
-            points.append(Point(pid, c, m.n_layers, m.d_model, m.n_heads, int(m.n_kv_heads), s.n_params, s.n_flops,
-                                s.n_matmul, s.flops_per_token, tokens, tokens / s.n_flops, planned, err, steps, gbs,
-                                rules.micro_batch_size, lr, warmup, eval_every, sweep_point,
-                                str(Path(root) / sweep_point), overrides))
+            overrides = common + [
+                f"{k}={v if isinstance(v, str) and k.startswith('model.') else _value(v)}" for k, v in own.items()
+            ]
+            points.append(
+                Point(
+                    pid,
+                    c,
+                    m.n_layers,
+                    m.d_model,
+                    m.n_heads,
+                    int(m.n_kv_heads),
+                    s.n_params,
+                    s.n_flops,
+                    s.n_matmul,
+                    s.flops_per_token,
+                    tokens,
+                    tokens / s.n_flops,
+                    planned,
+                    err,
+                    steps,
+                    gbs,
+                    rules.micro_batch_size,
+                    lr,
+                    warmup,
+                    eval_every,
+                    sweep_point,
+                    str(Path(root) / sweep_point),
+                    overrides,
+                )
+            )
     return Sweep(name, root, sorted(float(b) for b in budgets), family.as_dict(), asdict(rules), list(common), points)
 
 
@@ -258,8 +314,11 @@ def validate_points(sweep: Sweep) -> None:
     try:
         base = compose(sweep.common_overrides)
     except Exception as e:  # noqa: BLE001  Hydra's own override errors
-        raise ScalingError(f"sweep '{sweep.name}'", f"its common overrides do not compose ({e})",
-                           "fix the preset's overrides or the ones after --") from None
+        raise ScalingError(
+            f"sweep '{sweep.name}'",
+            f"its common overrides do not compose ({e})",
+            "fix the preset's overrides or the ones after --",
+        ) from None
     for p in sweep.points:
         own = [o for o in p.overrides if o not in sweep.common_overrides]
         cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(own))
@@ -267,11 +326,16 @@ def validate_points(sweep: Sweep) -> None:
             typed = validate(cfg)
             dp = typed.parallelism.dp_replicate * typed.parallelism.dp_shard
             if dp != sweep.rules.get("dp", 1):
-                raise ConfigError("parallelism", f"data-parallel size {dp} differs from the plan's rules.dp "
-                                  f"{sweep.rules.get('dp', 1)} (the batch rule and the validation set assume it)",
-                                  "set rules.dp to the data-parallel size, or pass matching parallelism overrides")
+                raise ConfigError(
+                    "parallelism",
+                    f"data-parallel size {dp} differs from the plan's rules.dp "
+                    f"{sweep.rules.get('dp', 1)} (the batch rule and the validation set assume it)",
+                    "set rules.dp to the data-parallel size, or pass matching parallelism overrides",
+                )
         except ConfigError as e:
-            raise ScalingError(f"point {p.id}", f"its config is invalid ({e})", "fix the family/rules or the extra overrides") from None
+            raise ScalingError(
+                f"point {p.id}", f"its config is invalid ({e})", "fix the family/rules or the extra overrides"
+            ) from None
 
 
 def write_sweep(sweep: Sweep, out_dir: Path) -> Path:
@@ -290,8 +354,9 @@ def write_sweep(sweep: Sweep, out_dir: Path) -> Path:
     for p in sweep.points:
         own = [o for o in p.overrides if o not in sweep.common_overrides]
         cfg = OmegaConf.from_dotlist(own)
-        (group / f"{p.id}.yaml").write_text(f"# @package _global_\n# sweep {sweep.name}, point {p.id}\n"
-                                            + OmegaConf.to_yaml(cfg))
+        (group / f"{p.id}.yaml").write_text(
+            f"# @package _global_\n# sweep {sweep.name}, point {p.id}\n" + OmegaConf.to_yaml(cfg)
+        )
     return path
 
 
@@ -304,8 +369,11 @@ def load_sweep(path: Path) -> Sweep:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:  # a sweep file is JSON, never unpickled
-        raise ScalingError(str(path), f"is not a JSON sweep plan ({type(e).__name__})",
-                           "re-plan it with `lmforge sweep plan ... --out DIR`") from None
+        raise ScalingError(
+            str(path),
+            f"is not a JSON sweep plan ({type(e).__name__})",
+            "re-plan it with `lmforge sweep plan ... --out DIR`",
+        ) from None
     return Sweep.from_json(data)
 
 
@@ -321,8 +389,10 @@ def optimum_check(sweep: Sweep) -> List[str]:
         n_exp = math.sqrt(c / (6 * tpp))
         pos = (math.log(n_exp) - math.log(lo)) / (math.log(hi) - math.log(lo)) if hi > lo else float("nan")
         where = "interior" if 0.15 <= pos <= 0.85 else ("NEAR THE EDGE" if 0 <= pos <= 1 else "OUTSIDE THE GRID")
-        lines.append(f"C={budget_label(c)}: N {lo:.3g}..{hi:.3g}; expected optimum (tpp {tpp:g}) N={n_exp:.3g} at "
-                     f"{pos:.0%} of the ln-N span: {where}")
+        lines.append(
+            f"C={budget_label(c)}: N {lo:.3g}..{hi:.3g}; expected optimum (tpp {tpp:g}) N={n_exp:.3g} at "
+            f"{pos:.0%} of the ln-N span: {where}"
+        )
     return lines
 
 
@@ -337,14 +407,18 @@ def time_estimate(sweep: Sweep) -> Optional[str]:
     lanes = [0.0] * jobs
     for w in work:  # largest first onto the least-loaded worker
         lanes[lanes.index(min(lanes))] += w
-    return (f"estimated time: {max(lanes) / 60:.0f} min with {jobs} worker(s) ({sum(work) / 60:.0f} worker-minutes; "
-            f"{rate:.3g} training FLOP/s and {per_run:g} s per run per worker, rules.flops_per_second/seconds_per_run)")
+    return (
+        f"estimated time: {max(lanes) / 60:.0f} min with {jobs} worker(s) ({sum(work) / 60:.0f} worker-minutes; "
+        f"{rate:.3g} training FLOP/s and {per_run:g} s per run per worker, rules.flops_per_second/seconds_per_run)"
+    )
 
 
 def summary_table(sweep: Sweep) -> str:
     head = f"{'point':<24} {'N(flops)':>10} {'params':>10} {'tokens':>10} {'tok/N':>7} {'steps':>6} {'batch':>5} {'lr':>8} {'FLOPs err':>9}"
     rows = [head, "-" * len(head)]
     for p in sweep.points:
-        rows.append(f"{p.id:<24} {p.n_flops:>10.3g} {p.n_params:>10.3g} {p.tokens:>10.3g} {p.tokens_per_param:>7.1f} "
-                    f"{p.max_steps:>6d} {p.global_batch_size:>5d} {p.lr:>8.2e} {p.budget_error:>+9.2%}")
+        rows.append(
+            f"{p.id:<24} {p.n_flops:>10.3g} {p.n_params:>10.3g} {p.tokens:>10.3g} {p.tokens_per_param:>7.1f} "
+            f"{p.max_steps:>6d} {p.global_batch_size:>5d} {p.lr:>8.2e} {p.budget_error:>+9.2%}"
+        )
     return "\n".join(rows)

@@ -6,10 +6,11 @@
   target budgets marked.
 - ``residuals.png``: Approach 3 residuals ln L_obs - ln L_fit against N, coloured by budget.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -33,8 +34,13 @@ def _colors(n: int):
     return [cmap(i / max(1, n - 1)) for i in range(n)]
 
 
-def plot_isoflop(obs: Observations, fit2: Optional[Approach2Fit], fit3: Optional[Approach3Fit], path: Path,
-                 tokens_per_flop_param: float = 6.0) -> Path:
+def plot_isoflop(
+    obs: Observations,
+    fit2: Optional[Approach2Fit],
+    fit3: Optional[Approach3Fit],
+    path: Path,
+    tokens_per_flop_param: float = 6.0,
+) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
     budgets = obs.budgets()
@@ -62,8 +68,13 @@ def plot_isoflop(obs: Observations, fit2: Optional[Approach2Fit], fit3: Optional
     return path
 
 
-def plot_frontier(fit2: Optional[Approach2Fit], fit3: Optional[Approach3Fit], budgets: Sequence[float],
-                  targets: Sequence[float], path: Path) -> Path:
+def plot_frontier(
+    fit2: Optional[Approach2Fit],
+    fit3: Optional[Approach3Fit],
+    budgets: Sequence[float],
+    targets: Sequence[float],
+    path: Path,
+) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     lo = min(list(budgets) + list(targets)) / 2
@@ -72,8 +83,13 @@ def plot_frontier(fit2: Optional[Approach2Fit], fit3: Optional[Approach3Fit], bu
     for ax, what in zip(axes, ("N", "D")):
         if fit2 is not None:
             law = fit2.n_law if what == "N" else fit2.d_law
-            ax.scatter([m.budget for m in fit2.minima], [m.n_opt if what == "N" else m.d_opt for m in fit2.minima],
-                       color="C0", zorder=5, label="Approach 2 minima")
+            ax.scatter(
+                [m.budget for m in fit2.minima],
+                [m.n_opt if what == "N" else m.d_opt for m in fit2.minima],
+                color="C0",
+                zorder=5,
+                label="Approach 2 minima",
+            )
             ax.plot(cs, law(cs), color="C0", label=f"Approach 2: {what}* ∝ C^{law.exponent:.3f}")
         if fit3 is not None:
             n, d, _ = fit3.law.optimal(cs)
@@ -105,7 +121,7 @@ def plot_residuals(obs: Observations, fit3: Approach3Fit, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("parameters N")
     ax.set_ylabel("ln L_obs - ln L_fit")
-    ax.set_title(f"Approach 3 residuals (rms {np.sqrt(np.mean(res ** 2)):.4f})", fontsize=10)
+    ax.set_title(f"Approach 3 residuals (rms {np.sqrt(np.mean(res**2)):.4f})", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -113,8 +129,13 @@ def plot_residuals(obs: Observations, fit3: Approach3Fit, path: Path) -> Path:
     return path
 
 
-def make_plots(obs: Observations, fit2: Optional[Approach2Fit], fit3: Optional[Approach3Fit],
-               targets: Sequence[float], out_dir: Path) -> Dict[str, Path]:
+def make_plots(
+    obs: Observations,
+    fit2: Optional[Approach2Fit],
+    fit3: Optional[Approach3Fit],
+    targets: Sequence[float],
+    out_dir: Path,
+) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"isoflop": plot_isoflop(obs, fit2, fit3, out_dir / "isoflop.png")}
     if fit2 is not None or fit3 is not None:

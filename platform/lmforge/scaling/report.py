@@ -8,6 +8,7 @@ Each approach is fitted independently: when one fails (e.g. a budget without an 
 error is printed and stored in fit.json, the other's results and every plot that can be drawn are still
 written, and the exit status is 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,12 +45,22 @@ class FitReport:
     downstream: Optional[dict] = None  # an eval metric's sigmoidal link to loss or compute (downstream.py)
 
     def as_dict(self) -> dict:
-        return {"points": self.points, "design": self.design, "approach2_bins": self.bins, "source": self.source,
-                "budgets": self.budgets, "targets": self.targets, "downstream": self.downstream,
-                "approach2": self.approach2.as_dict() if self.approach2 else None,
-                "approach3": self.approach3.as_dict() if self.approach3 else None,
-                "errors": self.errors, "warnings": self.warnings, "bootstrap": self.bootstrap, "predictions": self.predictions,
-                "plots": self.plots}
+        return {
+            "points": self.points,
+            "design": self.design,
+            "approach2_bins": self.bins,
+            "source": self.source,
+            "budgets": self.budgets,
+            "targets": self.targets,
+            "downstream": self.downstream,
+            "approach2": self.approach2.as_dict() if self.approach2 else None,
+            "approach3": self.approach3.as_dict() if self.approach3 else None,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "bootstrap": self.bootstrap,
+            "predictions": self.predictions,
+            "plots": self.plots,
+        }
 
 
 def predictions(report: FitReport) -> List[dict]:
@@ -58,8 +69,13 @@ def predictions(report: FitReport) -> List[dict]:
         key = f"{c:.6g}"
         if report.approach2 is not None:
             f2 = report.approach2
-            row = {"approach": "2", "budget": c, "n_opt": float(f2.n_law(c)), "d_opt": float(f2.d_law(c)),
-                   "loss_opt": float(f2.loss_law(c)) if f2.loss_law else math.nan}
+            row = {
+                "approach": "2",
+                "budget": c,
+                "n_opt": float(f2.n_law(c)),
+                "d_opt": float(f2.d_law(c)),
+                "loss_opt": float(f2.loss_law(c)) if f2.loss_law else math.nan,
+            }
             ci = report.bootstrap.get("2", {}).get("predictions", {}).get(key)
             if ci:
                 row["ci"] = ci
@@ -78,13 +94,23 @@ def predictions(report: FitReport) -> List[dict]:
     return rows
 
 
-def fit_all(obs: Observations, targets: Sequence[float] = (), approaches: Sequence[str] = ("2", "3"),
-            replicates: int = 0, level: float = 0.95, seed: int = 0, delta: Optional[float] = HUBER_DELTA,
-            out_dir: Optional[Path] = None, method: str = "auto", bins: int = 6,
-            source: Optional[Dict] = None) -> FitReport:
+def fit_all(
+    obs: Observations,
+    targets: Sequence[float] = (),
+    approaches: Sequence[str] = ("2", "3"),
+    replicates: int = 0,
+    level: float = 0.95,
+    seed: int = 0,
+    delta: Optional[float] = HUBER_DELTA,
+    out_dir: Optional[Path] = None,
+    method: str = "auto",
+    bins: int = 6,
+    source: Optional[Dict] = None,
+) -> FitReport:
     obs.check()
-    report = FitReport(len(obs), obs.budgets(), [float(t) for t in targets], design=design_of(obs),
-                       source=dict(source or {}))
+    report = FitReport(
+        len(obs), obs.budgets(), [float(t) for t in targets], design=design_of(obs), source=dict(source or {})
+    )
     obs2 = obs
     if report.design == SCATTERED:
         report.bins = bins
@@ -108,14 +134,26 @@ def fit_all(obs: Observations, targets: Sequence[float] = (), approaches: Sequen
                 continue
             try:
                 law = report.approach3.law if approach == "3" else None
-                report.bootstrap[approach] = bootstrap(obs, approach, replicates, targets, level, seed,
-                                                       point_law=law, delta=delta, method=method, bins=bins).as_dict()
+                report.bootstrap[approach] = bootstrap(
+                    obs,
+                    approach,
+                    replicates,
+                    targets,
+                    level,
+                    seed,
+                    point_law=law,
+                    delta=delta,
+                    method=method,
+                    bins=bins,
+                ).as_dict()
             except ScalingError as e:
                 report.warnings.append(f"no intervals for Approach {approach}: {e}")
     report.predictions = predictions(report)
     if out_dir is not None:
         out_dir = Path(out_dir)
-        report.plots = {k: str(v) for k, v in make_plots(obs2, report.approach2, report.approach3, targets, out_dir).items()}
+        report.plots = {
+            k: str(v) for k, v in make_plots(obs2, report.approach2, report.approach3, targets, out_dir).items()
+        }
         write_report(report, out_dir)
     return report
 
@@ -129,16 +167,28 @@ def write_report(report: FitReport, out_dir: Path) -> Path:
     return path
 
 
-def add_downstream(report: FitReport, obs: Observations, values: Sequence[float], metric: str, against: str,
-                   floor: Optional[float], replicates: int, level: float, seed: int) -> None:
+def add_downstream(
+    report: FitReport,
+    obs: Observations,
+    values: Sequence[float],
+    metric: str,
+    against: str,
+    floor: Optional[float],
+    replicates: int,
+    level: float,
+    seed: int,
+) -> None:
     """Fit ``metric`` (one value per run of ``obs``) against the runs' loss or compute; predict it at the
     targets (against loss: at Approach 3's compute-optimal loss L*(C)). Stored in ``report.downstream``."""
     from lmforge.scaling.downstream import bootstrap_link, fit_link
 
     x = obs.loss if against == "loss" else obs.true_budget
     fit = fit_link(x, values, against, floor, metric)
-    at: List[float] = list(report.targets) if against == "compute" else [
-        r["loss_opt"] for r in report.predictions if r["approach"] == "3"]
+    at: List[float] = (
+        list(report.targets)
+        if against == "compute"
+        else [r["loss_opt"] for r in report.predictions if r["approach"] == "3"]
+    )
     if replicates:
         fit = bootstrap_link(fit, x, values, replicates, level, seed, at)
     else:
@@ -150,8 +200,11 @@ def budget_summary(report: FitReport) -> str:
     """One line: how many runs, the budget range (never every budget) and the design."""
     b = report.budgets
     span = f"{b[0]:.3g}" if len(b) == 1 else f"{b[0]:.3g}..{b[-1]:.3g}"
-    design = (f"scattered: Approach 2 on {report.bins} log-spaced budget bins" if report.design == SCATTERED
-              else "an IsoFLOP grid")
+    design = (
+        f"scattered: Approach 2 on {report.bins} log-spaced budget bins"
+        if report.design == SCATTERED
+        else "an IsoFLOP grid"
+    )
     return f"{report.points} runs at {len(b)} budget(s) in {span} FLOPs ({design})"
 
 
@@ -166,15 +219,21 @@ def summary_text(report: FitReport) -> str:
 
     if report.approach2:
         f2 = report.approach2
-        lines.append(f"Approach 2: N* = {f2.n_law.k:.3g} C^{f2.n_law.exponent:.3f}{ci('2', 'a')}, "
-                     f"D* = {f2.d_law.k:.3g} C^{f2.d_law.exponent:.3f}{ci('2', 'b')}")
+        lines.append(
+            f"Approach 2: N* = {f2.n_law.k:.3g} C^{f2.n_law.exponent:.3f}{ci('2', 'a')}, "
+            f"D* = {f2.d_law.k:.3g} C^{f2.d_law.exponent:.3f}{ci('2', 'b')}"
+        )
     if report.approach3:
         law = report.approach3.law
-        lines.append(f"Approach 3: L = {law.E:.3f}{ci('3', 'E')} + {law.A:.4g}/N^{law.alpha:.3f}{ci('3', 'alpha')} "
-                     f"+ {law.B:.4g}/D^{law.beta:.3f}{ci('3', 'beta')};  a = {law.a:.3f}{ci('3', 'a')}")
+        lines.append(
+            f"Approach 3: L = {law.E:.3f}{ci('3', 'E')} + {law.A:.4g}/N^{law.alpha:.3f}{ci('3', 'alpha')} "
+            f"+ {law.B:.4g}/D^{law.beta:.3f}{ci('3', 'beta')};  a = {law.a:.3f}{ci('3', 'a')}"
+        )
     for approach, bs in report.bootstrap.items():
-        lines.append(f"Approach {approach} intervals: {bs['level']:.0%} percentile, bootstrap '{bs['method']}' "
-                     f"({bs['replicates']} replicates, {bs['failed']} failed refits)")
+        lines.append(
+            f"Approach {approach} intervals: {bs['level']:.0%} percentile, bootstrap '{bs['method']}' "
+            f"({bs['replicates']} replicates, {bs['failed']} failed refits)"
+        )
     for approach, err in report.errors.items():
         lines.append(f"Approach {approach} FAILED: {err}")
     for w in report.warnings:
@@ -183,50 +242,71 @@ def summary_text(report: FitReport) -> str:
         extra = ""
         if "ci" in row:
             ci_ = row["ci"]
-            extra = (f" (N* {ci_['n_opt']['low']:.3g}..{ci_['n_opt']['high']:.3g}, D* {ci_['d_opt']['low']:.3g}.."
-                     f"{ci_['d_opt']['high']:.3g}, L* {ci_['loss_opt']['low']:.4f}..{ci_['loss_opt']['high']:.4f})")
-        lines.append(f"  C={row['budget']:.3g} [A{row['approach']}]: N*={row['n_opt']:.4g} D*={row['d_opt']:.4g} "
-                     f"L*={row['loss_opt']:.4f}{extra}")
+            extra = (
+                f" (N* {ci_['n_opt']['low']:.3g}..{ci_['n_opt']['high']:.3g}, D* {ci_['d_opt']['low']:.3g}.."
+                f"{ci_['d_opt']['high']:.3g}, L* {ci_['loss_opt']['low']:.4f}..{ci_['loss_opt']['high']:.4f})"
+            )
+        lines.append(
+            f"  C={row['budget']:.3g} [A{row['approach']}]: N*={row['n_opt']:.4g} D*={row['d_opt']:.4g} "
+            f"L*={row['loss_opt']:.4f}{extra}"
+        )
     if report.downstream:
         ds = report.downstream
         axis = "loss" if ds["against"] == "loss" else "ln C"
-        lines.append(f"Downstream {ds['metric']}: {ds['floor']:.3g} + ({ds['ceiling']:.3g} - {ds['floor']:.3g}) * "
-                     f"sigmoid({ds['slope']:.3g} ({axis} - {ds['mid']:.4g})), rms {ds['rms']:.3g} over {ds['runs']} runs")
+        lines.append(
+            f"Downstream {ds['metric']}: {ds['floor']:.3g} + ({ds['ceiling']:.3g} - {ds['floor']:.3g}) * "
+            f"sigmoid({ds['slope']:.3g} ({axis} - {ds['mid']:.4g})), rms {ds['rms']:.3g} over {ds['runs']} runs"
+        )
         for p in ds["predictions"]:
             ci_ = f" [{p['low']:.3g}, {p['high']:.3g}]" if "low" in p else ""
-            lines.append(f"  {ds['metric']} at {'loss' if ds['against'] == 'loss' else 'C'}={p['x']:.4g}: "
-                         f"{p['value']:.3g}{ci_}")
+            lines.append(
+                f"  {ds['metric']} at {'loss' if ds['against'] == 'loss' else 'C'}={p['x']:.4g}: {p['value']:.3g}{ci_}"
+            )
     for k, v in report.plots.items():
         lines.append(f"  plot {k}: {v}")
     return "\n".join(lines)
 
 
-def log_to_wandb(report: FitReport, obs: Observations, mode: str, project: str, group: Optional[str],
-                 run_dir: Path) -> Optional[str]:
+def log_to_wandb(
+    report: FitReport, obs: Observations, mode: str, project: str, group: Optional[str], run_dir: Path
+) -> Optional[str]:
     """Log plots as images and the runs/predictions as tables to one W&B run of job_type 'scaling-fit'."""
     if mode == "disabled":
         return None
     import wandb
 
-    run = wandb.init(project=project, group=group, job_type="scaling-fit", mode=mode, dir=str(run_dir),
-                     config={"targets": report.targets, "budgets": report.budgets},
-                     settings=wandb.Settings(x_disable_stats=True))
+    run = wandb.init(
+        project=project,
+        group=group,
+        job_type="scaling-fit",
+        mode=mode,
+        dir=str(run_dir),
+        config={"targets": report.targets, "budgets": report.budgets},
+        settings=wandb.Settings(x_disable_stats=True),
+    )
     try:
-        points = wandb.Table(columns=["id", "budget", "N", "D", "loss"],
-                             data=[[i, float(c), float(n), float(d), float(loss)]
-                                   for i, c, n, d, loss in zip(obs.ids, obs.budget, obs.n, obs.d, obs.loss)])
-        preds = wandb.Table(columns=["approach", "budget", "n_opt", "d_opt", "loss_opt"],
-                            data=[[r["approach"], r["budget"], r["n_opt"], r["d_opt"], r["loss_opt"]]
-                                  for r in report.predictions])
+        points = wandb.Table(
+            columns=["id", "budget", "N", "D", "loss"],
+            data=[
+                [i, float(c), float(n), float(d), float(loss)]
+                for i, c, n, d, loss in zip(obs.ids, obs.budget, obs.n, obs.d, obs.loss)
+            ],
+        )
+        preds = wandb.Table(
+            columns=["approach", "budget", "n_opt", "d_opt", "loss_opt"],
+            data=[[r["approach"], r["budget"], r["n_opt"], r["d_opt"], r["loss_opt"]] for r in report.predictions],
+        )
         payload = {"scaling/points": points, "scaling/predictions": preds}
         payload.update({f"scaling/{k}": wandb.Image(v) for k, v in report.plots.items()})
         run.log(payload)
         if report.approach3:
-            run.summary.update({f"approach3/{k}": v for k, v in report.approach3.as_dict().items()
-                                if isinstance(v, (int, float))})
+            run.summary.update(
+                {f"approach3/{k}": v for k, v in report.approach3.as_dict().items() if isinstance(v, (int, float))}
+            )
         if report.approach2:
-            run.summary.update({f"approach2/{k}": v for k, v in report.approach2.as_dict().items()
-                                if isinstance(v, (int, float))})
+            run.summary.update(
+                {f"approach2/{k}": v for k, v in report.approach2.as_dict().items() if isinstance(v, (int, float))}
+            )
         return run.dir
     finally:
         run.finish()

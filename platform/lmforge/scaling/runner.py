@@ -12,6 +12,7 @@ Launchers:
 ``--dry-run`` prints the commands without running them. Points whose run directory holds DONE are skipped
 (re-running a sweep resumes it); unfinished points resume from their checkpoints (train.resume=auto).
 """
+
 from __future__ import annotations
 
 import os
@@ -75,34 +76,72 @@ def local_commands(sweep: Sweep, sweep_dir: Path, jobs: int = 1, isolate: bool =
     if isolate:
         groups = [[p] for p in todo]
     else:
-        groups = [todo[i::max(1, jobs)] for i in range(max(1, jobs))]
-    return [[sys.executable, "-m", "lmforge.scaling.worker", str(_sweep_file(sweep_dir)),
-             "--points", ",".join(p.id for p in g)] for g in groups if g]
+        groups = [todo[i :: max(1, jobs)] for i in range(max(1, jobs))]
+    return [
+        [
+            sys.executable,
+            "-m",
+            "lmforge.scaling.worker",
+            str(_sweep_file(sweep_dir)),
+            "--points",
+            ",".join(p.id for p in g),
+        ]
+        for g in groups
+        if g
+    ]
 
 
-def hydra_command(sweep: Sweep, sweep_dir: Path, launcher: str = "basic",
-                  launcher_args: Sequence[str] = ()) -> List[str]:
+def hydra_command(
+    sweep: Sweep, sweep_dir: Path, launcher: str = "basic", launcher_args: Sequence[str] = ()
+) -> List[str]:
     todo = _todo(sweep)
     if launcher not in ("basic", "submitit_local", "submitit_slurm"):
-        raise ScalingError("sweep run --hydra-launcher", f"'{launcher}' is not a known launcher",
-                           "use basic, submitit_local or submitit_slurm")
+        raise ScalingError(
+            "sweep run --hydra-launcher",
+            f"'{launcher}' is not a known launcher",
+            "use basic, submitit_local or submitit_slurm",
+        )
     group_dir = Path(sweep_dir).absolute() / "hydra"
-    cmd = [sys.executable, "-m", "lmforge.train", "--multirun", f"hydra.searchpath=[file://{group_dir}]",
-           f"+sweep_point={','.join(p.id for p in todo)}", f"hydra/launcher={launcher}",
-           f"hydra.sweep.dir={sweep.run_root}", "hydra.sweep.subdir=${run.sweep_point}", *sweep.common_overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.train",
+        "--multirun",
+        f"hydra.searchpath=[file://{group_dir}]",
+        f"+sweep_point={','.join(p.id for p in todo)}",
+        f"hydra/launcher={launcher}",
+        f"hydra.sweep.dir={sweep.run_root}",
+        "hydra.sweep.subdir=${run.sweep_point}",
+        *sweep.common_overrides,
+    ]
     return cmd + [f"hydra.launcher.{a}" if not a.startswith("hydra.") else a for a in launcher_args]
 
 
 def slurm_array_command(sweep: Sweep, sweep_dir: Path, script: Path, sbatch_args: Sequence[str] = ()) -> List[str]:
     index = {p.id: i for i, p in enumerate(sweep.points)}
     todo = [str(index[p.id]) for p in _todo(sweep)]
-    return ["sbatch", f"--array={','.join(todo)}", f"--job-name=sweep-{sweep.name}", *sbatch_args, str(script),
-            str(_sweep_file(sweep_dir))]
+    return [
+        "sbatch",
+        f"--array={','.join(todo)}",
+        f"--job-name=sweep-{sweep.name}",
+        *sbatch_args,
+        str(script),
+        str(_sweep_file(sweep_dir)),
+    ]
 
 
-def run_sweep(sweep: Sweep, sweep_dir: Path, launcher: str = "local", jobs: int = 1, isolate: bool = False,
-              hydra_launcher: str = "basic", launcher_args: Sequence[str] = (), slurm_script: Optional[Path] = None,
-              dry_run: bool = False, log=print) -> int:
+def run_sweep(
+    sweep: Sweep,
+    sweep_dir: Path,
+    launcher: str = "local",
+    jobs: int = 1,
+    isolate: bool = False,
+    hydra_launcher: str = "basic",
+    launcher_args: Sequence[str] = (),
+    slurm_script: Optional[Path] = None,
+    dry_run: bool = False,
+    log=print,
+) -> int:
     """Run (or print) the commands for the pending points; returns 0 when every point is done afterwards."""
     if not _todo(sweep):
         log(status_report(sweep))
@@ -114,9 +153,12 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, launcher: str = "local", jobs: int 
     elif launcher == "slurm-array":
         script = Path(slurm_script) if slurm_script else Path("slurm/sweep_array.sh")
         if not script.is_file() and not dry_run:
-            raise ScalingError(str(script), "the Slurm array script is missing",
-                               "pass --slurm-script PATH; it must run `python -m lmforge.scaling.worker SWEEP_JSON "
-                               "--index $SLURM_ARRAY_TASK_ID`")
+            raise ScalingError(
+                str(script),
+                "the Slurm array script is missing",
+                "pass --slurm-script PATH; it must run `python -m lmforge.scaling.worker SWEEP_JSON "
+                "--index $SLURM_ARRAY_TASK_ID`",
+            )
         cmds = [slurm_array_command(sweep, sweep_dir, script, launcher_args)]
     else:
         raise ScalingError("sweep run --launcher", f"'{launcher}' is not a launcher", "use local, hydra or slurm-array")

@@ -12,6 +12,7 @@ error, divergence, repeated crash, corrupted replicas) is not retried when the s
 mismatch (exit 47, ``Corrupted``, a SystemExit like the preemption) ends the worker too. Exit status: 0 if every
 point finished, 1 if any failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,19 @@ def failure_path(paths: RunPaths) -> Path:
 
 
 def tag_record(sweep: Sweep, p: Point) -> dict:
-    return {"kind": "event", "event": "sweep_point", "time": time.time(), "sweep": sweep.name, "point": p.id,
-            "budget": p.budget, "n_params": p.n_params, "n_flops": p.n_flops, "tokens": p.tokens,
-            "flops_per_token": p.flops_per_token, "planned_flops": p.planned_flops}
+    return {
+        "kind": "event",
+        "event": "sweep_point",
+        "time": time.time(),
+        "sweep": sweep.name,
+        "point": p.id,
+        "budget": p.budget,
+        "n_params": p.n_params,
+        "n_flops": p.n_flops,
+        "tokens": p.tokens,
+        "flops_per_token": p.flops_per_token,
+        "planned_flops": p.planned_flops,
+    }
 
 
 def run_point(sweep: Sweep, p: Point) -> bool:
@@ -52,16 +63,21 @@ def run_point(sweep: Sweep, p: Point) -> bool:
 
     stopped = deciding(paths.root)
     if stopped is not None:
-        print(f"[sweep] {p.id}: not retried: {stopped.summary()} (after fixing it, remove {verdicts_dir(paths.root)})",
-              file=sys.stderr, flush=True)
+        print(
+            f"[sweep] {p.id}: not retried: {stopped.summary()} (after fixing it, remove {verdicts_dir(paths.root)})",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     paths.make()
     archive(paths.root)
     failure_path(paths).unlink(missing_ok=True)
     with open(paths.metrics, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(tag_record(sweep, p), sort_keys=True) + "\n")
-    print(f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
-          flush=True)
+    print(
+        f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
+        flush=True,
+    )
     try:
         with VerdictRecorder(paths.root) as verdict:  # what `lmforge train` does
             trainer = Trainer(validate(compose(p.overrides)), Path(p.run_dir))
@@ -69,8 +85,11 @@ def run_point(sweep: Sweep, p: Point) -> bool:
             trainer.fit()
     except (Exception, Diverged):  # noqa: BLE001  one point's failure must not stop the sweep; a preemption passes
         failure_path(paths).write_text(traceback.format_exc())
-        print(f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}", file=sys.stderr,
-              flush=True)
+        print(
+            f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     return True
 

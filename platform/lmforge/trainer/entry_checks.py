@@ -17,6 +17,7 @@ and ``lmforge launch``
 (local and ``--slurm``, ``epochs=False``: the data epochs are the job's prepare step's and the workers' check, as
 before). Every check raises ConfigError (one line, exit 2 at the entry point).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
     if run_dir is not None:
         from lmforge.checkpoint.manager import find_resume  # imports torch: only where a run dir is checked
 
-        resume_point = find_resume(RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model,
-                                   lambda: tokenizer().identity)
+        resume_point = find_resume(
+            RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model, lambda: tokenizer().identity
+        )
     # A corpus repeated past data.max_epochs is refused before any process group exists (with prepare: on a fresh
     # cache too, the embedded corpora prepared here, under their locks, instead of by the trainer's mixture builder).
     found = check_run(cfg, prepare=prepare, tokenizer=tokenizer) if epochs else None

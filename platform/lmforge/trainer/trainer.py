@@ -12,6 +12,7 @@ step is named for what it does and every collective is marked "collective:":
         commit_checkpoint(); vote_stop()                 # checkpoint/ async commit, the preemption vote (comm/vote.py)
         maybe save a checkpoint                          # checkpoint/
 """
+
 from __future__ import annotations
 
 import json
@@ -93,8 +94,7 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         # Before any collective: a job that wants GPUs it cannot use stops here, on every rank (exit 2).
-        check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device,
-                              env.local_world_size())
+        check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device, env.local_world_size())
         self.device = select_device(cfg.train.device, env.local_rank())
         # Before the model and data are built: on the CPU, glibc keeps freed blocks for the next step's tensors.
         self.host_malloc = host_memory.apply(host_memory.resolve(cfg.train.host_malloc, self.device.type))
@@ -108,37 +108,77 @@ class Trainer:
 
         # Data
         cache = default_cache_dir(cfg.data, cfg.run.root)
-        self.tokenizer = checked.tokenizer if checked is not None and checked.tokenizer is not None \
+        self.tokenizer = (
+            checked.tokenizer
+            if checked is not None and checked.tokenizer is not None
             else load_tokenizer(cfg.data.tokenizer, cache)
+        )
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
-        self.resume_point = checked.resume_point if checked is not None and checked.run_dir is not None \
+        self.resume_point = (
+            checked.resume_point
+            if checked is not None and checked.run_dir is not None
             else find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, lambda: self.tokenizer.identity)
+        )
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
-        self.num_train_samples, total_samples = stream_sizes(cfg.train, self.plan.tokens_per_step,
-                                                             self.plan.global_batch_size, cfg.model.seq_len, prior)
-        self.mixture = build_mixture(cfg.data, self.tokenizer, cfg.model.seq_len, cfg.train.seed,
-                                     self.num_train_samples, cfg.train.eval_batches * self.plan.micro_batch_size
-                                     * self.plan.dp_size, cache, total_samples)
+        self.num_train_samples, total_samples = stream_sizes(
+            cfg.train, self.plan.tokens_per_step, self.plan.global_batch_size, cfg.model.seq_len, prior
+        )
+        self.mixture = build_mixture(
+            cfg.data,
+            self.tokenizer,
+            cfg.model.seq_len,
+            cfg.train.seed,
+            self.num_train_samples,
+            cfg.train.eval_batches * self.plan.micro_batch_size * self.plan.dp_size,
+            cache,
+            total_samples,
+        )
 
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device)
-        self.data = BatchStream(self.mixture, self.plan, self.engine.dp_rank, self.device, num_workers=cfg.data.num_workers,
-                                document_masking=cfg.data.document_masking, loss_after_eod=cfg.data.loss_after_eod)
+        self.data = BatchStream(
+            self.mixture,
+            self.plan,
+            self.engine.dp_rank,
+            self.device,
+            num_workers=cfg.data.num_workers,
+            document_masking=cfg.data.document_masking,
+            loss_after_eod=cfg.data.loss_after_eod,
+        )
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
         # Evaluation: bytes per token id (val/<source>/bpb, built at the first evaluation) and the downstream tasks
         self.token_bytes: Optional[torch.Tensor] = None
-        self.tasks = TaskRunner(eval_tasks, self.tokenizer.encode, self.tokenizer.eod, cfg.model.seq_len,
-                                cfg.eval.batch_size, cfg.eval.limit) if eval_tasks else None
+        self.tasks = (
+            TaskRunner(
+                eval_tasks,
+                self.tokenizer.encode,
+                self.tokenizer.eod,
+                cfg.model.seq_len,
+                cfg.eval.batch_size,
+                cfg.eval.limit,
+            )
+            if eval_tasks
+            else None
+        )
         self.flops_per_token = flops_per_token(cfg.model)
         dtype = torch.bfloat16 if self.engine.precision != "fp32" else torch.float32
         say = print if self.rank == 0 else (lambda _line: None)
         if self.host_malloc.startswith("system ("):  # retain was asked for (or auto on the CPU) and is not in force
             say(f"lmforge: warning: host malloc: {self.host_malloc}")
         peak = peak_tflops(self.device, dtype, warn=say)
-        refresh = (lambda achieved, old: refresh_cpu_peak(dtype, achieved, old, warn=say)) \
-            if self.device.type == "cpu" else None  # a cached CPU peak measured under contention is re-measured
-        self.meter = IntervalMeter(self.flops_per_token, peak, self.world.world_size,
-                                   self.plan.tokens_per_step, device_synchronizer(self.device), refresh_peak=refresh)
+        refresh = (
+            (lambda achieved, old: refresh_cpu_peak(dtype, achieved, old, warn=say))
+            if self.device.type == "cpu"
+            else None
+        )  # a cached CPU peak measured under contention is re-measured
+        self.meter = IntervalMeter(
+            self.flops_per_token,
+            peak,
+            self.world.world_size,
+            self.plan.tokens_per_step,
+            device_synchronizer(self.device),
+            refresh_peak=refresh,
+        )
         self.step = 0
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
@@ -153,11 +193,16 @@ class Trainer:
         if self.rank != 0:
             return
         self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
-        layout = {"world_size": self.world.world_size, "backend": self.world.backend,
-                  "mesh": {k: v for k, v in zip(DIM_NAMES, self.engine.dims.shape)},
-                  "batch": asdict(self.plan), "threads": self.threads, "device": str(self.device),
-                  "host_malloc": self.host_malloc,
-                  "precision": self.engine.precision}
+        layout = {
+            "world_size": self.world.world_size,
+            "backend": self.world.backend,
+            "mesh": {k: v for k, v in zip(DIM_NAMES, self.engine.dims.shape)},
+            "batch": asdict(self.plan),
+            "threads": self.threads,
+            "device": str(self.device),
+            "host_malloc": self.host_malloc,
+            "precision": self.engine.precision,
+        }
         provenance.write(self.paths.provenance, provenance.collect(layout=layout))
 
     def _make_logger(self) -> MetricsLogger:
@@ -166,26 +211,44 @@ class Trainer:
         sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step)]
         if self.cfg.logging.jsonl:
             sinks.append(JsonlSink(self.paths.metrics))
-        wandb_sink = make_wandb_sink(self.cfg.logging.wandb, self.paths.wandb, config_dict(self.cfg),
-                                     self.wandb_run_id, group=self.cfg.run.sweep_name)
+        wandb_sink = make_wandb_sink(
+            self.cfg.logging.wandb,
+            self.paths.wandb,
+            config_dict(self.cfg),
+            self.wandb_run_id,
+            group=self.cfg.run.sweep_name,
+        )
         if wandb_sink is not None:
             self.wandb_run_id = wandb_sink.run_id  # persisted in every checkpoint's sidecar
             sinks.append(wandb_sink)
         return MetricsLogger(sinks, rank=0)
 
     def sidecar(self) -> dict:
-        return {"data": self.data.state_dict(), "world_size": self.world.world_size,
-                "wandb_run_id": self.wandb_run_id, "config": config_dict(self.cfg),
-                "tokenizer": self.tokenizer.identity,
-                "scheduler": scheduler_state(self.cfg.optim, self.cfg.train.max_steps, self.step, self.cfg.optim.lr
-                                             * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps))}
+        return {
+            "data": self.data.state_dict(),
+            "world_size": self.world.world_size,
+            "wandb_run_id": self.wandb_run_id,
+            "config": config_dict(self.cfg),
+            "tokenizer": self.tokenizer.identity,
+            "scheduler": scheduler_state(
+                self.cfg.optim,
+                self.cfg.train.max_steps,
+                self.step,
+                self.cfg.optim.lr * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps),
+            ),
+        }
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
         self._flush_source_counts()
         result = self.checkpoints.save(self.step, sidecar=self.sidecar())
         if getattr(self, "logger", None) is not None:
-            self.logger.event("checkpoint_save", step=self.step, stall_s=result.stall_s,
-                              async_mode=self.cfg.checkpoint.async_mode, path=str(result.path))
+            self.logger.event(
+                "checkpoint_save",
+                step=self.step,
+                stall_s=result.stall_s,
+                async_mode=self.cfg.checkpoint.async_mode,
+                path=str(result.path),
+            )
         if blocking:
             self.checkpoints.wait()
         return result.path
@@ -208,8 +271,9 @@ class Trainer:
         """FLOPs per token of this rank's step when document-masked (attention within documents only)."""
         if not self.cfg.data.document_masking:
             return None
-        return document_flops_per_token(self.cfg.model, sum(b.document_square_sum for b in batches),
-                                        sum(b.tokens.numel() for b in batches))
+        return document_flops_per_token(
+            self.cfg.model, sum(b.document_square_sum for b in batches), sum(b.tokens.numel() for b in batches)
+        )
 
     # ---- evaluation ----------------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -222,8 +286,9 @@ class Trainer:
             for b in self.data.valid_batches(source, self.cfg.train.eval_batches):
                 losses.append(float(self.engine.eval_loss(b.tokens, b.targets, b.positions)))
                 kept = b.targets >= 0  # data.loss_after_eod=mask: -100 targets are not scored, nor counted
-                counts += torch.stack([torch.where(kept, self.token_bytes[b.targets.clamp_min(0)], 0).sum(),
-                                       kept.sum()])
+                counts += torch.stack(
+                    [torch.where(kept, self.token_bytes[b.targets.clamp_min(0)], 0).sum(), kept.sum()]
+                )
             if is_distributed() and self.engine.dp_size > 1:
                 torch.distributed.all_reduce(counts, group=self.engine.dp_group)  # collective: bytes, tokens over dp
             loss = sum(losses) / len(losses)
@@ -238,7 +303,8 @@ class Trainer:
                 evals.mkdir(exist_ok=True)
                 for task, rows in records.items():
                     (evals / f"{task}-step-{self.step:08d}.jsonl").write_text(
-                        "".join(json.dumps(r) + "\n" for r in rows))
+                        "".join(json.dumps(r) + "\n" for r in rows)
+                    )
         self.engine.train()
         return out
 
@@ -252,7 +318,8 @@ class Trainer:
         self._write_run_files()
         log = self.logger = self._make_logger()
         self.checkpoints.on_commit = lambda step, path, write_s: log.event(
-            "checkpoint_commit", step=step, write_s=write_s, path=str(path))
+            "checkpoint_commit", step=step, write_s=write_s, path=str(path)
+        )
         if resumed is not None:
             log.event("resume", step=resumed, cause=f"resumed from step {resumed}")
             if self.rank == 0:
@@ -260,8 +327,9 @@ class Trainer:
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
-        faults = self.faults = FaultHooks(cfg, self.paths, self.rank, self.device, log, self.preemption,
-                                          engine=self.engine, start_step=self.step).start()
+        faults = self.faults = FaultHooks(
+            cfg, self.paths, self.rank, self.device, log, self.preemption, engine=self.engine, start_step=self.step
+        ).start()
         self.stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(cfg.comm, self.device, self.paths, log, self.step)  # collective: comm.preflight's bench
@@ -288,15 +356,25 @@ class Trainer:
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
                     with self.meter.excluded():  # evaluation time is not training throughput
                         values = self.evaluate()  # collectives: the engine's eval forwards and loss all-reduces
-                    log.log({"kind": "eval", "step": self.step,
-                             "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len, **values})
+                    log.log(
+                        {
+                            "kind": "eval",
+                            "step": self.step,
+                            "tokens_seen": self.data.state.consumed_samples * cfg.model.seq_len,
+                            **values,
+                        }
+                    )
                 self.commit_checkpoint()  # collective while an async save is in flight: its vote, then the commit
                 if self.vote_stop():  # collective: async all-reduce of the preemption flag, read a step later
                     self.save_after_verdicts(blocking=True)  # collective: the save's barriers
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
-                if cfg.checkpoint.enabled and cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0 \
-                        and self.step < last_step:
+                if (
+                    cfg.checkpoint.enabled
+                    and cfg.checkpoint.every_steps
+                    and self.step % cfg.checkpoint.every_steps == 0
+                    and self.step < last_step
+                ):
                     self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
@@ -344,16 +422,22 @@ class Trainer:
         self._flush_source_counts()
         throughput = self.meter.measure()  # syncs the device: the interval since the last log
         consumed = self.data.state.consumed_samples
-        record = {"kind": "train", "step": self.step, "loss": float(result.loss), "lr": lr,
-                  "grad_norm": float(result.grad_norm),
-                  "tokens_seen": consumed * cfg.model.seq_len,
-                  "flops_seen": consumed * cfg.model.seq_len * self.flops_per_token,
-                  "consumed_samples": consumed,
-                  **throughput,
-                  **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
-                  **self.data.share_metrics(),
-                  **self._memory(), **fault_metrics,
-                  **{k: float(v) for k, v in (result.moe or {}).items()}}  # MoE expert load (model/moe.py)
+        record = {
+            "kind": "train",
+            "step": self.step,
+            "loss": float(result.loss),
+            "lr": lr,
+            "grad_norm": float(result.grad_norm),
+            "tokens_seen": consumed * cfg.model.seq_len,
+            "flops_seen": consumed * cfg.model.seq_len * self.flops_per_token,
+            "consumed_samples": consumed,
+            **throughput,
+            **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
+            **self.data.share_metrics(),
+            **self._memory(),
+            **fault_metrics,
+            **{k: float(v) for k, v in (result.moe or {}).items()},
+        }  # MoE expert load (model/moe.py)
         self.history.append(record)
         self.logger.log(record)
 
