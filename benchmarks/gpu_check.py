@@ -483,7 +483,7 @@ def check_bare(name: str, compile_blocks: bool) -> dict:
     first, step_s = time_steps(step)
     out = rates(cfg, batch, step_s, first)
     out["attention_ops"] = attention_ops
-    del model, opt
+    model = opt = None  # free the device memory before the next check
     free_memory()
     return out
 
@@ -617,7 +617,7 @@ def check_document_attention_varlen() -> dict:
                 "ops": ops,
                 "peak_mem_gib": peak_mem_gib(),
             }
-            del model, opt
+            model = opt = None  # free the device memory before the next check
     finally:
         varlen_module.varlen_attn = kernel
     sdpa, varlen = runs["sdpa"], runs["varlen"]
@@ -778,9 +778,9 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     # Every model compiles as in a trainer that only ever sees one shape: static shapes, never the dynamic-shape
     # graphs dynamo switches to after a recompile with other sizes (which would distort the throughput numbers).
-    import torch._dynamo
+    import torch._dynamo as dynamo  # binds `dynamo` only: `import torch._dynamo` would make `torch` local
 
-    torch._dynamo.config.automatic_dynamic_shapes = False
+    dynamo.config.automatic_dynamic_shapes = False
     out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "gpu_check.json"
     R = Report(out_path, environment(), args.budget_s or S.budget_s)
     env = R.data["env"]

@@ -87,7 +87,7 @@ def _rank(rank: int, world: int, port: int, overrides: List[str], steps: int, wa
         ]
 
     times = []
-    for step in range(warmup + steps):
+    for _step in range(warmup + steps):
         data = batches()
         t0 = time.perf_counter()
         result = engine.train_step(data, 1e-4)

@@ -57,7 +57,7 @@ def run_on_ranks(target: Callable, world: int, args: Sequence, what: str) -> dic
         except Exception:  # queue.Empty: stop waiting once a rank has died
             failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if failed:
-                raise RuntimeError(f"{what}: a rank exited with {failed}")
+                raise RuntimeError(f"{what}: a rank exited with {failed}") from None
     for p in procs:
         p.join(timeout=120)
     return result

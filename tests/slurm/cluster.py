@@ -262,7 +262,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.1)
         for node in self.nodes:
             self.kill_node(node)
-        for name, pid in self.daemon_pids.items():
+        for pid in self.daemon_pids.values():
             if _alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)

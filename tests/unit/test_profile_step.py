@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.profile_step import (
+from benchmarks.profile_step import (  # noqa: E402
     CATEGORIES,
     Breakdown,
     ProfileRun,

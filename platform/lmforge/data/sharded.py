@@ -369,7 +369,7 @@ def _shard_entry(name: str, meta: dict, inputs: List[str], **more) -> dict:
 
 def _check_cut(name: str, metas: List[dict], indexes: list, limit: int) -> Optional[str]:
     """The parts are the cut :class:`_TokenCut` makes: each within ``limit`` (or one document), each full."""
-    for k, (meta, index) in enumerate(zip(metas, indexes)):
+    for k, (meta, _index) in enumerate(zip(metas, indexes)):
         if meta["tokens"] > limit and meta["documents"] != 1:
             return (
                 f"{part_name(name, k)}: {meta['tokens']} tokens in {meta['documents']} documents, over the "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,9 @@ from lmforge.parallel.mesh import ParallelDims
 from lmforge.parallel.native_engine import StepGuard, StepResult
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import resolve_precision
+
+if TYPE_CHECKING:  # annotation only: contract.py is imported where a layout is built
+    from lmforge.parallel.contract import StateLayout
 
 DS_TAG = "deepspeed"  # the sub-directory of a checkpoint holding DeepSpeed's files
 
@@ -273,7 +276,7 @@ class DeepSpeedEngine:
         """No replica comparison: ZeRO partitions are not replicated the way fault/consistency.py compares."""
         return None
 
-    def state_layout(self) -> "StateLayout":
+    def state_layout(self) -> StateLayout:
         """DeepSpeed's own per-rank files (``save_checkpoint``/``load_checkpoint``), recorded with the ZeRO stage
         and data-parallel size they were written at (a different size on resume goes through the universal form)."""
         from lmforge.parallel.contract import DEEPSPEED, StateLayout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, ParallelMesh, build_mesh, dp_rank
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import autocast_context, resolve_precision
+
+if TYPE_CHECKING:  # annotation only: contract.py is imported where a layout is built
+    from lmforge.parallel.contract import StateLayout
 
 
 @dataclass
@@ -213,7 +216,7 @@ class NativeEngine:
             part.eval()
 
     # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
-    def state_layout(self) -> "StateLayout":
+    def state_layout(self) -> StateLayout:
         """Model and optimizer state dicts through DCP; with pp > 1 ``inner`` holds only this rank's stages."""
         from lmforge.parallel.contract import DCP, StateLayout
 
