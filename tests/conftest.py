@@ -12,6 +12,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The tiers (fast, full, drills): selection, markers and the fast tier's guard live in tiering.py.
+from tiering import (  # noqa: E402, F401
+    _fast_tier_starts_no_slow_process,
+    pytest_addoption,
+    pytest_configure,
+    pytest_terminal_summary,
+)
+from tiering import pytest_collection_modifyitems as tier_collection  # noqa: E402
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -48,10 +57,12 @@ SMOKE_OVERLAP = pytest.StashKey[bool]()  # enough other tests selected to train 
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests that read the smoke run go last. The run itself starts at the first test (``smoke_background``)
+    """Tiers first (tiering.py deselects what the run does not select), then the tests that read the smoke run go
+    last. The run itself starts at the first test (``smoke_background``)
     at the lowest CPU priority, so it trains on the cycles the rest of the suite leaves idle (Slurm and fault
     tests wait on timers; most multi-rank tests use one thread a rank) instead of holding both cores for five
     minutes on its own."""
+    tier_collection(config, items)
     readers = [item for item in items if "smoke_run" in getattr(item, "fixturenames", ())]
     config.stash[SMOKE_READERS] = bool(readers)
     config.stash[SMOKE_OVERLAP] = len(items) - len(readers) >= 50

@@ -1,7 +1,7 @@
 """`make install TORCH_VARIANT=...` picks the torch wheel: a dry run (`make -n`) of the real Makefile, no download.
 
-auto (default) is the pre-existing behaviour (this machine has no nvidia-smi: torch from PyPI); cpu and cuNNN
-take the PyTorch index of that variant, so a GPU environment can be built on a login node without GPUs; the
+auto (default) takes the CPU wheel on a machine without nvidia-smi (as this one: PyPI's Linux torch wheel is the
+CUDA build); cpu and cuNNN take the PyTorch index of that variant, so a GPU environment can be built on a login node without GPUs; the
 variant a venv was built with stays its default; anything else stops make with one line.
 """
 
@@ -31,7 +31,10 @@ def test_torch_variant_selects_the_pip_command(tmp_path):
     assert shutil.which("nvidia-smi") is None  # auto's expectation below is that of a machine without GPUs
     venv = tmp_path / "venv"
     py = f"{venv}/bin/python"
-    assert torch_lines(make_n(venv)) == [f"{py} -m pip install -q torch==2.13.0", f"echo auto > {venv}/.torch-variant"]
+    assert torch_lines(make_n(venv)) == [
+        f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+        f"echo auto > {venv}/.torch-variant",
+    ]
     assert torch_lines(make_n(venv, "TORCH_VARIANT=cpu"))[0] == (
         f"{py} -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
     )
