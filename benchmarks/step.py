@@ -1,5 +1,5 @@
 """Training-step throughput against the machine's own matrix-multiply rate, measured side by side in one run
-(issue 17's goal figures):
+(the step-speed goal figures of docs/performance.md):
 
     python -m benchmarks.step [--model bench_small] [--batch 8] [--steps 1] [--repeats 5] [--threads 0]
                               [--no-compile] [--variants bf16 ac-full ac-selective foreach-adamw]
