@@ -7,8 +7,8 @@ out, interleaved with the whole step, and the paired difference.
 ``benchmarks/profile_step.py`` reads each op's own time from ``torch.profiler``, which disturbs what it measures
 on a CPU: in a bench_small step torch's tanh-GELU took 8.3 ms a call profiled and about 3 ms unprofiled, and the
 profiler's own small allocations split the heap blocks that ``train.host_malloc=retain`` keeps for the next step
-(docs/step-speed.md, session 33). Here each case is the real engine step (``NativeEngine.train_step``) with one
-part swapped for a stand-in that keeps every GEMM (so the GEMM work is the same in every case: checked in
+(benchmarks/reports/2026-12-step-speed.md). Here each case is the real engine step (``NativeEngine.train_step``)
+with one part swapped for a stand-in that keeps every GEMM (so the GEMM work is the same in every case: checked in
 ``tests/unit/test_ablate_step.py``):
 
 - ``attention``: SDPA -> ``q + k + v`` (K/V broadcast over the query heads of a group): gradients still reach

@@ -9,7 +9,7 @@ end of one forward (every tensor saved through ``torch.autograd.graph.saved_tens
 storage, weights excluded), measured on rank 0; the step time is the median over the measured steps after one
 warm-up step, with ``--threads`` intra-op threads per rank (default 1, so cp2 uses two cores where cp1 uses
 one: the step-time ratio is what a second device buys, net of the exchange). Writes
-benchmarks/results/context_parallel.json.
+benchmarks/results/scratch/context_parallel.json.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from benchmarks.paths import scratch_path
 from benchmarks.ranks import engine_on_rank, run_on_ranks
 
 LAYOUTS: Dict[str, tuple] = {  # name -> (world size, overrides)
@@ -124,7 +125,7 @@ def main() -> None:
         help="intra-op threads per rank (default 1: on a shared machine, OpenMP teams on oversubscribed "
         "cores stall; 0: the cores split evenly between the ranks)",
     )
-    ap.add_argument("--out", default="benchmarks/results/context_parallel.json")
+    ap.add_argument("--out", default=str(scratch_path("context_parallel.json")))
     args = ap.parse_args()
     layouts = args.layouts.split(",")
     if "cp1" not in layouts:

@@ -10,7 +10,7 @@ Headroom = loader tokens/s / training tokens/s (goal >= 20x: the loader must nev
 On CPU the training side uses a smaller micro batch (``--train-micro``) so a gpt_125m step stays
 affordable; tokens/s per micro batch is what is compared. Prepare throughput is measured on real text
 (Austen) with 1 and 2 tokenizer processes. Medians of the repeats; the JSON goes to
-benchmarks/results/data_loader.json.
+benchmarks/results/scratch/data_loader.json.
 
 Prefetch (``data.num_workers``): a loop alternates ``step_batches()`` with a simulated training step of fixed
 duration (a matmul loop on the device, synchronised at its end as a logged loss would be) and times what the
@@ -32,7 +32,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.paths import scratch_path
 
 
 def median_time(
@@ -276,8 +276,7 @@ def main() -> None:
                 f"{r['wait_ms_max']:>8.3f} {r['wait_ratio_vs_first']:>6.3f}x {r['step_ms_median']:>12.2f} "
                 f"{r['step_ratio_vs_first']:>6.3f}x"
             )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "data_loader.json"
+    out = scratch_path("data_loader.json")
     saved = json.loads(out.read_text()) if out.exists() else {}  # keep the suites not run this time
     saved.update(
         {"device": str(device), **{k: v for k, v in (("loader", rows), ("prepare", prep), ("prefetch", prefetch)) if v}}

@@ -17,7 +17,7 @@ Rate = text MB (UTF-8 bytes of the documents) / seconds, the median of the repea
 extra work prepare does, which a loaded machine's scheduling does not move much; wall ratios above 1 come from
 the reader thread's work overlapping the tokenizer's.
 TOKENIZERS_PARALLELISM=false throughout, so W processes use W threads in both cases. JSON goes to
-benchmarks/results/data_prepare.json.
+benchmarks/results/scratch/data_prepare.json.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.paths import scratch_path
+
 FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "parquet", "arrow-dataset")
 
 
@@ -178,8 +179,7 @@ def main(argv=None) -> int:
                     f"load {row['load_average'][0]})",
                     flush=True,
                 )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "data_prepare.json").write_text(
+    scratch_path("data_prepare.json").write_text(
         json.dumps(
             {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args), "rows": rows},
             indent=1,

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.paths import scratch_path
+
 ENGINES = {"native FSDP2": "parallelism=fsdp", "DeepSpeed ZeRO-3": "parallelism=zero3"}
 
 
@@ -161,8 +163,7 @@ def main() -> None:
             f"{name:<20} {r['step_s']:>8.3f} {r['tokens_per_s']:>10,.0f} {r['peak_gib_per_rank']:>14.3f} "
             f"{r['tokens_per_s'] / base['tokens_per_s']:>12.3f} {r['peak_gib_per_rank'] / base['peak_gib_per_rank']:>10.3f}"
         )
-    out = Path(__file__).resolve().parent / "results" / f"deepspeed_vs_fsdp-{args.model}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = scratch_path(f"deepspeed_vs_fsdp-{args.model}.json")
     out.write_text(
         json.dumps({"model": args.model, "micro": args.micro, "steps": args.steps, "results": rows}, indent=1)
     )

@@ -7,7 +7,7 @@ Each layout trains moe_smoke (fp32, one micro batch of ``--batch`` sequences of 
 step) through the real NativeEngine; the step time is the median over the measured steps after one warm-up.
 The all-to-all time is the wall time rank 0 spends inside ``all_to_all_single`` (the counts, dispatch and
 combine exchanges of every MoE layer, forward and backward: the blocking calls are timed, waiting for the
-other rank included), summed per step. Writes benchmarks/results/expert_parallel.json.
+other rank included), summed per step. Writes benchmarks/results/scratch/expert_parallel.json.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from benchmarks.paths import scratch_path
 from benchmarks.ranks import engine_on_rank, run_on_ranks
 
 LAYOUTS: Dict[str, List[str]] = {"ep1": ["parallelism=fsdp"], "ep2": ["parallelism=fsdp", "parallelism.ep=2"]}
@@ -79,7 +80,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank and step")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
-    ap.add_argument("--out", default="benchmarks/results/expert_parallel.json")
+    ap.add_argument("--out", default=str(scratch_path("expert_parallel.json")))
     args = ap.parse_args()
     rows = {layout: run(layout, args.steps, args.batch, args.threads) for layout in LAYOUTS}
     for layout, row in rows.items():

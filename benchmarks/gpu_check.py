@@ -1,7 +1,8 @@
 """One prepared GPU check (run by benchmarks/gpu_check.sh on a lent H200 in one shot, < 8 minutes), and its
 CPU dry run (``--dry-run``: the same checks and code paths with tiny shapes on CPU/gloo, run by the tests).
 
-    python benchmarks/gpu_check.py              # on the GPU machine (writes $OUT/gpu_check.json)
+    python benchmarks/gpu_check.py              # on the GPU machine (writes $OUT/gpu_check.json, without $OUT
+                                                # benchmarks/results/scratch/gpu_check.json)
     python benchmarks/gpu_check.py --dry-run    # anywhere, ~1 minute on 2 cores
 
 Needs only torch: the GPU machines have their own torch and no hydra/omegaconf/wandb/deepspeed. It imports
@@ -50,7 +51,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.paths
 
+from benchmarks.paths import scratch_path  # noqa: E402
 from lmforge.config.model import ModelConfig  # noqa: E402
 from lmforge.model.flops import flops_per_token  # noqa: E402
 from lmforge.model.gpt import GPT, cross_entropy_loss, param_count_from_config  # noqa: E402
@@ -760,11 +763,21 @@ def summarize() -> dict:
     return out
 
 
+def gpu_check_out() -> Path:
+    """$OUT/gpu_check.json (the device machine's return folder) when $OUT is set, else the benchmarks' scratch."""
+    out = os.environ.get("OUT")
+    return Path(out) / "gpu_check.json" if out else scratch_path("gpu_check.json")
+
+
 def main(argv=None) -> int:
     global S, R
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="run every check on CPU with tiny shapes")
-    ap.add_argument("--out", default=None, help="JSON path (default $OUT/gpu_check.json, else ./gpu_check.json)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default $OUT/gpu_check.json, else benchmarks/results/scratch/gpu_check.json)",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="time budget of the whole script")
     args = ap.parse_args(argv)
     if args.dry_run:
@@ -781,7 +794,7 @@ def main(argv=None) -> int:
     import torch._dynamo as dynamo  # binds `dynamo` only: `import torch._dynamo` would make `torch` local
 
     dynamo.config.automatic_dynamic_shapes = False
-    out_path = Path(args.out) if args.out else Path(os.environ.get("OUT", ".")) / "gpu_check.json"
+    out_path = Path(args.out) if args.out else gpu_check_out()
     R = Report(out_path, environment(), args.budget_s or S.budget_s)
     env = R.data["env"]
     print(

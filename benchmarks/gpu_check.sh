@@ -3,11 +3,13 @@
 #   bash benchmarks/gpu_check.sh
 # Uses the machine's own torch; imports only lmforge's model/config dataclasses/parallel/comm/optimizer modules
 # (no hydra/omegaconf/wandb/deepspeed needed). Results: $OUT/gpu_check.json (rewritten after every check, so a
-# timeout still returns what finished) and $OUT/gpu_check.log. Rehearse anywhere first:
+# timeout still returns what finished) and $OUT/gpu_check.log; without $OUT in benchmarks/results/scratch/. A run
+# that docs/performance.md quotes is copied to benchmarks/results/<device-kind>/ and committed. Rehearse anywhere first:
 #   python benchmarks/gpu_check.py --dry-run
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-.}
+OUT=${OUT:-benchmarks/results/scratch}  # the device machine sets $OUT; elsewhere the benchmarks' scratch
+mkdir -p "$OUT"
 export OUT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # The script stops starting checks at its own 445 s budget; SIGTERM at 460 s records the check it interrupted.

@@ -3,7 +3,7 @@
 A case is a callable doing one unit of work (e.g. one training step). Cases are interleaved round-robin
 (case A, case B, A, B, ...) after warm-up, so slow drift of a noisy machine hits every case alike; each
 reports the median of its repeats. Results are printed as a table and written as JSON under
-``benchmarks/results/<suite>.json``.
+``benchmarks/results/scratch/<suite>.json`` (``benchmarks/paths.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from benchmarks.paths import scratch_path
 
 
 @dataclass
@@ -91,7 +90,6 @@ def report(suite: str, results: List[Result], baseline: str) -> None:
         line = f"{r.name:<34} {r.median_s:>10.4f} {r.rate:>10,.0f} {r.unit_name[:3]:>3} {r.rate / base.rate:>7.3f}"
         line += "".join(f" {r.extra.get(k, float('nan')):>12.4g}" for k in extra_keys)
         print(line)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
         "suite": suite,
         "baseline": baseline,
@@ -116,7 +114,7 @@ def report(suite: str, results: List[Result], baseline: str) -> None:
             for r in results
         ],
     }
-    (RESULTS_DIR / f"{suite}.json").write_text(json.dumps(payload, indent=1))
+    scratch_path(f"{suite}.json").write_text(json.dumps(payload, indent=1))
 
 
 def add_host_malloc_flag(ap) -> None:

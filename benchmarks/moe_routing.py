@@ -8,7 +8,8 @@ inputs is one shared direction (docs/model.md, routing collapse). A measurement,
 ``--jitter eps`` multiplies each router input element by U(1 - eps, 1 + eps) in training (Switch Transformer's
 input jitter, applied by a forward pre-hook on the routers); ``--router-lr-mult`` scales the router gates'
 learning rate; ``--warmup`` the linear warm-up steps; ``--center`` subtracts the batch mean from the router
-inputs (a test of the diagnosis: routing then depends on the batch, so it is no fix as it stands). Candidate fixes of the collapse (docs/model.md).
+inputs (a test of the diagnosis: routing then depends on the batch, so it is no fix as it stands). The candidate
+fixes measured with these flags: benchmarks/reports/2026-12-moe.md.
 
 The model is moe_smoke's routing (8 experts, top-2, expert width 1.5 x d_model, aux 0.01, z 0.001) on a
 4-layer GPT of ``--d-model``; the optimizer is the preset's (AdamW lr 3e-3, betas 0.9/0.95, weight decay 0.1 on

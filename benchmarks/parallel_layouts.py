@@ -8,7 +8,7 @@ single-process run uses all cores, an N-rank layout cores/N threads per rank, so
 hardware. Reported: the median step time over the measured steps (after warm-up), tokens/s and the ratio
 to the single-process run of the same model, plus DDP with vs without gradient-reduction overlap.
 Embeddings are untied for every layout (pipeline stages need it) so rows compare the same model.
-Writes benchmarks/results/parallel_layouts.json.
+Writes benchmarks/results/scratch/parallel_layouts.json.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Dict, List
+
+from benchmarks.paths import scratch_path
 
 # name -> (world size, parallelism overrides)
 LAYOUTS: Dict[str, tuple] = {
@@ -142,7 +144,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="total intra-op threads per layout (0: all cores)")
-    ap.add_argument("--out", default="benchmarks/results/parallel_layouts.json")
+    ap.add_argument("--out", default=str(scratch_path("parallel_layouts.json")))
     args = ap.parse_args()
     layouts = args.layouts.split(",")
     if "single" not in layouts:

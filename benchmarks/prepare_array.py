@@ -14,7 +14,7 @@ Each task's Python runs under a small wrapper (``LMFORGE_PYTHON``) that records 
 each task built. So the report shows how the work splits (tokens and CPU seconds per task, against the
 1-task run) separately from the wall time, which on the test cluster is bounded by the cores its nodes share
 (this machine's): T tasks can go at most min(T, free cores) times faster. ``--shard-size`` is passed through
-(default 1 file per shard). JSON goes to benchmarks/results/prepare_array.json.
+(default 1 file per shard). JSON goes to benchmarks/results/scratch/prepare_array.json.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.paths import scratch_path
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 WRAPPER = """#!{python}
@@ -195,8 +196,7 @@ def main(argv=None) -> int:
         row["task_cpu_fraction"] = [round(t["cpu_s"] / cpu_base, 3) for t in row["per_task"]]
     same = all(o == outputs[args.tasks[0]] for o in outputs.values())
     print(f"speed-up vs {args.tasks[0]} task(s): {[r['speedup'] for r in rows]}; outputs byte-identical: {same}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "prepare_array.json").write_text(
+    scratch_path("prepare_array.json").write_text(
         json.dumps({"args": vars(args), "rows": rows, "byte_identical": same}, indent=1)
     )
     return 0 if same else 1

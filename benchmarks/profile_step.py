@@ -5,7 +5,8 @@ other category took no time (GEMMs at the probe's rate or at their own, attentio
 needs faster GEMM or attention kernels, not less work around them.
 
 The profiler disturbs a CPU step: op times it reports for memory-bound kernels can be 2-3x their unprofiled
-time, and its own allocations defeat ``train.host_malloc=retain``'s page reuse (docs/step-speed.md, session 33).
+time, and its own allocations defeat ``train.host_malloc=retain``'s page reuse
+(benchmarks/reports/2026-12-step-speed.md).
 ``benchmarks/ablate_step.py`` measures the parts' costs without it; read the shares here as where to look, and
 its figures as what a part costs.
 

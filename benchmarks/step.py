@@ -1,5 +1,5 @@
 """Training-step throughput against the machine's own matrix-multiply rate, measured side by side in one run
-(issue 17's goal figures):
+(the step-speed goal figures of docs/performance.md):
 
     python -m benchmarks.step [--model bench_small] [--batch 8] [--steps 1] [--repeats 5] [--threads 0]
                               [--no-compile] [--variants bf16 ac-full ac-selective foreach-adamw]
@@ -17,8 +17,8 @@ Cases, interleaved round-robin after warm-up (``benchmarks/harness.py``), each t
 
 Model FLOPs come from the project's one FLOPs function (``lmforge.model.flops.flops_per_token``). Every case
 prints as soon as it is built and warmed, and every repeat round as it finishes (flushed): a slow machine
-shows progress. The default run (bench_small, 5 repeats, eager + compiled) is sized for about 3 minutes on an idle
-2-core machine (an estimate from ~1.5 s steps and ~30 s compiles: not yet timed idle).
+shows progress. The default run (bench_small, 5 repeats, eager + compiled) takes about 1.5 minutes on an idle
+2-core machine with ~1.7 s steps; gpt_125m at micro batch 1, eager, 3 repeats about 2.6 minutes.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ every node). Clients (sbatch, squeue, scontrol) run inside node1's namespaces vi
 
 Daemons are started with ``nsenter --net=...`` (not ``ip netns exec``, which remounts /sys and breaks slurmd),
 and everything is stopped by PID: the daemons' pid files, then every process left in a node's network
-namespace. Recipe and pitfalls: ../shared/notes/slurm.md.
+namespace.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Packing parity: every document inside a packed, masked sequence gets the logits, loss and gradients of that
 document run alone (within 1e-5), for GQA and MQA; the negative control (mask off) fails that equality.
-Masking off is today's path, bit for bit; the loader's positions restart after every EOD of megatron-core's
+Masking off is the plain packed path, bit for bit; the loader's positions restart after every EOD of megatron-core's
 samples; FlexAttention equals the SDPA reference; FLOPs count the documents' own squares (FlopCounterMode).
 """
 
@@ -90,15 +90,15 @@ def test_each_packed_document_equals_the_document_alone(n_kv_heads):
             assert abs(float(packed[1] - alone[1])) < TOL * (e - s), f"row {b} doc {s}:{e}: loss"
             for name, g in alone[2].items():
                 assert torch.allclose(packed[2][name], g, atol=TOL, rtol=0), f"row {b} doc {s}:{e}: grad {name}"
-            # Negative control: the same document inside the packed row without the mask (today's packing).
+            # Negative control: the same document inside the packed row without the mask (plain packing).
             unmasked = per_document_grads(model, lambda: model(tokens)[b, s:e], targets[b, s:e])
             if s > 0:
                 worst_unmasked = max(worst_unmasked, float((unmasked[0] - alone[0]).abs().max()))
     assert worst_unmasked > 1e-2, "without the mask later documents must see earlier ones (the control must fail)"
 
 
-def todays_forward(model: GPT, tokens: torch.Tensor) -> torch.Tensor:
-    """The forward before document masking, written out: causal SDPA over the whole sample, RoPE from 0."""
+def unmasked_forward(model: GPT, tokens: torch.Tensor) -> torch.Tensor:
+    """The unmasked forward, written out: causal SDPA over the whole sample, RoPE from 0."""
     bsz, seqlen = tokens.shape
     h = model.tok_embeddings(tokens)
     cos, sin = model.rope.cos[:seqlen], model.rope.sin[:seqlen]
@@ -113,14 +113,14 @@ def todays_forward(model: GPT, tokens: torch.Tensor) -> torch.Tensor:
     return model.output(model.norm(h))
 
 
-def test_masking_off_is_todays_forward_bit_for_bit():
+def test_masking_off_is_the_unmasked_forward_bit_for_bit():
     model = tiny(2)
     tokens, _, _ = packed_rows()
     with torch.no_grad():
-        off, today = model(tokens), todays_forward(model, tokens)
+        off, plain = model(tokens), unmasked_forward(model, tokens)
         masked = model(tokens, positions=document_positions(tokens, EOD))
-    assert torch.equal(off, today)
-    assert not torch.allclose(masked, today, atol=1e-3)  # control: the masked path is a different computation
+    assert torch.equal(off, plain)
+    assert not torch.allclose(masked, plain, atol=1e-3)  # control: the masked path is a different computation
 
 
 def test_flex_attention_equals_the_sdpa_reference():
@@ -135,7 +135,7 @@ def test_flex_attention_equals_the_sdpa_reference():
             flex = model(tokens, positions=positions)
     assert torch.allclose(flex, reference, atol=TOL, rtol=0)
     model.document_attention = "sdpa"
-    with torch.no_grad():  # control: the flex result is not today's unmasked forward
+    with torch.no_grad():  # control: the flex result is not the unmasked forward
         assert not torch.allclose(flex, model(tokens), atol=1e-3)
 
 
@@ -208,7 +208,7 @@ def test_loader_emits_positions_from_megatron_samples_and_masks_the_loss_after_e
     eod, found = mixture.tokenizer.eod, 0
     for _ in range(32):  # chapters are ~3.7k tokens on average: a 64-token sample holds an EOD about 1 in 60
         (a,), (b,) = plain.step_batches(), masked.step_batches()
-        assert a.positions is None and torch.equal(a.tokens[:, 1:], a.targets[:, :-1])  # today's batch
+        assert a.positions is None and torch.equal(a.tokens[:, 1:], a.targets[:, :-1])  # the plain packed batch
         assert torch.equal(a.tokens, b.tokens)
         assert b.positions.tolist() == document_positions(a.tokens, eod).tolist()
         after_eod = a.tokens == eod

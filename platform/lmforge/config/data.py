@@ -32,12 +32,12 @@ class DataConfig:
     # source's train tokens; see lmforge/data/epochs.py). 0: no limit.
     max_epochs: float = 4.0
     # Document-masked packing (docs/data.md): attention causal within each document of a packed sample only and
-    # RoPE positions restarting after every EOD token. Off: today's packing (attention across documents).
+    # RoPE positions restarting after every EOD token. Off: plain packing (attention across documents).
     document_masking: bool = False
     # The attention kernel of a document-masked run: ``sdpa`` (exact boolean-mask SDPA, any device; the
     # reference), ``flex`` (FlexAttention with a block mask: skips blocks outside every document) or ``varlen``
     # (torch's varlen_attn: flash attention over each document of the packed [B*T] stream; CUDA, bf16).
     document_attention: Annotated[str, Literal["sdpa", "flex", "varlen"]] = "sdpa"
     # The loss of the token after an EOD (predicted from the EOD, i.e. the next document's first token):
-    # ``keep`` it (today's behaviour) or ``mask`` it out of the loss (megatron's eod_mask_loss).
+    # ``keep`` it (the plain causal-LM loss) or ``mask`` it out of the loss (megatron's eod_mask_loss).
     loss_after_eod: Annotated[str, Literal["keep", "mask"]] = "keep"

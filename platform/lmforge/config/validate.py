@@ -2,7 +2,7 @@
 
 Hydra's structured configs already reject typos in YAML files and on the command line, but a key added
 with ``+`` bypasses the schema. Re-merging the composed config *as a plain container* into the schema
-catches it (``../shared/notes/hydra.md``). Cross-field checks (batch arithmetic, head divisibility, ...)
+catches it. Cross-field checks (batch arithmetic, head divisibility, ...)
 live here too, so ``lmforge train``, ``lmforge plan`` and ``jobctl prepare`` run exactly the same checks:
 ``validate()`` runs every check that needs no process group, including DeepSpeed's (``config/deepspeed.py``)
 and the tokenizer's vocabulary (``config/tokenizer_files.py``), and returns the batch plan with the config.

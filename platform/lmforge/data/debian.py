@@ -4,7 +4,7 @@ Downloads packages with ``apt-get download`` (no root, no install), unpacks them
 turns each into JSONL documents, and prepares Megatron shards ``DIR/<name>.bin/.idx`` with the given
 tokenizer. ``conf/data/debian_mix.yaml`` trains on them (set ``LMFORGE_CORPORA=DIR``).
 
-Corpora (see ../shared/notes/data.md for sizes and licences):
+Corpora (each with its licence):
 
 - ``kjv``: the King James Bible (sword-text-kjv, public domain). SWORD zText modules keep one
   zlib-compressed block per book (``*.bzz``), located by 12-byte records (offset, size, raw size) in

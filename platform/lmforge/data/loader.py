@@ -52,7 +52,7 @@ def document_fields(
     """The batch's document positions (None when masking is off); masks the targets after EODs in place.
     ``eod``: the tokenizer's end-of-document id (read only when masking or ``loss_after_eod=mask``)."""
     if not document_masking and loss_after_eod == "keep":
-        return None  # today's batch, untouched
+        return None  # the plain packed batch, untouched
     if loss_after_eod == "mask":
         targets[tokens == eod] = IGNORE_INDEX
     return document_positions(tokens, eod) if document_masking else None

@@ -5,7 +5,7 @@ out through the identity ``0.5 * (1 + tanh(u)) = sigmoid(2u)``, ``u = sqrt(2/pi)
 function (values differ by float rounding only, ~1e-7 relative), which inductor fuses, forward and backward,
 into one pass each with an ``exp`` where the decomposed GELU needs a ``tanh``. On the 2-vCPU benchmark machine
 (AVX2, fp32) the compiled FFN forward + backward at bench_small took 0.92x the time of the compiled
-``F.gelu`` (docs/step-speed.md, session 29); on GPU it is unmeasured (a fused elementwise pass either way).
+``F.gelu`` (benchmarks/reports/2026-12-step-speed.md); on GPU it is unmeasured (a fused elementwise pass either way).
 """
 
 from __future__ import annotations

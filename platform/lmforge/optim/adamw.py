@@ -35,7 +35,7 @@ def _by_tensor_kind(params: list) -> list[list]:
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     # Fused AdamW (one kernel over all tensors) is torch's fastest on CUDA and on CPU: on the CPU, 5x the
-    # foreach step at model=bench_small (docs/step-speed.md); other devices get foreach.
+    # foreach step at model=bench_small (benchmarks/reports/2026-12-step-speed.md); other devices get foreach.
     fused = cfg.fused if cfg.fused is not None else device.type in ("cuda", "cpu")
     groups = param_groups(model.named_parameters(), cfg.weight_decay)
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)

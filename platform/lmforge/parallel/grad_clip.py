@@ -61,7 +61,7 @@ def cpu_squared_norm(tensors) -> torch.Tensor:
     """The fp64 sum of squares of CPU tensors: fp32 norms of rows of ``NORM_ROW`` elements (each accurate to
     ~1e-7), squared and summed in fp64. Within ~1e-8 of an fp64 norm and independent of sharding to that
     precision, without the fp64 copy of every gradient that ``_foreach_norm(dtype=float64)`` makes (15x the
-    time at gpt_125m's embedding; docs/step-speed.md, session 31)."""
+    time at gpt_125m's embedding; benchmarks/reports/2026-12-step-speed.md)."""
     parts = []
     for t in tensors:
         flat = t.reshape(-1)

@@ -27,8 +27,8 @@ parallelism the routed experts are then split over ep and still replicated over 
 
 Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
 sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
-a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add fails, see
-shared/notes/engines.md), all-gathered before attention / the MLP and reduce-scattered after them.
+a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add
+fails), all-gathered before attention / the MLP and reduce-scattered after them.
 """
 
 from __future__ import annotations

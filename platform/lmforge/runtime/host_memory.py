@@ -5,8 +5,8 @@ fresh ``mmap`` and unmaps it again on ``free``, and gives the top of its heap ba
 the trim threshold is free there. On a CPU training step the large tensors (the logits and their gradient, the
 embedding's dense gradient and its sum with the tied head's) are freed at the end of every step, so the next step
 gets new pages and the kernel zero-fills each one at its first touch: gpt_125m took 230-290 k minor page faults a
-step, and the ops that first touch those blocks ran 10-20x slower than on reused memory (docs/step-speed.md,
-sessions 32-33).
+step, and the ops that first touch those blocks ran 10-20x slower than on reused memory
+(benchmarks/reports/2026-12-step-speed.md).
 
 ``retain`` sets ``mallopt(M_MMAP_MAX, 0)`` (every block from the heap) and ``mallopt(M_TRIM_THRESHOLD, 2**31-1)``
 (the heap is never trimmed): after the first steps a step reuses the pages the previous one freed (faults per step
