@@ -15,7 +15,6 @@ import traceback
 import pytest
 import torch
 from data_support import THREE_SOURCES, make_stream
-from harness import run_ranks
 
 from lmforge.config.compose import compose
 from lmforge.config.errors import ConfigError
@@ -152,21 +151,3 @@ def test_negative_num_workers_is_a_config_error():
     with pytest.raises(ConfigError, match=r"config key 'data.num_workers': must be >= 0, got -1"):
         validate(compose(["data.num_workers=-1"]))
     assert validate(compose(["data.num_workers=2"])).data.num_workers == 2
-
-
-@pytest.mark.timeout(300)
-def test_trainer_losses_are_bit_identical_with_prefetch(tmp_path, data_cache):
-    (rank,) = run_ranks(
-        "prefetch_ranks:train_with_workers",
-        1,
-        {"root": str(tmp_path), "cache": str(data_cache), "workers": [0, 2], "steps": 4},
-        timeout=240,
-    )
-    sync, prefetched = rank.value["0"], rank.value["2"]
-    assert sync["consumed"] == [8, 16, 24, 32] and len(sync["loss"]) == 4
-    assert all(0 < x < 20 for x in sync["loss"]) and sync["loss"][0] != sync["loss"][-1]
-    for key in ("loss", "grad_norm", "consumed"):
-        assert prefetched[key] == sync[key], key  # floats from JSON: equal means bit-identical
-    # fit() closed the stream and its threads; a stream left open still let the process exit (daemon threads).
-    assert prefetched["prefetcher_after_fit"] is False and prefetched["threads_after_fit"] == []
-    assert prefetched["threads_left_open"] == ["lmforge-data-0", "lmforge-data-1"]

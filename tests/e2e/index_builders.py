@@ -1,5 +1,5 @@
 """A process that builds a run's index cache with ``index_cache.build_for`` (started twice at once by
-tests/unit/test_index_build_for.py); prints one JSON line: what it built, how long it waited, what it loaded."""
+tests/e2e/test_index_build_race.py); prints one JSON line: what it built, how long it waited, what it loaded."""
 
 from __future__ import annotations
 

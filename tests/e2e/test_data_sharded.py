@@ -30,7 +30,7 @@ DOCS = [8, 8, 24, 8]  # documents per shard
 
 
 def kill_9_while_writing(out: Path, shard: str, argv: list, env: dict) -> None:
-    """Run ``lmforge data prepare ARGV`` (tests/unit/pausing_prepare.py) and ``kill -9`` it while it writes ``shard``,
+    """Run ``lmforge data prepare ARGV`` (tests/e2e/pausing_prepare.py) and ``kill -9`` it while it writes ``shard``,
     after the shard's first document went into its temporary file (and every earlier shard was finished)."""
     ready = out.parent / f"{out.name}.writing"
     proc = subprocess.Popen(
