@@ -105,7 +105,10 @@ class CheckpointManager:
         self.root = Path(root)
         self.cfg = cfg
         self.state: Optional[StateIO] = state_io_for(engine) if engine is not None else None
-        # Called on rank 0 after each commit with (step, path, write seconds); the trainer logs it.
+        # Called on every rank once a save's write is done (synchronous) or under way (async), before its commit,
+        # with (step, final path, stall seconds); then on rank 0 after each commit with (step, path, write seconds).
+        # The trainer logs them, in that order: checkpoint_save, checkpoint_commit.
+        self.on_save: Optional[Callable[[int, Path, float], None]] = None
         self.on_commit: Optional[Callable[[int, Path, float], None]] = None
         self.pending: Optional[_Pending] = None
         self._write_vote: Optional[LaggedVote] = None  # "has every rank finished the async write?" (poll)
@@ -154,9 +157,15 @@ class CheckpointManager:
         future = io.save(tmp, fault_injection.storage_writer(tmp, step), self._async_kind(), self._async_group)
         if future is not None:
             self.pending = _Pending(step, tmp, final, future, side, time.perf_counter())
+            self._saved(step, final, time.perf_counter() - t0)
             return SaveResult(step, final, time.perf_counter() - t0, committed=False)
+        self._saved(step, final, time.perf_counter() - t0)  # written: reported before the commit it is followed by
         self._commit(_Pending(step, tmp, final, None, side, t0))
         return SaveResult(step, final, time.perf_counter() - t0, committed=True)
+
+    def _saved(self, step: int, final: Path, stall_s: float) -> None:
+        if self.on_save is not None:
+            self.on_save(step, final, stall_s)
 
     def poll(self) -> Optional[Path]:
         """Commit the in-flight async save if every rank's write has finished; never blocks on I/O."""

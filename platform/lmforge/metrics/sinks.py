@@ -65,6 +65,18 @@ def _fmt(record: dict) -> str:
     return " | ".join(parts)
 
 
+def event_line(record: dict, with_rank: bool) -> str:
+    """An event on the console: its name, step (and rank), then its cause and its path when it has them."""
+    parts = [str(record.get("event")), f"step={record.get('step')}"]
+    if with_rank:
+        parts.append(f"rank={record.get('rank')}")
+    if record.get("cause"):
+        parts.append(str(record["cause"]))
+    if record.get("path"):
+        parts.append(f"path={record['path']}")
+    return " ".join(parts)
+
+
 class PlainConsoleSink:
     def __init__(self, stream=None):
         self.stream = stream or sys.stdout
@@ -77,12 +89,7 @@ class PlainConsoleSink:
             print(_fmt(record), file=self.stream, flush=True)
 
     def event(self, record: dict) -> None:
-        print(
-            f"[event] {record.get('event')} step={record.get('step')} rank={record.get('rank')} "
-            f"{record.get('cause', '')}",
-            file=self.stream,
-            flush=True,
-        )
+        print(f"[event] {event_line(record, with_rank=True)}", file=self.stream, flush=True)
 
     def close(self) -> None:
         pass
@@ -117,9 +124,9 @@ class RichConsoleSink:
         self.progress.update(self.task, completed=record.get("step", 0), info=info)
 
     def event(self, record: dict) -> None:
-        self.progress.console.print(
-            f"[yellow]event[/] {record.get('event')} step={record.get('step')} {record.get('cause', '')}"
-        )
+        from rich.markup import escape
+
+        self.progress.console.print(f"[yellow]event[/] {escape(event_line(record, with_rank=False))}")
 
     def close(self) -> None:
         self.progress.stop()

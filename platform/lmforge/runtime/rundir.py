@@ -122,6 +122,11 @@ class RunPaths:
         return self.root / "config.yaml"
 
     @property
+    def launches(self) -> Path:
+        """``launch-NNN.yaml`` per launch (lmforge.trainer.launch_record): its config, start step, what changed."""
+        return self.root / "launches"
+
+    @property
     def provenance(self) -> Path:
         return self.root / "provenance.json"
 

@@ -7,7 +7,9 @@
    only when a later check asks for it (an embedded tokenizer already built, a checkpoint to check), so a check
    that writes nothing (``lmforge plan``, the Slurm prepare step) trains no tokenizer;
 3. the resume target, when ``run_dir`` is given (``checkpoint.manager.find_resume``: the checkpoint resolved and
-   checked against this model and tokenizer, its sidecar read once);
+   checked against this model and tokenizer, its sidecar read once), and the launch against what produced it
+   (``checkpoint.relaunch_check.check_relaunch``: a launch that would train nothing, e.g. a finished run launched
+   again, or that would train a finished run further under another optimizer, is refused);
 4. the data epochs, when ``epochs`` (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
 
 The result (``EntryChecks``) carries what the checks resolved: ``lmforge.train`` hands it to the ``Trainer``, which
@@ -24,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
+from lmforge.checkpoint.relaunch_check import check_relaunch
+from lmforge.config.record import config_dict
+from lmforge.config.validated import Validated
 from lmforge.data.epochs import SourceEpochs, check_run, describe
 from lmforge.data.mixture import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
@@ -74,6 +79,9 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
         resume_point = find_resume(
             RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model, lambda: tokenizer().identity
         )
+        if resume_point is not None:  # nothing rewritten: a launch that would not train is refused here
+            root = cfg.cfg if isinstance(cfg, Validated) else cfg
+            check_relaunch(resume_point.path, resume_point.sidecar, config_dict(root))
     # A corpus repeated past data.max_epochs is refused before any process group exists (with prepare: on a fresh
     # cache too, the embedded corpora prepared here, under their locks, instead of by the trainer's mixture builder).
     found = check_run(cfg, prepare=prepare, tokenizer=tokenizer) if epochs else None

@@ -28,13 +28,14 @@ import torch
 from omegaconf import OmegaConf
 
 from lmforge.checkpoint.extra_state import scheduler_changes, scheduler_state
+from lmforge.checkpoint.layout import step_dir
 from lmforge.checkpoint.manager import CheckpointManager, find_resume
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe
 from lmforge.comm.vote import LaggedVote
-from lmforge.config.schema import RootConfig
+from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
@@ -58,8 +59,8 @@ from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
 from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
 from lmforge.runtime.rundir import RunPaths
-from lmforge.runtime.secrets import redact
 from lmforge.trainer.entry_checks import EntryChecks
+from lmforge.trainer.launch_record import write_launch_record
 
 
 class Preempted(SystemExit):
@@ -73,10 +74,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def config_dict(cfg: RootConfig) -> dict:
-    return redact(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
 
 
 class Trainer:
@@ -190,9 +187,17 @@ class Trainer:
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _write_run_files(self) -> None:
+        """``config.yaml`` on a fresh start (or a run directory that has none), never over the config of a run
+        that is resumed; this launch's record (``launches/``) always; ``provenance.json``. A ``DONE`` marker is
+        removed when this launch trains a finished run further (it is written again at the new end)."""
         if self.rank != 0:
             return
-        self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg))))
+        config = config_dict(self.cfg)
+        if self.resume_point is None or not self.paths.config.exists():
+            self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+        write_launch_record(self.paths, config, self.step, self.resume_point)
+        if self.step < self.cfg.train.max_steps:
+            self.paths.done_marker.unlink(missing_ok=True)
         layout = {
             "world_size": self.world.world_size,
             "backend": self.world.backend,
@@ -240,15 +245,7 @@ class Trainer:
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
         self._flush_source_counts()
-        result = self.checkpoints.save(self.step, sidecar=self.sidecar())
-        if getattr(self, "logger", None) is not None:
-            self.logger.event(
-                "checkpoint_save",
-                step=self.step,
-                stall_s=result.stall_s,
-                async_mode=self.cfg.checkpoint.async_mode,
-                path=str(result.path),
-            )
+        result = self.checkpoints.save(self.step, sidecar=self.sidecar())  # on_save, on_commit: logged (fit)
         if blocking:
             self.checkpoints.wait()
         return result.path
@@ -317,13 +314,14 @@ class Trainer:
         resumed = self.maybe_resume()
         self._write_run_files()
         log = self.logger = self._make_logger()
+        self.checkpoints.on_save = lambda step, path, stall_s: log.event(
+            "checkpoint_save", step=step, stall_s=stall_s, async_mode=self.cfg.checkpoint.async_mode, path=str(path)
+        )
         self.checkpoints.on_commit = lambda step, path, write_s: log.event(
             "checkpoint_commit", step=step, write_s=write_s, path=str(path)
         )
-        if resumed is not None:
-            log.event("resume", step=resumed, cause=f"resumed from step {resumed}")
-            if self.rank == 0:
-                print(f"resumed from step {resumed}", flush=True)
+        if resumed is not None:  # the console's one line of it: "[event] resume ... resumed from step N path=..."
+            log.event("resume", step=resumed, cause=f"resumed from step {resumed}", path=str(self.resume_point.path))
         cfg = self.cfg
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
@@ -379,11 +377,14 @@ class Trainer:
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
-            if cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
+            trained = self.step != resumed  # a checkpoint is never re-saved by a launch that trained nothing
+            if trained and cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
                 self.save_after_verdicts(blocking=True)  # collective: the save's barriers
             self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 self.paths.done_marker.write_text(json.dumps({"step": self.step}))
+            elif self.rank == 0:
+                print(self.stopped_line(), flush=True)
         finally:
             self.data.close()
             faults.close()
@@ -391,6 +392,18 @@ class Trainer:
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
+    def stopped_line(self) -> str:
+        """What a launch that stopped before ``train.max_steps`` (``train.stop_at_step``) prints last: how to go on."""
+        cfg, step = self.cfg, self.step
+        stopped = f"lmforge: stopped at step {step} of train.max_steps={cfg.train.max_steps} (train.stop_at_step="
+        stopped += f"{cfg.train.stop_at_step})"
+        if not cfg.checkpoint.enabled:
+            return f"{stopped}; checkpoint.enabled=false: nothing saved to continue from"
+        return (
+            f"{stopped}; checkpoint {step_dir(self.checkpoints.root, step)}. To continue: the same command without "
+            f"train.stop_at_step (train.resume=auto resumes from step {step})"
+        )
+
     def stop_on_fault(self) -> None:
         """The one place a fault verdict ends training: ``Diverged`` (the loss guard) or ``Corrupted`` (the replica
         check), found by ``FaultHooks.after_step``/``book_verdicts``. Every rank holds the same verdict."""
