@@ -120,6 +120,17 @@ def test_continuations_pass():
         check_relaunch(CKPT, {"step": 300}, config(SMOKE))
 
 
+def test_a_restart_of_the_same_job_after_its_final_save_finishes_and_a_changed_one_is_still_refused():
+    """A torchrun restart or a Slurm requeue that finds the final checkpoint with its own config finishes (nothing
+    to train, exit 0); the same restart with a changed key is refused as any launch is (negative control)."""
+    finished = sidecar(SMOKE, 300)
+    assert check_relaunch(CKPT, finished, config(SMOKE), restarted=True) is None
+    with pytest.raises(ConfigError, match="^config key 'train.max_steps': the run is finished"):
+        check_relaunch(CKPT, finished, config([*SMOKE, "optim.lr=1e-3", "train.max_steps=100"]), restarted=True)
+    with pytest.raises(ConfigError, match="^config key 'train.max_steps': the run is finished"):
+        check_relaunch(CKPT, finished, config(SMOKE), restarted=False)
+
+
 def test_config_changes_name_dotted_keys_and_leave_out_train_resume():
     old = {"optim": {"lr": 0.003, "betas": [0.9, 0.95]}, "train": {"resume": "auto", "max_steps": 300}}
     new = {"optim": {"lr": 0.003, "betas": [0.9, 0.99]}, "train": {"resume": "/x", "max_steps": 300}, "eval": {}}

@@ -8,6 +8,8 @@ model work. A launch is refused, in one ConfigError line (exit 2) that names the
 * it would train a finished run (its checkpoint at its own ``train.max_steps``) further under another optimizer
   or LR schedule: an ``optim.*`` key changed.
 
+A restart of the same job (torchrun's restart count or Slurm's requeue count above 0) with the config that produced
+the checkpoint is not refused: a job that failed after its final save and before it was marked done finishes.
 So a finished run is never resumed to be re-saved under a config that did not produce it. Training a finished run
 further with its own config (``train.max_steps`` raised) is a continuation and passes, and so does any resume of
 an unfinished run (a changed LR schedule is announced as a warning by ``Trainer.maybe_resume``).
@@ -26,12 +28,16 @@ OPTIMIZER = "optim."  # the keys a finished run keeps when it is trained further
 SHOWN = 4  # changed keys a refusal names
 
 
-def check_relaunch(path: Path, sidecar: dict, now: dict) -> None:
+def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False) -> None:
     """Refuse resuming checkpoint ``path`` (its ``sidecar``) under ``now`` (this launch's ``config_dict``) in the
-    cases above; return None when the launch trains."""
+    cases above; return None when the launch trains. ``restarted``: this process is a restart of the same job (a
+    torchrun restart or a Slurm requeue) — one that failed after its final save, before the run was marked done,
+    finds that save and finishes without training (exit 0), as long as the config is the one that produced it."""
     step = int(sidecar.get("step", 0))
     recorded = sidecar.get("config") or {}
     changes = config_changes(recorded, now) if recorded else {}
+    if restarted and recorded and not changes:
+        return
     planned = recorded_max_steps(sidecar)
     finished = planned is not None and step >= planned
     max_steps, stop_at = now["train"]["max_steps"], now["train"].get("stop_at_step") or 0

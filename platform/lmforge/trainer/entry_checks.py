@@ -34,6 +34,7 @@ from lmforge.data.mixture import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks
+from lmforge.runtime.env import slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.rundir import RunPaths
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
         )
         if resume_point is not None:  # nothing rewritten: a launch that would not train is refused here
             root = cfg.cfg if isinstance(cfg, Validated) else cfg
-            check_relaunch(resume_point.path, resume_point.sidecar, config_dict(root))
+            restarted = torchrun_restart_count() > 0 or slurm_restart_count() > 0
+            check_relaunch(resume_point.path, resume_point.sidecar, config_dict(root), restarted=restarted)
     # A corpus repeated past data.max_epochs is refused before any process group exists (with prepare: on a fresh
     # cache too, the embedded corpora prepared here, under their locks, instead of by the trainer's mixture builder).
     found = check_run(cfg, prepare=prepare, tokenizer=tokenizer) if epochs else None
