@@ -51,8 +51,11 @@ if [ "$prep_rc" != 0 ]; then
   exit "$prep_rc"
 fi
 eval "$prep"
-# One source of truth for the node count: the allocation's (cluster.nodes=$SLURM_NNODES unless given and equal).
-[ -n "${LMFORGE_NODES_OVERRIDE:-}" ] && set -- "$@" "$LMFORGE_NODES_OVERRIDE"
+# One source of truth for the node count: the allocation's (cluster.nodes=$SLURM_NNODES unless given and equal);
+# and a job's own run directory (runs/slurm-<jobid>) unless the command line names one (run.name=null when the
+# name came from a preset such as +exp=smoke). The overrides hold no spaces: split on them.
+# shellcheck disable=SC2206
+[ -n "${LMFORGE_JOB_OVERRIDES:-}" ] && set -- "$@" ${LMFORGE_JOB_OVERRIDES}
 
 head_node=$(lmforge_head_node)
 MASTER_ADDR=$(lmforge_node_addr "$head_node")

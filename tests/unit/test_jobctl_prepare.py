@@ -5,17 +5,14 @@ environment, before srun starts a worker. Real Hydra composition; the Slurm vari
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from lmforge.config.errors import ConfigError
-from lmforge.launch.allocation import resources
-from lmforge.launch.jobctl import check_job
+from lmforge.launch.allocation import resources, run_name_override
+from lmforge.launch.jobctl import check_job, run_dir_for
 from lmforge.runtime.device_contract import DeviceContractError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,16 +36,35 @@ def refused(overrides, env=JOB) -> str:
 def test_the_allocation_sets_the_node_count(tmp_path):
     follow = [*BASE, "parallelism.dp_replicate=${cluster.nodes}", f"run.root={tmp_path}"]
     cfg, extra = check_job(follow, JOB)
-    assert extra == "cluster.nodes=2" and cfg.cluster.nodes == 2 and cfg.parallelism.dp_replicate == 2
+    assert extra == ["cluster.nodes=2"] and cfg.cluster.nodes == 2 and cfg.parallelism.dp_replicate == 2
     cfg, extra = check_job([*follow, "cluster.nodes=2"], JOB)  # given and equal: nothing to add
-    assert extra is None and cfg.parallelism.dp_replicate == 2
+    assert extra == [] and cfg.parallelism.dp_replicate == 2
     assert refused([*follow, "cluster.nodes=3"]) == (
         "config key 'cluster.nodes': is 3 on the command line but the job has 2 nodes (SLURM_NNODES). Fix: drop "
         "cluster.nodes=3 (the allocation's node count is used) or submit with sbatch --nodes=3"
     )
     # Negative control: without the job's node count the same config plans 1 node and its layout is for 1 rank.
     cfg, extra = check_job(follow, {k: v for k, v in JOB.items() if k != "SLURM_NNODES"})
-    assert extra is None and cfg.parallelism.dp_replicate == 1
+    assert extra == [] and cfg.parallelism.dp_replicate == 1
+
+
+def test_a_slurm_job_writes_its_own_run_directory_unless_the_command_line_names_one(tmp_path, capsys, monkeypatch):
+    """``+exp=smoke`` sets run.name=smoke: a Slurm job of it gets runs/slurm-<jobid> (said in one line) instead of
+    resuming the local smoke run's directory, or sharing one with another job of the preset; a run.name given on
+    the command line is kept; outside Slurm the preset's name stands (negative control)."""
+    monkeypatch.setenv("SLURM_JOB_ID", JOB["SLURM_JOB_ID"])  # what every process of the job sees
+    smoke = ["+exp=smoke", "parallelism=ddp", "train.micro_batch_size=8", "train.threads=1", f"run.root={tmp_path}"]
+    cfg, extra = check_job(smoke, JOB)
+    assert extra == ["cluster.nodes=2", "run.name=null"]
+    assert run_dir_for(cfg) == tmp_path / "slurm-77"
+    assert capsys.readouterr().err.splitlines() == [
+        "lmforge: run.name=smoke comes from the config's presets, not the command line: this Slurm job writes its own "
+        "run directory (slurm-77); give run.name=... on the command line to resume or share a named run"
+    ]
+    cfg, extra = check_job([*smoke, "run.name=smoke"], JOB)
+    assert extra == ["cluster.nodes=2"] and run_dir_for(cfg) == tmp_path / "smoke"
+    assert run_name_override(smoke, {}, "smoke") is None  # not a Slurm job: the preset's directory
+    assert run_name_override(["model=tiny"], JOB, None) is None  # no name anywhere: slurm-<jobid> already
 
 
 def test_layout_memory_and_allocation_are_checked_for_the_real_world_size(tmp_path):
@@ -124,62 +140,6 @@ def test_gpu_config_refused_on_this_cpu_node_and_its_sbatch_request(tmp_path):
         str(train_script()),
         "+exp=gpt_1b",
     ]
-
-
-@pytest.mark.timeout(300)
-def test_a_checkpoint_of_another_model_shape_is_refused_before_srun(tmp_path):
-    """A (requeued) job resuming a checkpoint this model cannot load is refused at the prepare step, before srun
-    starts a worker on every node; the same checkpoint with the same model passes."""
-    run = [*BASE, "parallelism=ddp", f"run.root={tmp_path}", "run.name=r", "train.resume=auto"]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    trained = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lmforge.train",
-            *BASE,
-            f"run.root={tmp_path}",
-            "run.name=r",
-            "train.max_steps=1",
-            "train.eval_every=0",
-            "checkpoint.every_steps=1",
-            "logging.console=plain",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert (tmp_path / "r" / "checkpoints" / "step-00000001" / "COMPLETE").is_file(), trained.stderr[-3000:]
-    assert check_job(run, JOB)[0].model.d_model == 64
-    message = refused([*run, "model.d_model=128"])
-    assert (
-        message.startswith("config key 'train.resume': checkpoint ")
-        and "is of another model shape: it was saved with model.d_model=64 (this run: 128)" in message
-    ), message
-
-
-def test_prepare_exits_2_with_one_line_and_exports_otherwise(tmp_path):
-    env = {**os.environ, **JOB, "PYTHONPATH": str(REPO / "platform")}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "lmforge.launch.jobctl", "prepare", "--"]
-    bad = subprocess.run(
-        [*cmd, *BASE, "cluster.nodes=3", f"run.root={tmp_path}"], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert bad.returncode == 2 and bad.stdout == "", bad.stderr
-    assert bad.stderr.splitlines() == [
-        "lmforge: config key 'cluster.nodes': is 3 on the command line but the job has 2 nodes (SLURM_NNODES). Fix: "
-        "drop cluster.nodes=3 (the allocation's node count is used) or submit with sbatch --nodes=3"
-    ]
-    assert not any(tmp_path.iterdir())  # refused before the run directory is made
-    ok = subprocess.run(
-        [*cmd, *BASE, "parallelism=ddp", f"run.root={tmp_path}"], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert "export LMFORGE_NODES_OVERRIDE=cluster.nodes=2" in ok.stdout.splitlines()
-    assert "export LMFORGE_NPROC_PER_NODE=1" in ok.stdout.splitlines()
 
 
 def test_gpu_allocation_short_of_the_config_is_refused_naming_both():

@@ -2,6 +2,7 @@
 
     needs = resources(cfg)                   # GPUs per node, CPUs per task, exclusive: the sbatch flags
     nodes_override(overrides, os.environ)    # the job's SLURM_NNODES as cluster.nodes (one source of truth)
+    run_name_override(overrides, os.environ, cfg.run.name)   # a job's own run directory unless one is named
     check_allocation(cfg, os.environ)        # refuse an allocation short of what the config needs
 
 ``lmforge launch --slurm`` turns :func:`resources` into ``--gpus-per-node/--cpus-per-task/--exclusive``;
@@ -18,6 +19,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.runtime.device_contract import gpu_reason
 
 NODES_KEY = re.compile(r"^\+{0,2}cluster\.nodes=(.*)$")
+RUN_NAME_KEY = re.compile(r"^\+{0,2}run\.name=(.*)$")
 
 
 @dataclass(frozen=True)
@@ -105,3 +107,15 @@ def check_allocation(cfg, env: Mapping[str, str]) -> None:
             f"needs {need} CPU(s) per node ({why}) but the allocation has {cpus} ({source})",
             f"submit with --cpus-per-task={need} (lmforge launch --slurm does)",
         )
+
+
+def run_name_override(overrides: Sequence[str], env: Mapping[str, str], composed_name: Optional[str]) -> Optional[str]:
+    """``run.name=null`` for a Slurm job whose run name comes from a preset (``+exp=smoke`` sets ``run.name=smoke``)
+    rather than its command line, so the job writes its own ``<run.root>/slurm-<jobid>`` (kept across requeues)
+    instead of resuming, or sharing with another job, the directory of a local run of that preset. None: nothing
+    to add (not a Slurm job, no name, or the name given on the command line: that run is the user's choice)."""
+    if not env.get("SLURM_JOB_ID") or composed_name in (None, "", "null", "None"):
+        return None
+    if any(RUN_NAME_KEY.match(o) for o in overrides):
+        return None
+    return "run.name=null"

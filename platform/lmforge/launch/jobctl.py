@@ -7,7 +7,8 @@ prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?;
     gpus_per_node (mesh product, divisibility, batch arithmetic, memory fit), GPUs and CPUs the
     allocation has against what the config needs (lmforge.launch.allocation); then prints ``export``
     lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_MAX_REQUEUES,
-    LMFORGE_NODES_OVERRIDE (``cluster.nodes=N`` for train.sh to append to the overrides, or empty)
+    LMFORGE_JOB_OVERRIDES (for train.sh to append to the overrides: ``cluster.nodes=N`` from the allocation when
+    not given, ``run.name=null`` when the run name comes from a preset, so the job writes its own slurm-<jobid>)
     and the comm preset's environment; records a ``requeued`` event on a requeued run
     (SLURM_RESTART_COUNT > 0); moves the previous attempt's verdicts to
     history
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
-from lmforge.launch.allocation import check_allocation, nodes_override
+from lmforge.launch.allocation import check_allocation, nodes_override, run_name_override
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env import environment, read, read_int, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
@@ -95,6 +96,16 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
 
     extra = nodes_override(overrides, env)
     composed = compose(list(overrides) + ([extra] if extra else []))
+    unnamed = run_name_override(overrides, env, composed.run.name)
+    if unnamed:  # the preset's run name is not this job's: its own slurm-<jobid> directory, said in one line
+        print(
+            f"lmforge: run.name={composed.run.name} comes from the config's presets, not the command line: this "
+            f"Slurm job writes its own run directory (slurm-{env.get('SLURM_JOB_ID')}); give run.name=... on the "
+            "command line to resume or share a named run",
+            file=sys.stderr,
+            flush=True,
+        )
+        composed = compose(list(overrides) + [o for o in (extra, unnamed) if o])
     cfg = validate(composed, world_size=planned_world_size(composed))  # lmforge train's checks, this job's world
     c = cfg.cluster
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -115,13 +126,13 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     # against this model and tokenizer (a requeued job's too), then the planned tokens against the mixture's shards
     # already there (data.max_epochs)
     entry_checks(cfg, run_dir=run_dir_for(cfg))
-    return cfg, extra
+    return cfg, [o for o in (extra, unnamed) if o]
 
 
 def cmd_prepare(overrides: Sequence[str]) -> int:
     cfg, extra = check_job(overrides, environment())
     env = launch_env(cfg)
-    env["LMFORGE_NODES_OVERRIDE"] = extra or ""
+    env["LMFORGE_JOB_OVERRIDES"] = " ".join(extra)  # for train.sh to append (cluster.nodes=N, run.name=null)
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
     from lmforge.fault.verdict import archive
