@@ -124,3 +124,14 @@ def test_git_provenance_is_quiet_outside_a_checkout_and_says_real_failures(tmp_p
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert lm_eval_hooks.git_commit_hash(fallback) == head
+
+
+def test_the_command_line_stops_on_a_disagreement_with_one_line_and_exit_2(run_dir, monkeypatch, capsys):
+    from lmforge.interop.lm_eval_model import main
+
+    argv = ["--model", "lmforge", "--model_args", f"path={run_dir},device=cpu", "--device", "cuda", "--tasks", "t"]
+    monkeypatch.setattr(sys, "argv", ["lm_eval_model", *argv])
+    assert main() == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "lmforge lm-eval: --model_args device=cpu: disagrees with --device cuda. Fix: give device once"
+    ]
