@@ -1,23 +1,25 @@
-"""``lmforge <verb>``: one console entry point for every tool.
-
-lmforge train   [hydra overrides]     train (same as python -m lmforge.train)
-lmforge data    prepare|train-tokenizer|export-tiktoken|debian ...
-lmforge export  hf RUN_DIR_OR_CHECKPOINT OUT_DIR   (Hugging Face checkpoint)
-lmforge import  hf HF_DIR [--out DIR]              (initial weights from a HF Llama checkpoint)
-lmforge generate RUN_OR_CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
-lmforge comm    bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]
-lmforge plan    [--json] [hydra overrides]  check a layout: mesh, memory per device, step time
-lmforge sweep   plan|run|status|collect ...   (scaling-law IsoFLOP sweeps)
-lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, predictions, plots)
-lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
-lmforge data    prepare|train-tokenizer ...
-lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
-"""
+"""``lmforge <verb>``: one console entry point for every tool (``USAGE`` is what ``lmforge --help`` prints)."""
 
 from __future__ import annotations
 
 import sys
 from typing import Callable, Dict, Optional, Sequence
+
+USAGE = """usage: lmforge VERB ...  (one console entry point for every tool)
+
+  train     [hydra overrides]                 train (same as python -m lmforge.train)
+  data      prepare|train-tokenizer|export-tiktoken|debian ...   shards and tokenizers
+  plan      [--json] [hydra overrides]        check a layout: mesh, memory per device, step time
+  launch    [--nproc N | --slurm] [--dry-run] [hydra overrides]
+  comm      bench [--ops ...] [--max-bytes 64M] [--floor-gbps X] [comm=PRESET]   (under torchrun or srun)
+  export    hf RUN_DIR_OR_CHECKPOINT OUT_DIR  a Hugging Face checkpoint
+  import    hf HF_DIR [--out DIR]             initial weights from a Hugging Face Llama checkpoint
+  generate  RUN_OR_CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-k K --top-p P --seed S]
+  ckpt      convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
+  sweep     plan|run|status|collect ...       scaling-law IsoFLOP sweeps
+  scaling   fit ...                           Chinchilla Approach 2/3 fits, predictions, plots
+
+Run `lmforge VERB --help` for the options of each."""
 
 
 def _train(argv: Sequence[str]) -> int:
@@ -109,8 +111,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        print("\nverbs: " + ", ".join(sorted(VERBS)))
+        print(USAGE)
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:

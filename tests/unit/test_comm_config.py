@@ -239,3 +239,23 @@ def test_comm_bench_cli_rejects_a_bad_preset_value_before_starting(capsys):
     assert "config key 'comm.env.NCCL_PROTO': 'Fast' in 'Fast' is not a known NCCL protocol" in err
     assert main(["comm", "bench", "--ops", "all_reduce,allreduce"]) == 2
     assert "unknown collective(s) allreduce" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("launcher_env", [{}, {"RANK": "0", "WORLD_SIZE": "1"}])
+def test_comm_bench_in_a_world_of_one_says_to_run_it_under_a_launcher(launcher_env, monkeypatch, capsys):
+    from lmforge.cli import main
+
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in launcher_env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["comm", "bench", "comm=cpu_gloo", "--device", "cpu", "--ops", "all_reduce"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no table of zeros
+    assert err.splitlines() == [
+        "lmforge comm bench: world size 1: one process has no peer to move bytes to, so there is no bandwidth to "
+        "measure. Fix: run it under a launcher, e.g. torchrun --nproc_per_node=2 -m lmforge.cli comm bench ..."
+    ]
+    # bad input is still named first, whatever the world size
+    assert main(["comm", "bench", "--ops", "allreduce"]) == 2
+    assert "unknown collective(s) allreduce" in capsys.readouterr().err

@@ -448,3 +448,36 @@ def test_import_mixtral_and_qwen2_moe_from_transformers(tmp_path):
     save_file(tensors, str(tmp_path / "qwen" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(InteropError, match=r"model\.layers\.1\.mlp\.shared_expert_gate\.weight is non-zero"):
         import_hf(tmp_path / "qwen", tmp_path / "qwen_refused", name="q")
+
+
+def test_import_prints_overrides_a_shell_and_hydra_read_back_as_the_same_model(tmp_path, capsys):
+    """The second command `lmforge import hf` prints, pasted into a shell (shlex.split) and composed by Hydra as
+    `lmforge train` composes, validates to the imported model config: MoE keys, a layer list, a path with a
+    space and an '=' included."""
+    import shlex
+    from dataclasses import replace
+
+    from lmforge.cli import main
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+
+    cfg = replace(ARCHS["moe-qwen2"][0], vocab_size=8192)  # the default tokenizer's vocabulary fits
+    save_checkpoint(random_model(cfg, seed=2), tmp_path / "run")
+    export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False)
+    out = tmp_path / "imported it" / "a=b"
+    assert main(["import", "hf", str(tmp_path / "hf"), "--out", str(out), "--name", "qwen"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    prefix = "or, with the default config tree: lmforge train "
+    (line,) = [x for x in lines if x.startswith(prefix)]
+    args = shlex.split(line[len(prefix) :])
+    assert "model.moe.layers=[1]" in args and "model.moe.experts=4" in args and "model.n_kv_heads=2" in args
+    assert f"train.init_from='{out}/checkpoints/step-00000000'" in args  # quoted for Hydra: the '='
+    assert not any("{" in a for a in args)  # no Python dict
+    composed = compose(args + [f"run.root={tmp_path}"])
+    typed = validate(composed, world_size=1).cfg
+    imported, _ = load_full_model_state(out / "checkpoints" / "step-00000000")  # the model config it saved
+    assert typed.model == imported and typed.model.moe.layers == [1] and typed.model.moe.experts == 4
+    assert typed.train.init_from == f"{out}/checkpoints/step-00000000"
+    # negative control: the model printed as one Python dict, as plain str() gives, is no Hydra override
+    with pytest.raises(ConfigError):
+        compose([f"model.moe={asdict(cfg.moe)}"])

@@ -1,12 +1,13 @@
-"""``lmforge comm bench``: collective bandwidth over the current world (run it under torchrun or srun).
+"""lmforge comm bench: collective bandwidth over the current world (run it under torchrun or srun).
 
     torchrun --nproc_per_node=8 -m lmforge.cli comm bench comm=single_node
     srun --ntasks-per-node=8 lmforge comm bench comm=infiniband --floor-gbps 300 --max-bytes 1G
-    lmforge comm bench comm=cpu_gloo --ops all_reduce --max-bytes 4M         # one process: world of one
+    torchrun --nproc_per_node=2 -m lmforge.cli comm bench comm=cpu_gloo --device cpu --max-bytes 4M   # CPU, gloo
 
-Arguments with ``=`` are Hydra overrides of the config (the ``comm`` preset is exported exactly as training
-does). Rank 0 prints an nccl-tests-style table and writes ``--out`` (JSON) plus the same table as ``.txt``.
-Exit status 0: passed the floor (or no floor); 1: below the floor; 2: bad arguments or config.
+Arguments with = are Hydra overrides of the config (the comm preset is exported exactly as training does).
+Rank 0 prints an nccl-tests-style table and writes --out (JSON) plus the same table as .txt.
+Exit status 0: passed the floor (or no floor); 1: below the floor; 2: bad arguments or config, or a world of one
+process (no peer to move bytes to: nothing to measure).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from pathlib import Path
 from typing import List, Sequence
 
 from lmforge.config.errors import ConfigError
-from lmforge.runtime.env import local_rank
+from lmforge.runtime.env import launch_world_size, launched, local_rank
+
+WORLD_OF_ONE = (
+    "lmforge comm bench: world size 1: one process has no peer to move bytes to, so there is no bandwidth to "
+    "measure. Fix: run it under a launcher, e.g. torchrun --nproc_per_node=2 -m lmforge.cli comm bench ..."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +76,9 @@ def bench_main(argv: Sequence[str]) -> int:
         sizes = size_sweep(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor)
     except (ConfigError, ValueError) as e:
         print(f"lmforge comm bench: {e}", file=sys.stderr)
+        return 2
+    if not launched() or launch_world_size() == 1:
+        print(WORLD_OF_ONE, file=sys.stderr)
         return 2
     device = select_device(args.device, local_rank())
     world = init_process_group(comm, device, run_dir=Path(args.run_dir) if args.run_dir else None)

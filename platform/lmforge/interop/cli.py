@@ -4,6 +4,7 @@ reporting only)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -71,7 +72,7 @@ def import_main(argv: Sequence[str]) -> int:
     print(f"imported {args.hf_dir} -> {res.checkpoint}")
     print(f"experiment config: {res.exp_file}")
     print(f"train from it:     {res.train_command} [overrides]")
-    print("or, with the default config tree: lmforge train " + " ".join(res.overrides))
+    print("or, with the default config tree: lmforge train " + shlex.join(res.overrides))
     for note in res.notes:
         print(f"note: {note}")
     return 0

@@ -41,7 +41,7 @@ class ImportResult:
     exp_name: str
     exp_file: Path
     model: ModelConfig
-    overrides: List[str] = field(default_factory=list)
+    overrides: List[str] = field(default_factory=list)  # Hydra overrides, one argument each (shlex.join for a shell)
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -140,6 +140,45 @@ def _exp_yaml(hf_dir: Path, cfg: ModelConfig, tokenizer: Optional[Path], init_fr
     return head + OmegaConf.to_yaml(OmegaConf.create(body))
 
 
+def hydra_value(value) -> str:
+    """``value`` written as Hydra's override grammar reads it back: null, true/false, numbers, ``[a,b]`` lists,
+    strings bare when Hydra reads them back unchanged, else single-quoted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _hydra_reads(text) == text:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _hydra_reads(text: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(f"k={text}").value()
+    except HydraException:  # not a value Hydra accepts bare (an '=', a quote, ...)
+        return None
+
+
+def hydra_overrides(prefix: str, values: dict) -> List[str]:
+    """One ``prefix.key=value`` override per leaf of ``values`` (nested dicts become dotted keys), each one
+    command-line argument: join them with ``shlex.join`` for a shell."""
+    out: List[str] = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.extend(hydra_overrides(f"{prefix}.{key}", value))
+        else:
+            out.append(f"{prefix}.{key}={hydra_value(value)}")
+    return out
+
+
 def _exp_name(hf_dir: Path) -> str:
     return "hf_" + re.sub(r"[^A-Za-z0-9_]+", "_", hf_dir.resolve().name).strip("_").lower()
 
@@ -194,8 +233,7 @@ def import_hf(
     exp_dir.mkdir(parents=True, exist_ok=True)
     exp_file = exp_dir / f"{name}.yaml"
     exp_file.write_text(_exp_yaml(hf_dir, cfg, tok_path, ckpt).replace("+exp=NAME", f"+exp={name}"))
-    overrides = [f"model.{k}={'null' if v is None else v}" for k, v in asdict(cfg).items()]
-    overrides.append(f"train.init_from={ckpt}")
+    overrides = hydra_overrides("model", asdict(cfg)) + hydra_overrides("train", {"init_from": str(ckpt)})
     if tok_path is not None:
-        overrides.append(f"data.tokenizer={tok_path}")
+        overrides += hydra_overrides("data", {"tokenizer": str(tok_path)})
     return ImportResult(out_dir, ckpt, name, exp_file, cfg, overrides, notes)

@@ -1,12 +1,14 @@
 """lm-evaluation-harness adapter: an lmforge checkpoint as lm-eval's model ``lmforge``.
 
-    python -m lmforge.interop.lm_eval_model --model lmforge --model_args path=runs/smoke --tasks hellaswag ...
+    python -m lmforge.interop.lm_eval_model --model lmforge --model_args path=runs/smoke --tasks stdlib_next_line
     # in Python: import lmforge.interop.lm_eval_model, then lm_eval.simple_evaluate(model="lmforge", ...)
 
 lm-eval 0.4 finds models only in its own registry (no entry points), so the model is registered when this module
-is imported; running the module is lm-eval's own command line with it registered. ``--model_args``: ``path`` (a
-run directory or ``checkpoints/step-N``, any layout), ``tokenizer`` (default: the run's), ``batch_size``,
-``device``, ``max_gen_toks``.
+is imported (with ``lm_eval_hooks.install()``: task-relative data files, quiet git provenance); running the
+module is lm-eval's own command line with it registered and lmforge's shipped tasks on the include path.
+``--model_args``: ``path`` (a run directory or ``checkpoints/step-N``, any layout), ``tokenizer`` (default: the
+run's), ``batch_size`` (default 16), ``device`` (default: the run's, CPU where there is no CUDA),
+``max_gen_toks``; ``batch_size`` and ``device`` may as well be lm-eval's ``--batch_size`` / ``--device``.
 
 Log-likelihoods are computed by ``lmforge.evaluation.scoring`` (the code the in-loop evaluation runs), so the
 adapter's numbers on a task equal the trainer's ``eval/<task>/*`` on the same checkpoint.
@@ -15,15 +17,46 @@ adapter's numbers on a task equal the trainer's ``eval/<task>/*`` on the same ch
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from lmforge.checkpoint.weights import WeightsError, read_sidecar, resolve_checkpoint
+from lmforge.config.errors import ActionableError
 from lmforge.evaluation.offline import load_checkpoint
 from lmforge.evaluation.scoring import rolling_requests, score
 from lmforge.generation.decode import generate as decode
+from lmforge.interop.lm_eval_hooks import install
+
+install()
+
+DEFAULT_BATCH_SIZE = 16
+SHARED = ("batch_size", "device")  # what lm-eval also passes beside --model_args
+
+
+def default_device(path) -> str:
+    """The run's ``train.device`` (its checkpoint's ``state.json``) where this machine has it: ``cpu`` for a CPU
+    run, else ``cuda`` when CUDA is available and ``cpu`` when it is not."""
+    side = read_sidecar(resolve_checkpoint(Path(path)))
+    run_device = ((side.get("config") or {}).get("train") or {}).get("device", "auto")
+    return "cuda" if run_device != "cpu" and torch.cuda.is_available() else "cpu"
+
+
+def merged_args(model_args: dict, additional: Optional[dict]) -> dict:
+    """``--model_args`` with what lm-eval passes beside them (``batch_size``, ``device``, ...): a key given both
+    ways must agree; None means not given."""
+    extra = {k: v for k, v in (additional or {}).items() if v is not None}
+    for key in sorted(model_args.keys() & extra.keys()):
+        if str(model_args[key]) != str(extra[key]):
+            raise ActionableError(
+                f"--model_args {key}={model_args[key]}",
+                f"disagrees with --{key} {extra[key]}",
+                f"give {key} once",
+            )
+    return {**extra, **model_args}
 
 
 @register_model("lmforge")
@@ -32,17 +65,28 @@ class LmforgeLM(TemplateLM):
         self,
         path: str,
         tokenizer: Optional[str] = None,
-        batch_size=16,
-        device: str = "cpu",
+        batch_size=DEFAULT_BATCH_SIZE,
+        device: Optional[str] = None,
         max_gen_toks: int = 64,
         **_ignored,
     ):  # lm-eval passes max_batch_size etc. to every model
         super().__init__()
+        device = str(device or default_device(path))
         self.loaded = load_checkpoint(path, tokenizer, device)
         self.tok = self.loaded.tokenizer
         self._device = torch.device(device)
-        self._batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size)
+        self._batch_size = DEFAULT_BATCH_SIZE if str(batch_size).startswith("auto") else int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None) -> "LmforgeLM":
+        return cls(**merged_args(dict(arg_dict), additional_config))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "LmforgeLM":
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     # ---- what TemplateLM needs ------------------------------------------------------------------------
     @property
@@ -107,10 +151,40 @@ class LmforgeLM(TemplateLM):
         return out
 
 
-def main() -> None:
-    from lm_eval.__main__ import cli_evaluate
+def resolve_cli_args(args) -> None:
+    """lm-eval's parsed ``run`` arguments for ``--model lmforge``: ``batch_size`` and ``device`` taken from
+    ``--model_args`` or the flags (both ways must agree), defaulted (16; the run's device), and set both ways (lm-eval
+    passes its flags to the model beside ``--model_args`` and records them in the results); lmforge's shipped
+    tasks put first on the include path. Raises ActionableError on a disagreement or a missing ``path``."""
+    from lmforge.evaluation.tasks import SHIPPED_DIR
 
-    cli_evaluate()
+    model_args = dict(args.model_args or {})
+    flags = {"batch_size": getattr(args, "batch_size", None), "device": args.device}  # absent or None: not given
+    given = merged_args({k: model_args.pop(k) for k in SHARED if k in model_args}, flags)
+    if "path" not in model_args:
+        raise ActionableError("--model_args", "path is missing", "pass --model_args path=RUN_DIR_OR_CHECKPOINT")
+    args.batch_size = str(given.get("batch_size", DEFAULT_BATCH_SIZE))
+    args.device = str(given.get("device") or default_device(model_args["path"]))
+    args.model_args = {**model_args, "batch_size": args.batch_size, "device": args.device}  # shown in its header
+    args.include_path = [str(SHIPPED_DIR)] + ([args.include_path] if args.include_path else [])
+
+
+def main() -> int:
+    """lm-eval's command line (``lm-eval run ...`` or its legacy form without ``run``), ``lmforge`` registered."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    parser = HarnessCLI()
+    args = parser.parse_args()
+    if getattr(args, "command", None) == "run" and args.model == "lmforge":
+        try:
+            resolve_cli_args(args)
+        except (ActionableError, WeightsError) as err:
+            print(f"lmforge lm-eval: {err}", file=sys.stderr)
+            return 2
+    parser.execute(args)
+    return 0
 
 
 if __name__ == "__main__":

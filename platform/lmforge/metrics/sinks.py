@@ -77,14 +77,24 @@ def event_line(record: dict, with_rank: bool) -> str:
     return " ".join(parts)
 
 
+def eval_line(record: dict, digits: int = 4) -> str:
+    """The console's line for a ``kind: "eval"`` record: the ``val/*`` losses and bits per byte, then each
+    downstream task's accuracies, ``eval/<task>/acc`` shown as ``<task>_acc`` (log-likelihoods stay in the files)."""
+    vals = [f"{k}={v:.{digits}f}" for k, v in record.items() if k.startswith("val/")]
+    for key, value in record.items():
+        task, _, metric = key.removeprefix("eval/").rpartition("/")
+        if key.startswith("eval/") and task and metric in ("acc", "acc_norm"):
+            vals.append(f"{task}_{metric}={value:.3f}")
+    return f"eval step {record['step']}: " + " ".join(vals)
+
+
 class PlainConsoleSink:
     def __init__(self, stream=None):
         self.stream = stream or sys.stdout
 
     def log(self, record: dict) -> None:
         if record.get("kind") == "eval":
-            vals = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("val/"))
-            print(f"eval step {record['step']}: {vals}", file=self.stream, flush=True)
+            print(eval_line(record), file=self.stream, flush=True)
         else:
             print(_fmt(record), file=self.stream, flush=True)
 
@@ -114,8 +124,7 @@ class RichConsoleSink:
 
     def log(self, record: dict) -> None:
         if record.get("kind") == "eval":
-            vals = " ".join(f"{k}={v:.3f}" for k, v in record.items() if k.startswith("val/"))
-            self.progress.console.print(f"eval step {record['step']}: {vals}")
+            self.progress.console.print(eval_line(record, digits=3), markup=False, highlight=False, soft_wrap=True)
             return
         info = (
             f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | "
