@@ -33,7 +33,11 @@ def test_writer_logging_keeps_warnings_with_their_rank_and_drops_info(root_logge
     async_process.writer_logging(3)
     emit_both(root_logger)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("[3] ") and lines[0].endswith(" - root - WARNING - the disk is nearly full")
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("[3] ")
+        and lines[0].endswith(" - root - WARNING - the disk is nearly full")
+    )
 
 
 def test_negative_control_torchs_own_writer_logging_prints_the_info_lines(root_logger, capsys):
@@ -52,7 +56,9 @@ def test_the_spawned_writer_starts_through_lmforges_entry(monkeypatch):
     monkeypatch.setattr(_AsyncCheckpointProcess, "_checkpointing_subprocess", torch_entry)  # restored afterwards
     monkeypatch.setattr(async_process, "_ORIGINAL", None)
     assert async_process.install() and async_process.install()  # idempotent
-    target = _AsyncCheckpointProcess._checkpointing_subprocess  # what Process(target=self._checkpointing_subprocess) gets
+    target = (
+        _AsyncCheckpointProcess._checkpointing_subprocess
+    )  # what Process(target=self._checkpointing_subprocess) gets
     assert target is async_process._start_writer
     assert pickle.loads(pickle.dumps(target)) is async_process._start_writer  # spawn sends it by name
     assert async_process._ORIGINAL is torch_entry.__func__
