@@ -33,10 +33,11 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional, Tuple
 
 from lmforge.runtime.env import environment
+from lmforge.runtime.file_modes import DIR_MODE
 
 _FRESH_ID: Optional[str] = None
 _FRESH_MADE: Optional[Tuple[Path, Path]] = None  # (the fresh run dir, the outermost directory _fresh_id created)
-RUN_DIR_MODE = 0o750
+RUN_DIR_MODE = DIR_MODE  # 0o750 (runtime/file_modes.py)
 HYDRA_DIR = ".hydra"  # conf/config.yaml's hydra.output_subdir: Hydra's record of the composition
 JOB_LOG = "train.log"  # Hydra's job log (<hydra.job.name>.log; the job is named "train")
 VERDICTS_DIR = "verdicts"
