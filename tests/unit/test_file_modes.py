@@ -6,8 +6,6 @@ in tests/unit/test_interop_hf.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from file_modes_check import umask, wrong_modes
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from file_modes_check import umask, wrong_modes
 
 from lmforge.checkpoint.manager import CheckpointManager  # noqa: E402
 from lmforge.checkpoint.weights import (
@@ -26,7 +27,6 @@ from lmforge.config.checkpoint import CheckpointConfig  # noqa: E402
 from lmforge.config.errors import ConfigError  # noqa: E402
 from lmforge.config.model import ModelConfig, MoEConfig  # noqa: E402
 from lmforge.interop.export import export_hf  # noqa: E402
-from file_modes_check import umask, wrong_modes  # noqa: E402
 from lmforge.interop.importer import import_hf  # noqa: E402
 from lmforge.interop.mapping import InteropError  # noqa: E402
 from lmforge.model.gpt import GPT  # noqa: E402
