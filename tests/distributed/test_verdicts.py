@@ -49,7 +49,8 @@ def launch(tmp_path: Path, name: str, overrides: List[str], data_cache: Path, ti
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)},
+        # OMP_NUM_THREADS is the launcher's to set (an inherited value would hide torchrun's banner)
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "LMFORGE_DATA_CACHE": str(data_cache)},
     )
     return proc, tmp_path / name
 
