@@ -9,7 +9,9 @@
 #   lmforge_need_int FLAG VALUE    lmforge_die unless VALUE is a whole number >= 0
 #   lmforge_prepare ARGS -- OVERRIDES
 #                                  python -m lmforge.launch.local prepare: validate the config for this world,
-#                                  then export LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS and
+#                                  then export LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS,
+#                                  OMP_NUM_THREADS (train.threads, else this machine's CPUs / processes per node:
+#                                  what each worker pins; torchrun then prints no OMP_NUM_THREADS banner) and
 #                                  the comm preset's environment (exit 2 with its one line when it cannot run)
 #   lmforge_exec_agent NNODES NPROC ENDPOINT RDZV_ID MAX_RESTARTS [torchrun option...] -- OVERRIDES
 #                                  the one torchrun command line: python -m lmforge.launch.agent (torchrun that
@@ -59,7 +61,8 @@ lmforge_exec_agent() {
     "${extra[@]}" --max_restarts="$max_restarts"
     -m lmforge.train "$@")
   if [ "$lmforge_dry_run" = 1 ]; then
-    printf 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 LMFORGE_RUN_DIR=%q' "${LMFORGE_RUN_DIR:-}"
+    printf 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 LMFORGE_RUN_DIR=%q OMP_NUM_THREADS=%q' "${LMFORGE_RUN_DIR:-}" \
+      "${OMP_NUM_THREADS:-}"
     printf ' %q' "${cmd[@]}"
     printf '\n'
     exit 0

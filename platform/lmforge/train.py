@@ -7,6 +7,7 @@ torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -16,8 +17,8 @@ from omegaconf import DictConfig
 from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.runtime.device_contract import DeviceContractError
-from lmforge.runtime.env import launch_world_size
-from lmforge.runtime.rundir import register_resolvers
+from lmforge.runtime.env import launch_world_size, read
+from lmforge.runtime.rundir import made_by_launch, register_resolvers, remove_refused
 
 
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
@@ -81,11 +82,24 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
     check_run_names(run)
 
 
-def _app(cfg: DictConfig) -> None:
+def forget_refused_start(run_dir: Path, made: Optional[Path]) -> bool:
+    """A refused start leaves no run directory behind when this launch made it (``made``: the outermost directory
+    it created, ``runtime.rundir.made_by_launch``) and it holds only what the refusal wrote (Hydra's record and
+    log, the verdict). Not under a launcher that reads the verdicts there (``LMFORGE_RUN_DIR``: torchrun's agent,
+    slurm/train.sh, ``lmforge launch``), and not with several processes, which share the directory."""
+    if made is None or read("LMFORGE_RUN_DIR") or (launch_world_size() or 1) > 1:
+        return False
+    return remove_refused(run_dir, made)
+
+
+def _app(cfg: DictConfig, made: Optional[Path] = None) -> None:
     try:
         run(cfg)
     except (ActionableError, DeviceContractError) as e:  # bad input (config, a refused checkpoint file, ...)
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
+        from hydra.core.hydra_config import HydraConfig
+
+        forget_refused_start(Path(HydraConfig.get().runtime.output_dir), made)
         raise SystemExit(2) from None
 
 
@@ -118,13 +132,14 @@ def run_composed_once(overrides: Sequence[str]) -> None:
         except CompactHydraException as e:
             raise composition_error(e, list(overrides)) from None
         check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before run_job makes hydra.run.dir
+        made = made_by_launch(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))))  # removed again if refused
 
         def job() -> None:
             callbacks = Callbacks(cfg)
             callbacks.on_run_start(config=cfg, config_name="config")
             ret = run_job(
                 hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
-                task_function=_app,
+                task_function=functools.partial(_app, made=made),
                 config=cfg,
                 job_dir_key="hydra.run.dir",
                 job_subdir_key=None,

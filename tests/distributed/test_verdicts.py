@@ -49,7 +49,8 @@ def launch(tmp_path: Path, name: str, overrides: List[str], data_cache: Path, ti
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)},
+        # OMP_NUM_THREADS is the launcher's to set (an inherited value would hide torchrun's banner)
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "LMFORGE_DATA_CACHE": str(data_cache)},
     )
     return proc, tmp_path / name
 
@@ -70,15 +71,23 @@ def why(proc) -> str:
 @pytest.mark.timeout(300)
 def test_config_error_at_worker_start_is_not_restarted_and_keeps_exit_2(tmp_path, data_cache):
     # A resume target that does not exist: `lmforge launch` validates the config fine (validate() reads no
-    # checkpoint), each worker refuses it when it resolves the checkpoint.
+    # checkpoint), each worker refuses it when it resolves the checkpoint. train.threads=0 (the default): the
+    # launcher exports OMP_NUM_THREADS (CPUs / 2), so torchrun prints no banner of its own.
     missing = tmp_path / "nothing"
     proc, run = launch(
         tmp_path,
         "cfg",
-        [f"train.resume={missing}", "train.max_steps=4", "fault.max_restarts=3", "cluster.max_requeues=3"],
+        [
+            f"train.resume={missing}",
+            "train.max_steps=4",
+            "fault.max_restarts=3",
+            "cluster.max_requeues=3",
+            "train.threads=0",
+        ],
         data_cache,
     )
     assert proc.returncode == 2, why(proc)
+    assert "OMP_NUM_THREADS" not in proc.stdout + proc.stderr, why(proc)
     v = verdicts(run)
     assert set(v) <= {0, 1} and v, why(proc)
     for rank, verdict in v.items():

@@ -82,6 +82,8 @@ def test_launch_dry_runs_print_the_command_and_sbatch_script():
     local = _lmforge("launch", "--nproc", "2", "--dry-run", "model=tiny", "fault.max_restarts=5")
     assert local.returncode == 0, local.stderr
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in local.stdout
+    # train.threads=0: each of the 2 workers pins this machine's CPUs / 2, exported so torchrun prints no banner
+    assert f" OMP_NUM_THREADS={max(1, len(os.sched_getaffinity(0)) // 2)} " in local.stdout, local.stdout
     assert "--nproc_per_node=2" in local.stdout and "--max_restarts=5" in local.stdout
     assert local.stdout.rstrip().endswith("-m lmforge.train model=tiny fault.max_restarts=5")
     slurm = _lmforge("launch", "--slurm", "--dry-run", "--nodes", "4", "model=tiny", "cluster.signal_lead_s=300")

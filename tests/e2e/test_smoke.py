@@ -44,6 +44,22 @@ def test_smoke_run_directory(smoke_run):
     assert (smoke_run / ".hydra" / "overrides.yaml").exists(), "Hydra's own output belongs in the run directory"
 
 
+def quickstart_listing() -> set[str]:
+    """The top-level names docs/quickstart.md's "What a run directory holds" block lists for runs/smoke/."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "quickstart.md").read_text()
+    block = text.split("## What a run directory holds", 1)[1].split("```", 2)[1]
+    lines = [line for line in block.splitlines() if line.startswith("  ")]
+    return {line.split()[0].split("/")[0] for line in lines}
+
+
+@pytest.mark.timeout(1200)
+def test_smoke_run_directory_is_what_the_quickstart_lists_with_the_stated_modes(smoke_run):
+    from file_modes_check import wrong_modes
+
+    assert {p.name for p in smoke_run.iterdir()} == quickstart_listing()
+    assert wrong_modes(smoke_run) == []  # files 0o640, folders 0o750 (docs/checkpointing.md)
+
+
 @pytest.mark.timeout(1200)
 def test_smoke_loss_falls(smoke_run):
     train = records(smoke_run, "train")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from file_modes_check import umask, wrong_modes
 
 from lmforge.checkpoint.manager import CheckpointManager  # noqa: E402
 from lmforge.checkpoint.weights import (
@@ -306,7 +307,10 @@ def test_tokenizer_is_exported_only_if_it_is_the_runs(tmp_path):
         "tokenizer": tok.identity,
     }
     CheckpointManager(tmp_path / "run" / "checkpoints", CheckpointConfig()).save(1, model, None, sidecar)
-    export_hf(tmp_path / "run", tmp_path / "hf")
+    with umask(0o002):  # a group-writable umask: the export's modes are set, not inherited
+        export_hf(tmp_path / "run", tmp_path / "hf")
+    assert {p.name for p in (tmp_path / "hf").iterdir()} >= {"model.safetensors", "tokenizer.json", "config.json"}
+    assert wrong_modes(tmp_path / "hf") == []  # every file 0o640 (safetensors writes 0o600), the folder 0o750
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert hf_tok(TEXT)["input_ids"] == tok.encode(TEXT)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == tok.eod

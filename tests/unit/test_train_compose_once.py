@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 # Counts Hydra's config loads in a real ``lmforge.train`` start (the config is refused by validate() in run():
-# train.max_steps=0, exit 2, after the run directory and its .hydra/ record are written).
+# train.max_steps=0, exit 2, after Hydra has written its .hydra/ record into the run directory).
 COUNTING_START = """
 import sys
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -42,6 +42,8 @@ def start(tmp_path, *args):
 @pytest.mark.timeout(300)
 def test_a_worker_start_composes_once_and_records_what_hydra_main_records(tmp_path):
     base = ["model=tiny", f"run.root={tmp_path / 'runs'}", "train.max_steps=0"]
+    for name in ("once", "main"):  # there before the start: the refused start keeps them, with Hydra's record
+        (tmp_path / "runs" / name).mkdir(parents=True)
     out, err = start(tmp_path, *base, "run.name=once")
     assert out == "loads=1 code=2", err
     assert err.strip().splitlines()[-1] == (

@@ -38,9 +38,10 @@ from lmforge.checkpoint.layout import (
     step_dir,
     step_of,
 )
+from lmforge.runtime.file_modes import FILE_MODE as RUN_FILE_MODE
 from lmforge.runtime.rundir import RUN_DIR_MODE
 
-FILE_MODE = 0o640  # owner read/write, group read, others nothing
+FILE_MODE = RUN_FILE_MODE  # 0o640 (runtime/file_modes.py: every file of a run)
 DIR_MODE = RUN_DIR_MODE  # 0o750, as the run directory around it
 STAGES = ("shards", "sidecar", "complete", "aside", "renamed")
 _NO_DIR_FSYNC: list = []  # the first directory that refused an fsync (announced once)

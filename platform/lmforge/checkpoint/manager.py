@@ -18,8 +18,9 @@ window in which neither copy is loadable). ``checkpoint.async_mode``:
 - ``none``: ``dcp.save``; the loop is blocked for the whole write (always so for the DeepSpeed format).
 - ``thread`` / ``process``: ``dcp.async_save``; the loop is blocked only while the state is copied to CPU
   (the *stall*, returned by ``save``), then the write runs in a thread (over a dedicated gloo group, so it
-  never interleaves with the training collectives) or a separate process. ``poll()`` (called once per step)
-  commits it as soon as all ranks are done; ``wait()`` blocks until it is committed.
+  never interleaves with the training collectives) or a separate process (which logs warnings and errors only:
+  ``checkpoint/async_process.py``). ``poll()`` (called once per step) commits it as soon as all ranks are done;
+  ``wait()`` blocks until it is committed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from lmforge.checkpoint import fault_injection, retention
+from lmforge.checkpoint import async_process, fault_injection, retention
 from lmforge.checkpoint.commit import commit, make_dir, restore_asides
 from lmforge.checkpoint.deepspeed_io import DeepSpeedStateIO
 from lmforge.checkpoint.layout import (
@@ -131,7 +132,10 @@ class CheckpointManager:
             return None
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        return AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process" else AsyncCheckpointerType.THREAD
+        if self.cfg.async_mode == "process":
+            async_process.install()  # the writer process logs warnings and errors, not an INFO line per save
+            return AsyncCheckpointerType.PROCESS
+        return AsyncCheckpointerType.THREAD
 
     # ---- save -------------------------------------------------------------------------------------
     def save(

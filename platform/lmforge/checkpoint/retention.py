@@ -12,6 +12,7 @@ from typing import Dict, Iterable, Optional, Set, Tuple
 
 from lmforge.checkpoint.layout import PINNED, complete_checkpoints, latest, step_of
 from lmforge.runtime.dist import rank
+from lmforge.runtime.file_modes import write_text
 
 
 def plan_retention(
@@ -30,7 +31,7 @@ def plan_retention(
 def pin(path: Path, reason: str) -> None:
     """Protect checkpoint ``path`` from retention (rank 0 writes the ``PINNED`` file holding ``reason``)."""
     if rank() == 0:
-        (Path(path) / PINNED).write_text(reason)
+        write_text(Path(path) / PINNED, reason)
 
 
 def unpin(path: Path) -> None:

@@ -26,6 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from lmforge.runtime.file_modes import write_text
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 ELEMENT_BYTES = 4  # float32
 
@@ -164,8 +166,8 @@ class BenchResult:
     def write(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1))
-        path.with_suffix(".txt").write_text(self.table() + "\n")
+        write_text(path, json.dumps(self.to_json(), indent=1))
+        write_text(path.with_suffix(".txt"), self.table() + "\n")
 
 
 def _make_op(

@@ -16,6 +16,7 @@ from typing import Dict, Optional
 
 from lmforge.config.comm import CommConfig
 from lmforge.runtime.env import already_set, matching
+from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.secrets import redact
 
 # Environment prefixes that matter to collectives; recorded (redacted) in comm_env.json even when not set by us.
@@ -105,5 +106,5 @@ def comm_env_record(cfg: CommConfig, applied: Dict[str, Dict[str, str]], backend
 def write_comm_env(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    write_text(tmp, json.dumps(record, indent=1, sort_keys=True))
     os.replace(tmp, path)

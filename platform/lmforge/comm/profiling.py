@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from lmforge.comm.overlap import OverlapStats, aggregate, analyze_trace
 from lmforge.comm.wandb_tables import log_overlap, wandb_run_of
+from lmforge.runtime.file_modes import make_dir, set_file
 
 STEP_ANNOTATION = "lmforge.step"
 
@@ -52,9 +53,10 @@ class OverlapProbe:
 
     def _report(self, prof: Any, step: int, logger: Any) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.traces_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.traces_dir)
         path = self.traces_dir / f"step{step:07d}-rank{rank}.json"
         prof.export_chrome_trace(str(path))
+        set_file(path)  # the profiler's file takes the run's modes (runtime/file_modes.py)
         stats = analyze_trace(path, STEP_ANNOTATION, rank)
         gathered: List[Optional[dict]] = [stats.to_json()]
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -31,6 +31,7 @@ from lmforge.data.checks import check_shard, check_splits, normalise_weights, sp
 from lmforge.data.epochs import check_epochs
 from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.prepare import prepare
+from lmforge.data.shards import first_use_notice, read_meta
 from lmforge.data.tokenizer import Tokenizer
 from lmforge.runtime.env import read
 
@@ -148,6 +149,8 @@ def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, 
                 f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix",
             )
         prefix = cache_dir / "shards" / f"embedded-{corpus}-v{VERSION}-{tokenizer.fingerprint}"
+        if read_meta(prefix) is None:
+            first_use_notice(f"tokenizing the embedded corpus {corpus}", Path(f"{prefix}.bin"))
         prepare([path], prefix, tokenizer, source=path, workers=workers)
         return prefix
     if not path:

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 
 from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.tokenizer import Tokenizer
+from lmforge.runtime.env import launch_rank
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 HEADER_BYTES = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
@@ -48,6 +50,13 @@ def meta_path(prefix: Path) -> Path:
 def token_dtype(vocab_size: int) -> type:
     """uint16 when every id fits (vocab <= 65536), else int32."""
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+
+
+def first_use_notice(what: str, where: Path) -> None:
+    """One line on stderr, from rank 0 only, before a cached data file is built on first use (the build takes
+    seconds to minutes and prints nothing else): what is built and where it is cached for later runs."""
+    if launch_rank() == 0:
+        print(f"lmforge: {what} (first use; cached for later runs in {where})", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -189,11 +189,12 @@ def embedded_tokenizer_path(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -
 def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
     """Train (once, cached, under a lock) a BPE on a fixed sample of the embedded corpora."""
     from lmforge.data.embedded import SOURCES, iter_documents
-    from lmforge.data.shards import file_lock
+    from lmforge.data.shards import file_lock, first_use_notice
 
     path = embedded_tokenizer_path(cache_dir, vocab_size)
     if path.exists():
         return path
+    first_use_notice(f"training the embedded tokenizer, a byte-level BPE of {vocab_size} tokens", path)
 
     def sample() -> Iterable[str]:
         for name in SOURCES:

@@ -28,6 +28,7 @@ import torch
 
 from lmforge.config.fault import DrillConfig
 from lmforge.fault.consistency import INT_OF_WIDTH, local_tensor
+from lmforge.runtime.file_modes import FILE_MODE, make_dir
 
 
 class DrillCrash(RuntimeError):
@@ -103,11 +104,12 @@ class Drills:
 
     def _first_time(self, name: str) -> bool:
         """Claim drill ``name`` for this run; False if it already fired (in an earlier attempt)."""
-        self.ledger.mkdir(parents=True, exist_ok=True)
+        make_dir(self.ledger)
         try:
-            fd = os.open(self.ledger / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(self.ledger / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE)
         except FileExistsError:
             return False
+        os.fchmod(fd, FILE_MODE)
         os.write(fd, f"{time.time()} pid {os.getpid()}\n".encode())
         os.fsync(fd)
         os.close(fd)

@@ -35,6 +35,7 @@ from lmforge.fault.exitcodes import (
     REQUEUE_EXIT_CODE,
 )
 from lmforge.runtime.env import slurm_job_id, slurm_restart_count
+from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.rundir import RunPaths
 
 STATE_FILE = "requeues.json"
@@ -66,7 +67,7 @@ def _save_state(run_dir: Path, state: dict) -> None:
     path = _state_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    write_text(tmp, json.dumps(state, indent=1, sort_keys=True))
     os.replace(tmp, path)
 
 

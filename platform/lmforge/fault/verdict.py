@@ -35,6 +35,7 @@ from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env import read, read_int, slurm_restart_count, torchrun_restart_count
+from lmforge.runtime.file_modes import make_dir, open_append, open_write, write_text
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
 
@@ -118,11 +119,10 @@ def env_rank() -> int:
 def write(run_dir: Path, verdict: Verdict) -> Path:
     """Atomically write ``verdicts/rank<r>.json`` (tmp + fsync + rename); secret values are redacted."""
     verdict.message = redact_text(verdict.message)
-    d = verdicts_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    d = make_dir(verdicts_dir(run_dir))
     path = d / f"rank{verdict.rank}.json"
     tmp = d / f".rank{verdict.rank}.json.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with open_write(tmp) as fh:
         json.dump(verdict.to_json(), fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
@@ -160,7 +160,7 @@ def archive(run_dir: Path) -> int:
         except FileNotFoundError:
             continue
         if text is not None:
-            with open(d / HISTORY_FILE, "a", encoding="utf-8") as fh:
+            with open_append(d / HISTORY_FILE) as fh:
                 fh.write(text + "\n")
             moved += 1
     return moved
@@ -198,8 +198,7 @@ def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, sta
     error after this rank died) has another type and does not count. A record older than ``started`` (when
     this worker began) comes from an earlier attempt: a launcher restarts a group only after every process of
     the previous one has ended."""
-    d = crashes_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    d = make_dir(crashes_dir(run_dir))
     earlier = []
     for p in sorted(d.glob(f"step-{step:08d}-{error}-rank*.txt"), key=lambda p: f"-rank{rank}-" not in p.name):
         try:
@@ -209,7 +208,7 @@ def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, sta
             continue
     path = d / f"step-{step:08d}-{error}-rank{rank}-t{time.time_ns()}.txt"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(redact_text(text))
+    write_text(tmp, redact_text(text))
     os.replace(tmp, path)
     return path, earlier
 

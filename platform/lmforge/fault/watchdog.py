@@ -28,6 +28,7 @@ from typing import Callable, Optional
 
 from lmforge.fault.exitcodes import ORPHAN_EXIT_CODE, WATCHDOG_EXIT_CODE
 from lmforge.runtime.env import slurm_job_id, torchrun_restart_count
+from lmforge.runtime.file_modes import make_dir, open_write, write_text
 
 
 class Watchdog:
@@ -155,9 +156,10 @@ class Watchdog:
         if self.heartbeat_dir is None:
             return
         try:
-            self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+            make_dir(self.heartbeat_dir)
             tmp = self.heartbeat_dir / f".rank{self.rank}.json.tmp"
-            tmp.write_text(
+            write_text(
+                tmp,
                 json.dumps(
                     {
                         "rank": self.rank,
@@ -167,7 +169,7 @@ class Watchdog:
                         "time": time.time(),
                         "restart": torchrun_restart_count(),
                     }
-                )
+                ),
             )
             os.replace(tmp, self.heartbeat_dir / f"rank{self.rank}.json")
         except OSError:
@@ -175,11 +177,11 @@ class Watchdog:
 
     def dump(self, reason: str) -> Path:
         """All Python stacks of this process (and the NCCL flight recorder on CUDA) into the dumps folder."""
-        self.dumps_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dumps_dir)
         attempt = torchrun_restart_count()
         job = slurm_job_id() or "local"
         path = self.dumps_dir / f"watchdog-rank{self.rank}-step{self.step}-job{job}-attempt{attempt}.txt"
-        with open(path, "w") as fh:
+        with open_write(path) as fh:
             fh.write(
                 f"lmforge watchdog: rank {self.rank} pid {os.getpid()} host {socket.gethostname()}\n"
                 f"reason: {reason}\n\n"

@@ -23,6 +23,7 @@ from lmforge.config.data import DataConfig
 from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_state
 from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
 from lmforge.interop.safetensors_io import parse_size, write_checkpoint
+from lmforge.runtime.file_modes import set_tree
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -163,6 +164,7 @@ def export_hf(
         }
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
         result.files.append(EXPORT_INFO)
+        set_tree(tmp)  # every file 0o640 (safetensors writes its own 0o600), the folder 0o750: runtime/file_modes.py
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

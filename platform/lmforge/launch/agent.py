@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lmforge.runtime.env import read
+from lmforge.runtime.file_modes import set_tree
 from lmforge.runtime.rundir import RunPaths
 
 RUN_DIR_ENV = "LMFORGE_RUN_DIR"
@@ -86,12 +87,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from torch.distributed.launcher import api
 
     api.LocalElasticAgent = agent_class(Path(run_dir))  # launch_agent() builds its agent from this name
+    logs = RunPaths(Path(run_dir)).torchelastic
     if not any(a.split("=")[0] in ("--log-dir", "--log_dir") for a in argv):
-        argv = ["--log-dir", str(RunPaths(Path(run_dir)).torchelastic)] + argv
+        argv = ["--log-dir", str(logs)] + argv
     try:
         torchrun.main(argv)
     except ChildFailedError as e:
         return exit_code_of(e.failures, Path(run_dir))
+    finally:
+        set_tree(logs)  # torchrun's files take the run directory's modes (runtime/file_modes.py)
     return 0
 
 

@@ -48,20 +48,25 @@ def run_dir_for(cfg) -> Path:
     return resolve_run_dir(cfg.run.root, cfg.run.name, cfg.run.sweep_point)
 
 
-def launch_env(cfg, run_dir: Optional[Path] = None) -> Dict[str, str]:
-    """What the batch script (and launchers/common.sh's prepare) exports before torchrun."""
+def launch_env(cfg, run_dir: Optional[Path] = None, nproc: Optional[int] = None) -> Dict[str, str]:
+    """What the batch script (and launchers/common.sh's prepare) exports before torchrun, for ``nproc`` workers a
+    node (default ``cluster.gpus_per_node``). ``OMP_NUM_THREADS`` is always set, to the threads each worker pins
+    (``runtime.hardware.threads_per_process``: ``train.threads``, else this node's CPUs / ``nproc``), so torchrun
+    does not set it to 1 with its banner."""
+    from lmforge.runtime.hardware import threads_per_process
+
+    nproc = cfg.cluster.gpus_per_node if nproc is None else nproc
     env = {str(k): str(v) for k, v in cfg.comm.env.items()}
     env.update(
         {
             "LMFORGE_RUN_DIR": str(run_dir_for(cfg) if run_dir is None else run_dir),
-            "LMFORGE_NPROC_PER_NODE": str(cfg.cluster.gpus_per_node),
+            "LMFORGE_NPROC_PER_NODE": str(nproc),
             "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts),
             "LMFORGE_MAX_REQUEUES": str(cfg.cluster.max_requeues),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "OMP_NUM_THREADS": str(threads_per_process(cfg.train.threads, nproc)),
         }
     )
-    if cfg.train.threads > 0:
-        env["OMP_NUM_THREADS"] = str(cfg.train.threads)
     return env
 
 

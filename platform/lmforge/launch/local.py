@@ -22,7 +22,8 @@ All relaunches share one rendezvous id, hence one run directory (runs/torchrun-<
         with --dry-run); exit 2 with one line when the run cannot start. Node
         rank 0 then makes the run directory, archives the previous verdicts and builds the data indices. Prints
         ``export`` lines: LMFORGE_RUN_DIR, LMFORGE_NPROC_PER_NODE, LMFORGE_MAX_RESTARTS, LMFORGE_RDZV_ID,
-        LMFORGE_RDZV_PORT (a free port when not given), the comm preset's environment, OMP_NUM_THREADS.
+        LMFORGE_RDZV_PORT (a free port when not given), the comm preset's environment, OMP_NUM_THREADS (the
+        threads each worker pins: train.threads, else this machine's CPUs / P).
 """
 
 from __future__ import annotations
@@ -148,10 +149,9 @@ def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         RunPaths(run_dir).make()
         archive(run_dir)  # a new attempt: only its own verdicts decide it
         build_for(cfg)  # every megatron-core index, built before any rank waits in a collective
-    env = launch_env(cfg, run_dir)
+    env = launch_env(cfg, run_dir, nproc)
     env.update(
         {
-            "LMFORGE_NPROC_PER_NODE": str(nproc),
             "LMFORGE_RDZV_ID": rdzv_id,
             "LMFORGE_MAX_RESTARTS": str(cfg.fault.max_restarts if args.max_restarts is None else args.max_restarts),
             "LMFORGE_RDZV_PORT": str(args.port or free_port()),

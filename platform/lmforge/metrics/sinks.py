@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from lmforge.runtime.file_modes import open_append
 from lmforge.runtime.secrets import redact
 
 
@@ -30,7 +31,7 @@ class JsonlSink:
     """One JSON object per line in ``metrics.jsonl``; ``kind`` tells train / eval / event / summary records."""
 
     def __init__(self, path: Path):
-        self.fh = open(path, "a", buffering=1, encoding="utf-8")
+        self.fh = open_append(path, buffering=1)
 
     def _write(self, record: dict) -> None:
         self.fh.write(json.dumps(redact({k: _jsonable(v) for k, v in record.items()}), sort_keys=True) + "\n")

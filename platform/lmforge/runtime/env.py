@@ -147,6 +147,11 @@ def local_rank() -> int:
     return read_int("LOCAL_RANK", 0)
 
 
+def launch_rank() -> int:
+    """RANK as the launcher set it (before any process group); 0 for a process no launcher started."""
+    return read_int("RANK", 0)
+
+
 def local_world_size() -> int:
     return read_int("LOCAL_WORLD_SIZE", 1)
 

@@ -149,11 +149,19 @@ def physical_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_process(threads: int, local_world_size: int, cores: Optional[int] = None) -> int:
+    """``train.threads`` when > 0, else ``cores`` (default: the CPUs this process may run on) / local ranks, at
+    least 1: what each worker pins (``pin_threads``) and what the launchers export as ``OMP_NUM_THREADS``."""
+    if threads > 0:
+        return threads
+    return max(1, (physical_cores() if cores is None else cores) // max(1, local_world_size))
+
+
 def pin_threads(threads: int = 0, local_world_size: Optional[int] = None) -> int:
-    """Set intra-op threads: ``threads`` if > 0, else cores / local ranks (at least 1). Returns the count."""
+    """Set intra-op threads to ``threads_per_process`` (``train.threads``). Returns the count."""
     if local_world_size is None:
         local_world_size = env.local_world_size()
-    n = threads if threads > 0 else max(1, physical_cores() // max(1, local_world_size))
+    n = threads_per_process(threads, local_world_size)
     torch.set_num_threads(n)
     return n
 

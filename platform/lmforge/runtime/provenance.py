@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.secrets import redact, redacted_environ
 
 PACKAGES = (
@@ -115,5 +116,5 @@ def collect(layout: Optional[dict] = None, hostnames: Optional[list[str]] = None
 
 def write(path: Path, info: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(redact(info), indent=1, sort_keys=True))
+    write_text(tmp, json.dumps(redact(info), indent=1, sort_keys=True))
     os.replace(tmp, path)

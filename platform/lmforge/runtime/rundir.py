@@ -16,21 +16,34 @@ inside a run directory is named here (``RunPaths``), nowhere else.
 
 ``run.root`` may be any directory; a name or sweep point never leaves it (``escape_reason``: no absolute path,
 no ``..`` component). Run directories are made ``RUN_DIR_MODE`` (0o750: group may read, others nothing).
+
+A start that is refused (a config error, a corpus read too often, ...) leaves no directory behind when this launch
+made it: ``made_by_launch`` (before Hydra makes the directory) names the outermost directory the launch creates,
+``remove_refused`` removes it again when it holds nothing but what a refused start writes (``REFUSED_START``).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from lmforge.runtime.env import environment
+from lmforge.runtime.file_modes import DIR_MODE
 
 _FRESH_ID: Optional[str] = None
-RUN_DIR_MODE = 0o750
+_FRESH_MADE: Optional[Tuple[Path, Path]] = None  # (the fresh run dir, the outermost directory _fresh_id created)
+RUN_DIR_MODE = DIR_MODE  # 0o750 (runtime/file_modes.py)
+HYDRA_DIR = ".hydra"  # conf/config.yaml's hydra.output_subdir: Hydra's record of the composition
+JOB_LOG = "train.log"  # Hydra's job log (<hydra.job.name>.log; the job is named "train")
+VERDICTS_DIR = "verdicts"
+# What a start that is refused before training writes into its run directory: Hydra's record and job log, the
+# refusal's verdict (lmforge.fault.verdict); besides these, only empty directories.
+REFUSED_START = frozenset({HYDRA_DIR, JOB_LOG, VERDICTS_DIR})
 
 
 class RunPathError(ValueError):
@@ -63,9 +76,21 @@ def run_id_from_env(env: Mapping[str, str]) -> Optional[str]:
     return None
 
 
+def outermost_missing(path: Path) -> Optional[Path]:
+    """The outermost of ``path`` and its parents that does not exist (what ``mkdir(parents=True)`` would create
+    first), or None when ``path`` exists."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
 def _fresh_id(root: Path) -> str:
-    global _FRESH_ID
+    global _FRESH_ID, _FRESH_MADE
     if _FRESH_ID is None:
+        root_made = outermost_missing(root)
         root.mkdir(parents=True, exist_ok=True)
         while True:
             candidate = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
@@ -75,6 +100,7 @@ def _fresh_id(root: Path) -> str:
             except FileExistsError:
                 continue
         _FRESH_ID = candidate
+        _FRESH_MADE = (root.absolute() / candidate, (root_made or root / candidate).absolute())
         os.environ["LMFORGE_RUN_ID"] = candidate
     return _FRESH_ID
 
@@ -97,6 +123,42 @@ def resolve_run_dir(
     if rid is not None:
         return root_path / rid
     return root_path / _fresh_id(root_path)
+
+
+def made_by_launch(run_dir: Path) -> Optional[Path]:
+    """Called before the run directory is created: the outermost directory this launch creates for ``run_dir``
+    (``run_dir`` itself or a missing parent), or None when ``run_dir`` is there already (an earlier run's, a
+    requeue's). A fresh id's directory, made exclusively by this process when its name was resolved, counts as this
+    launch's."""
+    run_dir = Path(run_dir).absolute()
+    if _FRESH_MADE is not None and run_dir == _FRESH_MADE[0]:
+        return _FRESH_MADE[1]
+    return outermost_missing(run_dir)
+
+
+def _only_refused_start(run_dir: Path) -> bool:
+    """``run_dir`` holds nothing but ``REFUSED_START`` entries and empty directories."""
+    for entry in run_dir.iterdir():
+        if entry.is_symlink() or not (entry.name in REFUSED_START or (entry.is_dir() and not any(entry.iterdir()))):
+            return False
+    return True
+
+
+def remove_refused(run_dir: Path, made: Optional[Path]) -> bool:
+    """After a refused start: remove ``run_dir`` (and the parents up to ``made``, when empty) if this launch made it
+    (``made``: ``made_by_launch``'s answer) and it holds only what a refused start writes. Returns whether it was
+    removed; a directory that was there before, or that holds anything else, is kept as it is."""
+    run_dir = Path(run_dir).absolute()
+    if made is None or not run_dir.is_dir() or not (run_dir == made or made in run_dir.parents):
+        return False
+    if not _only_refused_start(run_dir):
+        return False
+    shutil.rmtree(run_dir)
+    for parent in run_dir.parents:
+        if parent == made.parent or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+    return True
 
 
 def register_resolvers() -> None:
@@ -169,7 +231,22 @@ class RunPaths:
     @property
     def verdicts(self) -> Path:
         """``rank<r>.json`` per rank of the current attempt, ``history.jsonl`` (lmforge.fault.verdict)."""
-        return self.root / "verdicts"
+        return self.root / VERDICTS_DIR
+
+    @property
+    def hydra(self) -> Path:
+        """Hydra's record of the composition: config.yaml, hydra.yaml, overrides.yaml."""
+        return self.root / HYDRA_DIR
+
+    @property
+    def job_log(self) -> Path:
+        """Hydra's job log (what the run logged through Python's ``logging``)."""
+        return self.root / JOB_LOG
+
+    @property
+    def evals(self) -> Path:
+        """Per-document scores of the eval tasks, ``<task>-step-<N>.jsonl`` (when ``eval.tasks`` is set)."""
+        return self.root / "evals"
 
     @property
     def crashes(self) -> Path:

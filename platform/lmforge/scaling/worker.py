@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from lmforge.runtime.file_modes import open_append, write_text
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.plan import Point, Sweep, load_sweep
 
@@ -72,7 +73,7 @@ def run_point(sweep: Sweep, p: Point) -> bool:
     paths.make()
     archive(paths.root)
     failure_path(paths).unlink(missing_ok=True)
-    with open(paths.metrics, "a", encoding="utf-8") as fh:
+    with open_append(paths.metrics) as fh:
         fh.write(json.dumps(tag_record(sweep, p), sort_keys=True) + "\n")
     print(
         f"[sweep] {p.id}: training (C={p.budget:.3g}, N={p.n_flops:.4g}, D={p.tokens:.4g}, {p.max_steps} steps)",
@@ -84,7 +85,7 @@ def run_point(sweep: Sweep, p: Point) -> bool:
             verdict.step = lambda: trainer.step
             trainer.fit()
     except (Exception, Diverged):  # noqa: BLE001  one point's failure must not stop the sweep; a preemption passes
-        failure_path(paths).write_text(traceback.format_exc())
+        write_text(failure_path(paths), traceback.format_exc())
         print(
             f"[sweep] {p.id}: FAILED, see {failure_path(paths)}\n{traceback.format_exc(limit=3)}",
             file=sys.stderr,

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Optional
 from omegaconf import OmegaConf
 
 from lmforge.config.record import config_changes
-from lmforge.runtime.rundir import RUN_DIR_MODE, RunPaths
+from lmforge.runtime.file_modes import make_dir, open_exclusive
+from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ PREFIX = "launch-"
 
 def write_launch_record(paths: RunPaths, config: dict, step: int, resumed: Optional["ResumePoint"]) -> Path:
     """Write this launch's record (the next free number) and return its path."""
-    paths.launches.mkdir(parents=True, exist_ok=True)
-    paths.launches.chmod(RUN_DIR_MODE)
+    make_dir(paths.launches)
     recorded = (resumed.sidecar.get("config") or {}) if resumed is not None else {}
     changed = config_changes(recorded, config) if resumed is not None else {}
     record = {
@@ -48,7 +48,7 @@ def write_launch_record(paths: RunPaths, config: dict, step: int, resumed: Optio
     while True:  # exclusive: a number is never reused
         path = paths.launches / f"{PREFIX}{number:03d}.yaml"
         try:
-            with open(path, "x") as fh:
+            with open_exclusive(path) as fh:
                 fh.write(OmegaConf.to_yaml(OmegaConf.create({"launch": number, **record})))
             return path
         except FileExistsError:

@@ -57,6 +57,7 @@ from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import env, host_memory, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
+from lmforge.runtime.file_modes import make_dir, set_file, set_tree, write_text
 from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.trainer.entry_checks import EntryChecks
@@ -192,9 +193,11 @@ class Trainer:
         removed when this launch trains a finished run further (it is written again at the new end)."""
         if self.rank != 0:
             return
+        set_tree(self.paths.hydra)  # Hydra's files, written before any process group, take the run's modes
+        set_file(self.paths.job_log)
         config = config_dict(self.cfg)
         if self.resume_point is None or not self.paths.config.exists():
-            self.paths.config.write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+            write_text(self.paths.config, OmegaConf.to_yaml(OmegaConf.create(config)))
         write_launch_record(self.paths, config, self.step, self.resume_point)
         if self.step < self.cfg.train.max_steps:
             self.paths.done_marker.unlink(missing_ok=True)
@@ -296,11 +299,10 @@ class Trainer:
             metrics, records = self.tasks.run(self.engine)
             out.update(metrics)
             if self.rank == 0:  # each document's per-choice log-likelihoods
-                evals = self.paths.root / "evals"
-                evals.mkdir(exist_ok=True)
+                evals = make_dir(self.paths.evals)
                 for task, rows in records.items():
-                    (evals / f"{task}-step-{self.step:08d}.jsonl").write_text(
-                        "".join(json.dumps(r) + "\n" for r in rows)
+                    write_text(
+                        evals / f"{task}-step-{self.step:08d}.jsonl", "".join(json.dumps(r) + "\n" for r in rows)
                     )
         self.engine.train()
         return out
@@ -382,13 +384,15 @@ class Trainer:
                 self.save_after_verdicts(blocking=True)  # collective: the save's barriers
             self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
             if self.rank == 0 and self.step >= cfg.train.max_steps:
-                self.paths.done_marker.write_text(json.dumps({"step": self.step}))
+                write_text(self.paths.done_marker, json.dumps({"step": self.step}))
             elif self.rank == 0:
                 print(self.stopped_line(), flush=True)
         finally:
             self.data.close()
             faults.close()
             log.close()
+            if self.rank == 0:
+                set_tree(self.paths.wandb)  # W&B's files (written by its own process) take the run's modes
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
