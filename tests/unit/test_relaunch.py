@@ -1,7 +1,7 @@
 """A launch that resumes a checkpoint is checked against what produced it (``checkpoint.relaunch_check``), each
 launch is recorded beside the run's config (``trainer.launch_record``), and the console says what happened
 (checkpoint paths, save before commit). In one process, on real Hydra compositions, real checkpoint saves and
-real files read back; the same launches through ``lmforge.train``: tests/e2e/test_relaunch.py."""
+real files read back; the same launches through ``lmforge.train``: tests/e2e/test_relaunch_cli.py."""
 
 from __future__ import annotations
 
