@@ -1,4 +1,4 @@
-"""Thin Hydra entry point: compose -> validate -> entry_checks (once) -> Trainer.fit().
+"""Thin Hydra entry point: compose (once) -> the run directory -> trainer.startup.train (the one start-up path).
 
 python -m lmforge.train +exp=smoke optim.lr=1e-3
 lmforge train +exp=gpt_1b cluster.nodes=4
