@@ -7,6 +7,7 @@ torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -99,7 +100,7 @@ def run_composed_once(overrides: Sequence[str]) -> bool:
     if OmegaConf.select(cfg, "hydra.callbacks"):
         return False
     check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before the run directory is resolved and made
-    before = HydraConfig.instance().cfg
+    before, cwd = HydraConfig.instance().cfg, os.getcwd()
     HydraConfig.instance().set_config(cfg)  # HydraConfig.get() and ${hydra:...} read this run's
     try:
         task_cfg, run_dir = record_run(cfg)
@@ -107,6 +108,7 @@ def run_composed_once(overrides: Sequence[str]) -> bool:
             _app(task_cfg, run_dir)
     finally:
         HydraConfig.instance().cfg = before
+        os.chdir(cwd)  # hydra.job.chdir=true: back where the caller was (a later start in this process)
     return True
 
 
@@ -116,7 +118,6 @@ def record_run(cfg: DictConfig) -> Tuple[DictConfig, Path]:
     logging configured, .hydra/ written (config.yaml, hydra.yaml, overrides.yaml). Returns the task's config (the
     hydra node left out) and the run directory."""
     import copy
-    import os
 
     from hydra.core.utils import configure_log
     from omegaconf import open_dict, read_write
