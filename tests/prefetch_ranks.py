@@ -19,9 +19,8 @@ def prefetch_threads() -> List[str]:
 
 def train_with_workers(root: str, cache: str, workers: List[int], steps: int) -> Dict[str, dict]:
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
     from lmforge.data.loader import BatchStream
-    from lmforge.trainer.trainer import Trainer
+    from lmforge.trainer.startup import start
 
     os.environ["LMFORGE_DATA_CACHE"] = cache
     out: Dict[str, dict] = {}
@@ -45,7 +44,7 @@ def train_with_workers(root: str, cache: str, workers: List[int], steps: int) ->
             f"run.root={root}",
             f"run.name=w{w}",
         ]
-        trainer = Trainer(validate(compose(overrides)), Path(root) / f"w{w}")
+        trainer = start(compose(overrides), Path(root) / f"w{w}")
         history = trainer.fit()
         out[str(w)] = {
             "loss": [r["loss"] for r in history],

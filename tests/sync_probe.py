@@ -38,10 +38,9 @@ class SyncRecorder(TorchDispatchMode):
 def syncs_per_step(overrides: List[str], run_dir: str) -> dict:
     """Train with ``overrides`` (in this process / rank); return {step: host reads} and where they came from."""
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
-    from lmforge.trainer.trainer import Trainer
+    from lmforge.trainer.startup import start
 
-    trainer = Trainer(validate(compose(overrides)), Path(run_dir))
+    trainer = start(compose(overrides), Path(run_dir))
     recorder = SyncRecorder(trainer)
     with recorder:
         trainer.fit()

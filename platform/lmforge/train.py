@@ -1,4 +1,4 @@
-"""Thin Hydra entry point: compose -> validate -> entry_checks (once) -> Trainer.fit().
+"""Thin Hydra entry point: compose (once) -> the run directory -> trainer.startup.train (the one start-up path).
 
 python -m lmforge.train +exp=smoke optim.lr=1e-3
 lmforge train +exp=gpt_1b cluster.nodes=4
@@ -7,12 +7,12 @@ torchrun --nproc_per_node=2 -m lmforge.train +exp=smoke parallelism=ddp
 
 from __future__ import annotations
 
-import functools
+import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
 from lmforge.config.errors import ActionableError, ConfigError
@@ -22,27 +22,15 @@ from lmforge.runtime.rundir import made_by_launch, register_resolvers, remove_re
 
 
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
-    from lmforge.config.validate import validate
-    from lmforge.fault.verdict import VerdictRecorder
+    """Train ``cfg`` in ``run_dir`` (None: Hydra's run directory, under ``@hydra.main``) through the one start-up
+    path (``trainer.startup.train``: validate, the entry checks, the Trainer, the loop, this rank's verdict)."""
+    from lmforge.trainer.startup import train
 
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-    # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
-    with VerdictRecorder(run_dir) as verdict:
-        typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
-        from lmforge.trainer.entry_checks import entry_checks
-
-        # Once, before any process group: the eval tasks, the tokenizer, train.resume's checkpoint against this
-        # model and tokenizer (before any corpus is tokenized for it), then data.max_epochs with the embedded
-        # corpora prepared (trainer/entry_checks.py). The Trainer uses what they resolved, loading nothing again.
-        checks = entry_checks(typed, prepare=True, run_dir=run_dir)
-        from lmforge.trainer.trainer import Trainer
-
-        trainer = Trainer(typed, run_dir, checked=checks)
-        verdict.step = lambda: trainer.step
-        trainer.fit()
+    train(cfg, run_dir)
     return 0
 
 
@@ -92,63 +80,87 @@ def forget_refused_start(run_dir: Path, made: Optional[Path]) -> bool:
     return remove_refused(run_dir, made)
 
 
-def _app(cfg: DictConfig, made: Optional[Path] = None) -> None:
+def _app(cfg: DictConfig, run_dir: Optional[Path] = None, made: Optional[Path] = None) -> None:
     try:
-        run(cfg)
+        run(cfg, run_dir)
     except (ActionableError, DeviceContractError) as e:  # bad input (config, a refused checkpoint file, ...)
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
-        from hydra.core.hydra_config import HydraConfig
+        if run_dir is None:
+            from hydra.core.hydra_config import HydraConfig
 
-        forget_refused_start(Path(HydraConfig.get().runtime.output_dir), made)
+            run_dir = Path(HydraConfig.get().runtime.output_dir)
+        forget_refused_start(run_dir, made)
         raise SystemExit(2) from None
 
 
-def run_composed_once(overrides: Sequence[str]) -> None:
+def run_composed_once(overrides: Sequence[str]) -> bool:
     """``@hydra.main``'s run for plain overrides, with the config composed once (hydra.main composes it twice,
-    once for ``hydra.mode``, and the run-name check needed a third composition): compose as Hydra's own run
-    does, check the run names on that composition, then Hydra's ``run_job`` (run dir, .hydra/, job logging)."""
-    from hydra import initialize_config_dir
-    from hydra._internal.callbacks import Callbacks
-    from hydra._internal.utils import run_and_report
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job
+    once for ``hydra.mode``, and the run-name check needed a third composition), through Hydra's public Compose
+    API: compose, check the run names on that composition, record the run as ``@hydra.main`` does
+    (``record_run``), then the task. False, having run nothing, when the config names ``hydra.callbacks``:
+    ``@hydra.main`` runs those (``main`` starts through it then)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import env_override
     from hydra.errors import CompactHydraException
-    from hydra.types import HydraContext, RunMode
-    from omegaconf import OmegaConf
 
     from lmforge.config.compose import composition_error
     from lmforge.config.paths import check_run_names
 
     with initialize_config_dir(config_dir=str(conf_dir()), job_name="train", version_base="1.3"):
-        hydra = GlobalHydra.instance().hydra
         try:
             # hydra.mode=RUN: what hydra.main adds when the config sets no mode (recorded in .hydra/hydra.yaml)
-            cfg = hydra.compose_config(
-                config_name="config",
-                overrides=[*overrides, "hydra.mode=RUN"],
-                run_mode=RunMode.RUN,
-                with_log_configuration=True,
-            )
+            cfg = compose(config_name="config", overrides=[*overrides, "hydra.mode=RUN"], return_hydra_config=True)
         except CompactHydraException as e:
             raise composition_error(e, list(overrides)) from None
-        check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before run_job makes hydra.run.dir
-        made = made_by_launch(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))))  # removed again if refused
+    if OmegaConf.select(cfg, "hydra.callbacks"):
+        return False
+    check_run_names(OmegaConf.to_container(cfg.run, resolve=True))  # before the run directory is resolved and made
+    made = made_by_launch(Path(str(OmegaConf.select(cfg, "hydra.run.dir"))))  # removed again if the start is refused
+    before, cwd = HydraConfig.instance().cfg, os.getcwd()
+    HydraConfig.instance().set_config(cfg)  # HydraConfig.get() and ${hydra:...} read this run's
+    try:
+        task_cfg, run_dir = record_run(cfg)
+        with env_override(cfg.hydra.job.env_set):
+            _app(task_cfg, run_dir, made)
+    finally:
+        HydraConfig.instance().cfg = before
+        os.chdir(cwd)  # hydra.job.chdir=true: back where the caller was (a later start in this process)
+    return True
 
-        def job() -> None:
-            callbacks = Callbacks(cfg)
-            callbacks.on_run_start(config=cfg, config_name="config")
-            ret = run_job(
-                hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
-                task_function=functools.partial(_app, made=made),
-                config=cfg,
-                job_dir_key="hydra.run.dir",
-                job_subdir_key=None,
-                configure_logging=True,
-            )
-            callbacks.on_run_end(config=cfg, config_name="config", job_return=ret)
-            _ = ret.return_value  # re-raises the job's exception, reported as hydra.main reports it
 
-        run_and_report(job)
+def record_run(cfg: DictConfig) -> Tuple[DictConfig, Path]:
+    """What ``@hydra.main`` records for a run: ``hydra.run.dir`` resolved (``runtime.rundir.resolve_run_dir``: the
+    same directory on every rank and restart) and made, ``hydra.runtime.output_dir`` set, Hydra's and the job's
+    logging configured, .hydra/ written (config.yaml, hydra.yaml, overrides.yaml). Returns the task's config (the
+    hydra node left out) and the run directory."""
+    import copy
+
+    from hydra.core.utils import configure_log
+    from omegaconf import open_dict, read_write
+
+    run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute()
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.hydra.job.chdir:
+        os.chdir(run_dir)
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+    configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+    task_cfg = copy.deepcopy(cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    if cfg.hydra.output_subdir is not None:
+        record = run_dir / str(cfg.hydra.output_subdir)
+        record.mkdir(parents=True, exist_ok=True)
+        hydra_cfg = OmegaConf.masked_copy(cfg, "hydra")
+        for name, node in (
+            ("config.yaml", task_cfg),
+            ("hydra.yaml", hydra_cfg),
+            ("overrides.yaml", cfg.hydra.overrides.task),
+        ):
+            (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+    return task_cfg, run_dir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -162,8 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides = [a for a in sys.argv[1:] if not a.startswith("-")]
     try:
         check_override_keys(overrides)
-        if len(overrides) == len(sys.argv[1:]):  # no Hydra flag (-m, -cn, --cfg, ...): what every worker runs
-            run_composed_once(overrides)
+        if len(overrides) == len(sys.argv[1:]) and run_composed_once(overrides):  # no Hydra flag: every worker
             return 0
         check_run_dir_before_hydra(sys.argv[1:])  # also reports a composition error as one line
     except ConfigError as e:

@@ -41,12 +41,11 @@ def train(runs: List[dict], bench_argv: Optional[List[str]] = None) -> dict:
     Then optionally ``lmforge comm bench BENCH_ARGV`` on the same ranks."""
     from lmforge.comm.preflight import PreflightFailed
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
-    from lmforge.trainer.trainer import Trainer
+    from lmforge.trainer.startup import start
 
     out: dict = {"overlap": [], "preflight_failed": []}
     for run in runs:
-        trainer = Trainer(validate(compose(run["overrides"])), Path(run["run_dir"]))
+        trainer = start(compose(run["overrides"]), Path(run["run_dir"]))
         try:
             trainer.fit()
         except PreflightFailed as e:  # expected only by runs that ask for an impossible floor

@@ -101,3 +101,114 @@ def test_a_resumed_start_loads_the_tokenizer_lists_checkpoints_and_reads_the_sid
         "fresh": {"load_tokenizer": 1, "latest": 1, "sidecar_reads": 0},
         "resumed": {"load_tokenizer": 1, "latest": 1, "sidecar_reads": 1},
     }
+
+
+# One check added to the start-up path (trainer.startup: every start runs its check_start), refusing the run
+# directories named "refuse"; validate() and the entry checks counted per start (by run directory name).
+ADDED_CHECK = """
+import importlib, json, pathlib, sys
+import lmforge.trainer.startup as startup
+from lmforge.config.errors import ConfigError
+
+calls = []
+validate, entry_checks = startup.validate, startup.entry_checks
+
+
+def counted_validate(*args, **kwargs):
+    calls.append("validate")
+    return validate(*args, **kwargs)
+
+
+def refusing_entry_checks(cfg, **kwargs):
+    checks = entry_checks(cfg, **kwargs)
+    run_dir = kwargs.get("run_dir")
+    calls.append(f"entry_checks {None if run_dir is None else run_dir.name}")
+    if run_dir is not None and run_dir.name == "refuse":
+        raise ConfigError("run.name", "refused by the check added to the start-up", "drop that check")
+    return checks
+
+
+startup.validate, startup.entry_checks = counted_validate, refusing_entry_checks
+out, module = pathlib.Path(sys.argv.pop(1)), sys.argv.pop(1)
+try:
+    rc = importlib.import_module(module).main(sys.argv[1:])
+except SystemExit as e:
+    rc = e.code
+finally:
+    out.write_text(json.dumps(calls))
+sys.exit(rc)
+"""
+REFUSED = "lmforge: config key 'run.name': refused by the check added to the start-up. Fix: drop that check"
+
+
+def start_with_the_added_check(tmp_path: Path, module: str, args, env=None):
+    runner = tmp_path / "added_check.py"
+    runner.write_text(ADDED_CHECK)
+    calls = tmp_path / f"{module}.calls.json"
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(calls), module, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **(env or {})},
+    )
+    return proc, json.loads(calls.read_text())
+
+
+def sweep_of_two_points(tmp_path: Path) -> Path:
+    """A planned tiny sweep cut to two points, ``refuse`` and ``ok`` (2 steps), each in its own run directory."""
+    from lmforge.cli import main as lmforge
+
+    root = tmp_path / "sweep-runs"
+    assert (
+        lmforge(["sweep", "plan", "--preset", "tiny_cpu", "--name", "s", "--budgets", "3e9", "--run-root", str(root)])
+        == 0
+    )
+    plan = root / "s" / "sweep.json"
+    data = json.loads(plan.read_text())
+    first, points = data["points"][0], []
+    for pid in ("refuse", "ok"):
+        keep = [
+            o
+            for o in first["overrides"]
+            if not o.startswith(("run.sweep_point=", "train.max_steps=", "train.planned_tokens="))
+        ]
+        overrides = [*keep, "train.max_steps=2", "train.eval_every=0", f"run.sweep_point=s/{pid}"]
+        points.append(
+            {**first, "id": pid, "sweep_point": f"s/{pid}", "run_dir": str(root / "s" / pid), "overrides": overrides}
+        )
+    data["points"] = points
+    plan.write_text(json.dumps(data))
+    return plan
+
+
+@pytest.mark.timeout(600)
+def test_a_check_added_once_refuses_lmforge_train_a_sweep_point_and_the_slurm_prepare_step(tmp_path, data_cache):
+    base = ["model=tiny", f"run.root={tmp_path / 'runs'}", "train.device=cpu", "train.threads=1", "run.name=refuse"]
+    # lmforge train: one line, exit 2, this rank's verdict; validate() and the entry checks once each.
+    proc, calls = start_with_the_added_check(tmp_path, "lmforge.train", base)
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (2, REFUSED), proc.stderr[-3000:]
+    assert calls == ["validate", "entry_checks refuse"]
+    verdict = json.loads((tmp_path / "runs" / "refuse" / "verdicts" / "rank0.json").read_text())
+    assert verdict["kind"] == "config_error" and verdict["exit_code"] == 2, verdict
+
+    # A sweep point: refused with the same check and its verdict recorded; the next point (the check lets it
+    # through) trains to the end. Each point validated and entry-checked once.
+    plan = sweep_of_two_points(tmp_path)
+    proc, calls = start_with_the_added_check(tmp_path, "lmforge.scaling.worker", [str(plan)])
+    assert proc.returncode == 1 and "[sweep] failed points: refuse" in proc.stderr, proc.stderr[-3000:]
+    assert calls == ["validate", "entry_checks refuse", "validate", "entry_checks ok"]
+    refused = plan.parent / "refuse"
+    verdict = json.loads((refused / "verdicts" / "rank0.json").read_text())
+    assert verdict["kind"] == "config_error" and REFUSED.removeprefix("lmforge: ") in verdict["message"], verdict
+    assert "refused by the check added" in (refused / "logs" / "sweep-failure.txt").read_text()
+    assert (plan.parent / "ok" / "DONE").is_file() and not (refused / "DONE").exists()
+
+    # The Slurm prepare step (slurm/train.sh: jobctl prepare): the same line and exit code, before any worker.
+    job = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node1", "SLURM_NNODES": "1", "SLURM_CPUS_ON_NODE": "4"}
+    proc, calls = start_with_the_added_check(
+        tmp_path, "lmforge.launch.jobctl", ["prepare", "--", *base, "cluster.gpus_per_node=1"], job
+    )
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (2, REFUSED), proc.stderr[-3000:]
+    assert calls == ["validate", "entry_checks refuse"] and proc.stdout == ""

@@ -1,11 +1,13 @@
 """``lmforge.train`` composes its config once per start (hydra.main composed it twice and the run-name check a third
-time), and what Hydra records in the run directory is what ``@hydra.main`` records."""
+time) through Hydra's public API only, and what it records in the run directory is what ``@hydra.main`` records."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -60,3 +62,41 @@ def test_a_worker_start_composes_once_and_records_what_hydra_main_records(tmp_pa
     assert once["overrides"]["hydra"] == main["overrides"]["hydra"] == ["hydra.mode=RUN"]
     assert once["overrides"]["task"] == [*base, "run.name=once"] and once["job_logging"] == main["job_logging"]
     assert (tmp_path / "runs" / "once" / "train.log").exists() and (tmp_path / "runs" / "main" / "train.log").exists()
+    assert once["runtime"]["output_dir"] == str(tmp_path / "runs" / "once") and once["job"]["chdir"] is False
+    runs = {n: tmp_path / "runs" / n for n in ("once", "main")}
+    assert {n: sorted(p.name for p in d.rglob("*")) for n, d in runs.items()} == {
+        n: [".hydra", "config.yaml", "hydra.yaml", "overrides.yaml", "rank0.json", "train.log", "verdicts"]
+        for n in runs
+    }
+    task = {n: yaml.safe_load((d / ".hydra" / "config.yaml").read_text()) for n, d in runs.items()}
+    assert task["once"] == {**task["main"], "run": {**task["main"]["run"], "name": "once"}}
+    # A config naming hydra.callbacks starts through @hydra.main, which runs them: the plain composition (1), then
+    # the run-name check's and hydra.main's two.
+    callback = "+hydra.callbacks.noop._target_=hydra.experimental.callback.Callback"
+    out, err = start(tmp_path, *base, "run.name=callbacks", callback)
+    assert out == "loads=4 code=2", err
+
+
+def private_hydra_imports(source: str) -> list:
+    """The ``hydra._*`` modules ``source`` imports (``import hydra._x``, ``from hydra._x import y``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [n for n in names if n.startswith("hydra._")]
+    return found
+
+
+def test_no_platform_module_uses_hydras_private_api():
+    platform = Path(__file__).resolve().parents[2] / "platform"
+    private = {
+        str(path.relative_to(platform)): found
+        for path in sorted(platform.rglob("*.py"))
+        if (found := private_hydra_imports(path.read_text(encoding="utf-8")))
+    }
+    assert private == {}
+    # Negative control: the scan finds such imports, inside a function too.
+    assert private_hydra_imports(
+        "def f():\n    from hydra._internal.utils import run_and_report\n    import hydra._internal.callbacks\n"
+    ) == ["hydra._internal.utils", "hydra._internal.callbacks"]
+    assert private_hydra_imports("from hydra.core.utils import configure_log") == []

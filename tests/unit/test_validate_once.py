@@ -155,3 +155,58 @@ def test_choices_are_the_schema_annotations():
         "InterleavedZeroBubble, ZBVZeroBubble. Fix: did you mean '1F1B'? choose one of GPipe, "
         "1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble"
     )
+
+
+def test_check_start_runs_validate_the_job_checks_then_the_entry_checks_once_each(tmp_path, monkeypatch):
+    import lmforge.trainer.startup as startup
+
+    calls = []
+
+    def wrap(name, fn):
+        return lambda *args, **kwargs: calls.append(name) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(startup, "validate", wrap("validate", startup.validate))
+    monkeypatch.setattr(startup, "entry_checks", wrap("entry_checks", startup.entry_checks))
+    cfg = compose(["model=tiny", f"run.root={tmp_path}", "run.name=job"])
+
+    def run_dir_of(validated):  # the Slurm prepare step's: resolved from the validated config
+        calls.append(f"run_dir {validated.run.name}")
+        return tmp_path / validated.run.name
+
+    checked = startup.check_start(cfg, world_size=1, run_dir=run_dir_of, epochs=False, job_checks=wrap("job", id))
+    assert calls == ["validate", "job", "run_dir job", "entry_checks"]
+    assert checked.entry.run_dir == tmp_path / "job" and checked.validated.run.name == "job"
+    # A job check that refuses stops the start before the entry checks.
+    calls.clear()
+
+    def refuse(validated):
+        raise ConfigError("cluster.gpus_per_node", "the allocation has none", "ask for GPUs")
+
+    with pytest.raises(ConfigError, match="the allocation has none"):
+        startup.check_start(cfg, world_size=1, run_dir=run_dir_of, job_checks=refuse)
+    assert calls == ["validate"]
+
+
+def test_the_trainer_takes_only_what_the_start_up_resolved(tmp_path, monkeypatch):
+    import lmforge.trainer.trainer as trainer_module
+    from lmforge.trainer.startup import check_start
+    from lmforge.trainer.trainer import Trainer
+
+    def no_group(*args, **kwargs):
+        raise AssertionError("a process group was created for entry checks the Trainer cannot use")
+
+    monkeypatch.setattr(trainer_module, "init_process_group", no_group)
+    cfg = compose(["model=tiny", "train.device=cpu", f"run.root={tmp_path}", "run.name=t"])
+    with pytest.raises(TypeError, match="checked"):  # no Trainer re-derives the entry checks itself
+        Trainer(validate(cfg, world_size=1), tmp_path / "t")
+    # Checks run as `lmforge launch` runs them (no run dir) or without the tokenizer (prepare=False) are refused;
+    # the start-up's own (trainer.startup.start: prepare=True, this run dir) are what it takes.
+    for run_dir in (None, tmp_path / "t"):
+        checked = check_start(cfg, world_size=1, run_dir=run_dir, epochs=False)
+        with pytest.raises(ValueError) as e:
+            Trainer(checked.validated, tmp_path / "t", checked.entry)
+        assert str(e.value) == (
+            f"the Trainer takes trainer.startup.start's entry checks (prepare=True, run_dir={tmp_path / 't'}), got "
+            f"run_dir={run_dir}, tokenizer not loaded"
+        )
+    assert not (tmp_path / "t").exists()

@@ -360,8 +360,8 @@ def load_tasks(specs: Sequence[str]) -> List[Task]:
 def check_eval_config(eval_cfg: EvalConfig) -> Optional[List[Task]]:
     """The eval section's check, before anything starts: the tasks parse and their data is there (ConfigError,
     one line). Run once per start by ``trainer.entry_checks``, which every entry point calls (``lmforge plan``,
-    ``lmforge launch`` local and ``--slurm``, the Slurm prepare step, ``lmforge.train`` before its data; the
-    Trainer keeps the parsed tasks), and by a Trainer built without them."""
+    ``lmforge launch`` local and ``--slurm``, the Slurm prepare step, ``lmforge.train`` and sweep points before
+    their data; the Trainer keeps the parsed tasks)."""
     if eval_cfg.batch_size < 1:
         raise ConfigError("eval.batch_size", f"{eval_cfg.batch_size} is not positive", "use 1 or more")
     if eval_cfg.limit < 0:

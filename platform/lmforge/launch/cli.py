@@ -65,12 +65,11 @@ def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
             print(slurm.submit(launch))
         return 0
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
     from lmforge.launch import local
-    from lmforge.trainer.entry_checks import entry_checks
+    from lmforge.trainer.startup import check_start
 
-    cfg = validate(compose(list(overrides)))
-    entry_checks(cfg, epochs=False)  # a bad task file: one line here, not in every worker (epochs: the workers')
+    # A bad task file: one line here, not in every worker (epochs: the workers')
+    cfg = check_start(compose(list(overrides)), epochs=False).validated
     nproc = args.nproc or cfg.cluster.gpus_per_node
     launch = local.LocalLaunch(
         nproc=nproc,

@@ -91,13 +91,16 @@ def failed_nodes(nodes: Sequence[str]) -> List[str]:
 
 
 def check_job(overrides: Sequence[str], env: Mapping[str, str]):
-    """Every check a job passes before srun starts a worker; returns (typed config, nodes override or None).
+    """Every check a job passes before srun starts a worker; returns (typed config, the overrides the job adds).
 
-    Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
+    ``trainer.startup.check_start``, the checks of every training start, for this job's world and writing nothing:
+    validate(), then this job's own checks (the device contract where the job runs, the memory fit, the
+    allocation), then the entry checks in the job's run dir (the task files, train.resume's checkpoint against this
+    model and tokenizer, a requeued job's too, and the planned tokens against the mixture's shards already there:
+    data.max_epochs). Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
     from lmforge.config.compose import compose
-    from lmforge.config.validate import planned_world_size, validate
-    from lmforge.parallel.planner import check_fits, make_plan
-    from lmforge.runtime.device_contract import check as check_device_contract
+    from lmforge.config.validate import planned_world_size
+    from lmforge.trainer.startup import check_start
 
     extra = nodes_override(overrides, env)
     composed = compose(list(overrides) + ([extra] if extra else []))
@@ -111,7 +114,20 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
             flush=True,
         )
         composed = compose(list(overrides) + [o for o in (extra, unnamed) if o])
-    cfg = validate(composed, world_size=planned_world_size(composed))  # lmforge train's checks, this job's world
+    checked = check_start(
+        composed,
+        world_size=planned_world_size(composed),
+        run_dir=run_dir_for,
+        job_checks=lambda cfg: job_checks(cfg, env),
+    )
+    return checked.validated, [o for o in (extra, unnamed) if o]
+
+
+def job_checks(cfg, env: Mapping[str, str]) -> None:
+    """What only a job can check: the device contract on this node, the memory per device, the allocation."""
+    from lmforge.parallel.planner import check_fits, make_plan
+    from lmforge.runtime.device_contract import check as check_device_contract
+
     c = cfg.cluster
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     check_device_contract(
@@ -125,13 +141,6 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     world = c.nodes * c.gpus_per_node
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
-    from lmforge.trainer.entry_checks import entry_checks
-
-    # lmforge.train's entry checks where the job runs, writing nothing: the task files, train.resume's checkpoint
-    # against this model and tokenizer (a requeued job's too), then the planned tokens against the mixture's shards
-    # already there (data.max_epochs)
-    entry_checks(cfg, run_dir=run_dir_for(cfg))
-    return cfg, [o for o in (extra, unnamed) if o]
 
 
 def cmd_prepare(overrides: Sequence[str]) -> int:

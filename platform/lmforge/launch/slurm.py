@@ -64,11 +64,10 @@ def plan(
     overrides: Sequence[str], nodes: Optional[int] = None, time_min: Optional[int] = None, extra: Sequence[str] = ()
 ) -> SlurmLaunch:
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
-    from lmforge.trainer.entry_checks import entry_checks
+    from lmforge.trainer.startup import check_start
 
-    cfg = validate(compose(list(overrides)))
-    entry_checks(cfg, epochs=False)  # a bad task file is refused before sbatch (the epochs: the job's prepare step)
+    # A bad task file is refused before sbatch (the epochs: the job's prepare step)
+    cfg = check_start(compose(list(overrides)), epochs=False).validated
     c = cfg.cluster
     need = resources(cfg, nodes)  # the node count travels as --nodes only: the job's SLURM_NNODES sets cluster.nodes
     return SlurmLaunch(

@@ -5,7 +5,8 @@
 
 For each point: skip it when its run directory holds the DONE marker; otherwise append a ``sweep_point`` event
 (budget, N, D, ...) to the run's metrics.jsonl, compose the point's overrides exactly as ``lmforge train``
-would, and train. A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and its verdict
+would, and train through ``lmforge train``'s start-up (``trainer.startup.train``: the same checks, the same
+verdict). A failing point writes its traceback to ``<run>/logs/sweep-failure.txt`` and its verdict
 (lmforge.fault.verdict) and the next point runs; a point whose verdict is deterministic (config, layout or data
 error, divergence, repeated crash, corrupted replicas) is not retried when the sweep runs again (remove
 ``<run>/verdicts`` after fixing it). A preemption (exit 42) stops the worker so Slurm can requeue it; a replica
@@ -52,15 +53,14 @@ def tag_record(sweep: Sweep, p: Point) -> dict:
 
 def run_point(sweep: Sweep, p: Point) -> bool:
     from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
-    from lmforge.trainer.trainer import Trainer
+    from lmforge.trainer.startup import train
 
     paths = RunPaths(Path(p.run_dir))
     if paths.done_marker.exists():
         print(f"[sweep] {p.id}: already done", flush=True)
         return True
     from lmforge.fault.hooks import Diverged
-    from lmforge.fault.verdict import VerdictRecorder, archive, deciding, verdicts_dir
+    from lmforge.fault.verdict import archive, deciding, verdicts_dir
 
     stopped = deciding(paths.root)
     if stopped is not None:
@@ -80,10 +80,7 @@ def run_point(sweep: Sweep, p: Point) -> bool:
         flush=True,
     )
     try:
-        with VerdictRecorder(paths.root) as verdict:  # what `lmforge train` does
-            trainer = Trainer(validate(compose(p.overrides)), Path(p.run_dir))
-            verdict.step = lambda: trainer.step
-            trainer.fit()
+        train(lambda: compose(p.overrides), paths.root)  # `lmforge train`'s start-up: its checks, its verdict
     except (Exception, Diverged):  # noqa: BLE001  one point's failure must not stop the sweep; a preemption passes
         write_text(failure_path(paths), traceback.format_exc())
         print(

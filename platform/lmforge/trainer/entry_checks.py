@@ -12,12 +12,12 @@
    again, or that would train a finished run further under another optimizer, is refused);
 4. the data epochs, when ``epochs`` (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
 
-The result (``EntryChecks``) carries what the checks resolved: ``lmforge.train`` hands it to the ``Trainer``, which
-loads, resolves and parses none of it again. Who calls it: ``lmforge.train`` (``prepare=True, run_dir``),
-``lmforge plan`` (``plan_lines``), the Slurm prepare step (``launch.jobctl.check_job``, with the job's run dir)
-and ``lmforge launch``
-(local and ``--slurm``, ``epochs=False``: the data epochs are the job's prepare step's and the workers' check, as
-before). Every check raises ConfigError (one line, exit 2 at the entry point).
+The result (``EntryChecks``) carries what the checks resolved: ``trainer.startup.start`` hands it to the
+``Trainer``, which loads, resolves and parses none of it again. Who calls it: ``trainer.startup.check_start``, the
+one start-up path (``lmforge.train`` and sweep points: ``prepare=True, run_dir``; the Slurm prepare step,
+``launch.jobctl.check_job``, with the job's run dir; ``lmforge launch`` local and ``--slurm``, ``epochs=False``: the
+data epochs are the job's prepare step's and the workers' check), and ``lmforge plan`` (``plan_lines``). Every
+check raises ConfigError (one line, exit 2 at the entry point).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from lmforge.checkpoint.extra_state import scheduler_changes, scheduler_state
 from lmforge.checkpoint.layout import step_dir
-from lmforge.checkpoint.manager import CheckpointManager, find_resume
+from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
@@ -39,10 +39,8 @@ from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
-from lmforge.data.tokenizer import load_tokenizer
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
-from lmforge.evaluation.tasks import check_eval_config
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
@@ -78,16 +76,18 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: Validated, run_dir: Path, checked: Optional[EntryChecks] = None):
-        """``checked``: ``entry_checks(cfg, prepare=True, run_dir=run_dir)``'s result (``lmforge.train``): its
-        eval tasks, tokenizer and resume point are used as they are. None (tests, benchmarks building a Trainer
-        directly): the Trainer parses, loads and resolves them itself."""
+    def __init__(self, cfg: Validated, run_dir: Path, checked: EntryChecks):
+        """Built by ``trainer.startup.start`` (every start): ``checked`` is its ``entry_checks(cfg, prepare=True,
+        run_dir=run_dir)``, whose eval tasks, tokenizer and resume point are used as they are (nothing parsed,
+        loaded or resolved again)."""
         self.cfg, self.plan = cfg  # validate()'s typed config and batch plan (cfg.<group> reads the config)
         self.paths = RunPaths(Path(run_dir))
-        if checked is not None and checked.run_dir is not None and Path(checked.run_dir) != self.paths.root:
-            raise ValueError(f"entry checks resolved the resume point in {checked.run_dir}, not in {run_dir}")
-        # eval.tasks: parsed (and their data read) before any process group: a bad task file is exit 2 here
-        eval_tasks = checked.eval_tasks if checked is not None else check_eval_config(cfg.eval)
+        if checked.run_dir is None or Path(checked.run_dir) != self.paths.root or checked.tokenizer is None:
+            raise ValueError(
+                f"the Trainer takes trainer.startup.start's entry checks (prepare=True, run_dir={run_dir}), got "
+                f"run_dir={checked.run_dir}, tokenizer {'loaded' if checked.tokenizer is not None else 'not loaded'}"
+            )
+        eval_tasks = checked.eval_tasks  # eval.tasks: parsed (and their data read) before any process group
         self.threads = pin_threads(cfg.train.threads)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -106,17 +106,9 @@ class Trainer:
 
         # Data
         cache = default_cache_dir(cfg.data, cfg.run.root)
-        self.tokenizer = (
-            checked.tokenizer
-            if checked is not None and checked.tokenizer is not None
-            else load_tokenizer(cfg.data.tokenizer, cache)
-        )
+        self.tokenizer = checked.tokenizer
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
-        self.resume_point = (
-            checked.resume_point
-            if checked is not None and checked.run_dir is not None
-            else find_resume(self.paths.checkpoints, cfg.train.resume, cfg.model, lambda: self.tokenizer.identity)
-        )
+        self.resume_point = checked.resume_point
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
         self.num_train_samples, total_samples = stream_sizes(
             cfg.train, self.plan.tokens_per_step, self.plan.global_batch_size, cfg.model.seq_len, prior
