@@ -12,6 +12,7 @@ lmforge scaling fit ...                       (Chinchilla Approach 2/3 fits, pre
 lmforge launch  [--nproc N | --slurm] [--dry-run] [hydra overrides]
 lmforge data    prepare|train-tokenizer ...
 lmforge ckpt    convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
+lmforge config  show [KEY|GROUP] [hydra overrides]  each key: value, default, choices, meaning, which file set it
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def _ckpt(argv: Sequence[str]) -> int:
     return main(list(argv[1:]), build_optimizer_from_dict)
 
 
+def _config(argv: Sequence[str]) -> int:
+    from lmforge.config.show import main
+
+    return main(list(argv))
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
@@ -103,6 +110,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "scaling": _scaling,
     "launch": _launch,
     "ckpt": _ckpt,
+    "config": _config,
 }
 
 

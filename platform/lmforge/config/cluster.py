@@ -8,22 +8,29 @@ from dataclasses import dataclass
 @dataclass
 class ClusterConfig:
     name: str = "local"
+    """The preset's name (a conf/cluster file name)."""
     nodes: int = 1
-    # Devices (GPUs, or CPU processes) per node.
+    """Nodes of the job (under Slurm: the allocation's SLURM_NNODES)."""
     gpus_per_node: int = 1
-    # Device kind for planning: auto | cpu | h100 | h200 | a100 | ... (see lmforge.runtime.hardware).
+    """Devices (GPUs, or CPU processes) per node."""
     device: str = "auto"
-    # Memory per device in GiB for the planner (0: from the hardware table).
+    """Device kind for planning: auto, cpu, h100, h200, a100, ... (runtime/hardware.py); a GPU kind makes the job
+    want GPUs (the device contract)."""
     device_memory_gib: float = 0.0
-    # Model FLOPs utilisation the planner assumes for a layout without pipeline bubble or recompute.
+    """Memory per device in GiB for the planner; 0 = from the hardware table."""
     assumed_mfu: float = 0.40
-    # Slurm settings used by launchers/ and slurm/ (ignored by local runs).
-    # CPUs per node (= per task: one torchrun agent per node); 0: gpus_per_node x max(1, train.threads).
+    """Model FLOPs utilisation the planner assumes for a layout without pipeline bubble or recompute, in (0, 1]."""
     cpus_per_task: int = 0
-    # Ask for whole nodes (sbatch --exclusive).
+    """Slurm: CPUs per node (= per task: one torchrun agent per node); 0 = gpus_per_node x max(1, train.threads)."""
     exclusive: bool = False
+    """Slurm: ask for whole nodes (sbatch --exclusive)."""
     partition: str = ""
+    """Slurm partition; '' = the cluster's default."""
     account: str = ""
+    """Slurm account; '' = the user's default."""
     time_limit_min: int = 60
+    """Slurm time limit of one job, in minutes."""
     signal_lead_s: int = 120
+    """Slurm sends the job SIGUSR1 this long before the time limit (checkpoint, exit 42, requeue)."""
     max_requeues: int = 3
+    """Relaunch budget of one job (Slurm requeues, lmforge launch restarts) after preemption or a failure."""
