@@ -25,6 +25,7 @@ def test_one_key():
     assert render(["optim.lr"]) == [
         "optim.lr = 0.0003",
         "  default  0.0003",
+        "  range    >= 0",
         "  type     float",
         "  meaning  Peak learning rate, reached after warmup.",
         "  set by   schema default",
@@ -48,6 +49,7 @@ def test_a_group_shows_its_preset_and_choices():
     assert block(lines, "parallelism.dp_shard") == [
         "parallelism.dp_shard = 8",
         "  default  1",
+        "  range    >= 1",
         "  type     int",
         "  meaning  FSDP2 sharding degree.",
         "  set by   conf/exp/gpt_1b.yaml",

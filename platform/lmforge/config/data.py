@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Dict, Literal, Optional
 
+from lmforge.config.ranges import NonNegativeFloat, NonNegativeInt, Range
+
 
 @dataclass
 class DataSourceConfig:
@@ -26,14 +28,14 @@ class DataConfig:
     """``embedded`` (the BPE trained on the embedded corpus), a path to a tokenizer.json, or ``tiktoken:NAME``."""
     cache_dir: Optional[str] = None
     """Where prepared shards and index caches live; null = <run.root>/../.cache/lmforge-data."""
-    valid_fraction: float = 0.02
+    valid_fraction: Annotated[float, Range(0, 1, low_open=True, high_open=True, fix="e.g. 0.02")] = 0.02
     """Fraction of each source's documents held out for validation, in (0, 1)."""
-    num_workers: int = 0
+    num_workers: NonNegativeInt = 0
     """Loader threads; 0 = the main process builds batches."""
     prepare_workers: int = 1
     """Tokenizer processes when an ``embedded:`` source is prepared on first use (the output is the same for
     any number)."""
-    max_epochs: float = 4.0
+    max_epochs: NonNegativeFloat = 4.0
     """Refuse a run that would read any source more than this many times (planned tokens x weight / the source's
     train tokens; data/epochs.py). 0 = no limit."""
     document_masking: bool = False

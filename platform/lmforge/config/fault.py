@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmforge.config.ranges import NonNegativeInt
+
 
 @dataclass
 class DrillConfig:
@@ -41,7 +43,7 @@ class DrillConfig:
     """The rank slow_s slows down."""
     slow_s: float = 0.0
     """Extra compute seconds rank slow_rank does before every step (a straggler); 0 = off."""
-    bitflip_step: int = 0
+    bitflip_step: NonNegativeInt = 0
     """Right after this step rank bitflip_rank flips bit bitflip_bit of the first element of its local part of
     parameter bitflip_param: silent data corruption, which fault.consistency_every must catch; 0 = off."""
     bitflip_rank: int = 0
@@ -73,7 +75,7 @@ class FaultConfig:
     """Stepped losses in the spike detector's running mean."""
     max_consecutive_skips: int = 5
     """Stop (exit 45, the last checkpoint before the divergence pinned) after this many skipped steps in a row."""
-    consistency_every: int = 1000
+    consistency_every: NonNegativeInt = 1000
     """Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
     state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it.
     0 = off."""

@@ -2,7 +2,8 @@
 
 A key's meaning is its field's attribute docstring (the string literal on the line after the field in
 ``config/<group>.py``), read here from the source with ``ast``; its allowed values are the field's
-``Annotated[str, Literal[...]]`` annotation (``config/choices.py``). ``lmforge config show`` prints them, and
+``Annotated[str, Literal[...]]`` annotation (``config/choices.py``), its range an ``Annotated[int, Range(...)]``
+one (``config/ranges.py``). ``lmforge config show`` prints them, and
 tests/unit/test_config_keys.py checks that every field has a meaning. Keys below a mapping of dataclasses
 (``data.sources.<name>.path``) are listed once, with ``*`` for the name.
 """
@@ -18,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from lmforge.config.choices import allowed_values
+from lmforge.config.ranges import range_of
 from lmforge.config.schema import RootConfig
 
 
@@ -30,6 +32,7 @@ class Key:
     default: Any
     choices: Optional[Tuple[str, ...]]
     meaning: str
+    range: Optional[str] = None  # the allowed interval, e.g. ">= 1" (config/ranges.py)
 
 
 @lru_cache(maxsize=None)
@@ -89,7 +92,15 @@ def keys(schema: type = RootConfig, prefix: str = "") -> Iterator[Key]:
         if is_dataclass(hint):
             yield from keys(hint, f"{dotted}.")
             continue
-        yield Key(dotted, type_name(hint), _default(f), allowed_values(hint), docs.get(f.name, ""))
+        bounds = range_of(hint)
+        yield Key(
+            dotted,
+            type_name(hint),
+            _default(f),
+            allowed_values(hint),
+            docs.get(f.name, ""),
+            str(bounds) if bounds is not None else None,
+        )
         entry = _mapped_dataclass(hint)
         if entry is not None:
             yield from keys(entry, f"{dotted}.*.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
+from lmforge.config.ranges import NonNegativeInt, PositiveInt
+
 
 @dataclass
 class WandbConfig:
@@ -28,7 +30,7 @@ class LoggingConfig:
     """The preset's name (a conf/logging file name)."""
     console: Annotated[str, Literal["auto", "rich", "plain", "none"]] = "auto"
     """Console output: rich, plain lines, none, or auto (rich on a TTY, plain lines otherwise)."""
-    every_steps: int = 10
+    every_steps: PositiveInt = 10
     """Steps between metric lines (the only steps that read device values on the host)."""
     jsonl: bool = True
     """Write <run>/metrics.jsonl."""
@@ -38,9 +40,9 @@ class LoggingConfig:
 
 @dataclass
 class MetricsConfig:
-    profile_every: int = 0
+    profile_every: NonNegativeInt = 0
     """Profile one step every N steps to measure communication/compute overlap; 0 = off."""
-    straggler_every: int = 50
+    straggler_every: NonNegativeInt = 50
     """Gather per-rank step times every N steps for straggler detection; 0 = off."""
     straggler_threshold: float = 1.5
     """A rank whose mean compute time exceeds this many times the median over ranks is a straggler."""

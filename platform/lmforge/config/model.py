@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
+from lmforge.config.ranges import PositiveInt
+
 
 @dataclass
 class MoEConfig:
@@ -52,13 +54,13 @@ class MoEConfig:
 class ModelConfig:
     name: str = "custom"
     """The shape's name (a conf/model preset's file name; ``custom`` for a shape built in code)."""
-    vocab_size: int = 8192
+    vocab_size: PositiveInt = 8192
     """Embedding rows; at least the tokenizer's vocabulary."""
-    d_model: int = 256
+    d_model: PositiveInt = 256
     """Width of the residual stream."""
-    n_layers: int = 4
+    n_layers: PositiveInt = 4
     """Transformer blocks."""
-    n_heads: int = 4
+    n_heads: PositiveInt = 4
     """Query heads; the head dim d_model / n_heads must be even (RoPE)."""
     n_kv_heads: Optional[int] = None
     """Key/value heads: null = n_heads (multi-head attention), 1 = multi-query, a divisor in between =
@@ -66,9 +68,9 @@ class ModelConfig:
     d_ff: Optional[int] = None
     """MLP width; null = the architecture's default: 4*d for GELU, 8/3*d rounded up to ffn_multiple_of for
     SwiGLU."""
-    ffn_multiple_of: int = 64
+    ffn_multiple_of: PositiveInt = 64
     """The default SwiGLU width is rounded up to a multiple of this."""
-    seq_len: int = 256
+    seq_len: PositiveInt = 256
     """Context length of training (the sequence length of every sample) and the RoPE table size."""
     mlp: Annotated[str, Literal["swiglu", "gelu"]] = "swiglu"
     """Feed-forward block."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from lmforge.config.ranges import NonNegativeInt, PositiveInt
+
 PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
 # Schedules that split each backward into an input-gradient and a later weight-gradient part.
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
@@ -18,33 +20,33 @@ class ParallelismConfig:
     """The preset's name (a conf/parallelism file name)."""
     engine: Annotated[str, Literal["native", "deepspeed"]] = "native"
     """Training engine: native (PyTorch DDP/FSDP2/TP/PP) or deepspeed (ZeRO over dp_replicate)."""
-    dp_replicate: int = 1
+    dp_replicate: PositiveInt = 1
     """DDP-style replication degree (the HSDP outer dim when dp_shard > 1)."""
-    dp_shard: int = 1
+    dp_shard: PositiveInt = 1
     """FSDP2 sharding degree."""
     reshard_after_forward: bool = True
     """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like)."""
-    cp: int = 1
+    cp: PositiveInt = 1
     """Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
     causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); cp ranks hold weight replicas, FSDP shards
     over dp_shard x cp."""
     cp_kv_exchange: Annotated[str, Literal["ring", "allgather"]] = "ring"
     """How cp ranks exchange K/V: a ring of point-to-point sends overlapped with compute, or one all-gather."""
-    ep: int = 1
+    ep: PositiveInt = 1
     """Expert parallelism (parallel/expert_parallel.py): the routed experts of every MoE layer split E/ep per
     rank, tokens dispatched by all-to-all. Borrowed from dp_shard (ep divides dp_shard, no mesh dim of its own):
     each rank's experts are FSDP-sharded over the dp_shard / ep ranks outside its ep group."""
-    tp: int = 1
+    tp: PositiveInt = 1
     """Tensor parallelism degree (Megatron column/row split of attention and MLP, vocab-parallel embedding)."""
     sequence_parallel: bool = False
     """With tp > 1: norms and the residual stream sharded along the sequence."""
-    pp: int = 1
+    pp: PositiveInt = 1
     """Pipeline parallelism degree (torch.distributed.pipelining)."""
     pp_schedule: PipelineSchedule = "1F1B"
     """Pipeline schedule."""
-    pp_virtual_stages: int = 1
+    pp_virtual_stages: PositiveInt = 1
     """Model chunks per pipeline rank (> 1 for the interleaved and zero-bubble schedules)."""
-    pp_microbatches: int = 0
+    pp_microbatches: NonNegativeInt = 0
     """Pipeline microbatches per step; 0 = as many as the gradient-accumulation steps."""
     activation_checkpointing: Annotated[str, Literal["none", "full", "selective"]] = "none"
     """Recompute activations in backward: none, every block (full) or the cheap ops (selective)."""

@@ -6,7 +6,7 @@
 
 Composes the config exactly as ``lmforge train`` does and prints, for each key under the selection (every key
 when none is given): its value, its default (the dataclass field's), the allowed values (of a choice field, and
-of a config group: its presets), its meaning (the field's docstring, ``config/keys.py``) and which layer set it
+of a config group: its presets), the range of a number field, its meaning (the field's docstring, ``config/keys.py``) and which layer set it
 (the schema default, ``conf/<group>/<preset>.yaml``, ``conf/exp/<name>.yaml`` or the command line:
 ``config/presets.py``). An unknown key is one line with the closest known key, exit 2. Hydra's ``--cfg job``
 prints the values only.
@@ -106,6 +106,8 @@ def key_lines(key: str, value: Any, raw: Any, layers) -> List[str]:
         lines.append(f"  default  {fmt(entry.default) if '*' not in entry.key else '(no default: a mapping entry)'}")
         if entry.choices:
             lines.append(f"  choices  {', '.join(entry.choices)}")
+        if entry.range:
+            lines.append(f"  range    {entry.range}")
         lines.append(f"  type     {entry.type}")
         lines.append(f"  meaning  {plain(entry.meaning)}")
     else:  # below a free-form mapping of plain values (comm.env.NCCL_DEBUG)

@@ -5,16 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
+from lmforge.config.ranges import NonNegativeInt, PositiveInt
+
 
 @dataclass
 class TrainConfig:
     name: str = "default"
     """The preset's name (a conf/train file name)."""
-    max_steps: int = 1000
+    max_steps: PositiveInt = 1000
     """Optimizer steps of the run (the LR schedule and the data index follow it)."""
-    micro_batch_size: int = 8
+    micro_batch_size: PositiveInt = 8
     """Sequences per micro batch on one data-parallel rank."""
-    global_batch_size: int = 8
+    global_batch_size: PositiveInt = 8
     """Sequences per optimizer step across all data-parallel ranks."""
     grad_accum: Optional[int] = None
     """Micro batches per step; null = global / (micro * dp). If set it must agree (checked)."""
@@ -28,13 +30,13 @@ class TrainConfig:
     reuses its pages instead of faulting in new ones), system (malloc as it is), auto (retain on CPU)."""
     seed: int = 1234
     """Random seed of the run (model initialisation and every random stream the loop uses)."""
-    threads: int = 0
+    threads: NonNegativeInt = 0
     """Intra-op threads per process; 0 = physical cores / local ranks, so any launch computes identically."""
     deterministic: bool = False
     """Use deterministic algorithms only (torch.use_deterministic_algorithms): reproducible, sometimes slower."""
-    eval_every: int = 200
+    eval_every: NonNegativeInt = 200
     """Steps between evaluations (held-out loss and eval tasks); 0 = never."""
-    eval_batches: int = 8
+    eval_batches: PositiveInt = 8
     """Batches per held-out loss evaluation."""
     resume: str = "auto"
     """auto (the newest complete checkpoint in the run directory, else a fresh start), none, or a checkpoint
@@ -42,7 +44,7 @@ class TrainConfig:
     init_from: Optional[str] = None
     """Start from the model weights of this checkpoint (run dir or step dir, any layout; e.g. one written by
     ``lmforge import hf``) with a fresh optimizer and data position. Ignored when resuming a checkpoint."""
-    planned_tokens: int = 0
+    planned_tokens: NonNegativeInt = 0
     """Tokens planned for the whole run; 0 = max_steps * global batch * seq_len. Fixes the data index size."""
     stop_at_step: int = 0
     """Stop (checkpoint, exit 0, no DONE marker) once this step is done, without changing the LR schedule or the

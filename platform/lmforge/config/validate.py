@@ -27,54 +27,11 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
 from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.paths import check_paths
+from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
 from lmforge.config.validated import Validated
 from lmforge.runtime.env import launch_world_size
-
-POSITIVE = (
-    "model.vocab_size",
-    "model.d_model",
-    "model.n_layers",
-    "model.n_heads",
-    "model.seq_len",
-    "model.ffn_multiple_of",
-    "parallelism.dp_replicate",
-    "parallelism.dp_shard",
-    "parallelism.cp",
-    "parallelism.tp",
-    "parallelism.pp",
-    "parallelism.ep",  # expert parallelism (config/moe_checks.check_expert_parallel)
-    "parallelism.pp_virtual_stages",
-    "train.max_steps",
-    "train.micro_batch_size",
-    "train.global_batch_size",
-    "train.eval_batches",
-    "cluster.nodes",
-    "cluster.gpus_per_node",
-    "logging.every_steps",
-    "checkpoint.keep_last",
-)
-NON_NEGATIVE = (
-    "optim.lr",
-    "optim.weight_decay",
-    "optim.grad_clip",
-    "optim.warmup_steps",
-    "optim.eps",
-    "train.threads",
-    "train.eval_every",
-    "train.planned_tokens",
-    "checkpoint.every_steps",
-    "checkpoint.keep_every",
-    "metrics.profile_every",
-    "metrics.straggler_every",
-    "parallelism.pp_microbatches",
-    "data.num_workers",
-    "cluster.cpus_per_task",
-    "data.max_epochs",
-    "fault.consistency_every",
-    "fault.drill.bitflip_step",
-)
 
 
 def _valid_keys(schema_cls: Any) -> List[str]:
@@ -129,25 +86,9 @@ def check_structure(cfg: DictConfig) -> None:
 
 
 def check_values(cfg: RootConfig) -> None:
-    def get(path: str) -> Any:
-        node: Any = cfg
-        for part in path.split("."):
-            node = getattr(node, part)
-        return node
-
+    """Choices and ranges: each field's annotation states its own (``config/choices.py``, ``config/ranges.py``)."""
     check_choices(cfg)  # every Annotated[str, Literal[...]] field of the schema
-    for key in POSITIVE:
-        if get(key) < 1:
-            raise ConfigError(key, f"must be >= 1, got {get(key)}", "set a positive value")
-    for key in NON_NEGATIVE:
-        if get(key) < 0:
-            raise ConfigError(key, f"must be >= 0, got {get(key)}", "set a value >= 0")
-    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
-        raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {cfg.optim.min_lr_ratio}", "e.g. 0.1")
-    if not 0.0 < cfg.cluster.assumed_mfu <= 1.0:
-        raise ConfigError("cluster.assumed_mfu", f"must be in (0, 1], got {cfg.cluster.assumed_mfu}", "e.g. 0.4")
-    if not 0.0 < cfg.data.valid_fraction < 1.0:
-        raise ConfigError("data.valid_fraction", f"must be in (0, 1), got {cfg.data.valid_fraction}", "e.g. 0.02")
+    check_ranges(cfg)  # every Annotated[int | float, Range(...)] field of the schema
 
 
 def check_model(cfg: RootConfig) -> None:
