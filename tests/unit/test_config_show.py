@@ -107,3 +107,10 @@ def test_the_docs_show_the_real_output(command):
     shown = re.search(rf"```\n\$ {re.escape(command)}\n(.*?)```", text, re.S)
     assert shown, f"docs/configuration.md lacks the output of {command}"
     assert shown.group(1).rstrip("\n").split("\n") == render(command.split()[3:])
+
+
+def test_two_selections_are_refused(capsys):
+    assert cli_main(["config", "show", "optim", "train"]) == 2
+    assert capsys.readouterr().err == (
+        "lmforge: config show: expected one KEY or GROUP, got optim train. Fix: e.g. lmforge config show optim.lr\n"
+    )

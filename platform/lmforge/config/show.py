@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 
 from lmforge.config.choices import closest
-from lmforge.config.errors import ConfigError
+from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.config.keys import catalogue, pattern_of, sections
 from lmforge.config.presets import COMMAND_LINE, leaves, lookup, preset_layers, source_of
 
@@ -49,7 +49,11 @@ def split_args(argv: Sequence[str]) -> Tuple[Optional[str], List[str]]:
     """``(selection, overrides)``: the one argument without ``=`` is the selection (none: every key)."""
     selection = [a for a in argv if "=" not in a]
     if len(selection) > 1 or any(a.startswith("-") for a in selection):
-        raise ConfigError("(config show)", f"expected one KEY or GROUP, got {' '.join(selection)}", USAGE)
+        raise ActionableError(
+            "config show",
+            f"expected one KEY or GROUP, got {' '.join(selection)}",
+            "e.g. lmforge config show optim.lr",
+        )
     return (selection[0] if selection else None), [a for a in argv if "=" in a]
 
 
@@ -148,7 +152,7 @@ def main(argv: Sequence[str]) -> int:
         return 0 if argv and any(a in ("-h", "--help") for a in argv) else 2
     try:
         lines = render(argv[1:])
-    except ConfigError as e:
+    except ActionableError as e:  # ConfigError included
         print(f"lmforge: {e}", file=sys.stderr, flush=True)
         return 2
     print("\n".join(lines))
