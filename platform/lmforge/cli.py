@@ -18,6 +18,7 @@ USAGE = """usage: lmforge VERB ...  (one console entry point for every tool)
   ckpt      convert SRC DST --to native       DeepSpeed checkpoint -> native (DCP)
   sweep     plan|run|status|collect ...       scaling-law IsoFLOP sweeps
   scaling   fit ...                           Chinchilla Approach 2/3 fits, predictions, plots
+  config    show [KEY|GROUP] [hydra overrides]   each key: value, default, choices, meaning, which file set it
 
 Run `lmforge VERB --help` for the options of each."""
 
@@ -93,6 +94,12 @@ def _ckpt(argv: Sequence[str]) -> int:
     return main(list(argv[1:]), build_optimizer_from_dict)
 
 
+def _config(argv: Sequence[str]) -> int:
+    from lmforge.config.show import main
+
+    return main(list(argv))
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
@@ -105,6 +112,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "scaling": _scaling,
     "launch": _launch,
     "ckpt": _ckpt,
+    "config": _config,
 }
 
 

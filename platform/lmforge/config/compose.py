@@ -41,8 +41,11 @@ def conf_dir() -> Path:
     )
 
 
-def compose(overrides: Optional[Sequence[str]] = None, config_name: str = "config") -> DictConfig:
-    """Compose ``conf/config.yaml`` with command-line style overrides, exactly as ``lmforge train`` would."""
+def compose(
+    overrides: Optional[Sequence[str]] = None, config_name: str = "config", return_hydra_config: bool = False
+) -> DictConfig:
+    """Compose ``conf/config.yaml`` with command-line style overrides, exactly as ``lmforge train`` would
+    (``return_hydra_config``: with the ``hydra`` node, whose ``runtime.choices`` names the preset of each group)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -57,7 +60,9 @@ def compose(overrides: Optional[Sequence[str]] = None, config_name: str = "confi
 
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return hydra_compose(config_name=config_name, overrides=overrides_list, return_hydra_config=False)
+            return hydra_compose(
+                config_name=config_name, overrides=overrides_list, return_hydra_config=return_hydra_config
+            )
     except CompactHydraException as e:
         raise composition_error(e, overrides_list) from None
 

@@ -12,10 +12,11 @@ from typing import List
 
 @dataclass
 class EvalConfig:
-    # Task files in lm-evaluation-harness's YAML format (local JSONL data), or the name of a shipped task
-    # (lmforge/evaluation/tasks/<name>.yaml: austen_next_sentence, austen_word_order, stdlib_next_line). Empty: none.
     tasks: List[str] = field(default_factory=list)
-    # Sequences per forward (every data-parallel rank runs its share of the batches).
+    """Task files in lm-evaluation-harness's YAML format (local JSONL data), or the names of shipped tasks
+    (lmforge/evaluation/tasks/<name>.yaml: austen_next_sentence, austen_word_order, stdlib_next_line); empty =
+    none."""
     batch_size: int = 16
-    # Documents per task (the first N of its test split); 0 = all.
+    """Sequences per forward (every data-parallel rank runs its share of the batches)."""
     limit: int = 0
+    """Documents per task (the first N of its test split); 0 = all."""

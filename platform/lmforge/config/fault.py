@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lmforge.config.ranges import NonNegativeInt
+
 
 @dataclass
 class DrillConfig:
@@ -17,54 +19,67 @@ class DrillConfig:
     (``SLURM_RESTART_COUNT`` unset or 0), so the recovered run trains on normally.
     """
 
-    # SIGKILL rank ``kill_rank`` right after step ``kill_step`` (0: off).
     kill_step: int = 0
+    """SIGKILL rank kill_rank right after this step; 0 = off."""
     kill_rank: int = 0
-    # After step ``hang_step`` rank ``hang_rank`` withholds its next collective for ``hang_s`` (0: off);
-    # its peers block inside that collective until their watchdog fires.
+    """The rank kill_step kills."""
     hang_step: int = 0
+    """After this step rank hang_rank withholds its next collective for hang_s (its peers block inside that
+    collective until their watchdog fires); 0 = off."""
     hang_rank: int = 0
+    """The rank hang_step hangs."""
     hang_s: float = 600.0
-    # Raise an exception on rank ``crash_rank`` right after step ``crash_step`` (0: off), on the first
-    # ``crash_times`` attempts that reach that step (0: on every attempt, a crash that always recurs).
+    """How long the hang lasts."""
     crash_step: int = 0
+    """Raise an exception on rank crash_rank right after this step; 0 = off."""
     crash_rank: int = 0
+    """The rank crash_step crashes."""
     crash_times: int = 1
-    # Sleep this long after every step (gives an operator or a test time to act mid-run).
+    """Crash on the first this many attempts that reach crash_step; 0 = on every attempt (a crash that always
+    recurs)."""
     step_sleep_s: float = 0.0
-    # Rank ``slow_rank`` does ``slow_s`` seconds of extra compute before every step (a straggler; 0: off).
+    """Sleep this long after every step (gives an operator or a test time to act mid-run)."""
     slow_rank: int = 0
+    """The rank slow_s slows down."""
     slow_s: float = 0.0
-    # Right after step ``bitflip_step`` rank ``bitflip_rank`` flips bit ``bitflip_bit`` of the first element of
-    # its local part of parameter ``bitflip_param`` ('' = the first parameter): silent data corruption, which
-    # the replica consistency check (fault.consistency_every) must catch (0: off).
-    bitflip_step: int = 0
+    """Extra compute seconds rank slow_rank does before every step (a straggler); 0 = off."""
+    bitflip_step: NonNegativeInt = 0
+    """Right after this step rank bitflip_rank flips bit bitflip_bit of the first element of its local part of
+    parameter bitflip_param: silent data corruption, which fault.consistency_every must catch; 0 = off."""
     bitflip_rank: int = 0
+    """The rank bitflip_step corrupts."""
     bitflip_param: str = ""
+    """The parameter bitflip_step corrupts; '' = the first parameter."""
     bitflip_bit: int = 12
+    """The bit bitflip_step flips."""
 
 
 @dataclass
 class FaultConfig:
     name: str = "default"
-    # A rank without a heartbeat for this long dumps every Python stack to <run>/dumps and exits (0: off).
+    """The preset's name (a conf/fault file name)."""
     watchdog_timeout_s: float = 900.0
-    # Extra allowance before the first step (data index build, compile, first collective).
+    """A rank without a heartbeat for this long dumps every Python stack to <run>/dumps and exits 43; 0 = off."""
     watchdog_startup_s: float = 900.0
+    """Extra watchdog allowance before the first step (data index build, compile, first collective)."""
     watchdog_poll_s: float = 1.0
-    # A worker whose launcher (torchrun agent) died exits instead of training on as an orphan.
+    """How often the watchdog checks the heartbeat."""
     orphan_check: bool = True
-    # Loss guard: skip the update on a NaN/Inf loss or grad norm, or on a loss above spike_factor x the
-    # running mean of the last spike_window stepped losses (spike_factor 0: NaN/Inf only).
+    """A worker whose launcher (torchrun agent) died exits 44 instead of training on as an orphan."""
     loss_guard: bool = True
+    """Skip the update on a NaN/Inf loss or grad norm, or on a loss spike (spike_factor)."""
     spike_factor: float = 0.0
+    """A loss above spike_factor x the running mean of the last spike_window stepped losses is a spike;
+    0 = NaN/Inf only."""
     spike_window: int = 20
-    # Stop (with a reference to the last checkpoint before the divergence, pinned) after this many
-    # skipped steps in a row.
+    """Stepped losses in the spike detector's running mean."""
     max_consecutive_skips: int = 5
-    # Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
-    # state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it (0: off).
-    consistency_every: int = 1000
-    # torchrun --max_restarts for in-job restarts (lmforge launch and slurm/train.sh).
+    """Stop (exit 45, the last checkpoint before the divergence pinned) after this many skipped steps in a row."""
+    consistency_every: NonNegativeInt = 1000
+    """Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
+    state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it.
+    0 = off."""
     max_restarts: int = 3
+    """torchrun --max_restarts: in-job restarts (lmforge launch and slurm/train.sh)."""
     drill: DrillConfig = field(default_factory=DrillConfig)
+    """Fault drills (``fault.drill.*``): injected faults for rehearsals and tests."""

@@ -5,31 +5,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
+from lmforge.config.ranges import NonNegativeInt, PositiveInt
+
 
 @dataclass
 class WandbConfig:
     mode: Annotated[str, Literal["online", "offline", "disabled"]] = "disabled"
+    """Weights & Biases: online, offline (a local run directory to sync later) or disabled."""
     project: str = "lmforge"
+    """W&B project."""
     entity: Optional[str] = None
+    """W&B entity (team or user); null = the account's default."""
     group: Optional[str] = None
+    """W&B group; null = the sweep name, if any."""
     name: Optional[str] = None
+    """W&B run name; null = the name W&B generates."""
     tags: List[str] = field(default_factory=list)
+    """W&B tags."""
 
 
 @dataclass
 class LoggingConfig:
     name: str = "default"
-    # auto: rich on a TTY, plain lines otherwise.
+    """The preset's name (a conf/logging file name)."""
     console: Annotated[str, Literal["auto", "rich", "plain", "none"]] = "auto"
-    every_steps: int = 10
+    """Console output: rich, plain lines, none, or auto (rich on a TTY, plain lines otherwise)."""
+    every_steps: PositiveInt = 10
+    """Steps between metric lines (the only steps that read device values on the host)."""
     jsonl: bool = True
+    """Write <run>/metrics.jsonl."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases sink (``logging.wandb.*``)."""
 
 
 @dataclass
 class MetricsConfig:
-    # Profile one step every N steps to measure communication/compute overlap (0 disables).
-    profile_every: int = 0
-    # Gather per-rank step times every N steps for straggler detection (0 disables).
-    straggler_every: int = 50
+    profile_every: NonNegativeInt = 0
+    """Profile one step every N steps to measure communication/compute overlap; 0 = off."""
+    straggler_every: NonNegativeInt = 50
+    """Gather per-rank step times every N steps for straggler detection; 0 = off."""
     straggler_threshold: float = 1.5
+    """A rank whose mean compute time exceeds this many times the median over ranks is a straggler."""

@@ -5,18 +5,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
+from lmforge.config.ranges import NonNegativeFloat, NonNegativeInt, Range
+
 
 @dataclass
 class OptimConfig:
     name: Annotated[str, Literal["adamw"]] = "adamw"
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1  # final LR = lr * min_lr_ratio
-    weight_decay: float = 0.1
+    """The optimizer (and its conf/optim preset)."""
+    lr: NonNegativeFloat = 3e-4
+    """Peak learning rate, reached after warmup."""
+    min_lr_ratio: Annotated[float, Range(0, 1, fix="e.g. 0.1")] = 0.1
+    """Final learning rate = lr * min_lr_ratio (cosine and wsd), in [0, 1]."""
+    weight_decay: NonNegativeFloat = 0.1
+    """Decoupled weight decay of the weight matrices (embeddings, norms and biases get none)."""
     beta1: float = 0.9
+    """AdamW first-moment decay."""
     beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    """AdamW second-moment decay."""
+    eps: NonNegativeFloat = 1e-8
+    """AdamW epsilon."""
+    grad_clip: NonNegativeFloat = 1.0
+    """Clip the global gradient norm to this; 0 = no clipping."""
     schedule: Annotated[str, Literal["cosine", "wsd", "constant"]] = "cosine"
-    warmup_steps: int = 100
-    decay_fraction: float = 0.2  # wsd: fraction of max_steps spent in the final decay
-    fused: Optional[bool] = None  # None: fused AdamW where the device supports it
+    """Learning-rate schedule after warmup: cosine decay, warmup-stable-decay, or constant."""
+    warmup_steps: NonNegativeInt = 100
+    """Linear warmup steps from 0 to lr."""
+    decay_fraction: float = 0.2
+    """wsd: the fraction of max_steps spent in the final decay."""
+    fused: Optional[bool] = None
+    """Fused AdamW kernel; null = fused where the device supports it (CUDA, CPU), foreach elsewhere."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from lmforge.config.ranges import NonNegativeInt, PositiveInt
+
 PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
 # Schedules that split each backward into an input-gradient and a later weight-gradient part.
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
@@ -12,47 +14,65 @@ ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
 @dataclass
 class ParallelismConfig:
+    """The layout: world size = dp_replicate * dp_shard * cp * tp * pp (``ep`` is borrowed from dp_shard)."""
+
     name: str = "single"
+    """The preset's name (a conf/parallelism file name)."""
     engine: Annotated[str, Literal["native", "deepspeed"]] = "native"
-    # Mesh dims. world size = dp_replicate * dp_shard * cp * tp * pp.
-    dp_replicate: int = 1  # DDP-style replication (HSDP outer dim when dp_shard > 1)
-    dp_shard: int = 1  # FSDP2 sharding degree
-    reshard_after_forward: bool = True  # True: ZeRO-3-like, False: ZeRO-2-like
-    # Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
-    # causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); K/V exchanged by a ring of point-to-point
-    # sends overlapped with compute, or by one all-gather. cp ranks hold weight replicas: FSDP shards over dp_shard x cp.
-    cp: int = 1
+    """Training engine: native (PyTorch DDP/FSDP2/TP/PP) or deepspeed (ZeRO over dp_replicate)."""
+    dp_replicate: PositiveInt = 1
+    """DDP-style replication degree (the HSDP outer dim when dp_shard > 1)."""
+    dp_shard: PositiveInt = 1
+    """FSDP2 sharding degree."""
+    reshard_after_forward: bool = True
+    """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like)."""
+    cp: PositiveInt = 1
+    """Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
+    causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); cp ranks hold weight replicas, FSDP shards
+    over dp_shard x cp."""
     cp_kv_exchange: Annotated[str, Literal["ring", "allgather"]] = "ring"
-    # Expert parallelism (parallel/expert_parallel.py): the routed experts of every MoE layer split E/ep per rank,
-    # tokens dispatched to their experts' ranks by all-to-all. Borrowed from dp_shard (ep divides dp_shard, not a
-    # mesh dim of its own in the world size): the dense part stays sharded over all dp_shard ranks, each rank's
-    # experts are FSDP-sharded over the dp_shard / ep ranks outside its ep group (as torchtitan).
-    ep: int = 1
-    tp: int = 1
+    """How cp ranks exchange K/V: a ring of point-to-point sends overlapped with compute, or one all-gather."""
+    ep: PositiveInt = 1
+    """Expert parallelism (parallel/expert_parallel.py): the routed experts of every MoE layer split E/ep per
+    rank, tokens dispatched by all-to-all. Borrowed from dp_shard (ep divides dp_shard, no mesh dim of its own):
+    each rank's experts are FSDP-sharded over the dp_shard / ep ranks outside its ep group."""
+    tp: PositiveInt = 1
+    """Tensor parallelism degree (Megatron column/row split of attention and MLP, vocab-parallel embedding)."""
     sequence_parallel: bool = False
-    pp: int = 1
+    """With tp > 1: norms and the residual stream sharded along the sequence."""
+    pp: PositiveInt = 1
+    """Pipeline parallelism degree (torch.distributed.pipelining)."""
     pp_schedule: PipelineSchedule = "1F1B"
-    pp_virtual_stages: int = 1  # model chunks per pipeline rank (>1 for interleaved schedules)
-    pp_microbatches: int = 0  # 0 means: as many as the gradient-accumulation steps
+    """Pipeline schedule."""
+    pp_virtual_stages: PositiveInt = 1
+    """Model chunks per pipeline rank (> 1 for the interleaved and zero-bubble schedules)."""
+    pp_microbatches: NonNegativeInt = 0
+    """Pipeline microbatches per step; 0 = as many as the gradient-accumulation steps."""
     activation_checkpointing: Annotated[str, Literal["none", "full", "selective"]] = "none"
+    """Recompute activations in backward: none, every block (full) or the cheap ops (selective)."""
     compile: bool = False
-    # FSDP mixed precision: parameter dtype for compute and reduce dtype for gradients (fp32 | bf16).
+    """torch.compile each block (native engine only)."""
     param_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"
+    """FSDP mixed precision: the dtype parameters are gathered and computed in."""
     reduce_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"
-    # Overlap gradient reduction with backward (DDP bucketing / FSDP prefetch).
+    """FSDP mixed precision: the dtype gradients are reduced in."""
     overlap_grad_reduce: bool = True
-    # FSDP2 gradient reduction under gradient accumulation (see fsdp_grad_sync_mode):
-    # every_microbatch: reduce-scatter after each micro batch's backward (least memory);
-    # last_microbatch: keep unsharded gradients until the last micro batch, then one reduce-scatter
-    # (1/grad_accum of the communication, unsharded gradients of every block held between micro batches);
-    # auto: every_microbatch for FSDP without pipelining, last_microbatch otherwise.
+    """Overlap gradient reduction with backward (DDP bucketing / FSDP prefetch)."""
     fsdp_grad_sync: Annotated[str, Literal["auto", "every_microbatch", "last_microbatch"]] = "auto"
+    """FSDP2 gradient reduction under gradient accumulation: every_microbatch (reduce-scatter after each micro
+    batch's backward: least memory), last_microbatch (unsharded gradients kept until the last micro batch, then
+    one reduce-scatter: 1/grad_accum of the communication), auto (every_microbatch for FSDP without pipelining,
+    last_microbatch otherwise)."""
     ddp_bucket_cap_mb: int = 25
-    # DeepSpeed engine only.
+    """DDP gradient bucket size in MiB."""
     zero_stage: int = 0
+    """DeepSpeed engine only: ZeRO stage 0, 1, 2 or 3."""
     offload_optimizer: Annotated[str, Literal["none", "cpu"]] = "none"
+    """DeepSpeed engine only: keep the optimizer state and step on the CPU (ZeRO-Offload)."""
     offload_params: Annotated[str, Literal["none", "cpu"]] = "none"
-    deepspeed_config: str = ""  # optional user JSON merged over the generated config (conflicts are errors)
+    """DeepSpeed engine only (ZeRO-3): keep the parameter partitions in host memory."""
+    deepspeed_config: str = ""
+    """DeepSpeed engine only: a user JSON merged over the generated config (conflicts are errors)."""
 
 
 def fsdp_grad_sync_mode(p: ParallelismConfig) -> str:

@@ -8,10 +8,11 @@ from typing import Optional
 
 @dataclass
 class RunConfig:
-    # Explicit run name; wins over every other source of a run id.
     name: Optional[str] = None
-    # Parent directory of all run directories.
+    """Explicit run name (a path inside run.root); wins over every other source of a run id."""
     root: str = "runs"
-    # Set by sweeps: the sweep point id (used when name is unset) and the sweep name (W&B group).
+    """Parent directory of all run directories."""
     sweep_point: Optional[str] = None
+    """Set by sweeps: the sweep point id, the run's name when run.name is unset."""
     sweep_name: Optional[str] = None
+    """Set by sweeps: the sweep's name (the W&B group)."""

@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
+from lmforge.config.combinations import check_combinations
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.context_parallel import check_context_parallel
 from lmforge.config.deepspeed import check as check_deepspeed
@@ -25,56 +26,12 @@ from lmforge.config.deepspeed import check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
-from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.paths import check_paths
+from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
 from lmforge.config.validated import Validated
 from lmforge.runtime.env import launch_world_size
-
-POSITIVE = (
-    "model.vocab_size",
-    "model.d_model",
-    "model.n_layers",
-    "model.n_heads",
-    "model.seq_len",
-    "model.ffn_multiple_of",
-    "parallelism.dp_replicate",
-    "parallelism.dp_shard",
-    "parallelism.cp",
-    "parallelism.tp",
-    "parallelism.pp",
-    "parallelism.ep",  # expert parallelism (config/moe_checks.check_expert_parallel)
-    "parallelism.pp_virtual_stages",
-    "train.max_steps",
-    "train.micro_batch_size",
-    "train.global_batch_size",
-    "train.eval_batches",
-    "cluster.nodes",
-    "cluster.gpus_per_node",
-    "logging.every_steps",
-    "checkpoint.keep_last",
-)
-NON_NEGATIVE = (
-    "optim.lr",
-    "optim.weight_decay",
-    "optim.grad_clip",
-    "optim.warmup_steps",
-    "optim.eps",
-    "train.threads",
-    "train.eval_every",
-    "train.planned_tokens",
-    "checkpoint.every_steps",
-    "checkpoint.keep_every",
-    "metrics.profile_every",
-    "metrics.straggler_every",
-    "parallelism.pp_microbatches",
-    "data.num_workers",
-    "cluster.cpus_per_task",
-    "data.max_epochs",
-    "fault.consistency_every",
-    "fault.drill.bitflip_step",
-)
 
 
 def _valid_keys(schema_cls: Any) -> List[str]:
@@ -129,25 +86,9 @@ def check_structure(cfg: DictConfig) -> None:
 
 
 def check_values(cfg: RootConfig) -> None:
-    def get(path: str) -> Any:
-        node: Any = cfg
-        for part in path.split("."):
-            node = getattr(node, part)
-        return node
-
+    """Choices and ranges: each field's annotation states its own (``config/choices.py``, ``config/ranges.py``)."""
     check_choices(cfg)  # every Annotated[str, Literal[...]] field of the schema
-    for key in POSITIVE:
-        if get(key) < 1:
-            raise ConfigError(key, f"must be >= 1, got {get(key)}", "set a positive value")
-    for key in NON_NEGATIVE:
-        if get(key) < 0:
-            raise ConfigError(key, f"must be >= 0, got {get(key)}", "set a value >= 0")
-    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
-        raise ConfigError("optim.min_lr_ratio", f"must be in [0, 1], got {cfg.optim.min_lr_ratio}", "e.g. 0.1")
-    if not 0.0 < cfg.cluster.assumed_mfu <= 1.0:
-        raise ConfigError("cluster.assumed_mfu", f"must be in (0, 1], got {cfg.cluster.assumed_mfu}", "e.g. 0.4")
-    if not 0.0 < cfg.data.valid_fraction < 1.0:
-        raise ConfigError("data.valid_fraction", f"must be in (0, 1), got {cfg.data.valid_fraction}", "e.g. 0.02")
+    check_ranges(cfg)  # every Annotated[int | float, Range(...)] field of the schema
 
 
 def check_model(cfg: RootConfig) -> None:
@@ -206,10 +147,6 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
             f"n_heads ({m.n_heads}) and n_kv_heads ({kv}) must both be divisible by tp ({p.tp})",
             "choose tp dividing both head counts",
         )
-    if p.sequence_parallel and p.tp == 1:
-        raise ConfigError(
-            "parallelism.sequence_parallel", "needs tp > 1", "set parallelism.tp >= 2 or sequence_parallel=false"
-        )
     if p.sequence_parallel and m.seq_len % p.tp:
         raise ConfigError(
             "parallelism.sequence_parallel",
@@ -223,65 +160,7 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
             f"n_layers ({m.n_layers}) is not divisible by pp*pp_virtual_stages ({stages})",
             "choose pp and pp_virtual_stages whose product divides n_layers",
         )
-    if p.pp_virtual_stages > 1 and p.pp_schedule in ("GPipe", "1F1B"):
-        raise ConfigError(
-            "parallelism.pp_virtual_stages",
-            f"{p.pp_schedule} runs one stage per rank",
-            "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages",
-        )
-    if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 and p.pp_virtual_stages != 2:
-        raise ConfigError(
-            "parallelism.pp_virtual_stages",
-            f"ZBVZeroBubble runs exactly 2 stages per rank, got {p.pp_virtual_stages}",
-            "set parallelism.pp_virtual_stages=2",
-        )
-    if p.pp > 1 and m.tie_embeddings:
-        raise ConfigError(
-            "model.tie_embeddings",
-            "tied input/output embeddings would live on the first and the last pipeline stage",
-            "set model.tie_embeddings=false for pp > 1",
-        )
-    if p.compile and p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES:
-        raise ConfigError(
-            "parallelism.compile",
-            f"{p.pp_schedule} splits backward into input and weight parts, which torch.compile does not support",
-            "set parallelism.compile=false or use 1F1B/Interleaved1F1B",
-        )
-    if p.pp > 1 and p.pp_schedule in ZERO_BUBBLE_SCHEDULES and (p.dp_shard > 1 or p.cp > 1) and p.reshard_after_forward:
-        raise ConfigError(
-            "parallelism.reshard_after_forward",
-            f"{p.pp_schedule} with FSDP (dp_shard={p.dp_shard}, "
-            f"cp={p.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
-            "backward takes the stage's parameters from the module, which holds the resharded ones, not "
-            "the gathered ones the graph used; step-1 gradient norm 0.913 vs 1.087)",
-            "set parallelism.reshard_after_forward=false (blocks stay gathered until the weight "
-            "backward), or use pp_schedule=1F1B or Interleaved1F1B",
-        )
-    if p.compile and p.tp > 1:
-        raise ConfigError(
-            "parallelism.compile",
-            "torch.compile of tensor-parallel blocks fails in the first backward "
-            "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
-            "compile with ddp, fsdp and pp2 trains with losses identical to eager)",
-            "set parallelism.compile=false for tp > 1",
-        )
-    if p.fsdp_grad_sync == "every_microbatch" and (p.dp_shard * p.cp == 1 or p.pp > 1):
-        why = (
-            "pipeline schedules reduce FSDP gradients once per step, after the last microbatch"
-            if p.pp > 1
-            else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step"
-        )
-        raise ConfigError(
-            "parallelism.fsdp_grad_sync",
-            f"every_microbatch is not possible here: {why}",
-            "set parallelism.fsdp_grad_sync=auto (or last_microbatch)",
-        )
-    if p.engine == "deepspeed" and (p.tp > 1 or p.pp > 1 or p.dp_shard > 1):
-        raise ConfigError(
-            "parallelism.engine",
-            "the deepspeed engine shards with ZeRO over dp_replicate only",
-            "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size",
-        )
+    check_combinations(cfg)  # the refused feature combinations (config/combinations.py)
 
 
 def dp_size(cfg: RootConfig) -> int:

@@ -1,0 +1,151 @@
+"""Feature combinations lmforge refuses, in one table: each row the combination, the key it names, why, the fix.
+
+``check_combinations`` walks ``REFUSED`` in order and raises the first row that applies; it runs inside
+``validate.check_parallel_layout`` (so ``validate()``, ``lmforge plan``'s candidates and ``lmforge launch`` see
+the same refusals). docs/configuration.md lists the table (``docs_rows()``; tests/unit/test_config_combinations.py
+checks the page against it). Arithmetic checks (divisibility, world size) stay in ``validate.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Tuple
+
+from lmforge.config.errors import ConfigError
+from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
+from lmforge.config.schema import RootConfig
+
+Test = Callable[[RootConfig], bool]
+Reason = Callable[[RootConfig], str]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """One refused combination: ``applies(cfg)`` -> ConfigError(key, reason(cfg), fix)."""
+
+    when: str  # the combination as the docs list it
+    key: str
+    applies: Test
+    reason: Reason
+    fix: str
+
+
+def _zero_bubble(c: RootConfig) -> bool:
+    return c.parallelism.pp > 1 and c.parallelism.pp_schedule in ZERO_BUBBLE_SCHEDULES
+
+
+def _every_microbatch_why(c: RootConfig) -> str:
+    why = (
+        "pipeline schedules reduce FSDP gradients once per step, after the last microbatch"
+        if c.parallelism.pp > 1
+        else "only FSDP (dp_shard > 1) can reduce per micro batch; DDP and the all-reduce sync once per step"
+    )
+    return f"every_microbatch is not possible here: {why}"
+
+
+REFUSED: Tuple[Refused, ...] = (
+    Refused(
+        "`sequence_parallel=true` with `tp=1`",
+        "parallelism.sequence_parallel",
+        lambda c: c.parallelism.sequence_parallel and c.parallelism.tp == 1,
+        lambda c: "needs tp > 1",
+        "set parallelism.tp >= 2 or sequence_parallel=false",
+    ),
+    Refused(
+        "`pp_virtual_stages > 1` with `pp_schedule=GPipe` or `1F1B`",
+        "parallelism.pp_virtual_stages",
+        lambda c: c.parallelism.pp_virtual_stages > 1 and c.parallelism.pp_schedule in ("GPipe", "1F1B"),
+        lambda c: f"{c.parallelism.pp_schedule} runs one stage per rank",
+        "use pp_schedule=Interleaved1F1B (or a zero-bubble schedule) for virtual stages",
+    ),
+    Refused(
+        "`pp_schedule=ZBVZeroBubble` with `pp > 1` and `pp_virtual_stages != 2`",
+        "parallelism.pp_virtual_stages",
+        lambda c: (
+            c.parallelism.pp_schedule == "ZBVZeroBubble"
+            and c.parallelism.pp > 1
+            and c.parallelism.pp_virtual_stages != 2
+        ),
+        lambda c: f"ZBVZeroBubble runs exactly 2 stages per rank, got {c.parallelism.pp_virtual_stages}",
+        "set parallelism.pp_virtual_stages=2",
+    ),
+    Refused(
+        "`pp > 1` with `model.tie_embeddings=true`",
+        "model.tie_embeddings",
+        lambda c: c.parallelism.pp > 1 and c.model.tie_embeddings,
+        lambda c: "tied input/output embeddings would live on the first and the last pipeline stage",
+        "set model.tie_embeddings=false for pp > 1",
+    ),
+    Refused(
+        "`compile=true` with a zero-bubble schedule (`pp > 1`)",
+        "parallelism.compile",
+        lambda c: c.parallelism.compile and _zero_bubble(c),
+        lambda c: (
+            f"{c.parallelism.pp_schedule} splits backward into input and weight parts, which torch.compile does "
+            "not support"
+        ),
+        "set parallelism.compile=false or use 1F1B/Interleaved1F1B",
+    ),
+    Refused(
+        "a zero-bubble schedule (`pp > 1`) with FSDP (`dp_shard > 1` or `cp > 1`) and `reshard_after_forward=true`",
+        "parallelism.reshard_after_forward",
+        lambda c: (
+            _zero_bubble(c)
+            and (c.parallelism.dp_shard > 1 or c.parallelism.cp > 1)
+            and c.parallelism.reshard_after_forward
+        ),
+        lambda c: (
+            f"{c.parallelism.pp_schedule} with FSDP (dp_shard={c.parallelism.dp_shard}, "
+            f"cp={c.parallelism.cp}) and reshard_after_forward=true loses weight gradients (torch 2.13: the input "
+            "backward takes the stage's parameters from the module, which holds the resharded ones, not "
+            "the gathered ones the graph used; step-1 gradient norm 0.913 vs 1.087)"
+        ),
+        "set parallelism.reshard_after_forward=false (blocks stay gathered until the weight "
+        "backward), or use pp_schedule=1F1B or Interleaved1F1B",
+    ),
+    Refused(
+        "`compile=true` with `tp > 1`",
+        "parallelism.compile",
+        lambda c: c.parallelism.compile and c.parallelism.tp > 1,
+        lambda c: (
+            "torch.compile of tensor-parallel blocks fails in the first backward "
+            "(torch 2.13: AttributeError in DTensor's Redistribute backward, reproduced on 2 gloo ranks; "
+            "compile with ddp, fsdp and pp2 trains with losses identical to eager)"
+        ),
+        "set parallelism.compile=false for tp > 1",
+    ),
+    Refused(
+        "`fsdp_grad_sync=every_microbatch` without FSDP (`dp_shard * cp = 1`) or with `pp > 1`",
+        "parallelism.fsdp_grad_sync",
+        lambda c: (
+            c.parallelism.fsdp_grad_sync == "every_microbatch"
+            and (c.parallelism.dp_shard * c.parallelism.cp == 1 or c.parallelism.pp > 1)
+        ),
+        _every_microbatch_why,
+        "set parallelism.fsdp_grad_sync=auto (or last_microbatch)",
+    ),
+    Refused(
+        "`engine=deepspeed` with `tp > 1`, `pp > 1` or `dp_shard > 1`",
+        "parallelism.engine",
+        lambda c: (
+            c.parallelism.engine == "deepspeed"
+            and (c.parallelism.tp > 1 or c.parallelism.pp > 1 or c.parallelism.dp_shard > 1)
+        ),
+        lambda c: "the deepspeed engine shards with ZeRO over dp_replicate only",
+        "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size",
+    ),
+)
+
+
+def check_combinations(cfg: RootConfig) -> None:
+    """Raise the ConfigError of the first row of ``REFUSED`` that applies to ``cfg``."""
+    for row in REFUSED:
+        if row.applies(cfg):
+            raise ConfigError(row.key, row.reason(cfg), row.fix)
+
+
+def docs_rows() -> List[str]:
+    """The table as docs/configuration.md lists it (one Markdown row each, header first)."""
+    rows = ["| refused combination | key named | fix |", "|---|---|---|"]
+    rows += [f"| {r.when} | `{r.key}` | {r.fix} |" for r in REFUSED]
+    return rows

@@ -1,0 +1,65 @@
+"""The refused feature combinations: one table, walked by validate() and listed by docs/configuration.md."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lmforge.config.combinations import REFUSED, check_combinations, docs_rows
+from lmforge.config.compose import compose
+from lmforge.config.errors import ConfigError
+from lmforge.config.schema import RootConfig
+from lmforge.config.validate import validate
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+# One configuration per row of REFUSED, in its order: (parallelism fields, model fields).
+EXAMPLES = [
+    ({"sequence_parallel": True}, {}),
+    ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),
+    ({"pp": 2, "pp_schedule": "ZBVZeroBubble"}, {}),
+    ({"pp": 2}, {}),
+    (
+        {"pp": 2, "pp_schedule": "InterleavedZeroBubble", "pp_virtual_stages": 2, "compile": True},
+        {"tie_embeddings": False},
+    ),
+    (
+        {"pp": 2, "pp_schedule": "InterleavedZeroBubble", "pp_virtual_stages": 2, "dp_shard": 2},
+        {"tie_embeddings": False},
+    ),
+    ({"tp": 2, "compile": True}, {}),
+    ({"fsdp_grad_sync": "every_microbatch"}, {}),
+    ({"engine": "deepspeed", "tp": 2}, {}),
+]
+
+
+def test_every_row_has_an_example():
+    assert len(EXAMPLES) == len(REFUSED)
+
+
+@pytest.mark.parametrize("row, example", list(zip(REFUSED, EXAMPLES)), ids=[r.key for r in REFUSED])
+def test_each_row_refuses_its_combination(row, example):
+    par, model = example
+    cfg = replace(
+        RootConfig(), parallelism=replace(RootConfig().parallelism, **par), model=replace(RootConfig().model, **model)
+    )
+    with pytest.raises(ConfigError) as e:
+        check_combinations(cfg)
+    assert str(e.value) == str(ConfigError(row.key, row.reason(cfg), row.fix))
+    check_combinations(RootConfig())  # control: the defaults combine
+
+
+def test_validate_walks_the_table():
+    with pytest.raises(ConfigError) as e:
+        validate(compose(["parallelism=tp2", "parallelism.compile=true"]), world_size=2)
+    assert str(e.value).startswith("config key 'parallelism.compile': torch.compile of tensor-parallel blocks fails")
+
+
+def test_the_docs_list_the_table():
+    text = DOCS.read_text()
+    listed = re.search(r"\n(\| refused combination \|.*?)\n\n", text, re.S)
+    assert listed, "docs/configuration.md lacks the table of refused combinations"
+    assert listed.group(1).split("\n") == docs_rows()
