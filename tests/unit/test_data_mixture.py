@@ -145,7 +145,7 @@ def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):
     """Another job holding index/.build.lock keeps this rank 0 from writing until it lets go."""
     import threading
 
-    from lmforge.data.shards import file_lock
+    from lmforge.data.file_lock import file_lock
 
     shared, cache = data_cache, tmp_path / "cache"
     cache.mkdir()

@@ -35,7 +35,7 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from lmforge.config.errors import ConfigError
-from lmforge.data.shards import file_lock
+from lmforge.data.file_lock import file_lock
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from lmforge.data.file_lock import file_lock
 from lmforge.data.formats import ReadReport, file_format, input_bytes, iter_file, list_files
-from lmforge.data.shards import ShardFormatError, ensure_shard, file_lock, meta_path, read_index, write_shard
+from lmforge.data.shards import ShardFormatError, ensure_shard, meta_path, read_index, write_shard
 from lmforge.data.tokenizer import Tokenizer
 
 PLAN = "plan.json"

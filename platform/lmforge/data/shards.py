@@ -11,18 +11,17 @@ int64 document indices[D]. :func:`read_index` parses it without megatron so a ba
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from lmforge.data.file_lock import file_lock
 from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.tokenizer import Tokenizer
 
@@ -48,18 +47,6 @@ def meta_path(prefix: Path) -> Path:
 def token_dtype(vocab_size: int) -> type:
     """uint16 when every id fits (vocab <= 65536), else int32."""
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (works across processes and, on NFSv4/Lustre with flock, nodes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from lmforge.config.tokenizer_files import (
     tiktoken_file_of,
     vocab_size_of,
 )
+from lmforge.data.file_lock import file_lock
 
 __all__ = [
     "EMBEDDED_VOCAB",
@@ -189,7 +190,6 @@ def embedded_tokenizer_path(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -
 def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
     """Train (once, cached, under a lock) a BPE on a fixed sample of the embedded corpora."""
     from lmforge.data.embedded import SOURCES, iter_documents
-    from lmforge.data.shards import file_lock
 
     path = embedded_tokenizer_path(cache_dir, vocab_size)
     if path.exists():
