@@ -11,7 +11,7 @@ from data_support import THREE_SOURCES, make_stream, step_records
 
 from lmforge.config.train import TrainConfig
 from lmforge.data.index_cache import sweep_torn
-from lmforge.data.mixture import stream_sizes
+from lmforge.data.stream_size import stream_sizes
 
 SEQ, MICRO, GLOBAL = 64, 16, 64
 

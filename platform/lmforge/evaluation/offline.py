@@ -16,7 +16,7 @@ import torch
 from lmforge.checkpoint.weights import WeightsError, load_full_model_state, read_sidecar, resolve_checkpoint
 from lmforge.config.data import DataConfig
 from lmforge.config.model import ModelConfig
-from lmforge.data.mixture import default_cache_dir
+from lmforge.data.sources import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.model.gpt import GPT
 from lmforge.model.logprobs import target_logprobs

@@ -42,7 +42,7 @@ class ExportResult:
 def _embedded_tokenizer_candidates(cfg: dict, ckpt: Path) -> List[Path]:
     """Where the run's data cache can be: its config (data.cache_dir, $LMFORGE_DATA_CACHE, run.root/../.cache),
     then beside the run directory itself (run.root may have been relative to another working directory)."""
-    from lmforge.data.mixture import default_cache_dir
+    from lmforge.data.sources import default_cache_dir
     from lmforge.data.tokenizer import embedded_tokenizer_path
 
     data = DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir"))

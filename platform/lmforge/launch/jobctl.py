@@ -127,7 +127,7 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     from lmforge.fault.verdict import archive
 
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
-    from lmforge.data.index_cache import build_for
+    from lmforge.data.index_build import build_for
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     restart = slurm_restart_count()

@@ -141,7 +141,7 @@ def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     rdzv_id = args.rdzv_id or new_run_id()
     run_dir = run_dir_of(cfg, rdzv_id)
     if args.node_rank == 0 and not args.dry_run:
-        from lmforge.data.index_cache import build_for
+        from lmforge.data.index_build import build_for
         from lmforge.fault.verdict import archive
         from lmforge.runtime.rundir import RunPaths
 

@@ -56,7 +56,7 @@ def load_preset(name: str) -> Dict[str, Any]:
 
 def _embedded_tokenizer(vocab: int, run_root: str, extra: Sequence[str]) -> str:
     from lmforge.config.data import DataConfig
-    from lmforge.data.mixture import default_cache_dir
+    from lmforge.data.sources import default_cache_dir
     from lmforge.data.tokenizer import build_embedded_tokenizer
 
     cache = default_cache_dir(DataConfig(), run_root)

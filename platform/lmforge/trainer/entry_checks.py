@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 from lmforge.data.epochs import SourceEpochs, check_run, describe
-from lmforge.data.mixture import default_cache_dir
+from lmforge.data.sources import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks

@@ -37,7 +37,9 @@ from lmforge.comm.vote import LaggedVote
 from lmforge.config.schema import RootConfig
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
-from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
+from lmforge.data.mixture import build_mixture
+from lmforge.data.sources import default_cache_dir
+from lmforge.data.stream_size import stream_sizes
 from lmforge.data.tokenizer import load_tokenizer
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
