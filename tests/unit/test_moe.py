@@ -15,8 +15,9 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig, MoEConfig
 from lmforge.config.moe_checks import check_moe
 from lmforge.config.schema import RootConfig
+from lmforge.model.feed_forward import FeedForward
 from lmforge.model.flops import flops_per_token
-from lmforge.model.gpt import GPT, FeedForward, cross_entropy_loss, num_parameters, param_count_from_config
+from lmforge.model.gpt import GPT, cross_entropy_loss, num_parameters, param_count_from_config
 from lmforge.model.moe import MoECollector, MoEFeedForward
 
 

@@ -140,7 +140,8 @@ SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_f
 
 
 def _shape_facts(cfg: ModelConfig) -> Dict[str, Any]:
-    from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+    from lmforge.model.feed_forward import ffn_hidden_dim
+    from lmforge.model.gpt import kv_heads
 
     facts = {k: getattr(cfg, k) for k in SHAPE_KEYS}
     facts["n_kv_heads"] = kv_heads(cfg)

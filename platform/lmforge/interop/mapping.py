@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from lmforge.config.model import ModelConfig
-from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+from lmforge.model.feed_forward import ffn_hidden_dim
+from lmforge.model.gpt import kv_heads
 
 
 class InteropError(ValueError):

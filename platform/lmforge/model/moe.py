@@ -59,6 +59,7 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig, MoEConfig
 from lmforge.model.activation import gelu_tanh
+from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -76,8 +77,6 @@ def moe_layer_ids(cfg: ModelConfig) -> List[int]:
 
 
 def expert_hidden_dim(cfg: ModelConfig) -> int:
-    from lmforge.model.gpt import ffn_hidden_dim  # gpt imports this module
-
     return cfg.moe.d_ff if cfg.moe.d_ff is not None else ffn_hidden_dim(cfg)
 
 
@@ -218,8 +217,6 @@ class MoEFeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from lmforge.model.gpt import FeedForward
-
         m: MoEConfig = cfg.moe
         self.n_experts, self.top_k, self.capacity_factor = m.experts, m.top_k, m.capacity_factor
         self.router = Router(cfg)
