@@ -236,7 +236,8 @@ def test_shared_feed_forward_width():
 def test_hf_export_picks_the_exact_moe_class_or_refuses_in_one_line():
     """Mixtral for every-layer renormalised top-k without shared experts, Qwen2-MoE otherwise (interop/moe_mapping.py,
     logits checked in tests/unit/test_interop_hf.py); sigmoid gating maps to neither and is refused."""
-    from lmforge.interop.mapping import InteropError, family_for
+    from lmforge.interop.errors import InteropError
+    from lmforge.interop.mapping import family_for
 
     assert family_for(cfg_of()).architecture == "MixtralForCausalLM"
     assert family_for(cfg_of(shared_experts=1)).architecture == "Qwen2MoeForCausalLM"

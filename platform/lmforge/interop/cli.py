@@ -28,8 +28,8 @@ def export_main(argv: Sequence[str]) -> int:
     args = p.parse_args(list(argv))
     from lmforge.checkpoint.safe_io import UnsafeCheckpointError
     from lmforge.checkpoint.weights import WeightsError
+    from lmforge.interop.errors import InteropError
     from lmforge.interop.export import export_hf
-    from lmforge.interop.mapping import InteropError
 
     try:
         res = export_hf(
@@ -61,8 +61,8 @@ def import_main(argv: Sequence[str]) -> int:
     hf.add_argument("--force", action="store_true", help="replace checkpoints already in --out")
     args = p.parse_args(list(argv))
     from lmforge.config.errors import ConfigError
+    from lmforge.interop.errors import InteropError
     from lmforge.interop.importer import import_hf
-    from lmforge.interop.mapping import InteropError
 
     try:
         res = import_hf(args.hf_dir, args.out, name=args.name, seq_len=args.seq_len, dtype=args.dtype, force=args.force)
@@ -98,8 +98,8 @@ def generate_main(argv: Sequence[str]) -> int:
     from lmforge.checkpoint.safe_io import UnsafeCheckpointError
     from lmforge.checkpoint.weights import WeightsError
     from lmforge.generation import GenerationError, generate
+    from lmforge.interop.errors import InteropError
     from lmforge.interop.generate import load_for_generation
-    from lmforge.interop.mapping import InteropError
 
     try:
         loaded = load_for_generation(args.source, args.tokenizer, args.device)

@@ -20,7 +20,8 @@ import torch
 
 from lmforge.checkpoint.weights import checkpoint_model_config, load_full_model_state, read_sidecar, resolve_checkpoint
 from lmforge.config.data import DataConfig
-from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_state
+from lmforge.interop.errors import InteropError
+from lmforge.interop.mapping import family_for, hf_config, to_hf_state
 from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
 from lmforge.interop.safetensors_io import parse_size, write_checkpoint
 

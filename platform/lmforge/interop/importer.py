@@ -27,7 +27,8 @@ import torch
 
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.model import ModelConfig
-from lmforge.interop.mapping import InteropError, describe, expected_hf_tensors, from_hf_state, model_config_from_hf
+from lmforge.interop.errors import InteropError
+from lmforge.interop.mapping import describe, expected_hf_tensors, from_hf_state, model_config_from_hf
 from lmforge.interop.safetensors_io import checkpoint_files, iter_tensors, tensor_shapes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
