@@ -23,9 +23,11 @@ import numpy as np
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
 from lmforge.data.checks import normalise_weights, split_bounds, split_string
+from lmforge.data.embedded import VERSION
 from lmforge.data.shards import ShardFormatError, read_index
 from lmforge.data.sources import default_cache_dir, resolve_source
 from lmforge.data.stream_size import stream_sizes
+from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer
 
 if TYPE_CHECKING:
     from lmforge.data.tokenizer import Tokenizer
@@ -59,7 +61,6 @@ TokenizerSource = Optional[Callable[[], "Tokenizer"]]
 def _tokenizer_of(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource):
     if tokenizer is not None:
         return tokenizer()
-    from lmforge.data.tokenizer import load_tokenizer
 
     return load_tokenizer(cfg.tokenizer, cache_dir)
 
@@ -73,8 +74,6 @@ def known_prefix(
         return Path(path).expanduser() if path else None
     if cfg.tokenizer != "embedded":
         return None  # the fingerprint of another tokenizer needs it loaded; the trainer checks after preparing
-    from lmforge.data.embedded import VERSION
-    from lmforge.data.tokenizer import embedded_tokenizer_path
 
     if not embedded_tokenizer_path(cache_dir).exists():
         return None
@@ -137,7 +136,7 @@ def check_epochs(
 
 def run_planned_tokens(cfg) -> int:
     """Tokens a fresh launch of ``cfg`` (a RootConfig) will read: its data index size or its steps, the larger."""
-    from lmforge.config.validate import check_batch
+    from lmforge.config.validate import check_batch  # deferred: imports omegaconf; this module imports without it
 
     plan = check_batch(cfg)
     _, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len)

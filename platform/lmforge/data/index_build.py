@@ -49,8 +49,8 @@ def build_for(cfg, prior_state: Optional[dict] = None) -> BuildReport:
     concurrent caller waits on the lock and then loads the same files. ``prior_state`` is a checkpoint's data
     state (its ``num_train_samples`` fixes the index size on resume). Writes nothing to stdout (the prepare
     step's stdout is evaluated by the shell)."""
-    from lmforge.config.validate import check_batch
-    from lmforge.runtime.dist import is_distributed
+    from lmforge.config.validate import check_batch  # deferred: imports omegaconf; this module imports without it
+    from lmforge.runtime.dist import is_distributed  # deferred: imports torch; this module imports without it
 
     if is_distributed():
         raise RuntimeError(

@@ -78,7 +78,7 @@ def sweep_torn(index_dir: Path) -> List[str]:
 def build_guard(index_dir: Path, lock: bool = True) -> Iterator[None]:
     """Wrap megatron-core's build on every rank: rank 0 builds under the lock (``lock=False``: the caller holds
     it already), after sweeping torn sets."""
-    from lmforge.runtime.dist import rank  # here: importing lmforge.data does not import torch
+    from lmforge.runtime.dist import rank  # deferred: runtime.dist imports torch; importing lmforge.data does not
 
     index_dir.mkdir(parents=True, exist_ok=True)
     if rank() != 0:
@@ -93,6 +93,7 @@ def check_visible(index_dir: Path) -> None:
     """Fail fast when the cache dir is not shared: every rank must see a file rank 0 just wrote."""
     import torch.distributed as dist
 
+    # deferred: imports torch; this module imports without it
     from lmforge.runtime.dist import barrier, rank, world_size
 
     if world_size() == 1:

@@ -129,7 +129,7 @@ def build_mixture(
         raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
     names, weights, note = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
     notes = [note] if note else []
-    from lmforge.runtime.dist import rank  # here: importing lmforge.data does not import torch
+    from lmforge.runtime.dist import rank  # deferred: runtime.dist imports torch; importing lmforge.data does not
 
     if note and rank() == 0:
         print(note, flush=True)

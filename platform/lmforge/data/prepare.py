@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from lmforge.data import sharded
+from lmforge.data.embedded import iter_documents
 from lmforge.data.formats import ON_ERROR, ReadReport, input_bytes, iter_file, list_files
-from lmforge.data.shards import ensure_shard, write_shard
+from lmforge.data.prepare_slurm import submit_array
+from lmforge.data.shards import ensure_shard, meta_path, write_shard
 from lmforge.data.tokenize_pool import tokenize_docs
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.runtime.env import read, read_int
@@ -32,8 +34,6 @@ def iter_inputs(
     inputs: Sequence[str], text_key: str = "text", on_error: str = "stop", report: Optional[ReadReport] = None
 ) -> Iterator[str]:
     """Every document of the inputs, in a fixed order (argument order, then sorted paths)."""
-    from lmforge.data.embedded import iter_documents
-
     for item in inputs:
         if item.startswith("embedded:"):
             yield from iter_documents(item.split(":", 1)[1])
@@ -194,8 +194,6 @@ def _run(args: argparse.Namespace) -> int:
         if out.suffix in (".bin", ".idx"):
             raise ValueError(f"--out is a prefix, without .bin/.idx: use --out {out.with_suffix('')}")
         if args.force:
-            from lmforge.data.shards import meta_path
-
             meta_path(out).unlink(missing_ok=True)
         meta = prepare(
             args.inputs,
@@ -216,8 +214,6 @@ def _run(args: argparse.Namespace) -> int:
                 done.unlink()
         plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, size, args.text_key, args.on_error))
     if args.launcher == "slurm-array":
-        from lmforge.data.prepare_slurm import submit_array
-
         print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
         return 0
     task = args.task_index if args.task_index is not None else read_int("SLURM_ARRAY_TASK_ID")

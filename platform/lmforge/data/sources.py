@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
+from lmforge.data.embedded import SOURCES, VERSION
 from lmforge.data.prepare import prepare
 from lmforge.data.sharded import MANIFEST, PLAN, read_manifest
 from lmforge.data.tokenizer import Tokenizer
@@ -40,7 +41,6 @@ def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, 
     directories of shards with a manifest (see :func:`source_shards`)."""
     if path.startswith("embedded:"):
         corpus = path.split(":", 1)[1]
-        from lmforge.data.embedded import SOURCES, VERSION
 
         if corpus not in SOURCES:
             raise ConfigError(
