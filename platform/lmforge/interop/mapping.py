@@ -36,7 +36,8 @@ from lmforge.interop.moe_mapping import (
     moe_qkv_bias,
 )
 from lmforge.model.feed_forward import ffn_hidden_dim
-from lmforge.model.gpt import kv_heads
+from lmforge.model.gpt import GPT, kv_heads
+from lmforge.model.moe import is_moe_layer, moe_layer_ids
 
 LLAMA = Family("llama", "LlamaForCausalLM", "llama", "rmsnorm", "swiglu", "rms_norm_eps")
 STABLELM = Family("stablelm", "StableLmForCausalLM", "stablelm", "layernorm", "swiglu", "layer_norm_eps")
@@ -94,8 +95,6 @@ def to_hf_name(name: str) -> str:
 
 def _moe_layer(name: str, cfg: ModelConfig) -> Optional[int]:
     """The layer index of an lmforge tensor of an MoE feed-forward, else None."""
-    from lmforge.model.moe import is_moe_layer
-
     parts = name.split(".")
     if cfg.moe.experts and parts[0] == "layers" and parts[2] == "feed_forward" and is_moe_layer(cfg, int(parts[1])):
         return int(parts[1])
@@ -121,8 +120,6 @@ def to_hf_state(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, Any]:
 
 def from_hf_state(cfg: ModelConfig, hf: Dict[str, Any]) -> Dict[str, Any]:
     """HF tensors (names checked by ``expected_hf_tensors``) -> lmforge state dict (inverse of to_hf_state)."""
-    from lmforge.model.moe import moe_layer_ids
-
     moe = set(moe_layer_ids(cfg))
     fam = family_for(cfg) if moe else None
     out: Dict[str, Any] = {}
@@ -285,8 +282,6 @@ def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] =
 def expected_hf_tensors(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
     """{HF name: shape} of every tensor the HF checkpoint of ``cfg`` holds (tied models have no lm_head)."""
     import torch
-
-    from lmforge.model.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)
