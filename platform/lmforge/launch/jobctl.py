@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.retry import last_step, record
+from lmforge.fault.verdict import archive
 from lmforge.launch.allocation import check_allocation, nodes_override
 from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.env import environment, read, read_int, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
@@ -37,8 +41,8 @@ BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "n
 
 
 def _compose(overrides: Sequence[str]):
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.config.validate import validate  # deferred: imports omegaconf; this module imports without it
 
     return validate(compose(list(overrides)))
 
@@ -88,10 +92,13 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     """Every check a job passes before srun starts a worker; returns (typed config, nodes override or None).
 
     Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
-    from lmforge.config.compose import compose
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+
+    # deferred: imports omegaconf; this module imports without it
     from lmforge.config.validate import planned_world_size, validate
+
+    # deferred: imports omegaconf, torch; this module imports without it
     from lmforge.parallel.planner import check_fits, make_plan
-    from lmforge.runtime.device_contract import check as check_device_contract
 
     extra = nodes_override(overrides, env)
     composed = compose(list(overrides) + ([extra] if extra else []))
@@ -109,6 +116,7 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     world = c.nodes * c.gpus_per_node
     check_fits(make_plan(cfg, world, peak=1.0))  # memory per device; the peak only matters for step time
     check_allocation(cfg, env)
+    # deferred: imports numpy, yaml; this module imports without it
     from lmforge.trainer.entry_checks import entry_checks
 
     # lmforge.train's entry checks where the job runs, writing nothing: the task files, train.resume's checkpoint
@@ -124,17 +132,13 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     env["LMFORGE_NODES_OVERRIDE"] = extra or ""
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
-    from lmforge.fault.verdict import archive
 
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
-    from lmforge.data.index_build import build_for
+    from lmforge.data.index_build import build_for  # deferred: imports numpy; this module imports without it
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     restart = slurm_restart_count()
     if restart > 0:
-        from lmforge.fault.events import FaultEvents
-        from lmforge.fault.retry import last_step
-
         nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             "requeued",
@@ -163,8 +167,6 @@ def split_overrides(argv: Sequence[str]):
 
 
 def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
-    from lmforge.fault.retry import record
-
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
     nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))

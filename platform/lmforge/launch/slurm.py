@@ -63,8 +63,10 @@ class SlurmLaunch:
 def plan(
     overrides: Sequence[str], nodes: Optional[int] = None, time_min: Optional[int] = None, extra: Sequence[str] = ()
 ) -> SlurmLaunch:
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.config.validate import validate  # deferred: imports omegaconf; this module imports without it
+
+    # deferred: imports numpy, yaml; this module imports without it
     from lmforge.trainer.entry_checks import entry_checks
 
     cfg = validate(compose(list(overrides)))
