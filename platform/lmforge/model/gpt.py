@@ -26,6 +26,7 @@ from torch import nn
 from lmforge.config.model import ModelConfig
 from lmforge.model.document_mask import DocumentMask
 from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
+from lmforge.model.init import init_parameters
 from lmforge.model.loss import chunked_cross_entropy
 from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
 from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
@@ -198,8 +199,6 @@ class GPT(DecoderStack):
     @torch.no_grad()
     def init_weights(self, seed: int, device: Optional[torch.device] = None, place=None) -> None:
         """Deterministic init keyed by parameter name (see lmforge.model.init)."""
-        from lmforge.model.init import init_parameters
-
         self.rope.reset(device)
         for module in self.modules():
             if isinstance(module, MoEFeedForward):

@@ -60,6 +60,7 @@ from torch import nn
 from lmforge.config.model import ModelConfig, MoEConfig
 from lmforge.model.activation import gelu_tanh
 from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
+from lmforge.model.init import canonical_name
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -281,8 +282,6 @@ class MoECollector:
     rows filled, so that summing them over the pipeline ranks gives every stage's layers."""
 
     def __init__(self, model: nn.Module, cfg: MoEConfig, layer_names: Optional[List[str]] = None):
-        from lmforge.model.init import canonical_name
-
         self.cfg = cfg
         self.layers: List[Tuple[str, MoEFeedForward]] = [
             (canonical_name(name).replace(".feed_forward", "").replace("layers.", "layer"), m)
