@@ -69,7 +69,7 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
     # A resume target that does not fit this model or tokenizer is refused before any corpus is tokenized for it.
     resume_point = None
     if run_dir is not None:
-        from lmforge.checkpoint.manager import find_resume  # imports torch: only where a run dir is checked
+        from lmforge.checkpoint.manager import find_resume  # deferred: imports torch: only where a run dir is checked
 
         resume_point = find_resume(
             RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model, lambda: tokenizer().identity
