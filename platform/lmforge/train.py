@@ -13,17 +13,21 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
-from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
+from lmforge.config.compose import (
+    compose,
+    composition_error,
+    conf_dir,  # importing compose registers the schema with Hydra
+)
 from lmforge.config.errors import ActionableError, ConfigError
+from lmforge.config.paths import check_run_names
+from lmforge.config.validate import check_override_keys, validate
+from lmforge.fault.verdict import VerdictRecorder
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env import launch_world_size
 from lmforge.runtime.rundir import register_resolvers
 
 
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
-    from lmforge.config.validate import validate
-    from lmforge.fault.verdict import VerdictRecorder
-
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -31,13 +35,13 @@ def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     # An error leaving this block is recorded as this rank's verdict (<run>/verdicts/), read by the launchers.
     with VerdictRecorder(run_dir) as verdict:
         typed = validate(cfg, world_size=launch_world_size() or 1)  # the processes actually started
-        from lmforge.trainer.entry_checks import entry_checks
+        from lmforge.trainer.entry_checks import entry_checks  # deferred: imports numpy; this module imports without it
 
         # Once, before any process group: the eval tasks, the tokenizer, train.resume's checkpoint against this
         # model and tokenizer (before any corpus is tokenized for it), then data.max_epochs with the embedded
         # corpora prepared (trainer/entry_checks.py). The Trainer uses what they resolved, loading nothing again.
         checks = entry_checks(typed, prepare=True, run_dir=run_dir)
-        from lmforge.trainer.trainer import Trainer
+        from lmforge.trainer.trainer import Trainer  # deferred: imports numpy, torch; this module imports without it
 
         trainer = Trainer(typed, run_dir, checked=checks)
         verdict.step = lambda: trainer.step
@@ -57,9 +61,6 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
     if any(a in tree_flags or a.startswith(tuple(f + "=" for f in tree_flags)) for a in args):
         return  # another config tree: composing the default one here would be wrong; validate() checks the names
     from omegaconf import OmegaConf
-
-    from lmforge.config.compose import compose
-    from lmforge.config.paths import check_run_names
 
     overrides, config_name, flag = [], "config", None
     for a in args:
@@ -102,9 +103,6 @@ def run_composed_once(overrides: Sequence[str]) -> None:
     from hydra.types import HydraContext, RunMode
     from omegaconf import OmegaConf
 
-    from lmforge.config.compose import composition_error
-    from lmforge.config.paths import check_run_names
-
     with initialize_config_dir(config_dir=str(conf_dir()), job_name="train", version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         try:
@@ -138,8 +136,6 @@ def run_composed_once(overrides: Sequence[str]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import hydra
-
-    from lmforge.config.validate import check_override_keys
 
     register_resolvers()
     if argv is not None:
