@@ -58,7 +58,7 @@ def test_extending_max_steps_keeps_what_was_seen_and_adds_a_fresh_pass(data_cach
     n, total = stream_sizes(train, GLOBAL * SEQ, GLOBAL, SEQ)
     assert (n, total) == (2048, 2048)
     longer = TrainConfig(max_steps=64, global_batch_size=GLOBAL)
-    assert stream_sizes(longer, GLOBAL * SEQ, GLOBAL, SEQ, {"num_train_samples": n}) == (2048, 4096)
+    assert stream_sizes(longer, GLOBAL * SEQ, GLOBAL, SEQ, prior_state={"num_train_samples": n}) == (2048, 4096)
     planned = TrainConfig(max_steps=64, global_batch_size=GLOBAL, planned_tokens=2048 * SEQ)
     assert stream_sizes(planned, GLOBAL * SEQ, GLOBAL, SEQ) == (2048, 4096)
 

@@ -457,3 +457,70 @@ def test_function_import_rule_flags_unexplained_imports():
         "        return lambda: __import__('x')\n"
     )
     assert [int(f.split(":")[0]) for f in unexplained_function_imports(source)] == [3, 7, 13]
+
+
+# ---- keyword-only arguments at package seams ------------------------------------------------------------------
+# A public function defined in one lmforge package and imported by name by a module of another package (or a public
+# class imported so: its __init__ and public methods) takes at most four parameters positionally (self/cls not
+# counted); the rest are keyword-only (``def build_mixture(cfg, tokenizer, *, seq_len, ...)``). ``forward`` is
+# exempt: torch calls it through ``Module.__call__`` (hooks and pipeline schedules pass its inputs positionally).
+MAX_POSITIONAL = 4
+
+
+def positional_count(fn: ast.AST) -> int:
+    params = fn.args.posonlyargs + fn.args.args
+    return len(params) - (1 if params and params[0].arg in ("self", "cls") else 0)
+
+
+def seam_functions(trees: dict) -> list:
+    """Functions called across packages with more than MAX_POSITIONAL positional parameters: "module.qualname"."""
+    public = {}  # (module, imported name) -> [(qualname, function node)]
+    for name, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                public[(name, node.name)] = [(node.name, node)]
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                public[(name, node.name)] = [
+                    (f"{node.name}.{m.name}", m)
+                    for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and (m.name == "__init__" or not m.name.startswith("_"))
+                    and m.name != "forward"
+                ]
+    bad = set()
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module in trees):
+                continue
+            if layer_of(node.module) == layer_of(name):
+                continue
+            for alias in node.names:
+                for qualname, fn in public.get((node.module, alias.name), []):
+                    if positional_count(fn) > MAX_POSITIONAL:
+                        bad.add(f"{node.module}.{qualname} ({positional_count(fn)} positional, imported by {name})")
+    return sorted(bad)
+
+
+def test_functions_called_across_packages_take_keyword_arguments():
+    bad = seam_functions(source_trees())
+    assert not bad, (
+        f"make the parameters after the first {MAX_POSITIONAL} or fewer keyword-only (add *):\n" + "\n".join(bad)
+    )
+
+
+def test_seam_rule_flags_positional_signatures():
+    planted = {
+        "lmforge.data.m": (
+            "def wide(a, b, c, d, e): ...\n"  # imported by another package: flagged
+            "def narrow(a, b, *, c, d, e): ...\n"
+            "def local_only(a, b, c, d, e): ...\n"  # used inside data only
+            "class Stream:\n"
+            "    def __init__(self, a, b, c, d, e): ...\n"  # flagged (self not counted)
+            "    def forward(self, a, b, c, d, e): ...\n"  # exempt
+            "    def take(self, a, b, c, d): ...\n"
+        ),
+        "lmforge.data.n": "from lmforge.data.m import local_only\n",
+        "lmforge.trainer.t": "def f():\n    from lmforge.data.m import wide, narrow, Stream\n",
+    }
+    found = seam_functions({name: ast.parse(src) for name, src in planted.items()})
+    assert [f.split(" ")[0] for f in found] == ["lmforge.data.m.Stream.__init__", "lmforge.data.m.wide"], found

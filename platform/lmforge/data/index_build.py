@@ -63,7 +63,9 @@ def build_for(cfg, prior_state: Optional[dict] = None) -> BuildReport:
     index_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.redirect_stdout(sys.stderr), _private_world():
         tokenizer = load_tokenizer(cfg.data.tokenizer, cache)
-        n, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len, prior_state)
+        n, total = stream_sizes(
+            cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len, prior_state=prior_state
+        )
         t0 = time.perf_counter()
         # One lock for the whole build (build_mixture is told not to take it again: a second flock on a new
         # descriptor of the same file would wait for this process itself).
@@ -73,12 +75,12 @@ def build_for(cfg, prior_state: Optional[dict] = None) -> BuildReport:
             mixture = build_mixture(
                 cfg.data,
                 tokenizer,
-                cfg.model.seq_len,
-                cfg.train.seed,
-                n,
-                cfg.train.eval_batches * plan.micro_batch_size * plan.dp_size,
-                cache,
-                total,
+                seq_len=cfg.model.seq_len,
+                seed=cfg.train.seed,
+                num_train_samples=n,
+                num_valid_samples=cfg.train.eval_batches * plan.micro_batch_size * plan.dp_size,
+                cache_dir=cache,
+                total_train_samples=total,
                 guard=False,
             )
             after = sorted(p.name for p in index_dir.glob("*-description.txt"))

@@ -69,6 +69,7 @@ class BatchStream:
         self,
         mixture: Mixture,
         plan: BatchPlan,
+        *,
         dp_rank: int,
         device: torch.device,
         num_workers: int = 0,

@@ -113,6 +113,7 @@ class Mixture:
 def build_mixture(
     cfg: DataConfig,
     tokenizer: Tokenizer,
+    *,
     seq_len: int,
     seed: int,
     num_train_samples: int,

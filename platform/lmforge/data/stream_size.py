@@ -10,7 +10,7 @@ from lmforge.config.train import TrainConfig
 
 
 def stream_sizes(
-    train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int, prior_state: Optional[dict] = None
+    train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int, *, prior_state: Optional[dict] = None
 ) -> Tuple[int, int]:
     """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens."""
     if prior_state and prior_state.get("num_train_samples"):

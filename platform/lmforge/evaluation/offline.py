@@ -95,7 +95,12 @@ def score_checkpoint(
 
     loaded = load_checkpoint(path)
     runner = TaskRunner(
-        load_tasks(specs), loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len, batch_size, limit
+        load_tasks(specs),
+        loaded.tokenizer.encode,
+        eod=loaded.tokenizer.eod,
+        seq_len=loaded.cfg.seq_len,
+        batch_size=batch_size,
+        limit=limit,
     )
     out = {
         "checkpoint": str(loaded.checkpoint),

@@ -118,6 +118,7 @@ def classify(
 def record(
     run_dir: Path,
     exit_code: int,
+    *,
     signalled: bool,
     max_failures: int,
     max_preemptions: int = 100,

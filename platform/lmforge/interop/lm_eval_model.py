@@ -60,7 +60,13 @@ class LmforgeLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _score(self, requests: List[Tuple[List[int], List[int]]]) -> List[Tuple[float, bool]]:
-        return score(requests, self.loaded.token_logprobs, self.max_length, self._batch_size, self._device)
+        return score(
+            requests,
+            self.loaded.token_logprobs,
+            seq_len=self.max_length,
+            batch_size=self._batch_size,
+            device=self._device,
+        )
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
         return self._score([(list(ctx), list(cont)) for _, ctx, cont in requests])

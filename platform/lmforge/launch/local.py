@@ -119,7 +119,7 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
                 file=sys.stderr,
             )
             return rc or 0
-        decision = record(run_dir, rc, False, max_requeues)
+        decision = record(run_dir, rc, signalled=False, max_failures=max_requeues)
         if decision.action == "done":
             return 0
         print(f"lmforge launch: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)

@@ -194,7 +194,7 @@ class GPT(DecoderStack):
     def stage(self, index: int, layers: Iterable[str], first: bool, last: bool) -> "GPTStage":
         """Pipeline stage ``index`` over this model's ``layers`` (with the embedding if ``first``, the head if
         ``last``): a module sharing this model's submodules, which keeps owning the parameters."""
-        return GPTStage(self, index, layers, first, last)
+        return GPTStage(self, index, layers=layers, first=first, last=last)
 
     @torch.no_grad()
     def init_weights(self, seed: int, device: Optional[torch.device] = None, place=None) -> None:
@@ -212,7 +212,7 @@ class GPTStage(DecoderStack):
     GPT's own (the GPT owns the parameters: optimizer, checkpoints and clipping see it); ``PipelineStage``
     runs this module's forward."""
 
-    def __init__(self, model: GPT, index: int, layers: Iterable[str], first: bool, last: bool):
+    def __init__(self, model: GPT, index: int, *, layers: Iterable[str], first: bool, last: bool):
         super().__init__()
         self.stage_index = index
         self.tok_embeddings = model.tok_embeddings if first else None

@@ -181,10 +181,10 @@ class Experts(nn.Module):
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
         if self.token_dispatch is not None:
             return self.token_dispatch(self, x, counts)
-        return self.run(x, counts, self.w1, self.w2, self.w3)
+        return self.run(x, counts, w1=self.w1, w2=self.w2, w3=self.w3)
 
     def run(
-        self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: Optional[torch.Tensor]
+        self, x: torch.Tensor, counts: torch.Tensor, *, w1: torch.Tensor, w2: torch.Tensor, w3: Optional[torch.Tensor]
     ) -> torch.Tensor:
         """The experts ``w1, w2, w3`` ([len(counts), ...]) over rows sorted by expert."""
         if self.uses_grouped(x):
