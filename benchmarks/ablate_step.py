@@ -84,12 +84,12 @@ def _identity_module(self, x: torch.Tensor) -> torch.Tensor:
 def stand_ins() -> Dict[str, List[tuple]]:
     """Each ablation: the (object, attribute, stand-in) triples it swaps while a step runs (built once: ``ablated``
     runs inside every timed call)."""
-    from lmforge.model import gpt
+    from lmforge.model import feed_forward, gpt
     from lmforge.parallel import native_engine
 
     return {
         "attention": [(gpt.Attention, "attend", staticmethod(_attention_sum))],
-        "activation": [(gpt.FeedForward, "forward", _ffn_without_activation)],
+        "activation": [(feed_forward.FeedForward, "forward", _ffn_without_activation)],
         "RoPE": [(gpt, "apply_rope", lambda x, cos, sin: x)],
         "norms": [(nn.LayerNorm, "forward", _identity_module), (nn.RMSNorm, "forward", _identity_module)],
         "loss": [(native_engine, "cross_entropy_loss", lambda logits, targets: _LossFloor.apply(logits))],

@@ -74,8 +74,16 @@ def loader_and_train(exp: str, steps: int, train_micro: int, repeats: int, cache
     ensure_world()
     tok = load_tokenizer(cfg.data.tokenizer, cache)
     n = plan.global_batch_size * (steps * (repeats + 1) + 1)
-    mixture = build_mixture(cfg.data, tok, m.seq_len, t.seed, n, plan.micro_batch_size, cache)
-    stream = BatchStream(mixture, plan, 0, device)
+    mixture = build_mixture(
+        cfg.data,
+        tok,
+        seq_len=m.seq_len,
+        seed=t.seed,
+        num_train_samples=n,
+        num_valid_samples=plan.micro_batch_size,
+        cache_dir=cache,
+    )
+    stream = BatchStream(mixture, plan, dp_rank=0, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     loader_s = median_time(lambda: [stream.step_batches() for _ in range(steps)], repeats, sync=sync)
     loader_tps = steps * plan.tokens_per_step / loader_s
@@ -141,13 +149,21 @@ def prefetch_latency(
     ensure_world()
     tok = load_tokenizer(cfg.data.tokenizer, cache)
     n = plan.global_batch_size * (loop_steps + 4)
-    mixture = build_mixture(cfg.data, tok, m.seq_len, t.seed, n, plan.micro_batch_size, cache)
+    mixture = build_mixture(
+        cfg.data,
+        tok,
+        seq_len=m.seq_len,
+        seed=t.seed,
+        num_train_samples=n,
+        num_valid_samples=plan.micro_batch_size,
+        cache_dir=cache,
+    )
     compute = simulated_compute(compute_ms, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     compute()  # warm the matmul path once
     rows = []
     for w in workers:
-        stream = BatchStream(mixture, plan, 0, device, num_workers=w)
+        stream = BatchStream(mixture, plan, dp_rank=0, device=device, num_workers=w)
         waits, steps = [], []
         try:
             for step in range(loop_steps):

@@ -88,7 +88,7 @@ def cpu_seconds() -> float:
 
 
 def raw_rate(docs: List[str], tok, workers: int) -> tuple:
-    from lmforge.data.prepare import CHUNK_CHARS, _chunks, _encode_chunk, _init_worker
+    from lmforge.data.tokenize_pool import CHUNK_CHARS, _chunks, _encode_chunk, _init_worker
 
     t0, c0 = time.perf_counter(), cpu_seconds()
     if workers <= 1:

@@ -58,9 +58,18 @@ def make_stream(
     ensure_world()
     cfg = data_config(cache, weights, paths)
     tok = load_tokenizer(cfg.tokenizer, cache)
-    mixture = build_mixture(cfg, tok, seq_len, seed, num_train_samples, micro * dp, cache, total)
+    mixture = build_mixture(
+        cfg,
+        tok,
+        seq_len=seq_len,
+        seed=seed,
+        num_train_samples=num_train_samples,
+        num_valid_samples=micro * dp,
+        cache_dir=cache,
+        total_train_samples=total,
+    )
     plan = batch_plan(micro, global_batch, dp, seq_len)
-    return BatchStream(mixture, plan, dp_rank, torch.device("cpu"))
+    return BatchStream(mixture, plan, dp_rank=dp_rank, device=torch.device("cpu"))
 
 
 def step_records(stream, steps: int) -> List[List[dict]]:

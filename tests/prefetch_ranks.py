@@ -54,7 +54,7 @@ def train_with_workers(root: str, cache: str, workers: List[int], steps: int) ->
             "threads_after_fit": prefetch_threads(),
         }
         if w:  # a stream nobody closes: its daemon threads must not keep the process alive at exit
-            left_open = BatchStream(trainer.mixture, trainer.plan, 0, trainer.device, num_workers=w)
+            left_open = BatchStream(trainer.mixture, trainer.plan, dp_rank=0, device=trainer.device, num_workers=w)
             left_open.step_batches()
             out[str(w)]["threads_left_open"] = prefetch_threads()
         del trainer

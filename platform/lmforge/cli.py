@@ -24,68 +24,82 @@ Run `lmforge VERB --help` for the options of each."""
 
 
 def _train(argv: Sequence[str]) -> int:
-    from lmforge.train import main
+    from lmforge.train import main  # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
 
     return main(list(argv))
 
 
 def _data(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.data.cli import main
 
     return main(list(argv))
 
 
 def _export(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.interop.cli import export_main
 
     return export_main(argv)
 
 
 def _import(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.interop.cli import import_main
 
     return import_main(argv)
 
 
 def _generate(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.interop.cli import generate_main
 
     return generate_main(argv)
 
 
 def _comm(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.comm.cli import main
 
     return main(list(argv))
 
 
 def _plan(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.parallel.plan_cli import main
+
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.trainer.entry_checks import plan_lines
 
     return main(list(argv), extra_checks=[plan_lines])  # the eval and data lines: lmforge train's entry checks
 
 
 def _sweep(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.scaling.cli import sweep_main
 
     return sweep_main(list(argv))
 
 
 def _scaling(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.scaling.cli import scaling_main
 
     return scaling_main(list(argv))
 
 
 def _launch(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.launch.cli import main
 
     return main(list(argv))
 
 
 def _ckpt(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.checkpoint.convert import main
+
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.optim.adamw import build_optimizer_from_dict
 
     if not argv or argv[0] != "convert":
@@ -95,7 +109,9 @@ def _ckpt(argv: Sequence[str]) -> int:
 
 
 def _config(argv: Sequence[str]) -> int:
-    from lmforge.config.show import main
+    from lmforge.config.show import (
+        main,  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    )
 
     return main(list(argv))
 

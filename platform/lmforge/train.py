@@ -14,8 +14,14 @@ from typing import Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from lmforge.config.compose import conf_dir  # importing compose registers the schema with Hydra
+from lmforge.config.compose import (
+    compose,
+    composition_error,
+    conf_dir,  # importing compose registers the schema with Hydra
+)
 from lmforge.config.errors import ActionableError, ConfigError
+from lmforge.config.paths import check_run_names
+from lmforge.config.validate import check_override_keys
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env import launch_world_size, read
 from lmforge.runtime.rundir import made_by_launch, register_resolvers, remove_refused
@@ -24,7 +30,7 @@ from lmforge.runtime.rundir import made_by_launch, register_resolvers, remove_re
 def run(cfg: DictConfig, run_dir: Optional[Path] = None) -> int:
     """Train ``cfg`` in ``run_dir`` (None: Hydra's run directory, under ``@hydra.main``) through the one start-up
     path (``trainer.startup.train``: validate, the entry checks, the Trainer, the loop, this rank's verdict)."""
-    from lmforge.trainer.startup import train
+    from lmforge.trainer.startup import train  # deferred: imports torch; this module imports without it
 
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
@@ -46,9 +52,6 @@ def check_run_dir_before_hydra(args: Sequence[str]) -> None:
     if any(a in tree_flags or a.startswith(tuple(f + "=" for f in tree_flags)) for a in args):
         return  # another config tree: composing the default one here would be wrong; validate() checks the names
     from omegaconf import OmegaConf
-
-    from lmforge.config.compose import compose
-    from lmforge.config.paths import check_run_names
 
     overrides, config_name, flag = [], "config", None
     for a in args:
@@ -103,9 +106,6 @@ def run_composed_once(overrides: Sequence[str]) -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import env_override
     from hydra.errors import CompactHydraException
-
-    from lmforge.config.compose import composition_error
-    from lmforge.config.paths import check_run_names
 
     with initialize_config_dir(config_dir=str(conf_dir()), job_name="train", version_base="1.3"):
         try:
@@ -165,8 +165,6 @@ def record_run(cfg: DictConfig) -> Tuple[DictConfig, Path]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import hydra
-
-    from lmforge.config.validate import check_override_keys
 
     register_resolvers()
     if argv is not None:

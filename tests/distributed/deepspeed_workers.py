@@ -81,7 +81,9 @@ def task_lls(engine, cache: str, seq_len: int) -> list:
 
     tok = load_tokenizer("embedded", Path(cache))
     engine.eval()
-    runner = TaskRunner([load_task("stdlib_next_line")], tok.encode, tok.eod, seq_len, batch_size=4, limit=4)
+    runner = TaskRunner(
+        [load_task("stdlib_next_line")], tok.encode, eod=tok.eod, seq_len=seq_len, batch_size=4, limit=4
+    )
     _, records = runner.run(engine)
     engine.train()
     return [r["lls"] for r in records["stdlib_next_line"]]

@@ -24,7 +24,7 @@ def eval_layouts(layouts: Dict[str, List[str]], task: str, limit: int) -> Dict[s
         cfg = build_config(overrides)
         engine = build_engine(cfg)
         engine.eval()
-        runner = TaskRunner([loaded], tok.encode, tok.eod, cfg.model.seq_len, batch_size=4, limit=limit)
+        runner = TaskRunner([loaded], tok.encode, eod=tok.eod, seq_len=cfg.model.seq_len, batch_size=4, limit=limit)
         metrics, records = runner.run(engine)
         out[name] = {"metrics": metrics, "lls": [r["lls"] for r in records[loaded.name]]}
         del engine

@@ -173,8 +173,8 @@ def run_case(
     stream = BatchStream(
         data,
         check_batch(cfg),
-        engine.dp_rank,
-        torch.device("cpu"),
+        dp_rank=engine.dp_rank,
+        device=torch.device("cpu"),
         document_masking=cfg.data.document_masking,
         loss_after_eod=cfg.data.loss_after_eod,
     )
@@ -265,7 +265,7 @@ def resume_case(overrides: List[str], samples: List[List[int]], steps: int, chec
     manager = CheckpointManager(Path(checkpoint), CheckpointConfig(), engine)  # the engine reports its state layout
     manager.load(latest(Path(checkpoint)))
     data = FixedSamples(samples)
-    stream = BatchStream(data, check_batch(cfg), engine.dp_rank, torch.device("cpu"))
+    stream = BatchStream(data, check_batch(cfg), dp_rank=engine.dp_rank, device=torch.device("cpu"))
     stream.state.consumed_samples = steps * cfg.train.global_batch_size
     results = [engine.train_step(stream.step_batches(), LR) for _ in range(more)]
     return {

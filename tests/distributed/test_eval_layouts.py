@@ -40,7 +40,7 @@ def single_process(seed=None):
     tok = load_tokenizer("embedded", Path(os.environ["LMFORGE_DATA_CACHE"]))
     loaded = LoadedModel(model.eval(), cfg.model, tok, None)
     task = load_task(TASK)
-    runner = TaskRunner([task], tok.encode, tok.eod, cfg.model.seq_len, batch_size=4, limit=LIMIT)
+    runner = TaskRunner([task], tok.encode, eod=tok.eod, seq_len=cfg.model.seq_len, batch_size=4, limit=LIMIT)
     metrics, records = runner.run_fn(loaded.token_logprobs, torch.device("cpu"))
     return cfg, metrics, [r["lls"] for r in records[task.name]]
 

@@ -1,4 +1,4 @@
-"""A process that builds a run's index cache with ``index_cache.build_for`` (started twice at once by
+"""A process that builds a run's index cache with ``index_build.build_for`` (started twice at once by
 tests/e2e/test_index_build_race.py); prints one JSON line: what it built, how long it waited, what it loaded."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def main(overrides, ready_file: str, go_file: str) -> None:
 
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.data.index_cache import build_for
+    from lmforge.data.index_build import build_for
 
     cfg = validate(compose(overrides))
     Path(ready_file).write_text("ready")

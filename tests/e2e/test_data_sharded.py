@@ -179,7 +179,9 @@ def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its
         cache_dir=str(data_cache),
         valid_fraction=0.25,
     )
-    mix = build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+    mix = build_mixture(
+        cfg, tok, seq_len=64, seed=1234, num_train_samples=4000, num_valid_samples=8, cache_dir=data_cache
+    )
     assert mix.sources == ["books", "many"] and len(mix.train.datasets) == 1 + len(manifest["shards"])
     counts = np.bincount(np.asarray(mix.train.dataset_index), minlength=1 + len(manifest["shards"])) / 4000
     total = manifest["tokens"]
@@ -196,7 +198,9 @@ def test_a_many_shard_source_is_blended_by_tokens_and_a_training_run_reports_its
         match=r"data\.sources\.many\.path.*is a directory, but its preparation has not "
         r"finished \(plan\.json but no complete manifest\.json\)",
     ):
-        build_mixture(cfg, tok, 64, 1234, 4000, 8, data_cache)
+        build_mixture(
+            cfg, tok, seq_len=64, seed=1234, num_train_samples=4000, num_valid_samples=8, cache_dir=data_cache
+        )
 
     # A tiny training run over it reports tokens per source at every logged step.
     cmd = [

@@ -78,7 +78,9 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
 
     loaded = load_checkpoint(checkpoint)
     task = load_task(path)
-    runner = TaskRunner([task], loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len, 8, LIMIT)
+    runner = TaskRunner(
+        [task], loaded.tokenizer.encode, eod=loaded.tokenizer.eod, seq_len=loaded.cfg.seq_len, batch_size=8, limit=LIMIT
+    )
     ours, records = runner.run_fn(loaded.token_logprobs, torch.device("cpu"))
     assert theirs["acc,none"] == ours["eval/stdlib_next_line/acc"]
     assert theirs["acc_norm,none"] == ours["eval/stdlib_next_line/acc_norm"]

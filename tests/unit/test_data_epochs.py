@@ -110,10 +110,28 @@ def test_the_mixture_builder_refuses_before_building_an_index_and_announces_a_re
 
     before = index_files()
     with pytest.raises(ConfigError, match="data.max_epochs"):
-        build_mixture(reference_only(), tok, 64, 1234, 100, 8, data_cache, total_train_samples=10_000)
+        build_mixture(
+            reference_only(),
+            tok,
+            seq_len=64,
+            seed=1234,
+            num_train_samples=100,
+            num_valid_samples=8,
+            cache_dir=data_cache,
+            total_train_samples=10_000,
+        )
     assert index_files() == before
     # Within the limit a repeat is allowed, and announced (console and the mixture's notes), never silent.
-    mix = build_mixture(reference_only(), tok, 64, 1234, 100, 8, data_cache, total_train_samples=3_000)
+    mix = build_mixture(
+        reference_only(),
+        tok,
+        seq_len=64,
+        seed=1234,
+        num_train_samples=100,
+        num_valid_samples=8,
+        cache_dir=data_cache,
+        total_train_samples=3_000,
+    )
     out = capsys.readouterr().out
     line = next(n for n in mix.notes if n.startswith("data: this run repeats its train split: reference "))
     assert line in out and line.endswith("x (data.max_epochs 4 refuses more)"), (line, out)

@@ -58,7 +58,7 @@ def build(prefix, tok, cache, seq_len=64, valid_fraction=0.02, weights=None):
     cfg = data_config(
         cache, weights, {n: str(prefix) for n in weights}, valid_fraction=valid_fraction, tokenizer=tok.source
     )
-    return build_mixture(cfg, tok, seq_len, 1, 256, 8, cache)
+    return build_mixture(cfg, tok, seq_len=seq_len, seed=1, num_train_samples=256, num_valid_samples=8, cache_dir=cache)
 
 
 def test_missing_prefix(tmp_path, tok):

@@ -11,7 +11,7 @@ from data_support import THREE_SOURCES, make_stream, step_records
 
 from lmforge.config.train import TrainConfig
 from lmforge.data.index_cache import sweep_torn
-from lmforge.data.mixture import stream_sizes
+from lmforge.data.stream_size import stream_sizes
 
 SEQ, MICRO, GLOBAL = 64, 16, 64
 
@@ -58,7 +58,7 @@ def test_extending_max_steps_keeps_what_was_seen_and_adds_a_fresh_pass(data_cach
     n, total = stream_sizes(train, GLOBAL * SEQ, GLOBAL, SEQ)
     assert (n, total) == (2048, 2048)
     longer = TrainConfig(max_steps=64, global_batch_size=GLOBAL)
-    assert stream_sizes(longer, GLOBAL * SEQ, GLOBAL, SEQ, {"num_train_samples": n}) == (2048, 4096)
+    assert stream_sizes(longer, GLOBAL * SEQ, GLOBAL, SEQ, prior_state={"num_train_samples": n}) == (2048, 4096)
     planned = TrainConfig(max_steps=64, global_batch_size=GLOBAL, planned_tokens=2048 * SEQ)
     assert stream_sizes(planned, GLOBAL * SEQ, GLOBAL, SEQ) == (2048, 4096)
 
@@ -145,7 +145,7 @@ def test_index_builds_wait_for_the_cache_lock(data_cache, tmp_path):
     """Another job holding index/.build.lock keeps this rank 0 from writing until it lets go."""
     import threading
 
-    from lmforge.data.shards import file_lock
+    from lmforge.data.file_lock import file_lock
 
     shared, cache = data_cache, tmp_path / "cache"
     cache.mkdir()

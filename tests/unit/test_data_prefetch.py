@@ -27,7 +27,7 @@ STEPS = 10
 
 
 def stream_with(base: BatchStream, workers: int, dp_rank: int = 1) -> BatchStream:
-    return BatchStream(base.mixture, base.plan, dp_rank, torch.device("cpu"), num_workers=workers)
+    return BatchStream(base.mixture, base.plan, dp_rank=dp_rank, device=torch.device("cpu"), num_workers=workers)
 
 
 def take(stream: BatchStream, steps: int):

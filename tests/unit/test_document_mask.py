@@ -204,7 +204,9 @@ def test_loader_emits_positions_from_megatron_samples_and_masks_the_loss_after_e
 
     plain = make_stream(data_cache, {"books": 1}, 64, 16, 16, 1, 0, 512)
     mixture, plan = plain.mixture, plain.plan
-    masked = BatchStream(mixture, plan, 0, torch.device("cpu"), document_masking=True, loss_after_eod="mask")
+    masked = BatchStream(
+        mixture, plan, dp_rank=0, device=torch.device("cpu"), document_masking=True, loss_after_eod="mask"
+    )
     eod, found = mixture.tokenizer.eod, 0
     for _ in range(32):  # chapters are ~3.7k tokens on average: a 64-token sample holds an EOD about 1 in 60
         (a,), (b,) = plain.step_batches(), masked.step_batches()

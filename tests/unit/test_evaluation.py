@@ -132,7 +132,7 @@ def test_scoring_equals_direct_forward_with_padding_batching_and_truncation():
         (torch.randint(1, 64, (n,), generator=g).tolist(), torch.randint(1, 64, (k,), generator=g).tolist())
         for n, k in [(1, 1), (5, 3), (14, 2), (30, 4), (3, 16), (2, 20)]
     ]  # the last ones are left-truncated
-    got = score(reqs, fn, 16, batch_size=4, device=torch.device("cpu"))
+    got = score(reqs, fn, seq_len=16, batch_size=4, device=torch.device("cpu"))
     want = [direct_ll(model, c, k) for c, k in reqs]
     assert [round(a, 4) for a, _ in got] == [round(b, 4) for b in want]
     # negative control: scoring one position too early is a different number
@@ -141,7 +141,12 @@ def test_scoring_equals_direct_forward_with_padding_batching_and_truncation():
     ctx = [5, 9, 11]
     with torch.no_grad():
         nxt = int(model(torch.tensor([ctx]))[0, -1].argmax())
-    flags = [f for _, f in score([(ctx, [nxt]), (ctx, [(nxt + 1) % 64])], fn, 16, 4, torch.device("cpu"))]
+    flags = [
+        f
+        for _, f in score(
+            [(ctx, [nxt]), (ctx, [(nxt + 1) % 64])], fn, seq_len=16, batch_size=4, device=torch.device("cpu")
+        )
+    ]
     assert flags == [True, False]
     # rolling windows score every token once, the first given the end-of-document token
     toks = list(range(1, 40))

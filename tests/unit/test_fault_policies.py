@@ -42,17 +42,17 @@ def test_retry_budget_requeues_preemptions_and_limits_failures(tmp_path, monkeyp
     run = tmp_path / "run"
     assert record(run, 0, signalled=True, max_failures=2).kind == "preempted"
     assert record(run, 42, signalled=False, max_failures=2).action == "requeue"
-    assert record(run, 1, False, 2).reason == "exit 1: retry 1 of 2"
-    assert record(run, 43, False, 2).action == "requeue"
-    stop = record(run, 1, False, 2)
+    assert record(run, 1, signalled=False, max_failures=2).reason == "exit 1: retry 1 of 2"
+    assert record(run, 43, signalled=False, max_failures=2).action == "requeue"
+    stop = record(run, 1, signalled=False, max_failures=2)
     assert stop.action == "stop" and "retry budget exhausted (2 of 2 retries used)" in stop.reason
-    assert record(run, 45, False, 2).kind == "diverged"
+    assert record(run, 45, signalled=False, max_failures=2).kind == "diverged"
     state = load_state(run)
     assert state["preemptions"] == 2 and state["failures"] == 2
     kinds = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert kinds == ["requeue", "requeue", "requeue", "requeue", "retry_stop", "retry_stop"]
     (run / "DONE").write_text("{}")
-    assert record(run, 0, False, 2).action == "done"
+    assert record(run, 0, signalled=False, max_failures=2).action == "done"
 
 
 def test_watchdog_fires_after_timeout_dumps_stacks_and_exits_43(tmp_path):

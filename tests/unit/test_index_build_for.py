@@ -1,4 +1,4 @@
-"""``index_cache.build_for``: a run's megatron-core indices built before any process group, under the cache
+"""``index_build.build_for``: a run's megatron-core indices built before any process group, under the cache
 lock. Two processes race on a fresh index directory: exactly one builds, the other waits on the lock (no
 shared process group, so no collective timeout) and loads the same files; both read identical samples."""
 
@@ -16,7 +16,7 @@ def test_build_for_refuses_inside_a_process_group(tmp_path, data_cache):
 
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
-    from lmforge.data.index_cache import build_for
+    from lmforge.data.index_build import build_for
 
     cfg = validate(compose(["model=tiny", f"data.cache_dir={data_cache}", f"run.root={tmp_path}"]))
     # Other data tests in this process may already hold one (tests/data_support.py ensure_world); then use it.

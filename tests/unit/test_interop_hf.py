@@ -26,9 +26,9 @@ from lmforge.checkpoint.weights import (
 from lmforge.config.checkpoint import CheckpointConfig  # noqa: E402
 from lmforge.config.errors import ConfigError  # noqa: E402
 from lmforge.config.model import ModelConfig, MoEConfig  # noqa: E402
+from lmforge.interop.errors import InteropError  # noqa: E402
 from lmforge.interop.export import export_hf  # noqa: E402
 from lmforge.interop.importer import import_hf  # noqa: E402
-from lmforge.interop.mapping import InteropError  # noqa: E402
 from lmforge.model.gpt import GPT  # noqa: E402
 from lmforge.model.moe import is_moe_layer  # noqa: E402
 

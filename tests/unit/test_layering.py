@@ -290,3 +290,237 @@ def test_wrapping_rule_flags_wrappers():
         ),
     )
     assert flagged == [1, 2, 3, 4, 5, 6, 7], flagged
+
+
+# ---- the import graph: no cycles, lazy imports included ------------------------------------------------------
+# Every import of an lmforge module counts, wherever it stands (module level, inside a function, under
+# TYPE_CHECKING): a cycle hidden by a function-level import is still a cycle. ``from lmforge.p import m`` names the
+# submodule ``lmforge.p.m`` when there is one, else the package ``lmforge.p`` (its ``__init__``).
+
+
+def module_of(path: Path) -> str:
+    name = ".".join(path.relative_to(PKG.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def imported_modules(tree: ast.AST, known: set) -> set:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            }
+    return {m for m in out if m in known}
+
+
+def import_graph(trees: dict) -> dict:
+    """{module: the lmforge modules it imports} for ``trees`` ({module name: parsed source})."""
+    known = set(trees)
+    return {name: imported_modules(tree, known) - {name} for name, tree in trees.items()}
+
+
+def import_cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module, each sorted (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def source_trees() -> dict:
+    return {module_of(p): ast.parse(p.read_text()) for p in sources()}
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(import_graph(source_trees()))
+    assert not cycles, "import cycles (move the shared piece into a module below both):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_cycle_rule_finds_a_cycle_hidden_by_a_function_level_import():
+    planted = {
+        "lmforge.data.a": "from lmforge.data.b import f\n",
+        "lmforge.data.b": "def f():\n    from lmforge.data import c\n    return c\n",
+        "lmforge.data.c": "import lmforge.data.a\n",
+        "lmforge.model.d": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lmforge.model.e import E\n",
+        "lmforge.model.e": "class E:\n    def m(self):\n        from lmforge.model.d import X\n",
+        "lmforge.model.f": "from lmforge.model.e import E\n",
+        "lmforge.data": "",
+    }
+    graph = import_graph({name: ast.parse(src) for name, src in planted.items()})
+    assert import_cycles(graph) == [
+        ["lmforge.data.a", "lmforge.data.b", "lmforge.data.c"],
+        ["lmforge.model.d", "lmforge.model.e"],
+    ]
+    # across packages, and through the real tree: a copy of the sources with one planted back edge
+    trees = source_trees()
+    planted_tree = trees["lmforge.runtime.env"]
+    planted_tree.body.append(ast.parse("def planted():\n    from lmforge.cli import main\n").body[0])
+    cycles = import_cycles(import_graph(trees))
+    assert any("lmforge.runtime.env" in c and "lmforge.cli" in c for c in cycles), cycles
+
+
+# ---- function-level imports of lmforge modules say why they are deferred ------------------------------------
+# A function-level import of an lmforge module is allowed only where it keeps a heavy optional dependency
+# (torch, hydra, megatron, deepspeed, transformers, lm_eval, wandb, matplotlib, ...) out of a path that must stay
+# light (``lmforge --help``, importing lmforge.data without torch, ...). It carries the reason on its line or on a
+# comment line right above it: ``# deferred: <reason>``. Everything else is imported at module level.
+DEFERRED = "# deferred:"
+
+
+def unexplained_function_imports(source: str) -> list:
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    up = parents(tree)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        if not any(n == "lmforge" or n.startswith("lmforge.") for n in names):
+            continue
+        scope = up.get(node)
+        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            scope = up.get(scope)
+        if scope is None:
+            continue  # module level (TYPE_CHECKING blocks included)
+        own = lines[node.lineno - 1 : node.end_lineno]
+        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+
+        def reason(text: str) -> str:
+            return text.split(DEFERRED, 1)[1].strip() if DEFERRED in text else ""
+
+        if not (any(reason(line) for line in own) or (above.startswith("#") and reason(above))):
+            bad.append(f"{node.lineno}: {ast.unparse(node)}")
+    return sorted(bad, key=lambda f: int(f.split(":")[0]))
+
+
+def test_function_level_imports_say_why():
+    bad = [f"{p.relative_to(PKG)}:{f}" for p in sources() for f in unexplained_function_imports(p.read_text())]
+    assert not bad, (
+        "function-level imports of lmforge modules without a '# deferred: <reason>' comment (import at module "
+        "level, or say which heavy dependency the import keeps off the light path):\n" + "\n".join(bad)
+    )
+
+
+def test_function_import_rule_flags_unexplained_imports():
+    source = (
+        "from lmforge.config import ConfigError\n"  # 1 module level: fine
+        "def f():\n"
+        "    from lmforge.data.shards import read_index\n"  # 3 flagged
+        "    import lmforge.model.gpt  # deferred: imports torch\n"  # 4 fine
+        "    # deferred: megatron-core takes seconds to import\n"
+        "    from lmforge.data.mixture import build_mixture\n"  # 6 fine
+        "    from lmforge.data.loader import (  # deferred:\n"  # 7 flagged: no reason given
+        "        BatchStream,\n"
+        "    )\n"
+        "    import json\n"  # 10 not lmforge: fine
+        "class C:\n"
+        "    def m(self):\n"
+        "        from lmforge.runtime.dist import rank  # the rank\n"  # 13 flagged: not a deferral reason
+        "        return lambda: __import__('x')\n"
+    )
+    assert [int(f.split(":")[0]) for f in unexplained_function_imports(source)] == [3, 7, 13]
+
+
+# ---- keyword-only arguments at package seams ------------------------------------------------------------------
+# A public function defined in one lmforge package and imported by name by a module of another package (or a public
+# class imported so: its __init__ and public methods) takes at most four parameters positionally (self/cls not
+# counted); the rest are keyword-only (``def build_mixture(cfg, tokenizer, *, seq_len, ...)``). ``forward`` is
+# exempt: torch calls it through ``Module.__call__`` (hooks and pipeline schedules pass its inputs positionally).
+MAX_POSITIONAL = 4
+
+
+def positional_count(fn: ast.AST) -> int:
+    params = fn.args.posonlyargs + fn.args.args
+    return len(params) - (1 if params and params[0].arg in ("self", "cls") else 0)
+
+
+def seam_functions(trees: dict) -> list:
+    """Functions called across packages with more than MAX_POSITIONAL positional parameters: "module.qualname"."""
+    public = {}  # (module, imported name) -> [(qualname, function node)]
+    for name, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                public[(name, node.name)] = [(node.name, node)]
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                public[(name, node.name)] = [
+                    (f"{node.name}.{m.name}", m)
+                    for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and (m.name == "__init__" or not m.name.startswith("_"))
+                    and m.name != "forward"
+                ]
+    bad = set()
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module in trees):
+                continue
+            if layer_of(node.module) == layer_of(name):
+                continue
+            for alias in node.names:
+                for qualname, fn in public.get((node.module, alias.name), []):
+                    if positional_count(fn) > MAX_POSITIONAL:
+                        bad.add(f"{node.module}.{qualname} ({positional_count(fn)} positional, imported by {name})")
+    return sorted(bad)
+
+
+def test_functions_called_across_packages_take_keyword_arguments():
+    bad = seam_functions(source_trees())
+    assert not bad, (
+        f"make the parameters after the first {MAX_POSITIONAL} or fewer keyword-only (add *):\n" + "\n".join(bad)
+    )
+
+
+def test_seam_rule_flags_positional_signatures():
+    planted = {
+        "lmforge.data.m": (
+            "def wide(a, b, c, d, e): ...\n"  # imported by another package: flagged
+            "def narrow(a, b, *, c, d, e): ...\n"
+            "def local_only(a, b, c, d, e): ...\n"  # used inside data only
+            "class Stream:\n"
+            "    def __init__(self, a, b, c, d, e): ...\n"  # flagged (self not counted)
+            "    def forward(self, a, b, c, d, e): ...\n"  # exempt
+            "    def take(self, a, b, c, d): ...\n"
+        ),
+        "lmforge.data.n": "from lmforge.data.m import local_only\n",
+        "lmforge.trainer.t": "def f():\n    from lmforge.data.m import wide, narrow, Stream\n",
+    }
+    found = seam_functions({name: ast.parse(src) for name, src in planted.items()})
+    assert [f.split(" ")[0] for f in found] == ["lmforge.data.m.Stream.__init__", "lmforge.data.m.wide"], found

@@ -15,8 +15,9 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig, MoEConfig
 from lmforge.config.moe_checks import check_moe
 from lmforge.config.schema import RootConfig
+from lmforge.model.feed_forward import FeedForward
 from lmforge.model.flops import flops_per_token
-from lmforge.model.gpt import GPT, FeedForward, cross_entropy_loss, num_parameters, param_count_from_config
+from lmforge.model.gpt import GPT, cross_entropy_loss, num_parameters, param_count_from_config
 from lmforge.model.moe import MoECollector, MoEFeedForward
 
 
@@ -235,7 +236,8 @@ def test_shared_feed_forward_width():
 def test_hf_export_picks_the_exact_moe_class_or_refuses_in_one_line():
     """Mixtral for every-layer renormalised top-k without shared experts, Qwen2-MoE otherwise (interop/moe_mapping.py,
     logits checked in tests/unit/test_interop_hf.py); sigmoid gating maps to neither and is refused."""
-    from lmforge.interop.mapping import InteropError, family_for
+    from lmforge.interop.errors import InteropError
+    from lmforge.interop.mapping import family_for
 
     assert family_for(cfg_of()).architecture == "MixtralForCausalLM"
     assert family_for(cfg_of(shared_experts=1)).architecture == "Qwen2MoeForCausalLM"

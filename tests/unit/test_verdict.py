@@ -86,12 +86,14 @@ def test_retry_stops_on_a_deterministic_verdict_and_retries_a_crash(tmp_path, mo
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     run = tmp_path / "run"
     V.write(run, V.Verdict(V.VerdictKind.CRASH, 0, 4, "RuntimeError: x", 1))
-    assert record(run, 1, False, 2).action == "requeue"  # negative control: retryable
+    assert record(run, 1, signalled=False, max_failures=2).action == "requeue"  # negative control: retryable
     V.write(run, V.Verdict(V.VerdictKind.DIVERGED, 1, 9, "training diverged", 45))
-    d = record(run, 1, False, 2)  # torchrun's exit 1: the verdict, not the code, decides
+    d = record(run, 1, signalled=False, max_failures=2)  # torchrun's exit 1: the verdict, not the code, decides
     assert (d.action, d.kind, d.exit_code) == ("stop", "diverged", 45)
     assert d.reason.startswith("diverged on rank 1 at step 9 (exit 45): training diverged; not retried")
     state = json.loads((run / "requeues.json").read_text())
     assert state["failures"] == 1 and [v["kind"] for v in state["history"][-1]["verdicts"]] == ["crash", "diverged"]
     V.archive(run)
-    assert record(run, 2, False, 2).action == "stop"  # exit 2 without a verdict: bad input, never retried
+    assert (
+        record(run, 2, signalled=False, max_failures=2).action == "stop"
+    )  # exit 2 without a verdict: bad input, never retried

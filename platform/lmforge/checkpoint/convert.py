@@ -32,7 +32,7 @@ from torch import nn
 
 from lmforge.checkpoint import deepspeed_io
 from lmforge.checkpoint.commit import commit, make_dir
-from lmforge.checkpoint.layout import SIDECAR, step_dir, tmp_dir
+from lmforge.checkpoint.layout import COMPLETE, SIDECAR, latest, step_dir, tmp_dir
 from lmforge.checkpoint.safe_io import UnsafeCheckpointError, load_dcp, read_json, tensor_metadata, weights_only_loads
 from lmforge.config.model import ModelConfig
 from lmforge.model.gpt import GPT
@@ -134,7 +134,6 @@ def main(argv, build_optimizer_for: Callable[[nn.Module, dict], torch.optim.Opti
     )
     ap.add_argument("--to", choices=("native",), required=True)
     args = ap.parse_args(list(argv))
-    from lmforge.checkpoint.layout import COMPLETE, latest
 
     src = args.src if (args.src / COMPLETE).exists() else latest(args.src)
     if src is None:

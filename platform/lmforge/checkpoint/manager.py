@@ -254,6 +254,7 @@ class CheckpointManager:
         path: Path,
         model: Optional[torch.nn.Module] = None,
         optimizer: Optional[torch.optim.Optimizer] = None,
+        *,
         restore_rng: bool = True,
         sidecar: Optional[dict] = None,
     ) -> dict:

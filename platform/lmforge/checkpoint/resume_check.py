@@ -107,6 +107,7 @@ def check_resume_fits(path: Path, model: ModelConfig, tokenizer_identity: dict) 
 
 
 def _check_shard_files(path: Path) -> None:
+    # deferred: imports torch; this module imports without it
     from lmforge.checkpoint.safe_io import SafeFileSystemReader
 
     if not (path / ".metadata").is_file():

@@ -30,7 +30,10 @@ from lmforge.checkpoint.safe_io import (
     read_json,  # noqa: F401
     read_metadata_safely,
 )
+from lmforge.config.errors import ConfigError
 from lmforge.config.model import ModelConfig
+from lmforge.model.feed_forward import ffn_hidden_dim
+from lmforge.model.gpt import GPT, kv_heads
 
 MODEL_PREFIX = "model."
 
@@ -112,8 +115,6 @@ def check_names_and_shapes(ckpt: Path, expected: Dict[str, Tuple[int, ...]]) -> 
 
 
 def _build_meta_model(cfg: ModelConfig) -> torch.nn.Module:
-    from lmforge.model.gpt import GPT
-
     with torch.device("meta"):
         return GPT(cfg)
 
@@ -140,8 +141,6 @@ SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_f
 
 
 def _shape_facts(cfg: ModelConfig) -> Dict[str, Any]:
-    from lmforge.model.gpt import ffn_hidden_dim, kv_heads
-
     facts = {k: getattr(cfg, k) for k in SHAPE_KEYS}
     facts["n_kv_heads"] = kv_heads(cfg)
     facts["d_ff"] = ffn_hidden_dim(cfg)
@@ -155,8 +154,6 @@ def load_model_weights(path: Path, model: torch.nn.Module, cfg: ModelConfig, key
     reported by key before any tensor is read.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-
-    from lmforge.config.errors import ConfigError
 
     try:
         ckpt = resolve_checkpoint(Path(path))

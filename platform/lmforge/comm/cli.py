@@ -27,7 +27,7 @@ WORLD_OF_ONE = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    from lmforge.comm.bench import OPS
+    from lmforge.comm.bench import OPS  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
 
     p = argparse.ArgumentParser(prog="lmforge comm bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
@@ -54,11 +54,22 @@ def bench_main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     from omegaconf import OmegaConf
 
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.comm.bench import OPS, parse_size, run_bench, size_sweep
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.comm.process_group import destroy_process_group, init_process_group
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.comm import CommConfig
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.comm_checks import check_comm
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.compose import compose
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.runtime.hardware import select_device
 
     try:

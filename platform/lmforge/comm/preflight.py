@@ -23,7 +23,7 @@ class PreflightFailed(RuntimeError):
 
 
 def run_preflight(
-    cfg: CommConfig, device: torch.device, paths: RunPaths, logger: Any, step: int = 0
+    cfg: CommConfig, device: torch.device, *, paths: RunPaths, logger: Any, step: int = 0
 ) -> Optional[BenchResult]:
     if not cfg.preflight:
         return None

@@ -19,7 +19,7 @@ from typing import Any, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 
-from lmforge.comm.overlap import OverlapStats, aggregate, analyze_trace
+from lmforge.comm.overlap import KindStats, OverlapStats, aggregate, analyze_trace
 from lmforge.comm.wandb_tables import log_overlap, wandb_run_of
 from lmforge.runtime.file_modes import make_dir, set_file
 
@@ -72,8 +72,6 @@ class OverlapProbe:
 
 
 def _from_json(data: dict) -> OverlapStats:
-    from lmforge.comm.overlap import KindStats
-
     data = dict(data)
     kinds = {k: KindStats(**v) for k, v in data.pop("per_kind").items()}
     return OverlapStats(per_kind=kinds, **data)

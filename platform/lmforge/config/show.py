@@ -20,9 +20,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 
 from lmforge.config.choices import closest
+from lmforge.config.compose import compose, conf_dir
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.config.keys import catalogue, pattern_of, sections
-from lmforge.config.presets import COMMAND_LINE, leaves, lookup, preset_layers, source_of
+from lmforge.config.presets import COMMAND_LINE, exp_choices, leaves, load, lookup, preset_layers, source_of
 
 USAGE = "usage: lmforge config show [KEY|GROUP] [+exp=NAME] [group=preset] [key=value ...]"
 
@@ -82,8 +83,6 @@ def selected(values: Mapping[str, Any], selection: Optional[str]) -> List[str]:
 
 def group_lines(conf, group: str, choices: Mapping[str, Any], overrides: Sequence[str]) -> List[str]:
     """The header of a config group: its preset, its presets, where the choice came from."""
-    from lmforge.config.presets import exp_choices, load
-
     presets = sorted(p.stem for p in (conf / group).glob("*.yaml"))
     exp = choices.get("exp")
     if any(o.lstrip("+").split("=", 1)[0] == group for o in overrides):
@@ -126,8 +125,6 @@ def key_lines(key: str, value: Any, raw: Any, layers) -> List[str]:
 
 def render(argv: Sequence[str]) -> List[str]:
     """The lines ``lmforge config show`` prints; raises ConfigError for an unknown key or a bad override."""
-    from lmforge.config.compose import compose, conf_dir
-
     selection, overrides = split_args(argv)
     cfg = compose(overrides, return_hydra_config=True)
     choices: Dict[str, Any] = OmegaConf.to_container(cfg.hydra.runtime.choices)

@@ -18,7 +18,10 @@ Run `lmforge data COMMAND --help` for the options of each."""
 
 
 def train_tokenizer_main(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.data.prepare import iter_inputs
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.data.tokenizer import train_bpe
 
     ap = argparse.ArgumentParser(prog="lmforge data train-tokenizer")
@@ -39,6 +42,7 @@ def train_tokenizer_main(argv: Sequence[str]) -> int:
 
 
 def export_tiktoken_main(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.data.tokenizer import export_tiktoken
 
     ap = argparse.ArgumentParser(prog="lmforge data export-tiktoken")
@@ -55,6 +59,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     sub, rest = argv[0], list(argv[1:])
     if sub == "prepare":
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.data.prepare import main as prepare_main
 
         return prepare_main(rest)
@@ -63,6 +68,7 @@ def main(argv: Sequence[str]) -> int:
     if sub == "export-tiktoken":
         return export_tiktoken_main(rest)
     if sub == "debian":
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.data.debian import main as debian_main
 
         return debian_main(rest)

@@ -27,6 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence
 
+from lmforge.data.tokenizer import load_tokenizer
 from lmforge.runtime.env import read
 
 PACKAGES: Dict[str, str] = {"kjv": "sword-text-kjv", "fortunes": "fortunes"}
@@ -102,8 +103,7 @@ def write_jsonl(docs: Iterator[str], path: Path) -> int:
 
 
 def build(out: Path, names: Sequence[str], tokenizer_spec: str, cache_dir: Path, workers: int) -> List[dict]:
-    from lmforge.data.prepare import prepare
-    from lmforge.data.tokenizer import load_tokenizer
+    from lmforge.data.prepare import prepare  # deferred: imports numpy; this module imports without it
 
     tok = load_tokenizer(tokenizer_spec, cache_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,11 @@ import numpy as np
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
 from lmforge.data.checks import normalise_weights, split_bounds, split_string
+from lmforge.data.embedded import VERSION
 from lmforge.data.shards import ShardFormatError, read_index
+from lmforge.data.sources import default_cache_dir, resolve_source
+from lmforge.data.stream_size import stream_sizes
+from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer
 
 if TYPE_CHECKING:
     from lmforge.data.tokenizer import Tokenizer
@@ -57,7 +61,6 @@ TokenizerSource = Optional[Callable[[], "Tokenizer"]]
 def _tokenizer_of(cfg: DataConfig, cache_dir: Path, tokenizer: TokenizerSource):
     if tokenizer is not None:
         return tokenizer()
-    from lmforge.data.tokenizer import load_tokenizer
 
     return load_tokenizer(cfg.tokenizer, cache_dir)
 
@@ -71,8 +74,6 @@ def known_prefix(
         return Path(path).expanduser() if path else None
     if cfg.tokenizer != "embedded":
         return None  # the fingerprint of another tokenizer needs it loaded; the trainer checks after preparing
-    from lmforge.data.embedded import VERSION
-    from lmforge.data.tokenizer import embedded_tokenizer_path
 
     if not embedded_tokenizer_path(cache_dir).exists():
         return None
@@ -135,8 +136,7 @@ def check_epochs(
 
 def run_planned_tokens(cfg) -> int:
     """Tokens a fresh launch of ``cfg`` (a RootConfig) will read: its data index size or its steps, the larger."""
-    from lmforge.config.validate import check_batch
-    from lmforge.data.mixture import stream_sizes
+    from lmforge.config.validate import check_batch  # deferred: imports omegaconf; this module imports without it
 
     plan = check_batch(cfg)
     _, total = stream_sizes(cfg.train, plan.tokens_per_step, plan.global_batch_size, cfg.model.seq_len)
@@ -148,8 +148,6 @@ def prepare_embedded(
 ) -> Dict[str, Tuple[Path, int]]:
     """Prepare the tokenizer and the embedded corpora of ``cfg`` (each once, under its lock, as the mixture
     builder would next); {source: (shard prefix, train split tokens)} of the embedded sources."""
-    from lmforge.data.mixture import resolve_source
-
     embedded = {n: s.path for n, s in cfg.sources.items() if s.path.startswith("embedded:")}
     if not embedded:
         return {}
@@ -167,8 +165,6 @@ def check_run(cfg, prepare: bool = False, tokenizer: TokenizerSource = None) -> 
     sources whose shards exist already, nothing written. ``prepare=True`` (``lmforge.train``, before its process
     group): the embedded corpora are prepared first, so a fresh cache is checked as fully as a warm one.
     ``tokenizer``: how to get this run's tokenizer if it is needed (``trainer.entry_checks`` passes its one load)."""
-    from lmforge.data.mixture import default_cache_dir
-
     cache = default_cache_dir(cfg.data, cfg.run.root)
     known = prepare_embedded(cfg.data, cache, tokenizer) if prepare else None
     return check_epochs(cfg.data, run_planned_tokens(cfg), cache, known, tokenizer)

@@ -69,6 +69,7 @@ class BatchStream:
         self,
         mixture: Mixture,
         plan: BatchPlan,
+        *,
         dp_rank: int,
         device: torch.device,
         num_workers: int = 0,
@@ -197,7 +198,7 @@ class BatchStream:
             raise ValueError(
                 f"the checkpoint's data index was built for {saved_n} samples, this mixture for "
                 f"{self.mixture.num_train_samples}: the stream would differ. Fix: build the mixture with "
-                "mixture.stream_sizes(..., prior_state=<checkpoint data state>) (the trainer does)"
+                "stream_size.stream_sizes(..., prior_state=<checkpoint data state>) (the trainer does)"
             )
         saved_mix = state.get("mixture")
         if saved_mix is not None and saved_mix != self.mixture.signature():

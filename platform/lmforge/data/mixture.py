@@ -25,15 +25,12 @@ import numpy as np
 
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
-from lmforge.config.train import TrainConfig
 from lmforge.data import index_cache
 from lmforge.data.checks import check_shard, check_splits, normalise_weights, split_string
 from lmforge.data.epochs import check_epochs
 from lmforge.data.megatron_import import quiet_megatron_import
-from lmforge.data.prepare import prepare
-from lmforge.data.shards import first_use_notice, read_meta
+from lmforge.data.sources import resolve_source, source_shards
 from lmforge.data.tokenizer import Tokenizer
-from lmforge.runtime.env import read
 
 
 class MegatronTokenizerAdapter:
@@ -113,66 +110,10 @@ class Mixture:
         }
 
 
-def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:
-    """(prefix, tokens) of each shard when ``path`` is a directory prepared with --shard-size; else None."""
-    from lmforge.data.sharded import MANIFEST, PLAN, read_manifest
-
-    if not path.is_dir():
-        return None
-    manifest = read_manifest(path)
-    if manifest is None:
-        why = (
-            "its preparation has not finished (plan.json but no complete manifest.json)"
-            if (path / PLAN).exists()
-            else f"it holds no {MANIFEST}"
-        )
-        raise ConfigError(
-            f"data.sources.{name}.path",
-            f"{path} is a directory, but {why}",
-            f"finish it (`lmforge data prepare ... --out {path} --shard-size N` again, or --finalize), "
-            "or give a shard prefix",
-        )
-    return [(path / s["name"], int(s["tokens"])) for s in manifest["shards"]]
-
-
-def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, workers: int = 1) -> Path:
-    """Embedded corpora are prepared on first use (once, under a lock); other paths are shard prefixes or
-    directories of shards with a manifest (see :func:`source_shards`)."""
-    if path.startswith("embedded:"):
-        corpus = path.split(":", 1)[1]
-        from lmforge.data.embedded import SOURCES, VERSION
-
-        if corpus not in SOURCES:
-            raise ConfigError(
-                f"data.sources.{name}.path",
-                f"unknown embedded corpus '{corpus}'",
-                f"use one of {', '.join('embedded:' + s for s in SOURCES)} or a shard prefix",
-            )
-        prefix = cache_dir / "shards" / f"embedded-{corpus}-v{VERSION}-{tokenizer.fingerprint}"
-        if read_meta(prefix) is None:
-            first_use_notice(f"tokenizing the embedded corpus {corpus}", Path(f"{prefix}.bin"))
-        prepare([path], prefix, tokenizer, source=path, workers=workers)
-        return prefix
-    if not path:
-        raise ConfigError(f"data.sources.{name}.path", "is empty", "give a shard prefix or embedded:NAME")
-    return Path(path).expanduser()
-
-
-def stream_sizes(
-    train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int, prior_state: Optional[dict] = None
-) -> Tuple[int, int]:
-    """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens."""
-    if prior_state and prior_state.get("num_train_samples"):
-        n = int(prior_state["num_train_samples"])
-    else:
-        planned = train.planned_tokens or train.max_steps * tokens_per_step
-        n = max(1, math.ceil(planned / seq_len))
-    return n, max(n, train.max_steps * global_batch)
-
-
 def build_mixture(
     cfg: DataConfig,
     tokenizer: Tokenizer,
+    *,
     seq_len: int,
     seed: int,
     num_train_samples: int,
@@ -183,13 +124,13 @@ def build_mixture(
 ) -> Mixture:
     """Check every source, then build (or load from the cache) the train passes and per-source valid sets.
 
-    ``guard=False``: the caller holds the index lock already (``index_cache.build_for``)."""
+    ``guard=False``: the caller holds the index lock already (``index_build.build_for``)."""
     logging.getLogger("megatron").setLevel(logging.WARNING)
     if not cfg.sources:
         raise ConfigError("data.sources", "no data sources", "pick a data preset (data=default) or add sources")
     names, weights, note = normalise_weights({n: cfg.sources[n].weight for n in cfg.sources})
     notes = [note] if note else []
-    from lmforge.runtime.dist import rank  # here: importing lmforge.data does not import torch
+    from lmforge.runtime.dist import rank  # deferred: runtime.dist imports torch; importing lmforge.data does not
 
     if note and rank() == 0:
         print(note, flush=True)
@@ -286,12 +227,3 @@ def build_mixture(
         notes,
         blend_source if len(prefixes) != len(names) else [],
     )
-
-
-def default_cache_dir(cfg: DataConfig, run_root: str) -> Path:
-    if cfg.cache_dir:
-        return Path(cfg.cache_dir).expanduser().absolute()
-    env = read("LMFORGE_DATA_CACHE")
-    if env:
-        return Path(env).absolute()
-    return Path(run_root).expanduser().absolute().parent / ".cache" / "lmforge-data"

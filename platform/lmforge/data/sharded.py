@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from lmforge.data.file_lock import file_lock
 from lmforge.data.formats import ReadReport, file_format, input_bytes, iter_file, list_files
-from lmforge.data.shards import ShardFormatError, ensure_shard, file_lock, meta_path, read_index, write_shard
+from lmforge.data.shards import ShardFormatError, ensure_shard, meta_path, read_index, write_shard
+from lmforge.data.tokenize_pool import tokenize_docs, worker_pool
 from lmforge.data.tokenizer import Tokenizer
 
 PLAN = "plan.json"
@@ -218,8 +220,6 @@ def build_shards(
     progress: bool = False,
 ) -> Dict[str, str]:
     """Build this task's groups that are not finished yet; returns group name -> "built" | "done before"."""
-    from lmforge.data.prepare import worker_pool
-
     if not 0 <= task_index < num_tasks:
         raise ValueError(f"task index {task_index} is outside 0..{num_tasks - 1}")
     mine = [s for i, s in enumerate(plan["shards"]) if i % num_tasks == task_index]
@@ -235,8 +235,6 @@ def _read_group(
     plan: dict, group: dict, tokenizer: Tokenizer, workers: int, progress: bool, pool, skip_documents: int = 0
 ):
     """(token ids of the group's documents after the first ``skip_documents``, read report, stats, inputs)."""
-    from lmforge.data.prepare import tokenize_docs
-
     inputs = [{**f, "sha256": file_sha256(Path(f["path"]))} for f in group["files"]]
     report = ReadReport()
     stats: dict = {}

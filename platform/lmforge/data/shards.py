@@ -11,22 +11,19 @@ int64 document indices[D]. :func:`read_index` parses it without megatron so a ba
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import struct
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
+from lmforge.data.file_lock import file_lock
 from lmforge.data.megatron_import import quiet_megatron_import
 from lmforge.data.tokenizer import Tokenizer
-from lmforge.runtime.env import launch_rank
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 HEADER_BYTES = len(INDEX_MAGIC) + 8 + 1 + 8 + 8
@@ -50,25 +47,6 @@ def meta_path(prefix: Path) -> Path:
 def token_dtype(vocab_size: int) -> type:
     """uint16 when every id fits (vocab <= 65536), else int32."""
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-
-
-def first_use_notice(what: str, where: Path) -> None:
-    """One line on stderr, from rank 0 only, before a cached data file is built on first use (the build takes
-    seconds to minutes and prints nothing else): what is built and where it is cached for later runs."""
-    if launch_rank() == 0:
-        print(f"lmforge: {what} (first use; cached for later runs in {where})", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (works across processes and, on NFSv4/Lustre with flock, nodes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @dataclass

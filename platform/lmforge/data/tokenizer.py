@@ -37,6 +37,9 @@ from lmforge.config.tokenizer_files import (
     tiktoken_file_of,
     vocab_size_of,
 )
+from lmforge.data.embedded import SOURCES, VERSION, iter_documents
+from lmforge.data.file_lock import file_lock
+from lmforge.data.notices import first_use_notice
 
 __all__ = [
     "EMBEDDED_VOCAB",
@@ -181,16 +184,11 @@ def export_tiktoken(tokenizer_json: Path, out_path: Path) -> Path:
 
 
 def embedded_tokenizer_path(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
-    from lmforge.data.embedded import VERSION
-
     return cache_dir / "tokenizers" / f"embedded-bpe-{vocab_size}-v{VERSION}.json"
 
 
 def build_embedded_tokenizer(cache_dir: Path, vocab_size: int = EMBEDDED_VOCAB) -> Path:
     """Train (once, cached, under a lock) a BPE on a fixed sample of the embedded corpora."""
-    from lmforge.data.embedded import SOURCES, iter_documents
-    from lmforge.data.shards import file_lock, first_use_notice
-
     path = embedded_tokenizer_path(cache_dir, vocab_size)
     if path.exists():
         return path

@@ -15,8 +15,9 @@ import torch
 
 from lmforge.checkpoint.weights import WeightsError, load_full_model_state, read_sidecar, resolve_checkpoint
 from lmforge.config.data import DataConfig
+from lmforge.config.errors import ActionableError
 from lmforge.config.model import ModelConfig
-from lmforge.data.mixture import default_cache_dir
+from lmforge.data.sources import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.model.gpt import GPT
 from lmforge.model.logprobs import target_logprobs
@@ -89,12 +90,17 @@ def score_checkpoint(
     path: Path, specs: List[str], limit: int = 0, batch_size: int = 16, control_seed: Optional[int] = None
 ) -> dict:
     """``eval/<task>/*`` of a checkpoint (and, with ``control_seed``, of the same shape freshly initialised)."""
-    from lmforge.evaluation.runner import TaskRunner
-    from lmforge.evaluation.tasks import load_tasks
+    from lmforge.evaluation.runner import TaskRunner  # deferred: imports yaml; this module imports without it
+    from lmforge.evaluation.tasks import load_tasks  # deferred: imports yaml; this module imports without it
 
     loaded = load_checkpoint(path)
     runner = TaskRunner(
-        load_tasks(specs), loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len, batch_size, limit
+        load_tasks(specs),
+        loaded.tokenizer.encode,
+        eod=loaded.tokenizer.eod,
+        seq_len=loaded.cfg.seq_len,
+        batch_size=batch_size,
+        limit=limit,
     )
     out = {
         "checkpoint": str(loaded.checkpoint),
@@ -111,8 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import argparse
     import json
 
-    from lmforge.config.errors import ActionableError
-    from lmforge.evaluation.tasks import shipped_task_names
+    from lmforge.evaluation.tasks import shipped_task_names  # deferred: imports yaml; this module imports without it
 
     p = argparse.ArgumentParser(prog="python -m lmforge.evaluation.offline", description=main.__doc__)
     p.add_argument("path")

@@ -19,6 +19,7 @@ class TaskRunner:
         self,
         tasks: Sequence[Task],
         encode: Callable[[str], List[int]],
+        *,
         eod: int,
         seq_len: int,
         batch_size: int,
@@ -41,7 +42,7 @@ class TaskRunner:
         metrics: Dict[str, float] = {}
         records: Dict[str, List[Dict[str, Any]]] = {}
         for task, per_doc, toks in zip(self.tasks, self.requests, self.token_requests):
-            scores = score(toks, logprob_fn, self.seq_len, self.batch_size, device, dp)
+            scores = score(toks, logprob_fn, seq_len=self.seq_len, batch_size=self.batch_size, device=device, dp=dp)
             values, records[task.name] = task_metrics(task, per_doc, scores, self.limit)
             metrics.update({f"eval/{task.name}/{k}": v for k, v in values.items()})
         return metrics, records

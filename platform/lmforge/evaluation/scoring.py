@@ -69,6 +69,7 @@ def _row(request: TokenRequest, seq_len: int) -> Tuple[List[int], List[int], int
 def score(
     requests: Sequence[TokenRequest],
     logprob_fn: LogprobFn,
+    *,
     seq_len: int,
     batch_size: int,
     device: torch.device,

@@ -71,6 +71,7 @@ class FaultHooks:
         self,
         cfg: RootConfig,
         paths: RunPaths,
+        *,
         rank: int,
         device: torch.device,
         logger: Optional[MetricsLogger],

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from lmforge.checkpoint.layout import latest, step_of
 from lmforge.fault import verdict as verdicts
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import (
@@ -118,6 +119,7 @@ def classify(
 def record(
     run_dir: Path,
     exit_code: int,
+    *,
     signalled: bool,
     max_failures: int,
     max_preemptions: int = 100,
@@ -162,7 +164,5 @@ def record(
 
 
 def last_step(run_dir: Path) -> int:
-    from lmforge.checkpoint.layout import latest, step_of
-
     ckpt = latest(RunPaths(Path(run_dir)).checkpoints)
     return step_of(ckpt) if ckpt is not None else 0

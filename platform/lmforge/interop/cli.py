@@ -27,10 +27,17 @@ def export_main(argv: Sequence[str]) -> int:
     hf.add_argument("--no-tokenizer", action="store_true", help="write weights and configs only")
     hf.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
     args = p.parse_args(list(argv))
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.checkpoint.safe_io import UnsafeCheckpointError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.checkpoint.weights import WeightsError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.interop.errors import InteropError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.interop.export import export_hf
-    from lmforge.interop.mapping import InteropError
 
     try:
         res = export_hf(
@@ -61,9 +68,14 @@ def import_main(argv: Sequence[str]) -> int:
     hf.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     hf.add_argument("--force", action="store_true", help="replace checkpoints already in --out")
     args = p.parse_args(list(argv))
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.errors import ConfigError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.interop.errors import InteropError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.interop.importer import import_hf
-    from lmforge.interop.mapping import InteropError
 
     try:
         res = import_hf(args.hf_dir, args.out, name=args.name, seq_len=args.seq_len, dtype=args.dtype, force=args.force)
@@ -96,11 +108,20 @@ def generate_main(argv: Sequence[str]) -> int:
     p.add_argument("--tokenizer", type=Path, default=None, help="the run's tokenizer.json, if not found by itself")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(list(argv))
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.checkpoint.safe_io import UnsafeCheckpointError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.checkpoint.weights import WeightsError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.generation import GenerationError, generate
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.interop.errors import InteropError
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.interop.generate import load_for_generation
-    from lmforge.interop.mapping import InteropError
 
     try:
         loaded = load_for_generation(args.source, args.tokenizer, args.device)

@@ -20,7 +20,10 @@ import torch
 
 from lmforge.checkpoint.weights import checkpoint_model_config, load_full_model_state, read_sidecar, resolve_checkpoint
 from lmforge.config.data import DataConfig
-from lmforge.interop.mapping import InteropError, family_for, hf_config, to_hf_state
+from lmforge.data.sources import default_cache_dir
+from lmforge.data.tokenizer import EOD_TOKEN, embedded_tokenizer_path, load_tokenizer
+from lmforge.interop.errors import InteropError
+from lmforge.interop.mapping import family_for, hf_config, to_hf_state
 from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
 from lmforge.interop.safetensors_io import parse_size, write_checkpoint
 from lmforge.runtime.file_modes import set_tree
@@ -43,9 +46,6 @@ class ExportResult:
 def _embedded_tokenizer_candidates(cfg: dict, ckpt: Path) -> List[Path]:
     """Where the run's data cache can be: its config (data.cache_dir, $LMFORGE_DATA_CACHE, run.root/../.cache),
     then beside the run directory itself (run.root may have been relative to another working directory)."""
-    from lmforge.data.mixture import default_cache_dir
-    from lmforge.data.tokenizer import embedded_tokenizer_path
-
     data = DataConfig(cache_dir=cfg.get("data", {}).get("cache_dir"))
     roots = [default_cache_dir(data, cfg.get("run", {}).get("root", "runs"))]
     run_dir = ckpt.absolute().parents[1]  # <root>/<run>/checkpoints/step-N
@@ -55,8 +55,6 @@ def _embedded_tokenizer_candidates(cfg: dict, ckpt: Path) -> List[Path]:
 
 def _tokenizer_json(side: dict, override: Optional[Path], ckpt: Path) -> Optional[Path]:
     """The run's tokenizer.json, checked against the fingerprint the checkpoint recorded; None for tiktoken."""
-    from lmforge.data.tokenizer import load_tokenizer
-
     cfg = side.get("config", {})
     spec = str(cfg.get("data", {}).get("tokenizer", "embedded"))
     identity = side.get("tokenizer") or {}
@@ -144,8 +142,6 @@ def export_hf(
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
         result.files += ["config.json", "generation_config.json"]
         if tok_path is not None:
-            from lmforge.data.tokenizer import EOD_TOKEN
-
             _write_tokenizer(tok_path, tmp, EOD_TOKEN, cfg.seq_len)
             result.tokenizer = str(tok_path)
             result.files += ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]

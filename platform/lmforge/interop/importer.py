@@ -25,10 +25,15 @@ from typing import List, Optional
 
 import torch
 
+from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.config.model import ModelConfig
-from lmforge.interop.mapping import InteropError, describe, expected_hf_tensors, from_hf_state, model_config_from_hf
+from lmforge.config.schema import RootConfig
+from lmforge.data.tokenizer import load_tokenizer
+from lmforge.interop.errors import InteropError
+from lmforge.interop.mapping import describe, expected_hf_tensors, from_hf_state, model_config_from_hf
 from lmforge.interop.safetensors_io import checkpoint_files, iter_tensors, tensor_shapes
+from lmforge.model.gpt import GPT
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # a buffer some old checkpoints carry; recomputed from theta
@@ -88,8 +93,6 @@ def check_tensors(cfg: ModelConfig, files: List[Path]) -> List[str]:
 
 
 def _load_model(cfg: ModelConfig, files: List[Path], names: List[str], dtype: torch.dtype):
-    from lmforge.model.gpt import GPT
-
     hf = dict(iter_tensors(files, names))
     head = hf.pop("lm_head.weight") if cfg.tie_embeddings and "lm_head.weight" in hf else None
     state = {n: t.to(dtype) for n, t in from_hf_state(cfg, hf).items()}
@@ -106,8 +109,6 @@ def _load_model(cfg: ModelConfig, files: List[Path], names: List[str], dtype: to
 
 
 def _tokenizer(hf_dir: Path, out_dir: Path, cfg: ModelConfig, notes: List[str]):
-    from lmforge.data.tokenizer import load_tokenizer
-
     src = hf_dir / "tokenizer.json"
     if not src.is_file():
         notes.append("no tokenizer.json in the checkpoint: set data.tokenizer yourself")
@@ -191,10 +192,8 @@ def import_hf(
     dtype: str = "fp32",
     force: bool = False,
 ) -> ImportResult:
-    from lmforge.checkpoint.manager import CheckpointManager
-    from lmforge.config.schema import RootConfig
-    from lmforge.config.validate import check_model
-    from lmforge.trainer.trainer import config_dict
+    from lmforge.config.validate import check_model  # deferred: imports omegaconf; this module imports without it
+    from lmforge.trainer.trainer import config_dict  # deferred: imports omegaconf, yaml; this module imports without it
 
     hf_dir = Path(hf_dir).expanduser()
     hf = _read_config(hf_dir)

@@ -28,6 +28,7 @@ from lmforge.checkpoint.weights import WeightsError, read_sidecar, resolve_check
 from lmforge.config.errors import ActionableError
 from lmforge.evaluation.offline import load_checkpoint
 from lmforge.evaluation.scoring import rolling_requests, score
+from lmforge.evaluation.tasks import SHIPPED_DIR
 from lmforge.generation.decode import generate as decode
 from lmforge.interop.lm_eval_hooks import install
 
@@ -104,7 +105,13 @@ class LmforgeLM(TemplateLM):
         return self.tok.decode(tokens)
 
     def _score(self, requests: List[Tuple[List[int], List[int]]]) -> List[Tuple[float, bool]]:
-        return score(requests, self.loaded.token_logprobs, self.max_length, self._batch_size, self._device)
+        return score(
+            requests,
+            self.loaded.token_logprobs,
+            seq_len=self.max_length,
+            batch_size=self._batch_size,
+            device=self._device,
+        )
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
         return self._score([(list(ctx), list(cont)) for _, ctx, cont in requests])
@@ -156,8 +163,6 @@ def resolve_cli_args(args) -> None:
     ``--model_args`` or the flags (both ways must agree), defaulted (16; the run's device), and set both ways (lm-eval
     passes its flags to the model beside ``--model_args`` and records them in the results); lmforge's shipped
     tasks put first on the include path. Raises ActionableError on a disagreement or a missing ``path``."""
-    from lmforge.evaluation.tasks import SHIPPED_DIR
-
     model_args = dict(args.model_args or {})
     flags = {"batch_size": getattr(args, "batch_size", None), "device": args.device}  # absent or None: not given
     given = merged_args({k: model_args.pop(k) for k in SHARED if k in model_args}, flags)

@@ -21,26 +21,23 @@ Which HF class fits (docs/interop.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from lmforge.config.model import ModelConfig
-from lmforge.model.gpt import ffn_hidden_dim, kv_heads
-
-
-class InteropError(ValueError):
-    """An architecture, config field or tensor that cannot be mapped; the message names it and says what to do."""
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    architecture: str
-    model_type: str
-    norm: str  # lmforge model.norm
-    mlp: str  # lmforge model.mlp
-    eps_key: str  # HF config key of the norm epsilon
-
+from lmforge.interop.errors import InteropError
+from lmforge.interop.family import Family
+from lmforge.interop.moe_mapping import (
+    MOE_FAMILIES,
+    moe_config_from_hf,
+    moe_family_for,
+    moe_hf_config,
+    moe_layer_from_hf,
+    moe_layer_to_hf,
+    moe_qkv_bias,
+)
+from lmforge.model.feed_forward import ffn_hidden_dim
+from lmforge.model.gpt import GPT, kv_heads
+from lmforge.model.moe import is_moe_layer, moe_layer_ids
 
 LLAMA = Family("llama", "LlamaForCausalLM", "llama", "rmsnorm", "swiglu", "rms_norm_eps")
 STABLELM = Family("stablelm", "StableLmForCausalLM", "stablelm", "layernorm", "swiglu", "layer_norm_eps")
@@ -72,8 +69,6 @@ def family_for(cfg: ModelConfig) -> Family:
             "(see docs/interop.md)"
         )
     if cfg.moe.experts:
-        from lmforge.interop.moe_mapping import moe_family_for
-
         return moe_family_for(cfg)
     for fam in FAMILIES.values():
         if fam.norm == cfg.norm and fam.mlp == cfg.mlp:
@@ -100,8 +95,6 @@ def to_hf_name(name: str) -> str:
 
 def _moe_layer(name: str, cfg: ModelConfig) -> Optional[int]:
     """The layer index of an lmforge tensor of an MoE feed-forward, else None."""
-    from lmforge.model.moe import is_moe_layer
-
     parts = name.split(".")
     if cfg.moe.experts and parts[0] == "layers" and parts[2] == "feed_forward" and is_moe_layer(cfg, int(parts[1])):
         return int(parts[1])
@@ -110,7 +103,6 @@ def _moe_layer(name: str, cfg: ModelConfig) -> Optional[int]:
 
 def to_hf_state(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, Any]:
     """lmforge state dict -> HF tensors: renamed one to one, MoE layers split per expert (moe_mapping)."""
-    from lmforge.interop.moe_mapping import moe_layer_to_hf
 
     out: Dict[str, Any] = {}
     moe: Dict[int, Dict[str, Any]] = {}
@@ -128,9 +120,6 @@ def to_hf_state(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, Any]:
 
 def from_hf_state(cfg: ModelConfig, hf: Dict[str, Any]) -> Dict[str, Any]:
     """HF tensors (names checked by ``expected_hf_tensors``) -> lmforge state dict (inverse of to_hf_state)."""
-    from lmforge.interop.moe_mapping import moe_layer_from_hf
-    from lmforge.model.moe import moe_layer_ids
-
     moe = set(moe_layer_ids(cfg))
     fam = family_for(cfg) if moe else None
     out: Dict[str, Any] = {}
@@ -183,8 +172,6 @@ def hf_config(cfg: ModelConfig, dtype: str, eod: Optional[int]) -> Dict[str, Any
         "torch_dtype": dtype,
     }
     if cfg.moe.experts:
-        from lmforge.interop.moe_mapping import moe_hf_config
-
         out.update(moe_hf_config(cfg, fam))
     elif fam is LLAMA:
         out.update(
@@ -211,7 +198,6 @@ def _require(hf: Dict[str, Any], key: str, ok: bool, why: str, fix: str) -> None
 
 def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] = None) -> ModelConfig:
     """Map a HF Llama/StableLM/Mixtral/Qwen2-MoE config.json onto a ModelConfig, refusing anything lmforge cannot represent."""
-    from lmforge.interop.moe_mapping import MOE_FAMILIES, moe_config_from_hf, moe_qkv_bias
 
     model_type = hf.get("model_type")
     known = {**FAMILIES, **MOE_FAMILIES}
@@ -296,8 +282,6 @@ def model_config_from_hf(hf: Dict[str, Any], name: str, seq_len: Optional[int] =
 def expected_hf_tensors(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
     """{HF name: shape} of every tensor the HF checkpoint of ``cfg`` holds (tied models have no lm_head)."""
     import torch
-
-    from lmforge.model.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)

@@ -29,8 +29,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from lmforge.config.model import ModelConfig, MoEConfig
-from lmforge.interop.mapping import Family, InteropError
-from lmforge.model.gpt import ffn_hidden_dim
+from lmforge.interop.errors import InteropError
+from lmforge.interop.family import Family
+from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.moe import expert_hidden_dim, is_moe_layer, moe_layer_ids
 
 MIXTRAL = Family("mixtral", "MixtralForCausalLM", "mixtral", "rmsnorm", "swiglu", "rms_norm_eps")

@@ -9,7 +9,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-from lmforge.interop.mapping import InteropError
+from lmforge.interop.errors import InteropError
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from lmforge.fault.verdict import deciding
 from lmforge.runtime.env import read
 from lmforge.runtime.file_modes import set_tree
 from lmforge.runtime.rundir import RunPaths
@@ -40,8 +41,6 @@ def agent_class(run_dir: Path):
     """A ``LocalElasticAgent`` that does not restart a group whose verdict is deterministic."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    from lmforge.fault.verdict import deciding
 
     class VerdictAgent(LocalElasticAgent):
         def _monitor_workers(self, worker_group):
@@ -62,8 +61,6 @@ def agent_class(run_dir: Path):
 
 
 def exit_code_of(failures: dict, run_dir: Path) -> int:
-    from lmforge.fault.verdict import deciding
-
     verdict = deciding(run_dir)
     if verdict is not None:
         print(f"lmforge agent: stopped: {verdict.summary()}", file=sys.stderr, flush=True)

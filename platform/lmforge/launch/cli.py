@@ -42,6 +42,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         print(f"lmforge launch: unknown option {bad[0]}; see lmforge launch --help", file=sys.stderr)
         return 2
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.errors import ActionableError
 
     try:
@@ -53,6 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     if args.slurm:
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.launch import slurm
 
         launch = slurm.plan(overrides, args.nodes, args.time, args.sbatch_arg)
@@ -64,9 +66,12 @@ def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         else:
             print(slurm.submit(launch))
         return 0
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.compose import compose
-    from lmforge.launch import local
-    from lmforge.trainer.startup import check_start
+    from lmforge.launch import local  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.trainer.startup import (
+        check_start,  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    )
 
     # A bad task file: one line here, not in every worker (epochs: the workers')
     cfg = check_start(compose(list(overrides)), epochs=False).validated

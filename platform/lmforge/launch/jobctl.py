@@ -29,8 +29,12 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
+from lmforge.fault.events import FaultEvents
+from lmforge.fault.retry import last_step, record
+from lmforge.fault.verdict import archive
 from lmforge.launch.allocation import check_allocation, nodes_override, run_name_override
 from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.env import environment, read, read_int, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
@@ -38,8 +42,8 @@ BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "n
 
 
 def _compose(overrides: Sequence[str]):
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import validate
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.config.validate import validate  # deferred: imports omegaconf; this module imports without it
 
     return validate(compose(list(overrides)))
 
@@ -53,7 +57,7 @@ def launch_env(cfg, run_dir: Optional[Path] = None, nproc: Optional[int] = None)
     node (default ``cluster.gpus_per_node``). ``OMP_NUM_THREADS`` is always set, to the threads each worker pins
     (``runtime.hardware.threads_per_process``: ``train.threads``, else this node's CPUs / ``nproc``), so torchrun
     does not set it to 1 with its banner."""
-    from lmforge.runtime.hardware import threads_per_process
+    from lmforge.runtime.hardware import threads_per_process  # deferred: imports torch; this module imports without it
 
     nproc = cfg.cluster.gpus_per_node if nproc is None else nproc
     env = {str(k): str(v) for k, v in cfg.comm.env.items()}
@@ -98,9 +102,11 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
     allocation), then the entry checks in the job's run dir (the task files, train.resume's checkpoint against this
     model and tokenizer, a requeued job's too, and the planned tokens against the mixture's shards already there:
     data.max_epochs). Raises ConfigError / DeviceContractError (exit 2 in ``main``)."""
-    from lmforge.config.compose import compose
-    from lmforge.config.validate import planned_world_size
-    from lmforge.trainer.startup import check_start
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.config.validate import (
+        planned_world_size,  # deferred: imports omegaconf; this module imports without it
+    )
+    from lmforge.trainer.startup import check_start  # deferred: imports torch; this module imports without it
 
     extra = nodes_override(overrides, env)
     composed = compose(list(overrides) + ([extra] if extra else []))
@@ -125,8 +131,10 @@ def check_job(overrides: Sequence[str], env: Mapping[str, str]):
 
 def job_checks(cfg, env: Mapping[str, str]) -> None:
     """What only a job can check: the device contract on this node, the memory per device, the allocation."""
-    from lmforge.parallel.planner import check_fits, make_plan
-    from lmforge.runtime.device_contract import check as check_device_contract
+    from lmforge.parallel.planner import (  # deferred: imports torch; this module imports without it
+        check_fits,
+        make_plan,
+    )
 
     c = cfg.cluster
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -149,17 +157,13 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     env["LMFORGE_JOB_OVERRIDES"] = " ".join(extra)  # for train.sh to append (cluster.nodes=N, run.name=null)
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
-    from lmforge.fault.verdict import archive
 
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
-    from lmforge.data.index_cache import build_for
+    from lmforge.data.index_build import build_for  # deferred: imports numpy; this module imports without it
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     restart = slurm_restart_count()
     if restart > 0:
-        from lmforge.fault.events import FaultEvents
-        from lmforge.fault.retry import last_step
-
         nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             "requeued",
@@ -188,12 +192,10 @@ def split_overrides(argv: Sequence[str]):
 
 
 def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
-    from lmforge.fault.retry import record
-
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
     nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
-    decision = record(run_dir, exit_code, signalled, cfg.cluster.max_requeues, nodes=nodes)
+    decision = record(run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes)
     excluded: List[str] = []
     job = slurm_job_id()
     if decision.action == "requeue" and decision.kind == "failure" and job:

@@ -40,7 +40,11 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from lmforge.config.errors import ConfigError
-from lmforge.runtime.rundir import resolve_run_dir
+from lmforge.fault.retry import record
+from lmforge.fault.verdict import archive
+from lmforge.launch.jobctl import launch_env, print_exports, split_overrides
+from lmforge.runtime.device_contract import DeviceContractError
+from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
 
 def free_port() -> int:
@@ -94,8 +98,6 @@ class LocalLaunch:
 
 def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
     """Run the script; relaunch on failure within the retry budget. Returns the final exit code."""
-    from lmforge.fault.retry import record
-
     stop = {"signal": 0}
     while True:
         proc = subprocess.Popen(launch.command())
@@ -118,7 +120,7 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
                 file=sys.stderr,
             )
             return rc or 0
-        decision = record(run_dir, rc, False, max_requeues)
+        decision = record(run_dir, rc, signalled=False, max_failures=max_requeues)
         if decision.action == "done":
             return 0
         print(f"lmforge launch: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)
@@ -128,9 +130,12 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
 
 
 def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from lmforge.config.compose import compose
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+
+    # deferred: imports omegaconf; this module imports without it
     from lmforge.config.validate import check_parallel_layout, validate
-    from lmforge.launch.jobctl import launch_env, print_exports
+
+    # deferred: imports omegaconf, torch; this module imports without it
     from lmforge.parallel.planner import check_fits, make_plan
 
     cfg = validate(compose(list(overrides)))
@@ -142,9 +147,7 @@ def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     rdzv_id = args.rdzv_id or new_run_id()
     run_dir = run_dir_of(cfg, rdzv_id)
     if args.node_rank == 0 and not args.dry_run:
-        from lmforge.data.index_cache import build_for
-        from lmforge.fault.verdict import archive
-        from lmforge.runtime.rundir import RunPaths
+        from lmforge.data.index_build import build_for  # deferred: imports numpy; this module imports without it
 
         RunPaths(run_dir).make()
         archive(run_dir)  # a new attempt: only its own verdicts decide it
@@ -162,8 +165,6 @@ def prepare(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from lmforge.launch.jobctl import split_overrides
-
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
     a = argparse.ArgumentParser(prog="python -m lmforge.launch.local")
     a.add_argument("cmd", choices=["prepare"])
@@ -175,7 +176,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.add_argument("--port", type=int, default=0)
     a.add_argument("--dry-run", action="store_true")
     args = a.parse_args(argv)
-    from lmforge.runtime.device_contract import DeviceContractError
 
     try:
         return prepare(args, overrides)

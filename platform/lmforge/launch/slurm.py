@@ -63,8 +63,8 @@ class SlurmLaunch:
 def plan(
     overrides: Sequence[str], nodes: Optional[int] = None, time_min: Optional[int] = None, extra: Sequence[str] = ()
 ) -> SlurmLaunch:
-    from lmforge.config.compose import compose
-    from lmforge.trainer.startup import check_start
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.trainer.startup import check_start  # deferred: imports torch; this module imports without it
 
     # A bad task file is refused before sbatch (the epochs: the job's prepare step)
     cfg = check_start(compose(list(overrides)), epochs=False).validated

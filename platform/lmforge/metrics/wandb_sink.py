@@ -200,7 +200,7 @@ def _warn(message: str) -> None:
 
 
 def make_wandb_sink(
-    cfg: WandbConfig, wandb_dir: Path, config: dict, run_id: Optional[str], group: Optional[str] = None
+    cfg: WandbConfig, wandb_dir: Path, *, config: dict, run_id: Optional[str], group: Optional[str] = None
 ) -> Optional[WandbSink]:
     """A sink for ``cfg.mode`` (None when disabled). Call on rank 0 only."""
     if cfg.mode == "disabled":

@@ -31,7 +31,8 @@ the formula above exactly. This is the work a block-skipping kernel does with ex
 from __future__ import annotations
 
 from lmforge.config.model import ModelConfig
-from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+from lmforge.model.feed_forward import ffn_hidden_dim
+from lmforge.model.gpt import kv_heads
 from lmforge.model.moe import expert_hidden_dim, moe_layer_ids
 
 

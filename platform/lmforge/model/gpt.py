@@ -24,21 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lmforge.config.model import ModelConfig
-from lmforge.model.activation import gelu_tanh
 from lmforge.model.document_mask import DocumentMask
+from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
+from lmforge.model.init import init_parameters
 from lmforge.model.loss import chunked_cross_entropy
 from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
 from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
-
-
-def ffn_hidden_dim(cfg: ModelConfig) -> int:
-    if cfg.d_ff is not None:
-        return cfg.d_ff
-    if cfg.mlp == "gelu":
-        return 4 * cfg.d_model
-    hidden = int(8 * cfg.d_model / 3)
-    m = cfg.ffn_multiple_of
-    return m * ((hidden + m - 1) // m)
 
 
 def kv_heads(cfg: ModelConfig) -> int:
@@ -88,23 +79,6 @@ class Attention(nn.Module):
         out = self.attend(q, k, v)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); GELU: w2(gelu(w1 x)) (w3 absent)."""
-
-    def __init__(self, cfg: ModelConfig, hidden: Optional[int] = None):
-        super().__init__()
-        hidden = hidden if hidden is not None else ffn_hidden_dim(cfg)  # an MoE's shared experts pass theirs
-        self.gated = cfg.mlp == "swiglu"
-        self.w1 = nn.Linear(cfg.d_model, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, cfg.d_model, bias=False)
-        self.w3 = nn.Linear(cfg.d_model, hidden, bias=False) if self.gated else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(gelu_tanh(self.w1(x)))
 
 
 class Block(nn.Module):
@@ -220,13 +194,11 @@ class GPT(DecoderStack):
     def stage(self, index: int, layers: Iterable[str], first: bool, last: bool) -> "GPTStage":
         """Pipeline stage ``index`` over this model's ``layers`` (with the embedding if ``first``, the head if
         ``last``): a module sharing this model's submodules, which keeps owning the parameters."""
-        return GPTStage(self, index, layers, first, last)
+        return GPTStage(self, index, layers=layers, first=first, last=last)
 
     @torch.no_grad()
     def init_weights(self, seed: int, device: Optional[torch.device] = None, place=None) -> None:
         """Deterministic init keyed by parameter name (see lmforge.model.init)."""
-        from lmforge.model.init import init_parameters
-
         self.rope.reset(device)
         for module in self.modules():
             if isinstance(module, MoEFeedForward):
@@ -240,7 +212,7 @@ class GPTStage(DecoderStack):
     GPT's own (the GPT owns the parameters: optimizer, checkpoints and clipping see it); ``PipelineStage``
     runs this module's forward."""
 
-    def __init__(self, model: GPT, index: int, layers: Iterable[str], first: bool, last: bool):
+    def __init__(self, model: GPT, index: int, *, layers: Iterable[str], first: bool, last: bool):
         super().__init__()
         self.stage_index = index
         self.tok_embeddings = model.tok_embeddings if first else None

@@ -59,6 +59,8 @@ from torch import nn
 
 from lmforge.config.model import ModelConfig, MoEConfig
 from lmforge.model.activation import gelu_tanh
+from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
+from lmforge.model.init import canonical_name
 
 
 def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
@@ -76,8 +78,6 @@ def moe_layer_ids(cfg: ModelConfig) -> List[int]:
 
 
 def expert_hidden_dim(cfg: ModelConfig) -> int:
-    from lmforge.model.gpt import ffn_hidden_dim  # gpt imports this module
-
     return cfg.moe.d_ff if cfg.moe.d_ff is not None else ffn_hidden_dim(cfg)
 
 
@@ -181,10 +181,10 @@ class Experts(nn.Module):
         """x [M, d]: rows sorted by expert, ``counts[e]`` rows for expert e (M = counts.sum()) -> [M, d]."""
         if self.token_dispatch is not None:
             return self.token_dispatch(self, x, counts)
-        return self.run(x, counts, self.w1, self.w2, self.w3)
+        return self.run(x, counts, w1=self.w1, w2=self.w2, w3=self.w3)
 
     def run(
-        self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: Optional[torch.Tensor]
+        self, x: torch.Tensor, counts: torch.Tensor, *, w1: torch.Tensor, w2: torch.Tensor, w3: Optional[torch.Tensor]
     ) -> torch.Tensor:
         """The experts ``w1, w2, w3`` ([len(counts), ...]) over rows sorted by expert."""
         if self.uses_grouped(x):
@@ -218,8 +218,6 @@ class MoEFeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from lmforge.model.gpt import FeedForward
-
         m: MoEConfig = cfg.moe
         self.n_experts, self.top_k, self.capacity_factor = m.experts, m.top_k, m.capacity_factor
         self.router = Router(cfg)
@@ -284,8 +282,6 @@ class MoECollector:
     rows filled, so that summing them over the pipeline ranks gives every stage's layers."""
 
     def __init__(self, model: nn.Module, cfg: MoEConfig, layer_names: Optional[List[str]] = None):
-        from lmforge.model.init import canonical_name
-
         self.cfg = cfg
         self.layers: List[Tuple[str, MoEFeedForward]] = [
             (canonical_name(name).replace(".feed_forward", "").replace("layers.", "layer"), m)

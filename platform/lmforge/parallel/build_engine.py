@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch
 
 from lmforge.config.validated import Validated
+from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
+from lmforge.parallel.native_engine import NativeEngine
 
 
 def build_engine(cfg: Validated, device: torch.device):
     """``cfg``: what ``config.validate.validate()`` returns (the typed config and its batch plan)."""
     if cfg.parallelism.engine == "deepspeed":
-        from lmforge.parallel.deepspeed_engine import DeepSpeedEngine
-
         return DeepSpeedEngine(cfg, device)
-    from lmforge.parallel.native_engine import NativeEngine
 
     return NativeEngine(cfg, device)

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Protocol, Sequen
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # the step's result and guard types live with the native engine
+if TYPE_CHECKING:
     from lmforge.parallel.mesh import ParallelDims
-    from lmforge.parallel.native_engine import StepGuard, StepResult
 
 DCP = "dcp"
 DEEPSPEED = "deepspeed"
@@ -48,6 +47,20 @@ class StateLayout:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"StateLayout.format={self.format!r}: expected one of {FORMATS}")
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
+    grad_norm: torch.Tensor  # scalar, global pre-clip norm
+    skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
+    moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
+
+
+class StepGuard(Protocol):
+    """Decides on the device whether to skip this update (lmforge.fault.loss_guard.LossGuard)."""
+
+    def skip_tensor(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -69,7 +82,7 @@ class Engine(Protocol):
     @property
     def dp_size(self) -> int: ...
 
-    def train_step(self, micro_batches: Sequence, lr: float, guard: Optional["StepGuard"] = None) -> "StepResult": ...
+    def train_step(self, micro_batches: Sequence, lr: float, guard: Optional[StepGuard] = None) -> StepResult: ...
 
     def eval_loss(
         self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None

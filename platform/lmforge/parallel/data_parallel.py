@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lmforge.config.parallelism import ParallelismConfig
+from lmforge.parallel.expert_parallel import shard_experts
 from lmforge.parallel.mesh import ParallelMesh
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -29,8 +30,6 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> 
     dp_mesh = mesh[shard] if cfg.dp_replicate == 1 else mesh["dp_replicate", shard]
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.param_dtype], reduce_dtype=DTYPES[cfg.reduce_dtype])
     if cfg.ep > 1:  # each layer's experts over the ranks holding the same experts (parallel/expert_parallel.py)
-        from lmforge.parallel.expert_parallel import shard_experts
-
         shard_experts(model, mesh, cfg, mp)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=mp)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,14 +27,11 @@ from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
 from lmforge.optim.adamw import build_optimizer
+from lmforge.parallel.contract import DEEPSPEED, StateLayout, StepGuard, StepResult
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.mesh import ParallelDims
-from lmforge.parallel.native_engine import StepGuard, StepResult
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import resolve_precision
-
-if TYPE_CHECKING:  # annotation only: contract.py is imported where a layout is built
-    from lmforge.parallel.contract import StateLayout
 
 DS_TAG = "deepspeed"  # the sub-directory of a checkpoint holding DeepSpeed's files
 
@@ -279,8 +276,6 @@ class DeepSpeedEngine:
     def state_layout(self) -> StateLayout:
         """DeepSpeed's own per-rank files (``save_checkpoint``/``load_checkpoint``), recorded with the ZeRO stage
         and data-parallel size they were written at (a different size on resume goes through the universal form)."""
-        from lmforge.parallel.contract import DEEPSPEED, StateLayout
-
         return StateLayout(DEEPSPEED, sidecar={"zero_stage": int(self.stage), "dp_size": int(self.dp_size)})
 
     # ---- downstream evaluation (lmforge.evaluation) -------------------------------------------------------

@@ -60,7 +60,8 @@ from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
-from lmforge.model.gpt import ffn_hidden_dim, kv_heads
+from lmforge.model.feed_forward import ffn_hidden_dim
+from lmforge.model.gpt import GPT, kv_heads
 
 GIB = 1024**3
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
@@ -111,8 +112,6 @@ def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
 @functools.lru_cache(maxsize=32)
 def _shapes(model_json: str) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
     import torch
-
-    from lmforge.model.gpt import GPT
 
     items = json.loads(model_json)
     with torch.device("meta"):

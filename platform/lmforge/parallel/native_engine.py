@@ -7,8 +7,7 @@ step are the only things that differ between engines.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional, Protocol, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -20,28 +19,12 @@ from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
 from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer
+from lmforge.parallel.contract import DCP, StateLayout, StepGuard, StepResult
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, ParallelMesh, build_mesh, dp_rank
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import autocast_context, resolve_precision
-
-if TYPE_CHECKING:  # annotation only: contract.py is imported where a layout is built
-    from lmforge.parallel.contract import StateLayout
-
-
-@dataclass
-class StepResult:
-    loss: torch.Tensor  # scalar, mean over the global batch (same value on every rank)
-    grad_norm: torch.Tensor  # scalar, global pre-clip norm
-    skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
-    moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
-
-
-class StepGuard(Protocol):
-    """Decides on the device whether to skip this update (lmforge.fault.loss_guard.LossGuard)."""
-
-    def skip_tensor(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor: ...
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, skip: Optional[torch.Tensor]) -> None:
@@ -218,8 +201,6 @@ class NativeEngine:
     # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
     def state_layout(self) -> StateLayout:
         """Model and optimizer state dicts through DCP; with pp > 1 ``inner`` holds only this rank's stages."""
-        from lmforge.parallel.contract import DCP, StateLayout
-
         return StateLayout(DCP, pipeline_stage=self.dims.pp > 1)
 
     # ---- downstream evaluation (lmforge.evaluation) -------------------------------------------------------

@@ -20,8 +20,13 @@ from lmforge.config.errors import ConfigError
 
 def plan_from_overrides(overrides: Sequence[str]):
     """Compose, validate and plan; raises ConfigError for an impossible or out-of-memory layout."""
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.compose import compose
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.validate import planned_world_size, validate
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.parallel.planner import make_plan
 
     cfg = compose(list(overrides))
@@ -31,6 +36,7 @@ def plan_from_overrides(overrides: Sequence[str]):
 
 
 def plan_json(plan) -> dict:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.parallel.memory_estimate import bytes_table
 
     return {
@@ -69,6 +75,7 @@ def plan_json(plan) -> dict:
 def main(argv: Optional[Sequence[str]] = None, extra_checks: Sequence[Callable[[object], Sequence[str]]] = ()) -> int:
     """``extra_checks`` (from higher layers, e.g. ``trainer.entry_checks.plan_lines``: the eval tasks and the data
     epochs) take the typed config and return lines for the plan, or raise ConfigError to refuse it."""
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.parallel.planner import check_fits, format_plan
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -40,7 +40,9 @@ from lmforge.parallel.memory_estimate import (
     layer_owner,
     resolve_precision,
 )
-from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS
+from lmforge.parallel.memory_estimate import resolve_precision as resolve
+from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS, cpu_peak_tflops
+from lmforge.runtime.hardware import device_kind as cuda_kind
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
 GPU_RESERVE_GIB = 2.0
@@ -58,8 +60,6 @@ def device_kind(cfg: RootConfig) -> str:
     import torch
 
     if torch.cuda.is_available():
-        from lmforge.runtime.hardware import device_kind as cuda_kind
-
         return cuda_kind(torch.device("cuda", 0))
     return "cpu"
 
@@ -89,8 +89,6 @@ def peak_tflops(kind: str, precision: str) -> float:
     dtype = "bf16" if precision in ("bf16", "bf16-mixed") else "fp32"
     if kind == "cpu":
         import torch
-
-        from lmforge.runtime.hardware import cpu_peak_tflops
 
         return cpu_peak_tflops(torch.bfloat16 if dtype == "bf16" else torch.float32)
     if kind not in PEAK_TFLOPS:
@@ -448,8 +446,6 @@ def format_plan(plan: Plan) -> str:
 
 def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, emit: Callable[[str], None] = print) -> bool:
     """Start-up check of the trainer on a real device: warn (not fail) when the estimate exceeds memory."""
-    from lmforge.parallel.memory_estimate import resolve_precision as resolve
-
     batch = check_batch(cfg)
     est = estimate_memory(cfg, batch, resolve(cfg.train.precision, kind))
     usable = usable_bytes(total_bytes, kind)
@@ -467,7 +463,5 @@ def startup_memory_check(cfg: RootConfig, device, rank: int) -> None:
     if getattr(device, "type", "cpu") != "cuda" or rank != 0:
         return
     import torch
-
-    from lmforge.runtime.hardware import device_kind as cuda_kind
 
     warn_if_over_memory(cfg, torch.cuda.get_device_properties(device).total_memory, cuda_kind(device))

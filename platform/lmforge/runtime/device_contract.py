@@ -90,6 +90,7 @@ def check(
     cluster_name: str,
     cluster_device: str,
     nproc_per_node: int,
+    *,
     env: Optional[Mapping[str, str]] = None,
     facts: Optional[DeviceFacts] = None,
     where: str = "",

@@ -249,7 +249,12 @@ def cpu_peak_tflops(dtype: torch.dtype = torch.float32, cache: Optional[Path] = 
 
 
 def refresh_cpu_peak(
-    dtype: torch.dtype, achieved: float, peak: float, warn: Callable[[str], None] = print, cache: Optional[Path] = None
+    dtype: torch.dtype,
+    achieved: float,
+    *,
+    peak: float,
+    warn: Callable[[str], None] = print,
+    cache: Optional[Path] = None,
 ) -> float:
     """A run achieved ``achieved`` TFLOP/s, above the cached CPU GEMM peak ``peak`` (measured while other work held
     the cores): measure it again, keep the higher figure in the cache, announce it in one line, return it."""

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from lmforge.scaling.approach2 import binned, budget_bins, fit_approach2
-from lmforge.scaling.approach3 import HUBER_DELTA, fit_law_batch, theta_of
+from lmforge.scaling.approach3 import HUBER_DELTA, fit_approach3, fit_law_batch, theta_of
 from lmforge.scaling.data import Observations
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.laws import Law
@@ -255,8 +255,6 @@ def bootstrap(
         )
     if approach == "3":
         if point_law is None:
-            from lmforge.scaling.approach3 import fit_approach3
-
             point_law = fit_approach3(obs, delta=delta).law
         return bootstrap_approach3_many([obs], [point_law], replicates, targets, level, seed, delta, method, bins)[0]
     design = design_of(obs)

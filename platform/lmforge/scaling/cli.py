@@ -41,6 +41,7 @@ def _coerce(cls, key: str, value: str, what: str) -> Any:
 def load_preset(name: str) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.compose import conf_dir
 
     path = Path(name)
@@ -55,8 +56,13 @@ def load_preset(name: str) -> Dict[str, Any]:
 
 
 def _embedded_tokenizer(vocab: int, run_root: str, extra: Sequence[str]) -> str:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.config.data import DataConfig
-    from lmforge.data.mixture import default_cache_dir
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.data.sources import default_cache_dir
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.data.tokenizer import build_embedded_tokenizer
 
     cache = default_cache_dir(DataConfig(), run_root)
@@ -75,7 +81,9 @@ def cmd_plan(argv: Sequence[str]) -> int:
         time_estimate,
         validate_points,
         write_sweep,
-    )
+    )  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.shapes import ShapeFamily
 
     argv = list(argv)
@@ -138,7 +146,10 @@ def cmd_plan(argv: Sequence[str]) -> int:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.plan import load_sweep
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.runner import run_sweep
 
     ap = argparse.ArgumentParser(prog="lmforge sweep run", description="Run the unfinished points of a sweep.")
@@ -173,7 +184,10 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 
 def cmd_status(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.plan import load_sweep
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.runner import DONE, status, status_report
 
     ap = argparse.ArgumentParser(prog="lmforge sweep status")
@@ -185,7 +199,10 @@ def cmd_status(argv: Sequence[str]) -> int:
 
 
 def cmd_collect(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.collect import collect, collect_wandb, write_results
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.plan import load_sweep
 
     ap = argparse.ArgumentParser(prog="lmforge sweep collect", description="Gather final losses of finished runs.")
@@ -214,7 +231,10 @@ def cmd_collect(argv: Sequence[str]) -> int:
 
 def _read_observations(args) -> tuple:
     """(observations, the table's path, fit.json 'source' record) for ``scaling fit``'s input."""
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.approach3 import MIN_POINTS
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.collect import RESULTS_FILE
     from lmforge.scaling.data import (
         TableColumns,
@@ -223,7 +243,7 @@ def _read_observations(args) -> tuple:
         observations_from_table,
         read_csv,
         read_table,
-    )
+    )  # deferred: a subcommand's module loads only when it runs (`--help` stays light)
 
     src = args.results / RESULTS_FILE if args.results.is_dir() else args.results
     external = any(v is not None for v in (args.n_col, args.d_col, args.c_col, args.loss_col)) or src.suffix == ".jsonl"
@@ -284,7 +304,10 @@ def _read_observations(args) -> tuple:
 
 
 def cmd_fit(argv: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.bootstrap import METHODS
+
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.report import fit_all, log_to_wandb, summary_text, write_report
 
     ap = argparse.ArgumentParser(prog="lmforge scaling fit", description="Approach 2 and 3 fits, predictions, plots.")
@@ -356,7 +379,10 @@ def cmd_fit(argv: Sequence[str]) -> int:
     args = ap.parse_args(argv)
     obs, src, source, metric = _read_observations(args)
     if args.bootstrap and args.bootstrap_method != "auto":  # an explicit method the table cannot support: refused now
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.scaling.approach2 import binned
+
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.scaling.bootstrap import SCATTERED, check_method, design_of
 
         check_method(obs, args.bootstrap_method, args.bins)
@@ -381,6 +407,7 @@ def cmd_fit(argv: Sequence[str]) -> int:
         source,
     )
     if metric is not None:
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
         from lmforge.scaling.report import add_downstream
 
         add_downstream(

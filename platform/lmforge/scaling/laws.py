@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lmforge.scaling.errors import ScalingError
+
 # The fitted law reported by Hoffmann et al. (2022), used to generate synthetic test data.
 CHINCHILLA = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
 
@@ -46,8 +48,6 @@ class Law:
     def optimal(self, c):
         """(N_opt, D_opt, L_opt) for budgets ``c`` under C = 6 N D."""
         if not (self.alpha > 0 and self.beta > 0 and self.A > 0 and self.B > 0):
-            from lmforge.scaling.errors import ScalingError
-
             raise ScalingError(
                 "Approach 3",
                 f"the fitted law (alpha={self.alpha:.3g}, beta={self.beta:.3g}) does not decrease in both "

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from lmforge.config.errors import ConfigError
 from lmforge.runtime.rundir import escape_reason
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.shapes import Shape, ShapeFamily
@@ -307,9 +308,8 @@ def validate_points(sweep: Sweep) -> None:
     """
     from omegaconf import OmegaConf
 
-    from lmforge.config.compose import compose
-    from lmforge.config.errors import ConfigError
-    from lmforge.config.validate import validate
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.config.validate import validate  # deferred: imports omegaconf; this module imports without it
 
     try:
         base = compose(sweep.common_overrides)

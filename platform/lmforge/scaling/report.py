@@ -180,6 +180,7 @@ def add_downstream(
 ) -> None:
     """Fit ``metric`` (one value per run of ``obs``) against the runs' loss or compute; predict it at the
     targets (against loss: at Approach 3's compute-optimal loss L*(C)). Stored in ``report.downstream``."""
+    # deferred: imports scipy; this module imports without it
     from lmforge.scaling.downstream import bootstrap_link, fit_link
 
     x = obs.loss if against == "loss" else obs.true_budget

@@ -24,6 +24,8 @@ import traceback
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from lmforge.fault.hooks import Diverged
+from lmforge.fault.verdict import archive, deciding, verdicts_dir
 from lmforge.runtime.file_modes import open_append, write_text
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.plan import Point, Sweep, load_sweep
@@ -52,15 +54,13 @@ def tag_record(sweep: Sweep, p: Point) -> dict:
 
 
 def run_point(sweep: Sweep, p: Point) -> bool:
-    from lmforge.config.compose import compose
-    from lmforge.trainer.startup import train
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+    from lmforge.trainer.startup import train  # deferred: imports torch; this module imports without it
 
     paths = RunPaths(Path(p.run_dir))
     if paths.done_marker.exists():
         print(f"[sweep] {p.id}: already done", flush=True)
         return True
-    from lmforge.fault.hooks import Diverged
-    from lmforge.fault.verdict import archive, deciding, verdicts_dir
 
     stopped = deciding(paths.root)
     if stopped is not None:

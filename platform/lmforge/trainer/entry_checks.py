@@ -30,7 +30,7 @@ from lmforge.checkpoint.relaunch_check import check_relaunch
 from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.epochs import SourceEpochs, check_run, describe
-from lmforge.data.mixture import default_cache_dir
+from lmforge.data.sources import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks
@@ -75,7 +75,7 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
     # A resume target that does not fit this model or tokenizer is refused before any corpus is tokenized for it.
     resume_point = None
     if run_dir is not None:
-        from lmforge.checkpoint.manager import find_resume  # imports torch: only where a run dir is checked
+        from lmforge.checkpoint.manager import find_resume  # deferred: imports torch: only where a run dir is checked
 
         resume_point = find_resume(
             RunPaths(Path(run_dir)).checkpoints, cfg.train.resume, cfg.model, lambda: tokenizer().identity

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from lmforge.config.validate import validate
 from lmforge.config.validated import Validated
+from lmforge.fault.verdict import VerdictRecorder
 from lmforge.runtime.env import launch_world_size
 from lmforge.trainer.entry_checks import EntryChecks, entry_checks
 
@@ -49,6 +50,7 @@ class Checked:
 
 def check_start(
     cfg,
+    *,
     world_size: Optional[int] = None,
     run_dir: RunDir = None,
     prepare: bool = False,
@@ -69,7 +71,7 @@ def check_start(
 def start(cfg, run_dir: Path) -> "Trainer":
     """Check a training start in ``run_dir`` on the processes actually started, then build its Trainer."""
     checked = check_start(cfg, world_size=launch_world_size() or 1, run_dir=Path(run_dir), prepare=True)
-    from lmforge.trainer.trainer import Trainer  # torch and the engines: only once the checks passed
+    from lmforge.trainer.trainer import Trainer  # deferred: torch and the engines, only once the checks passed
 
     return Trainer(checked.validated, Path(run_dir), checked.entry)
 
@@ -78,8 +80,6 @@ def train(cfg, run_dir: Path) -> "Trainer":
     """``start`` and ``fit``; an error leaving either is recorded as this rank's verdict (``<run>/verdicts/``,
     read by the launchers). ``cfg``: the composed config, or how to compose it (a sweep point, whose run directory
     exists before its composition: an error composing it is its verdict too). Returns the Trainer after its loop."""
-    from lmforge.fault.verdict import VerdictRecorder
-
     with VerdictRecorder(Path(run_dir)) as verdict:
         trainer = start(cfg() if callable(cfg) else cfg, run_dir)
         verdict.step = lambda: trainer.step

@@ -38,7 +38,9 @@ from lmforge.comm.vote import LaggedVote
 from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
-from lmforge.data.mixture import build_mixture, default_cache_dir, stream_sizes
+from lmforge.data.mixture import build_mixture
+from lmforge.data.sources import default_cache_dir
+from lmforge.data.stream_size import stream_sizes
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
 from lmforge.fault.hooks import FaultHooks
@@ -111,17 +113,17 @@ class Trainer:
         self.resume_point = checked.resume_point
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
         self.num_train_samples, total_samples = stream_sizes(
-            cfg.train, self.plan.tokens_per_step, self.plan.global_batch_size, cfg.model.seq_len, prior
+            cfg.train, self.plan.tokens_per_step, self.plan.global_batch_size, cfg.model.seq_len, prior_state=prior
         )
         self.mixture = build_mixture(
             cfg.data,
             self.tokenizer,
-            cfg.model.seq_len,
-            cfg.train.seed,
-            self.num_train_samples,
-            cfg.train.eval_batches * self.plan.micro_batch_size * self.plan.dp_size,
-            cache,
-            total_samples,
+            seq_len=cfg.model.seq_len,
+            seed=cfg.train.seed,
+            num_train_samples=self.num_train_samples,
+            num_valid_samples=cfg.train.eval_batches * self.plan.micro_batch_size * self.plan.dp_size,
+            cache_dir=cache,
+            total_train_samples=total_samples,
         )
 
         # Model, parallelism, optimizer
@@ -129,8 +131,8 @@ class Trainer:
         self.data = BatchStream(
             self.mixture,
             self.plan,
-            self.engine.dp_rank,
-            self.device,
+            dp_rank=self.engine.dp_rank,
+            device=self.device,
             num_workers=cfg.data.num_workers,
             document_masking=cfg.data.document_masking,
             loss_after_eod=cfg.data.loss_after_eod,
@@ -142,10 +144,10 @@ class Trainer:
             TaskRunner(
                 eval_tasks,
                 self.tokenizer.encode,
-                self.tokenizer.eod,
-                cfg.model.seq_len,
-                cfg.eval.batch_size,
-                cfg.eval.limit,
+                eod=self.tokenizer.eod,
+                seq_len=cfg.model.seq_len,
+                batch_size=cfg.eval.batch_size,
+                limit=cfg.eval.limit,
             )
             if eval_tasks
             else None
@@ -157,7 +159,7 @@ class Trainer:
             say(f"lmforge: warning: host malloc: {self.host_malloc}")
         peak = peak_tflops(self.device, dtype, warn=say)
         refresh = (
-            (lambda achieved, old: refresh_cpu_peak(dtype, achieved, old, warn=say))
+            (lambda achieved, old: refresh_cpu_peak(dtype, achieved, peak=old, warn=say))
             if self.device.type == "cpu"
             else None
         )  # a cached CPU peak measured under contention is re-measured
@@ -214,8 +216,8 @@ class Trainer:
         wandb_sink = make_wandb_sink(
             self.cfg.logging.wandb,
             self.paths.wandb,
-            config_dict(self.cfg),
-            self.wandb_run_id,
+            config=config_dict(self.cfg),
+            run_id=self.wandb_run_id,
             group=self.cfg.run.sweep_name,
         )
         if wandb_sink is not None:
@@ -320,11 +322,20 @@ class Trainer:
         last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
         self.engine.train()
         faults = self.faults = FaultHooks(
-            cfg, self.paths, self.rank, self.device, log, self.preemption, engine=self.engine, start_step=self.step
+            cfg,
+            self.paths,
+            rank=self.rank,
+            device=self.device,
+            logger=log,
+            preemption=self.preemption,
+            engine=self.engine,
+            start_step=self.step,
         ).start()
         self.stop_vote = LaggedVote(self.device, "any")
         try:
-            run_preflight(cfg.comm, self.device, self.paths, log, self.step)  # collective: comm.preflight's bench
+            run_preflight(
+                cfg.comm, self.device, paths=self.paths, logger=log, step=self.step
+            )  # collective: comm.preflight's bench
             self.meter.start()  # throughput is measured over logging intervals (metrics/meter.py)
             while self.step < last_step:
                 faults.start_compute_clock()
