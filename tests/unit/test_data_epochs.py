@@ -3,9 +3,6 @@ process group (``lmforge train``), in ``lmforge plan``, and by the mixture build
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,47 +12,10 @@ from lmforge.config.errors import ConfigError
 from lmforge.data.epochs import check_epochs, source_epochs, train_split_tokens
 
 
-def train(args, tmp_path, data_cache):
-    env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache)}
-    return subprocess.run(
-        [sys.executable, "-m", "lmforge.train", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def reference_only(max_epochs: float = 4.0) -> DataConfig:
     return DataConfig(
         sources={"reference": DataSourceConfig(path="embedded:reference", weight=1.0)}, max_epochs=max_epochs
     )
-
-
-@pytest.mark.timeout(300)
-def test_gpt_1b_on_the_embedded_mixture_is_refused_in_one_line_before_any_process_group(tmp_path, data_cache):
-    # one process: a layout of 1 (the 8-rank default would be refused first, as a layout error)
-    proc = train(
-        ["+exp=gpt_1b", "parallelism.dp_shard=1", f"run.root={tmp_path}", "run.name=big", "train.device=cpu"],
-        tmp_path,
-        data_cache,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith(
-        "lmforge: config key 'data.max_epochs': the run plans 52,428,800,000 tokens, "
-        "which would read source 'reference' ("
-    ), lines[0]
-    assert "50,161.0 times, more than data.max_epochs=4" in lines[0]
-    for fix in ("data=<preset>", "`lmforge data prepare`", "data.max_epochs=50162"):
-        assert fix in lines[0]
-    # Refused before the Trainer, on a fresh cache too: no run files, no process group (it writes comm_env.json),
-    # no rank output.
-    assert not (tmp_path / "big" / "config.yaml").exists() and not (tmp_path / "big" / "metrics.jsonl").exists()
-    assert not (tmp_path / "big" / "comm_env.json").exists()
-    assert "gloo" not in proc.stderr.lower() and proc.stdout.strip() == ""
 
 
 def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(data_cache, capsys, monkeypatch):
