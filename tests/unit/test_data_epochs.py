@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.config.compose import compose
 from lmforge.config.data import DataConfig, DataSourceConfig
 from lmforge.config.errors import ConfigError
-from lmforge.data.epochs import check_epochs, source_epochs, train_split_tokens
+from lmforge.config.validate import validate
+from lmforge.data.epochs import check_epochs, prepare_embedded, source_epochs, train_split_tokens
 
 
 def reference_only(max_epochs: float = 4.0) -> DataConfig:
@@ -18,10 +20,18 @@ def reference_only(max_epochs: float = 4.0) -> DataConfig:
     )
 
 
-def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(data_cache, capsys, monkeypatch):
+@pytest.fixture(scope="module")
+def prepared(data_cache) -> Path:
+    """The session's data cache with the default mixture's embedded corpora prepared (once, under their locks, as
+    the first training start prepares them): the epochs are counted from the shards' real token counts."""
+    prepare_embedded(validate(compose([])).data, data_cache)  # conf/data/default.yaml: books, code, reference
+    return data_cache
+
+
+def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(prepared, capsys, monkeypatch):
     from lmforge.cli import main
 
-    monkeypatch.setenv("LMFORGE_DATA_CACHE", str(data_cache))
+    monkeypatch.setenv("LMFORGE_DATA_CACHE", str(prepared))
     assert main(["plan", "+exp=gpt_1b"]) == 2
     out, err = capsys.readouterr()
     assert err.startswith("lmforge plan: refused: config key 'data.max_epochs'") and "50,161.0 times" in err
@@ -31,7 +41,8 @@ def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(data_cache, capsys,
     assert "data       epochs per source: books 0.35, code 0.11, reference 0.59 (data.max_epochs 4)" in out, err
 
 
-def test_the_limit_is_exact_per_source_and_zero_disables_it(data_cache):
+def test_the_limit_is_exact_per_source_and_zero_disables_it(prepared):
+    data_cache = prepared
     from lmforge.data.epochs import known_prefix
 
     cfg = reference_only()

@@ -52,7 +52,7 @@ def test_the_run_directory_writers_follow_the_policy(tmp_path):
         verdict.write(paths.root, verdict.Verdict(verdict.VerdictKind.CRASH, 0, 3, "boom", 1))
         verdict.archive(paths.root)  # verdicts/history.jsonl
         verdict.record_crash(paths.root, 0, 3, "RuntimeError", "Traceback ...", 0.0)
-        retry.record(paths.root, 1, False, 2)  # requeues.json
+        retry.record(paths.root, 1, signalled=False, max_failures=2)  # requeues.json
         dog = Watchdog(0, 60.0, paths.dumps, heartbeat_dir=paths.heartbeats)  # not started: no thread
         dog.write_heartbeat()
         dog.dump("a test")  # dumps/watchdog-rank0-...txt
