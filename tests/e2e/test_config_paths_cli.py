@@ -39,4 +39,5 @@ def test_cli_refuses_a_run_name_outside_the_root_before_anything_is_written(tmp_
     assert out.stderr.strip().splitlines()[-1] == (
         "lmforge: config key 'train.max_steps': must be >= 1, got 0. Fix: set a positive value"
     )
-    assert (root / "inside").is_dir() and not (tmp_path / "escaped").exists()
+    # ... and, refused after its run directory was made, it removes what it made: nothing is left either way
+    assert not (tmp_path / "escaped").exists() and sorted(p.name for p in tmp_path.iterdir()) == []

@@ -154,6 +154,13 @@ def test_the_documented_lm_eval_command_runs_on_cpu_from_any_directory(checkpoin
     limit = int(argv[argv.index("--limit") + 1])
     loaded = load_checkpoint(checkpoint)
     task = load_task(SHIPPED_DIR / "stdlib_next_line.yaml")
-    runner = TaskRunner([task], loaded.tokenizer.encode, loaded.tokenizer.eod, loaded.cfg.seq_len, 16, limit)
+    runner = TaskRunner(
+        [task],
+        loaded.tokenizer.encode,
+        eod=loaded.tokenizer.eod,
+        seq_len=loaded.cfg.seq_len,
+        batch_size=16,
+        limit=limit,
+    )
     ours, _ = runner.run_fn(loaded.token_logprobs, torch.device("cpu"))
     assert record["results"]["stdlib_next_line"]["acc,none"] == ours["eval/stdlib_next_line/acc"]

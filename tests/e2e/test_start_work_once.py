@@ -186,7 +186,9 @@ def sweep_of_two_points(tmp_path: Path) -> Path:
 @pytest.mark.timeout(600)
 def test_a_check_added_once_refuses_lmforge_train_a_sweep_point_and_the_slurm_prepare_step(tmp_path, data_cache):
     base = ["model=tiny", f"run.root={tmp_path / 'runs'}", "train.device=cpu", "train.threads=1", "run.name=refuse"]
-    # lmforge train: one line, exit 2, this rank's verdict; validate() and the entry checks once each.
+    # lmforge train: one line, exit 2, this rank's verdict; validate() and the entry checks once each. The run
+    # directory is there before the launch (a refused start removes a directory it made itself, verdict included).
+    (tmp_path / "runs" / "refuse").mkdir(parents=True)
     proc, calls = start_with_the_added_check(tmp_path, "lmforge.train", base)
     assert (proc.returncode, proc.stderr.strip().splitlines()[-1]) == (2, REFUSED), proc.stderr[-3000:]
     assert calls == ["validate", "entry_checks refuse"]

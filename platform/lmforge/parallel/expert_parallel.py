@@ -95,11 +95,11 @@ class TokenDispatch:
         rows = all_to_all(x, recv_sizes, send_sizes, self.group)  # (collective: dispatch)
         by_source = recv.reshape(-1).tolist()
         grouped = _regroup(rows, by_source, ep, local)  # source-major -> local-expert-major
-        w = [
+        w1, w2, w3 = [
             None if p is None else (p.to_local() if isinstance(p, DTensor) else p)
             for p in (experts.w1, experts.w2, experts.w3)
         ]
-        out = experts.run(grouped, recv.sum(0), *w)
+        out = experts.run(grouped, recv.sum(0), w1=w1, w2=w2, w3=w3)
         by_expert = recv.t().reshape(-1).tolist()
         out = _regroup(out, by_expert, local, ep)  # back to source-major
         out = all_to_all(out, send_sizes, recv_sizes, self.group)  # (collective: combine)
