@@ -104,14 +104,16 @@ def raw_rate(docs: List[str], tok, workers: int) -> tuple:
 
 
 def prepare_time(src: Path, tok, workers: int, files_per_shard: int, scratch: Path) -> tuple:
-    from lmforge.data import sharded
+    from lmforge.data import sharded_prepare
 
     out = scratch / "out"
     shutil.rmtree(out, ignore_errors=True)
     t0, c0 = time.perf_counter(), cpu_seconds()
-    plan = sharded.write_or_check_plan(out, sharded.make_plan([str(src)], tok, files_per_shard, "text", "stop"))
-    sharded.build_shards(out, plan, tok, workers)
-    manifest = sharded.finalize(out)
+    plan = sharded_prepare.write_or_check_plan(
+        out, sharded_prepare.make_plan([str(src)], tok, files_per_shard, "text", "stop")
+    )
+    sharded_prepare.build_shards(out, plan, tok, workers)
+    manifest = sharded_prepare.finalize(out)
     seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     assert manifest["complete"] and manifest["empty_rows"] == 0
     return seconds, cpu

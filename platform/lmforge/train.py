@@ -23,7 +23,7 @@ from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.config.paths import check_run_names
 from lmforge.config.validate import check_override_keys
 from lmforge.runtime.device_contract import DeviceContractError
-from lmforge.runtime.env import launch_world_size, read
+from lmforge.runtime.env_vars import launch_world_size, read
 from lmforge.runtime.rundir import made_by_launch, register_resolvers, remove_refused
 
 

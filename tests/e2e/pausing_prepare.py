@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from lmforge.data import sharded
+from lmforge.data import sharded_prepare
 from lmforge.data.prepare import main
 
 
 def install_write_pause(shard: str, ready: Path) -> None:
-    real = sharded.write_shard
+    real = sharded_prepare.write_shard
 
     def write_shard(prefix, token_docs, *args, **kwargs):
         if Path(prefix).name != shard:
@@ -33,7 +33,7 @@ def install_write_pause(shard: str, ready: Path) -> None:
 
         return real(prefix, docs(), *args, **kwargs)
 
-    sharded.write_shard = write_shard
+    sharded_prepare.write_shard = write_shard
 
 
 if __name__ == "__main__":

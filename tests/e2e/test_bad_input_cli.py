@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lmforge.data.embedded import iter_documents
+from lmforge.data.indexed_shard import HEADER_BYTES
 from lmforge.data.prepare import prepare
-from lmforge.data.shards import HEADER_BYTES
 from lmforge.data.tokenizer import load_tokenizer, train_bpe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lmforge.comm.env import comm_environment
+from lmforge.comm.transport_env import comm_environment
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from lmforge.data.embedded import iter_documents
+from lmforge.data.indexed_shard import read_index
 from lmforge.data.prepare import main as prepare_main
-from lmforge.data.shards import read_index
 from lmforge.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

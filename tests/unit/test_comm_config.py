@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lmforge.comm.env import comm_env_record, comm_environment, export_comm_env
 from lmforge.comm.process_group import choose_backend
+from lmforge.comm.transport_env import comm_env_record, comm_environment, export_comm_env
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.compose import compose
 from lmforge.config.errors import ConfigError

@@ -10,8 +10,8 @@ import pytest
 
 from lmforge.data import cli as data_cli
 from lmforge.data.embedded import iter_documents
+from lmforge.data.indexed_shard import read_index, token_dtype, write_shard
 from lmforge.data.prepare import prepare
-from lmforge.data.shards import read_index, token_dtype, write_shard
 from lmforge.data.tokenizer import EOD_TOKEN, Tokenizer, export_tiktoken, load_tokenizer
 
 

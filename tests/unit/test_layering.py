@@ -108,7 +108,7 @@ def parents(tree: ast.AST) -> dict:
     return {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
 
-# No environment reads outside runtime/ (runtime/env.py holds the table of variables lmforge reads).
+# No environment reads outside runtime/ (runtime/env_vars.py holds the table of variables lmforge reads).
 # Allowed: writes (os.environ[k] = v, del, setdefault/pop/update/clear) and whole copies handed to a child
 # process (dict(os.environ), {**os.environ, ...}, os.environ.copy()). Everything else is a read.
 ENV_WRITES = {"setdefault", "pop", "update", "clear", "copy"}
@@ -170,7 +170,7 @@ def env_reads(tree: ast.AST) -> list[str]:
 
 def test_no_environment_reads_outside_runtime():
     bad = check_sources(env_reads, exclude_dirs=("runtime",))
-    assert not bad, "environment reads outside runtime/ (use lmforge.runtime.env):\n" + "\n".join(bad)
+    assert not bad, "environment reads outside runtime/ (use lmforge.runtime.env_vars):\n" + "\n".join(bad)
 
 
 def test_environment_rule_flags_reads_and_passes_writes():
@@ -387,10 +387,10 @@ def test_cycle_rule_finds_a_cycle_hidden_by_a_function_level_import():
     ]
     # across packages, and through the real tree: a copy of the sources with one planted back edge
     trees = source_trees()
-    planted_tree = trees["lmforge.runtime.env"]
+    planted_tree = trees["lmforge.runtime.env_vars"]
     planted_tree.body.append(ast.parse("def planted():\n    from lmforge.cli import main\n").body[0])
     cycles = import_cycles(import_graph(trees))
-    assert any("lmforge.runtime.env" in c and "lmforge.cli" in c for c in cycles), cycles
+    assert any("lmforge.runtime.env_vars" in c and "lmforge.cli" in c for c in cycles), cycles
 
 
 # ---- function-level imports of lmforge modules say why they are deferred ------------------------------------
@@ -443,7 +443,7 @@ def test_function_import_rule_flags_unexplained_imports():
     source = (
         "from lmforge.config import ConfigError\n"  # 1 module level: fine
         "def f():\n"
-        "    from lmforge.data.shards import read_index\n"  # 3 flagged
+        "    from lmforge.data.indexed_shard import read_index\n"  # 3 flagged
         "    import lmforge.model.gpt  # deferred: imports torch\n"  # 4 fine
         "    # deferred: megatron-core takes seconds to import\n"
         "    from lmforge.data.mixture import build_mixture\n"  # 6 fine

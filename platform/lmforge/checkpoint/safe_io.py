@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from lmforge.config.errors import ActionableError
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 
 TRUST_FIX = (
     "load only checkpoints written by lmforge (tensors + JSON); re-save a checkpoint of unknown origin "

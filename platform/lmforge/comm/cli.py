@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from lmforge.config.errors import ConfigError
-from lmforge.runtime.env import launch_world_size, launched, local_rank
+from lmforge.runtime.env_vars import launch_world_size, launched, local_rank
 
 WORLD_OF_ONE = (
     "lmforge comm bench: world size 1: one process has no peer to move bytes to, so there is no bandwidth to "

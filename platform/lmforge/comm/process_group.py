@@ -2,7 +2,7 @@
 
 Without RANK/WORLD_SIZE (a plain ``python -m lmforge.train``) a world of one is created on a private
 file store, so every code path (megatron-core's dataset builder, DCP) sees an initialised group.
-The ``comm`` preset's variables are exported first (``lmforge.comm.env``) and, given a run directory,
+The ``comm`` preset's variables are exported first (``lmforge.comm.transport_env``) and, given a run directory,
 recorded by rank 0 in ``<run>/comm_env.json``.
 """
 
@@ -16,10 +16,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from lmforge.comm.env import comm_env_record, export_comm_env, write_comm_env
+from lmforge.comm.transport_env import comm_env_record, export_comm_env, write_comm_env
 from lmforge.config.comm import CommConfig
 from lmforge.config.errors import ConfigError
-from lmforge.runtime.env import launched, local_rank, local_world_size
+from lmforge.runtime.env_vars import launched, local_rank, local_world_size
 from lmforge.runtime.rundir import RunPaths
 
 __all__ = ["WorldInfo", "choose_backend", "export_comm_env", "init_process_group", "destroy_process_group"]

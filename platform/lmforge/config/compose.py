@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from lmforge.config.errors import ConfigError
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import _closest, _schema_at, _valid_keys, check_override_keys
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 from lmforge.runtime.rundir import register_resolvers
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict
 
 from lmforge.config.errors import ConfigError
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 
 EOD_TOKEN = "<|endoftext|>"
 EMBEDDED_VOCAB = 8192  # the vocabulary the embedded BPE is trained to (data/tokenizer.py build_embedded_tokenizer)

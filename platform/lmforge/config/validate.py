@@ -31,7 +31,7 @@ from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
 from lmforge.config.tokenizer_files import vocab_size_of
 from lmforge.config.validated import Validated
-from lmforge.runtime.env import launch_world_size
+from lmforge.runtime.env_vars import launch_world_size
 
 
 def _valid_keys(schema_cls: Any) -> List[str]:

@@ -18,8 +18,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from lmforge.config.errors import ConfigError
+from lmforge.data.indexed_shard import IndexInfo, ShardFormatError, max_token_id, read_index, read_meta
 from lmforge.data.megatron_import import quiet_megatron_import
-from lmforge.data.shards import IndexInfo, ShardFormatError, max_token_id, read_index, read_meta
 from lmforge.data.tokenizer import Tokenizer
 
 PREPARE_FIX = "re-run `lmforge data prepare INPUTS --out PREFIX` (see docs/data.md)"

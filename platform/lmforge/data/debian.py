@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence
 
 from lmforge.data.tokenizer import load_tokenizer
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 
 PACKAGES: Dict[str, str] = {"kjv": "sword-text-kjv", "fortunes": "fortunes"}
 

@@ -24,7 +24,7 @@ from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
 from lmforge.data.checks import normalise_weights, split_bounds, split_string
 from lmforge.data.embedded import VERSION
-from lmforge.data.shards import ShardFormatError, read_index
+from lmforge.data.indexed_shard import ShardFormatError, read_index
 from lmforge.data.sources import default_cache_dir, resolve_source
 from lmforge.data.stream_size import stream_sizes
 from lmforge.data.tokenizer import embedded_tokenizer_path, load_tokenizer

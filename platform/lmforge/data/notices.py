@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lmforge.runtime.env import launch_rank
+from lmforge.runtime.env_vars import launch_rank
 
 
 def first_use_notice(what: str, where: Path) -> None:

@@ -4,7 +4,7 @@ Inputs (read by :mod:`lmforge.data.formats`): Parquet, JSONL / .jsonl.gz / .json
 save_to_disk directories, text files; directories and globs of them; or ``embedded:NAME``. The text is the
 ``--text-key`` field/column. With ``--shard-size`` the output is a directory of shards, one per N input
 files (``8``) or of at most N tokens each (``500M``), with a manifest, resumable, and splittable across a
-Slurm array (:mod:`lmforge.data.sharded`).
+Slurm array (:mod:`lmforge.data.sharded_prepare`).
 Documents are tokenized in worker processes (``--workers``), reassembled in input order, given an
 end-of-document token, and written with megatron-core's ``IndexedDatasetBuilder`` as PREFIX.bin/.idx
 (uint16 when the vocabulary fits, else int32) plus PREFIX.meta.json recording the tokenizer identity.
@@ -20,14 +20,14 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from lmforge.data import sharded
+from lmforge.data import sharded_prepare
 from lmforge.data.embedded import iter_documents
 from lmforge.data.formats import ON_ERROR, ReadReport, input_bytes, iter_file, list_files
+from lmforge.data.indexed_shard import ensure_shard, meta_path, write_shard
 from lmforge.data.prepare_slurm import submit_array
-from lmforge.data.shards import ensure_shard, meta_path, write_shard
 from lmforge.data.tokenize_pool import tokenize_docs
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
-from lmforge.runtime.env import read, read_int
+from lmforge.runtime.env_vars import read, read_int
 
 
 def iter_inputs(
@@ -174,18 +174,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    size = sharded.ShardSize.parse(args.shard_size) if args.shard_size is not None else None
+    size = sharded_prepare.ShardSize.parse(args.shard_size) if args.shard_size is not None else None
     if args.finalize:
-        print(json.dumps(_summary(sharded.finalize(out)), indent=1))
+        print(json.dumps(_summary(sharded_prepare.finalize(out)), indent=1))
         return 0
     tok = load_tokenizer(args.tokenizer, Path(args.cache_dir))
     if not args.inputs:  # an array task (or a re-run): the plan already under --out says what to do
-        if not (out / sharded.PLAN).exists():
+        if not (out / sharded_prepare.PLAN).exists():
             raise ValueError("no inputs. Fix: give files, directories, globs or embedded:NAME")
-        plan = sharded.load_plan(out)
+        plan = sharded_prepare.load_plan(out)
         if plan["tokenizer"] != tok.identity:
             raise ValueError(
-                f"{out / sharded.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
+                f"{out / sharded_prepare.PLAN} was made with tokenizer {plan['tokenizer'].get('fingerprint')}, "
                 f"--tokenizer {args.tokenizer} is {tok.fingerprint}. Fix: pass the plan's --tokenizer"
             )
     elif args.shard_size is None:
@@ -208,20 +208,22 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     else:
         if args.force:
-            for name in (sharded.PLAN, sharded.MANIFEST):
+            for name in (sharded_prepare.PLAN, sharded_prepare.MANIFEST):
                 (out / name).unlink(missing_ok=True)
             for done in [*out.glob("shard-*.meta.json"), *out.glob("shard-*.parts.json")]:
                 done.unlink()
-        plan = sharded.write_or_check_plan(out, sharded.make_plan(args.inputs, tok, size, args.text_key, args.on_error))
+        plan = sharded_prepare.write_or_check_plan(
+            out, sharded_prepare.make_plan(args.inputs, tok, size, args.text_key, args.on_error)
+        )
     if args.launcher == "slurm-array":
         print(submit_array(out, args.tokenizer, args.cache_dir, args.workers, args.array_tasks, args.sbatch_arg))
         return 0
     task = args.task_index if args.task_index is not None else read_int("SLURM_ARRAY_TASK_ID")
     tasks = args.num_tasks if args.num_tasks is not None else read_int("SLURM_ARRAY_TASK_COUNT")
-    status = sharded.build_shards(out, plan, tok, args.workers, task or 0, tasks or 1, args.progress)
+    status = sharded_prepare.build_shards(out, plan, tok, args.workers, task or 0, tasks or 1, args.progress)
     print(json.dumps(status, indent=1))
     if task is None:  # a local run does all the shards, then marks the directory complete
-        print(json.dumps(_summary(sharded.finalize(out)), indent=1))
+        print(json.dumps(_summary(sharded_prepare.finalize(out)), indent=1))
     return 0
 
 

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 
 
 def array_script() -> Path:

@@ -10,12 +10,12 @@ from typing import List, Optional, Tuple
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
 from lmforge.data.embedded import SOURCES, VERSION
+from lmforge.data.indexed_shard import read_meta
 from lmforge.data.notices import first_use_notice
 from lmforge.data.prepare import prepare
-from lmforge.data.sharded import MANIFEST, PLAN, read_manifest
-from lmforge.data.shards import read_meta
+from lmforge.data.sharded_prepare import MANIFEST, PLAN, read_manifest
 from lmforge.data.tokenizer import Tokenizer
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 
 
 def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:

@@ -1,6 +1,6 @@
 """Documents -> token ids, in input order: read ahead by a thread, tokenized in this process or in a pool of
 ``spawn``ed worker processes (one tokenizer each). The ids do not depend on the number of workers.
-Used by ``lmforge data prepare`` (:mod:`lmforge.data.prepare`) and the sharded build (:mod:`lmforge.data.sharded`).
+Used by ``lmforge data prepare`` (:mod:`lmforge.data.prepare`) and the sharded build (:mod:`lmforge.data.sharded_prepare`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from lmforge.fault.verdict import VerdictKind, record_exit
 from lmforge.fault.watchdog import Watchdog
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.runtime.dist import world_size
-from lmforge.runtime.env import slurm_restart_count, torchrun_restart_count, watched_by_launcher
+from lmforge.runtime.env_vars import slurm_restart_count, torchrun_restart_count, watched_by_launcher
 from lmforge.runtime.rundir import RunPaths
 
 

@@ -35,7 +35,7 @@ from lmforge.fault.exitcodes import (
     REPEATED_CRASH_EXIT_CODE,
     REQUEUE_EXIT_CODE,
 )
-from lmforge.runtime.env import slurm_job_id, slurm_restart_count
+from lmforge.runtime.env_vars import slurm_job_id, slurm_restart_count
 from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.rundir import RunPaths
 

@@ -12,7 +12,7 @@ import signal
 import threading
 from typing import Optional
 
-from lmforge.runtime.env import under_torchrun
+from lmforge.runtime.env_vars import under_torchrun
 
 REQUEUE_EXIT_CODE = 42
 

@@ -34,7 +34,7 @@ from typing import Callable, List, Optional
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
 from lmforge.runtime.device_contract import DeviceContractError
-from lmforge.runtime.env import read, read_int, slurm_restart_count, torchrun_restart_count
+from lmforge.runtime.env_vars import read, read_int, slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.file_modes import make_dir, open_append, open_write, write_text
 from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from lmforge.fault.exitcodes import ORPHAN_EXIT_CODE, WATCHDOG_EXIT_CODE
-from lmforge.runtime.env import slurm_job_id, torchrun_restart_count
+from lmforge.runtime.env_vars import slurm_job_id, torchrun_restart_count
 from lmforge.runtime.file_modes import make_dir, open_write, write_text
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lmforge.fault.verdict import deciding
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 from lmforge.runtime.file_modes import set_tree
 from lmforge.runtime.rundir import RunPaths
 

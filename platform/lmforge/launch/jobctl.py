@@ -35,7 +35,7 @@ from lmforge.fault.verdict import archive
 from lmforge.launch.allocation import check_allocation, nodes_override, run_name_override
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.device_contract import check as check_device_contract
-from lmforge.runtime.env import environment, read, read_int, slurm_job_id, slurm_restart_count
+from lmforge.runtime.env_vars import environment, read, read_int, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
 BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")

@@ -23,7 +23,7 @@ from typing import Mapping, Optional, Tuple
 from urllib.parse import urlparse
 
 from lmforge.config.logging import WandbConfig
-from lmforge.runtime.env import environment
+from lmforge.runtime.env_vars import environment
 from lmforge.runtime.secrets import redact
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"

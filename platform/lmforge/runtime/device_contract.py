@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from lmforge.runtime.env import environment
+from lmforge.runtime.env_vars import environment
 
 CPU_KINDS = ("auto", "cpu", "")
 NO_DEVICES = ("", "-1", "none", "nodevfiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU

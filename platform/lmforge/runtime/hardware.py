@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from lmforge.runtime import env
+from lmforge.runtime import env_vars
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def threads_per_process(threads: int, local_world_size: int, cores: Optional[int
 def pin_threads(threads: int = 0, local_world_size: Optional[int] = None) -> int:
     """Set intra-op threads to ``threads_per_process`` (``train.threads``). Returns the count."""
     if local_world_size is None:
-        local_world_size = env.local_world_size()
+        local_world_size = env_vars.local_world_size()
     n = threads_per_process(threads, local_world_size)
     torch.set_num_threads(n)
     return n
@@ -213,7 +213,7 @@ def measure_matmul_tflops(
 
 
 def _cpu_peak_cache(cache: Optional[Path]) -> Path:
-    return cache or Path(env.read("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge") / "cpu_peak.json"
+    return cache or Path(env_vars.read("LMFORGE_CACHE") or Path.home() / ".cache" / "lmforge") / "cpu_peak.json"
 
 
 def _cpu_peak_key(dtype: torch.dtype) -> str:

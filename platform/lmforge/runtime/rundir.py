@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional, Tuple
 
-from lmforge.runtime.env import environment
+from lmforge.runtime.env_vars import environment
 from lmforge.runtime.file_modes import DIR_MODE
 
 _FRESH_ID: Optional[str] = None

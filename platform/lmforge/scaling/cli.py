@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from lmforge.runtime.env import read
+from lmforge.runtime.env_vars import read
 from lmforge.scaling.errors import ScalingError
 
 

@@ -34,7 +34,7 @@ from lmforge.data.sources import default_cache_dir
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks
-from lmforge.runtime.env import slurm_restart_count, torchrun_restart_count
+from lmforge.runtime.env_vars import slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.rundir import RunPaths
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 from lmforge.config.validate import validate
 from lmforge.config.validated import Validated
 from lmforge.fault.verdict import VerdictRecorder
-from lmforge.runtime.env import launch_world_size
+from lmforge.runtime.env_vars import launch_world_size
 from lmforge.trainer.entry_checks import EntryChecks, entry_checks
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.mesh import DIM_NAMES
 from lmforge.parallel.planner import startup_memory_check
-from lmforge.runtime import env, host_memory, provenance
+from lmforge.runtime import env_vars, host_memory, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
 from lmforge.runtime.file_modes import make_dir, set_file, set_tree, write_text
@@ -94,8 +94,8 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         # Before any collective: a job that wants GPUs it cannot use stops here, on every rank (exit 2).
-        check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device, env.local_world_size())
-        self.device = select_device(cfg.train.device, env.local_rank())
+        check_device_contract(cfg.train.device, cfg.cluster.name, cfg.cluster.device, env_vars.local_world_size())
+        self.device = select_device(cfg.train.device, env_vars.local_rank())
         # Before the model and data are built: on the CPU, glibc keeps freed blocks for the next step's tensors.
         self.host_malloc = host_memory.apply(host_memory.resolve(cfg.train.host_malloc, self.device.type))
         self.world: WorldInfo = init_process_group(cfg.comm, self.device, run_dir=self.paths.root)

@@ -81,7 +81,7 @@ class UnlistedVariable(KeyError):
 def _listed(name: str) -> str:
     if name not in VARIABLES and not name.startswith(tuple(FAMILIES)):
         raise UnlistedVariable(
-            f"environment variable {name} is not in lmforge.runtime.env.VARIABLES; add it with its meaning"
+            f"environment variable {name} is not in lmforge.runtime.env_vars.VARIABLES; add it with its meaning"
         )
     return name
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from lmforge.config.comm import CommConfig
-from lmforge.runtime.env import already_set, matching
+from lmforge.runtime.env_vars import already_set, matching
 from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.secrets import redact
 

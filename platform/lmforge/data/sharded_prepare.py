@@ -35,7 +35,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from lmforge.data.file_lock import file_lock
 from lmforge.data.formats import ReadReport, file_format, input_bytes, iter_file, list_files
-from lmforge.data.shards import ShardFormatError, ensure_shard, meta_path, read_index, write_shard
+from lmforge.data.indexed_shard import ShardFormatError, ensure_shard, meta_path, read_index, write_shard
 from lmforge.data.tokenize_pool import tokenize_docs, worker_pool
 from lmforge.data.tokenizer import Tokenizer
 
