@@ -1,6 +1,6 @@
 """``python pausing_prepare.py SHARD READY <prepare args...>``: ``lmforge data prepare`` that freezes while writing
 shard SHARD, right after its first document went into the shard's temporary file, and then writes the file READY,
-so a test can ``kill -9`` it at a known point (tests/unit/test_data_sharded.py) instead of racing a poll against a
+so a test can ``kill -9`` it at a known point (tests/e2e/test_data_sharded.py) instead of racing a poll against a
 build that may finish first.
 
 The pause is installed in this process, in Python, before the entry point runs; production code reads no test
