@@ -1,0 +1,80 @@
+"""A sandbox checkout for running the docs' commands as printed: a working directory holding links to the
+checkout's scripts and pages, the venv as ``.venv``, and an environment whose ``python`` is the venv's."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+LINKED = ("launchers", "slurm", "benchmarks", "docs", "conf", "platform", "Makefile", "tests")
+DEFAULT_TIMEOUT_S = 300
+
+
+def make_sandbox(root: Path, data_cache: Path) -> Dict[str, str]:
+    """Populate ``root`` and return the environment the commands run in. pyproject.toml is copied with the time of
+    the venv's install stamp, so that ``make`` sees the venv it was built from as current (a worktree's newer
+    pyproject.toml would make ``make smoke`` reinstall into the shared venv)."""
+    venv = Path(sys.prefix)
+    for name in LINKED:
+        (root / name).symlink_to(REPO / name)
+    (root / ".venv").symlink_to(venv)
+    stamps = sorted(venv.glob(".installed-*"))
+    if not stamps:
+        raise AssertionError(f"{venv} has no .installed-* stamp: build the venv with `make install` first")
+    (root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    t = stamps[0].stat().st_mtime - 1
+    os.utime(root / "pyproject.toml", (t, t))
+    path = os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")])
+    pythonpath = os.pathsep.join(p for p in [str(REPO / "platform"), os.environ.get("PYTHONPATH", "")] if p)
+    return {
+        **os.environ,
+        "PATH": path,
+        "PYTHONPATH": pythonpath,
+        "VIRTUAL_ENV": str(venv),
+        "LMFORGE_DATA_CACHE": str(data_cache),
+        "LMFORGE_REPO": str(root),
+        "LMFORGE_PYTHON": str(venv / "bin" / "python"),
+    }
+
+
+@dataclass
+class Outcome:
+    command: str
+    rc: Optional[int]  # None: timed out
+    output: str
+    wall_s: float
+    cpu_s: float
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_entry(entry: dict, cwd: Path, env: Dict[str, str]) -> Outcome:
+    """An entry's setup lines, then its command, in one bash: exit status, output, wall and CPU seconds."""
+    import time
+
+    script = "\n".join(["set -e", *entry.get("setup", []), "set +e", entry["command"]])
+    cpu0, t0 = children_cpu_s(), time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", script],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=entry.get("timeout_s", DEFAULT_TIMEOUT_S),
+            start_new_session=True,
+        )
+        rc, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, (e.output or b"").decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+    return Outcome(entry["command"], rc, out, time.monotonic() - t0, children_cpu_s() - cpu0)
