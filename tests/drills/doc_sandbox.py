@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -58,23 +60,37 @@ def children_cpu_s() -> float:
 
 
 def run_entry(entry: dict, cwd: Path, env: Dict[str, str]) -> Outcome:
-    """An entry's setup lines, then its command, in one bash: exit status, output, wall and CPU seconds."""
-    import time
-
+    """An entry's setup lines, then its command, in one bash of its own process group: exit status, output, wall
+    and CPU seconds. A command past its timeout is killed with everything it started (the group), and so is
+    anything a finished command left running."""
     script = "\n".join(["set -e", *entry.get("setup", []), "set +e", entry["command"]])
     cpu0, t0 = children_cpu_s(), time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    rc: Optional[int] = None
     try:
-        proc = subprocess.run(
-            ["bash", "-c", script],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=entry.get("timeout_s", DEFAULT_TIMEOUT_S),
-            start_new_session=True,
-        )
-        rc, out = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as e:
-        rc, out = None, (e.output or b"").decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
-    return Outcome(entry["command"], rc, out, time.monotonic() - t0, children_cpu_s() - cpu0)
+        out, _ = proc.communicate(timeout=entry.get("timeout_s", DEFAULT_TIMEOUT_S))
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, _ = proc.communicate()
+    finally:
+        _kill_group(proc.pid)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Outcome(entry["command"], rc, out or "", time.monotonic() - t0, children_cpu_s() - cpu0)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

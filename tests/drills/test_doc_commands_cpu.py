@@ -7,15 +7,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from doc_commands import load_manifest  # noqa: E402
-from doc_sandbox import make_sandbox, run_entry  # noqa: E402
+from doc_sandbox import DEFAULT_TIMEOUT_S, make_sandbox, run_entry  # noqa: E402
 
 ENTRIES = [e for e in load_manifest() if e["class"] == "cpu"]
+TOTAL_TIMEOUT_S = sum(e.get("timeout_s", DEFAULT_TIMEOUT_S) for e in ENTRIES)
 
 
+@pytest.mark.timeout(TOTAL_TIMEOUT_S)
 def test_every_cpu_command_runs_as_printed(tmp_path, data_cache, capsys):
     env = make_sandbox(tmp_path, data_cache)
     failures, rows = [], []

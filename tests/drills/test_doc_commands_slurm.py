@@ -51,7 +51,7 @@ def slurm_cluster(tmp_path_factory):
 def test_kill_drill_runs_as_printed_and_recovers(slurm_cluster, tmp_path, data_cache):
     entry = next(e for e in ENTRIES if "fault.drill.kill_step" in e["command"])
     env = make_sandbox(tmp_path, data_cache)
-    env["LMFORGE_PYTHON"] = sys.executable
+    env["LMFORGE_PYTHON"] = str(cpu_counting_python(tmp_path / "python-cpu", tmp_path / "cpu.log"))
     words = shlex.split(entry["command"])
     assert words[0] == "sbatch"
     job = slurm_cluster.sbatch(words[1:], cwd=tmp_path, env=env)
@@ -66,6 +66,25 @@ def test_kill_drill_runs_as_printed_and_recovers(slurm_cluster, tmp_path, data_c
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = {r["step"] for r in steps if r.get("kind") == "train"}
     assert max(trained) == 40
+    print(f"doc commands: slurm kill drill: {job_cpu_s(tmp_path / 'cpu.log'):.0f} CPU-s in the job's processes")
+
+
+def cpu_counting_python(path: Path, log: Path) -> Path:
+    """A stand-in for LMFORGE_PYTHON that runs this Python and appends the CPU time of everything it waited for
+    (a torchrun agent waits for its workers) to ``log``: the job's processes run under slurmd, outside this
+    test's own accounting."""
+    path.write_text(f'#!/bin/bash\n"{sys.executable}" "$@"\nrc=$?\ntimes >> "{log}"\nexit $rc\n')
+    path.chmod(0o755)
+    return path
+
+
+def job_cpu_s(log: Path) -> float:
+    """The sum of the user + system times ``times`` wrote (``1m2.500s 0m0.250s`` a line)."""
+    total = 0.0
+    for word in log.read_text().split() if log.exists() else []:
+        minutes, seconds = word.rstrip("s").split("m")
+        total += int(minutes) * 60 + float(seconds)
+    return total
 
 
 def test_the_smoke_layout_without_ddp_is_refused_at_that_world():
