@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 REPO = Path(__file__).resolve().parents[2]
-LINKED = ("launchers", "slurm", "benchmarks", "docs", "conf", "platform", "Makefile", "tests")
+LINKED = ("launchers", "slurm", "benchmarks", "docs", "conf", "platform", "Makefile")
 DEFAULT_TIMEOUT_S = 300
 
 
