@@ -187,8 +187,6 @@ def manifest_problems(entries: Sequence[Dict], commands: Sequence[DocCommand], r
         test = repo / str(entry.get("test") or "").split("::", 1)[0]
         if entry.get("test") and not test.is_file():
             problems.append(f"manifest entry {text!r}: its test {entry['test']} does not exist")
-        elif entry.get("class") == "ci" and text not in test.read_text():
-            problems.append(f"manifest entry {text!r}: {entry['test']} does not run it")
         if text in listed:
             problems.append(f"manifest entry {text!r}: listed twice")
         listed[text] = entry

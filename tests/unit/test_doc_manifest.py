@@ -125,13 +125,12 @@ def test_a_planted_unlabelled_command_block_is_reported(tmp_path):
 
 def test_bad_entries_are_reported(tmp_path):
     repo = planted_repo(tmp_path, page(("bash", ["a", "b", "c", "d", "e", "f"])))
-    (repo / "ci.sh").write_text("make other\n")
     commands, _ = doc_commands(repo)
     entries = [
         {"command": "a", "class": "sometimes"},
         {"command": "b", "class": "validate"},
         {"command": "c", "class": "gpu"},
-        {"command": "d", "class": "ci", "test": "ci.sh"},
+        {"command": "d", "class": "ci", "test": ".ci/nope"},
         {"command": "e", "class": "bench", "test": "tests/nope.py"},
         {"command": "f", "class": "cpu", "exits": 2},
         {"command": "f", "class": "cpu"},
@@ -140,7 +139,7 @@ def test_bad_entries_are_reported(tmp_path):
         "manifest entry 'a': class 'sometimes' is not one of " + ", ".join(CLASSES),
         "manifest entry 'b': a validate entry names its world size (world: N)",
         "manifest entry 'c': a gpu entry names the test that exercises it",
-        "manifest entry 'd': ci.sh does not run it",
+        "manifest entry 'd': its test .ci/nope does not exist",
         "manifest entry 'e': its test tests/nope.py does not exist",
         "manifest entry 'f': unknown key(s) exits",
         "manifest entry 'f': listed twice",
