@@ -25,6 +25,7 @@ from doc_commands import hydra_overrides, load_manifest  # noqa: E402
 from doc_sandbox import make_sandbox  # noqa: E402
 
 ENTRIES = [e for e in load_manifest() if e["class"] == "slurm"]
+CLUSTER_START_S = 300  # starting the 4 nodes' daemons, on a loaded machine
 WORLD = 2  # slurm/train.sh's #SBATCH --nodes=2, one rank a node on the test cluster's CPU nodes (cluster=local)
 
 
@@ -48,6 +49,7 @@ def slurm_cluster(tmp_path_factory):
         cluster.stop()
 
 
+@pytest.mark.timeout(CLUSTER_START_S + max(e.get("timeout_s", 900) for e in ENTRIES))
 def test_kill_drill_runs_as_printed_and_recovers(slurm_cluster, tmp_path, data_cache):
     entry = next(e for e in ENTRIES if "fault.drill.kill_step" in e["command"])
     env = make_sandbox(tmp_path, data_cache)
