@@ -104,7 +104,7 @@ def test_usage_without_show(capsys):
 @pytest.mark.parametrize("command", ["lmforge config show optim.lr", "lmforge config show parallelism +exp=gpt_1b"])
 def test_the_docs_show_the_real_output(command):
     text = DOCS.read_text()
-    shown = re.search(rf"```\n\$ {re.escape(command)}\n(.*?)```", text, re.S)
+    shown = re.search(rf"```(?:console)?\n\$ {re.escape(command)}\n(.*?)```", text, re.S)
     assert shown, f"docs/configuration.md lacks the output of {command}"
     assert shown.group(1).rstrip("\n").split("\n") == render(command.split()[3:])
 

@@ -35,6 +35,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.validate import validate
 
 REPO = Path(__file__).resolve().parents[2]
+SCRIPT_NODES = int(re.search(r"^#SBATCH --nodes=(\d+)$", (REPO / "slurm" / "train.sh").read_text(), re.M).group(1))
 DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 START = re.compile(
     r"^(?:\$ )?((?:\S*/)?lmforge (?:train|plan|launch)(?=\s|$)|python -m lmforge\.train(?=\s|$)|torchrun\s.*-m lmforge\.train\b|sbatch\s"
@@ -91,7 +92,8 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
         if script is None:
             return None
         nodes = [a.split("=", 1)[1] for a in argv[1:script] if a.startswith("--nodes=")]
-        return DocCommand(where, text, argv[script + 1 :], None, int(nodes[0]) if nodes else None)
+        # without --nodes, the batch script's own #SBATCH --nodes line is the allocation
+        return DocCommand(where, text, argv[script + 1 :], None, int(nodes[0]) if nodes else SCRIPT_NODES)
     if head.startswith("torchrun_") and head.endswith(".sh"):  # launchers/: options, then -- and the overrides
         split = argv.index("--") if "--" in argv else len(argv)
         opts = dict(zip(argv[1:split:2], argv[2:split:2]))
@@ -101,6 +103,8 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
         return DocCommand(where, text, argv[3:], 1)
     verb, rest = argv[1], argv[2:]
     if verb == "train":
+        if any(a == "--config-dir" or a.startswith("--config-dir=") for a in rest):
+            return None  # another config tree (an import's), composed where it exists: the docs' cpu drill runs it
         unknown = [a for a in rest if a.startswith("-")]
         assert not unknown, f"{where}: `{text}`: option {unknown[0]} not handled by this test"
         return DocCommand(where, text, rest, 1)
