@@ -116,7 +116,7 @@ def test_lm_eval_simple_evaluate_agrees_with_the_in_loop_scorer(checkpoint, tmp_
 def documented_command() -> list:
     """The lm-eval command line of docs/evaluation.md (its ``python -m lmforge.interop.lm_eval_model`` block)."""
     text = DOCS.read_text()
-    (block,) = re.findall(r"```\n(python -m lmforge\.interop\.lm_eval_model .*?)```", text, re.S)
+    (block,) = re.findall(r"```(?:bash)?\n(python -m lmforge\.interop\.lm_eval_model .*?)```", text, re.S)
     return shlex.split(block.replace("\\\n", " "))
 
 
