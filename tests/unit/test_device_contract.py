@@ -8,42 +8,10 @@ Only an explicit train.device=cpu trains on CPU under a GPU cluster config.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
-from lmforge.runtime.device_contract import DeviceContractError, DeviceFacts, allocated_gpus, check, install_fix
-
-REPO = Path(__file__).resolve().parents[2]
-TINY = [
-    "model=tiny",
-    "train.max_steps=1",
-    "train.micro_batch_size=2",
-    "train.global_batch_size=2",
-    "train.eval_every=0",
-    "train.threads=1",
-    "logging.console=plain",
-    "checkpoint.every_steps=0",
-]
-CPU_BUILD = f"torch {torch.__version__} (torch.version.cuda=None)"
-FIX = f"Fix: {install_fix()}, or set train.device=cpu to train on CPU on purpose"
-CLEAN = {
-    k: v
-    for k, v in os.environ.items()
-    if k
-    not in (
-        "SLURM_GPUS_ON_NODE",
-        "CUDA_VISIBLE_DEVICES",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "SLURMD_NODENAME",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    )
-}
+from lmforge.runtime.device_contract import DeviceContractError, DeviceFacts, allocated_gpus, check
 
 
 def test_this_machine_is_a_cpu_only_build():

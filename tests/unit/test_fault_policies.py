@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import torch
 
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.retry import load_state, record
 from lmforge.fault.straggler import find_stragglers
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_loss_guard_skips_nonfinite_and_spikes_and_declares_divergence():

@@ -12,23 +12,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BLOCKED = ("hydra", "omegaconf", "wandb", "deepspeed")
-EXPECTED_CHECKS = {
-    "matmul_tflops",
-    "flash_sdpa",
-    "bf16_step",
-    "process_group_world_1",
-    "fsdp2_one_device",
-    "compile_block",
-    "gpt_125m_eager",
-    "gpt_125m_compiled",
-    "gpt_125m_engine",
-    "engine_no_host_sync",
-    "gpt_1b_compiled",
-    "gpt_1b_engine",
-    "document_attention_varlen",
-}
-THROUGHPUT_KEYS = {"step_s", "tokens_per_s", "tflops", "mfu_vs_spec_989", "mfu_vs_measured_matmul", "first_step_s"}
 
 
 def load_gpu_check():

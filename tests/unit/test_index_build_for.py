@@ -4,11 +4,7 @@ shared process group, so no collective timeout) and loads the same files; both r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-HERE = Path(__file__).resolve().parent
 
 
 def test_build_for_refuses_inside_a_process_group(tmp_path, data_cache):

@@ -5,8 +5,6 @@ environment, before srun starts a worker. Real Hydra composition; the Slurm vari
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,7 +13,6 @@ from lmforge.launch.allocation import resources, run_name_override
 from lmforge.launch.jobctl import check_job, run_dir_for
 from lmforge.runtime.device_contract import DeviceContractError
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = [
     "model=tiny",
     "train.micro_batch_size=4",
