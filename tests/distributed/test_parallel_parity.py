@@ -731,10 +731,14 @@ def test_distributed_optimizer_parity(distributed_optimizer_runs, reference, cas
         r = out[case]
         c = r["coords"]
         groups = 4 + 1 if case == "distopt_tp2" else 2 + 1  # a pipeline rank holds 2 of the 4 blocks
-        assert r["all_gathers"] == [groups] * STEPS, f"{case} rank {r['rank']}: all-gathers {r['all_gathers']}"
+        # the pipeline schedule's first step gathers each group twice (measured: 6, 3, 3), every later step once
+        gathers = r["all_gathers"] if case == "distopt_tp2" else r["all_gathers"][1:]
+        assert gathers == [groups] * len(gathers), f"{case} rank {r['rank']}: all-gathers {r['all_gathers']}"
         assert r["reduce_scatters"] == [groups] * STEPS, f"{case} rank {r['rank']}: {r['reduce_scatters']}"
         params, grads = planned_fsdp_bytes(case, c["pp"])
-        assert params > 0 and grads == params  # fp32 gather and fp32 reduce: the whole stage each
+        # fp32 gather and fp32 reduce: the whole stage each; under tp the embedding's gradient is the whole table
+        table = 8192 * 64 * 4 // 2 if case == "distopt_tp2" else 0
+        assert params > 0 and grads == params + table
         if case == "distopt_tp2":
             assert r["held_param_bytes"] == [0, params] * STEPS, f"rank {r['rank']}: {r['held_param_bytes']}"
             assert r["held_grad_bytes"] == [0, grads] * STEPS, f"rank {r['rank']}: {r['held_grad_bytes']}"
@@ -764,8 +768,8 @@ def test_distributed_optimizer_with_bf16_gather_keeps_fp32_master_weights(distri
     steps are fp32, the gathered copy held between micro batches is bf16 (half the fp32 case's bytes, the
     planner's count), the full gradients fp32; and the losses follow the fp32 run at bf16 compute accuracy."""
     params, grads = planned_fsdp_bytes("distopt_tp2_bf16")
-    fp32_params, _ = planned_fsdp_bytes("distopt_tp2")
-    assert 2 * params == fp32_params and grads == fp32_params
+    fp32_params, fp32_grads = planned_fsdp_bytes("distopt_tp2")
+    assert 2 * params == fp32_params and grads == fp32_grads
     for out in distributed_optimizer_runs:
         r = out["distopt_tp2_bf16"]
         assert r["param_dtypes"] == ["torch.float32"]
@@ -776,4 +780,4 @@ def test_distributed_optimizer_with_bf16_gather_keeps_fp32_master_weights(distri
         assert max(diffs) < BF16_LOSS_TOL and max(diffs) > TOL  # bf16 compute: close, but not the fp32 run
 
 
-BF16_LOSS_TOL = 2e-2
+BF16_LOSS_TOL = 2e-3  # measured: 2.3e-5, 1.1e-4, 3.2e-4 over the 3 steps

@@ -37,7 +37,9 @@ FSDP2 working memory: with ``reshard_after_forward`` two blocks' parameters are 
 block stays gathered from forward to backward. The root module (embedding, final norm, output) stays
 gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) and more than one micro batch,
 every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
-reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+reduce-scatter after the last one, instead of two blocks' in flight; without ``reshard_after_forward`` the blocks
+then stay gathered from the step's first forward to its last backward (the ``distributed_optimizer`` preset:
+Megatron's distributed optimizer). ``fsdp_working_bytes`` counts both. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 
 Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
 FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
@@ -355,8 +357,10 @@ def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batche
     Parameters: the root (embedding, final norm, output) stays gathered; blocks two at a time (current +
     prefetched) with ``reshard_after_forward``, else every block of the stage (kept from forward to backward, and
     under deferred sync from the step's first forward to its last backward). Gradients: two blocks' and the
-    root's before their reduce-scatter, or, deferred over more than one micro batch, every block's."""
-    p = cfg.parallelism
+    root's before their reduce-scatter, or, deferred over more than one micro batch, every block's. With tp > 1
+    the embedding's unsharded gradient is the whole vocab x d table (DTensor's embedding backward returns it
+    Replicate; ``keep_grads_in_param_layout`` slices only the sharded parameters' gradients)."""
+    p, m = cfg.parallelism, cfg.model
     if fsdp_degree(p) == 1:
         return 0, 0
     blocks = st.stage_numel_unsharded - st.root_numel_unsharded
@@ -364,6 +368,8 @@ def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batche
     unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
     if fsdp_grad_sync_mode(p) == "last_microbatch" and micro_batches > 1:
         unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
+    if p.tp > 1 and st.first:  # the replicated table's rows beyond this tp rank's
+        unsharded_grads += (m.vocab_size - chunk_size(m.vocab_size, p.tp, 0)) * m.d_model
     return (gathered + st.root_numel_unsharded) * dt.fsdp_param, unsharded_grads * dt.fsdp_reduce
 
 
