@@ -692,3 +692,107 @@ def test_three_dimensional_parity(three_d_runs, reference):
         assert wq["mesh"] == ["dp_shard", "tp"] and wq["placements"][1] == "S(0)" and wq["local"] == [16, 64]
         norm = r["params"][f"layers.{r['coords']['pp']}.attention_norm.weight"]
         assert norm["placements"] == ["S(0)", "R"] and norm["local"] == [32]
+
+
+# Megatron's distributed optimizer (the distributed_optimizer preset: FSDP2 over dp_shard, blocks kept gathered,
+# gradients reduce-scattered once per step) beside TP and PP, 4 ranks, 2 micro batches per step. The parity cases
+# gather fp32 parameters (param_dtype=fp32: the single-process reference is fp32); the preset's bf16 gather runs
+# as shipped. Negative control, 1 step: the same layout resharding after each micro batch's backward re-gathers.
+DISTOPT = ["parallelism=distributed_optimizer"]
+DISTOPT_FP32 = DISTOPT + ["parallelism.param_dtype=fp32"]
+DISTOPT_CASES = {
+    "distopt_tp2": DISTOPT_FP32 + ["parallelism.tp=2"],
+    "distopt_pp2": DISTOPT_FP32 + ["parallelism.pp=2"],
+    "distopt_tp2_bf16": DISTOPT + ["parallelism.tp=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def distributed_optimizer_runs(parity_samples) -> List[dict]:
+    cases = {name: {"overrides": o, "count_reduce_scatters": True} for name, o in DISTOPT_CASES.items()}
+    cases["distopt_tp2_regather"] = {
+        "overrides": DISTOPT_CASES["distopt_tp2"],
+        "count_reduce_scatters": True,
+        "steps": 1,
+        "regather_each_micro_batch": True,
+    }
+    return _run(4, cases, parity_samples, timeout=420)
+
+
+def planned_fsdp_bytes(case: str, pp_rank: int = 0) -> tuple:
+    """The planner's (gathered parameter, unsharded gradient) bytes of the case's pipeline rank."""
+    from distributed.parallel_worker import BASE
+
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import check_batch, validate
+    from lmforge.parallel.memory_estimate import dtypes_for, fsdp_working_bytes, state_bytes
+
+    cfg = validate(compose(BASE + DISTOPT_CASES[case]), world_size=4)
+    n_micro = cfg.parallelism.pp_microbatches or check_batch(cfg).grad_accum
+    return fsdp_working_bytes(cfg, state_bytes(cfg, "fp32", pp_rank=pp_rank), dtypes_for(cfg, "fp32"), n_micro)
+
+
+@pytest.mark.timeout(540)
+@pytest.mark.parametrize("case", ["distopt_tp2", "distopt_pp2"])
+def test_distributed_optimizer_parity(distributed_optimizer_runs, reference, case):
+    """dp_shard 2 x tp 2 and dp_shard 2 x pp 2 (1F1B) under the distributed-optimizer layout: losses, clipped norms
+    and the eval loss equal the single process's (1e-5); each FSDP group (block, or the root: embedding, final
+    norm, output) all-gathers and reduce-scatters once per step, not once per micro batch; and the bytes FSDP2
+    holds equal the planner's: before the second micro batch (dp x tp) or after the last stage backward (pp),
+    every parameter of the stage gathered and its full gradient kept."""
+    runs = distributed_optimizer_runs
+    assert_parity(case, runs, reference)
+    for out in runs:
+        r = out[case]
+        c = r["coords"]
+        groups = 4 + 1 if case == "distopt_tp2" else 2 + 1  # a pipeline rank holds 2 of the 4 blocks
+        # the pipeline schedule's first step gathers each group twice (measured: 6, 3, 3), every later step once
+        gathers = r["all_gathers"] if case == "distopt_tp2" else r["all_gathers"][1:]
+        assert gathers == [groups] * len(gathers), f"{case} rank {r['rank']}: all-gathers {r['all_gathers']}"
+        assert r["reduce_scatters"] == [groups] * STEPS, f"{case} rank {r['rank']}: {r['reduce_scatters']}"
+        params, grads = planned_fsdp_bytes(case, c["pp"])
+        # fp32 gather and fp32 reduce: the whole stage each; under tp the embedding's gradient is the whole table
+        table = 8192 * 64 * 4 // 2 if case == "distopt_tp2" else 0
+        assert params > 0 and grads == params + table
+        if case == "distopt_tp2":
+            assert r["held_param_bytes"] == [0, params] * STEPS, f"rank {r['rank']}: {r['held_param_bytes']}"
+            assert r["held_grad_bytes"] == [0, grads] * STEPS, f"rank {r['rank']}: {r['held_grad_bytes']}"
+            wq = r["params"][WQ]
+            assert wq["mesh"] == ["dp_shard", "tp"] and wq["local"] == [16, 64]
+        else:
+            last = r["pipeline_backward_buffers"][-1]  # the step's last backward, before the reduce-scatter
+            assert (last["params"], last["grads"]) == (params, grads), f"rank {r['rank']}: {last}"
+            assert max(b["params"] + b["grads"] for b in r["pipeline_backward_buffers"]) == params + grads
+            assert r["params"][f"layers.{2 * c['pp']}.attention.wq.weight"]["local"] == [32, 64]
+
+
+@pytest.mark.timeout(540)
+def test_distributed_optimizer_negative_control_resharding_after_backward_regathers(distributed_optimizer_runs):
+    """The same dp x tp layout resharding after every micro batch's backward: twice the all-gathers, nothing
+    gathered between micro batches (the kept-gathered run: once per step, every parameter gathered)."""
+    for out in distributed_optimizer_runs:
+        kept, regather = out["distopt_tp2"], out["distopt_tp2_regather"]
+        assert regather["all_gathers"] == [2 * kept["all_gathers"][0]] == [10], regather["all_gathers"]
+        assert regather["reduce_scatters"] == kept["reduce_scatters"][:1]
+        assert regather["held_param_bytes"] == [0, 0] and kept["held_param_bytes"][1] > 0
+
+
+@pytest.mark.timeout(540)
+def test_distributed_optimizer_with_bf16_gather_keeps_fp32_master_weights(distributed_optimizer_runs, reference):
+    """The preset as shipped (param_dtype=bf16, reduce_dtype fp32) x tp 2: the sharded parameters the optimizer
+    steps are fp32, the gathered copy held between micro batches is bf16 (half the fp32 case's bytes, the
+    planner's count), the full gradients fp32; and the losses follow the fp32 run at bf16 compute accuracy."""
+    params, grads = planned_fsdp_bytes("distopt_tp2_bf16")
+    fp32_params, fp32_grads = planned_fsdp_bytes("distopt_tp2")
+    assert 2 * params == fp32_params and grads == fp32_grads
+    for out in distributed_optimizer_runs:
+        r = out["distopt_tp2_bf16"]
+        assert r["param_dtypes"] == ["torch.float32"]
+        assert r["held_param_bytes"] == [0, params] * STEPS and r["held_grad_bytes"] == [0, grads] * STEPS
+        assert r["all_gathers"] == [5] * STEPS and r["reduce_scatters"] == [5] * STEPS
+        diffs = [abs(a - b) for a, b in zip(r["losses"], reference["losses"])]
+        print(f"rank {r['rank']}: bf16 gather vs fp32 single process, loss differences {diffs}")
+        assert max(diffs) < BF16_LOSS_TOL and max(diffs) > TOL  # bf16 compute: close, but not the fp32 run
+
+
+BF16_LOSS_TOL = 2e-3  # measured: 2.3e-5, 1.1e-4, 3.2e-4 over the 3 steps

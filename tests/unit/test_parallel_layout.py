@@ -23,6 +23,7 @@ def check(overrides, world_size):
         ("ddp", 2),
         ("fsdp", 2),
         ("fsdp_zero2", 2),
+        ("distributed_optimizer", 2),
         ("tp2", 2),
         ("tp2_sp", 2),
         ("pp2", 2),

@@ -329,3 +329,26 @@ def test_deferred_fsdp_grad_sync_counts_every_blocks_unsharded_gradient():
     assert last.total - every.total == last.fsdp_unsharded_grads - every.fsdp_unsharded_grads > 0
     one = est("parallelism.fsdp_grad_sync=last_microbatch", "train.global_batch_size=32")  # 32 = 4 x 8 ranks
     assert one.fsdp_unsharded_grads == every.fsdp_unsharded_grads
+
+
+def test_distributed_optimizer_preset_counts_the_whole_stage_gathered_and_its_full_gradient():
+    """parallelism=distributed_optimizer (+exp=gpt_7b: dp_shard 16 x tp 2, 64 micro batches): the sharded fp32
+    state, the whole rank's bf16 copy (blocks and root) and its full fp32 gradient (the embedding's the whole
+    vocab table: DTensor returns it replicated over tp); ZeRO-3 per micro batch holds two blocks of each."""
+    from lmforge.config.validate import check_batch
+    from lmforge.parallel.memory_estimate import estimate_memory
+
+    def est(*extra):
+        cfg = validate(compose(["+exp=gpt_7b", "parallelism=distributed_optimizer", *extra]), world_size=32)
+        return cfg, estimate_memory(cfg, check_batch(cfg), "bf16-mixed")
+
+    cfg, d = est()
+    p, st, m = cfg.parallelism, d.state, cfg.model
+    assert (p.dp_shard, p.tp, p.param_dtype, p.reduce_dtype, p.reshard_after_forward) == (16, 2, "bf16", "fp32", False)
+    assert st.params == st.numel * 4 and st.optimizer == st.numel * 8 + st.tensors * 4  # fp32 master + AdamW
+    assert d.fsdp_gathered_params == st.stage_numel_unsharded * 2
+    assert d.fsdp_unsharded_grads == (st.stage_numel_unsharded + m.vocab_size * m.d_model // 2) * 4
+    assert d.autocast_copies == 0  # the bf16 gather replaces autocast's weight copies
+    _, zero3 = est("parallelism.reshard_after_forward=true", "parallelism.fsdp_grad_sync=every_microbatch")
+    assert zero3.fsdp_gathered_params == (2 * st.max_layer_numel + st.root_numel_unsharded) * 2
+    assert d.total > zero3.total and d.state.total == zero3.state.total

@@ -28,7 +28,9 @@ class ParallelismConfig:
     dp_shard: PositiveInt = 1
     """FSDP2 sharding degree."""
     reshard_after_forward: bool = True
-    """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like)."""
+    """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like), and
+    with fsdp_grad_sync=last_microbatch from the step's first forward to its last backward (one all-gather per
+    step: the distributed_optimizer preset)."""
     cp: PositiveInt = 1
     """Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
     causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); cp ranks hold weight replicas, FSDP shards

@@ -37,7 +37,9 @@ FSDP2 working memory: with ``reshard_after_forward`` two blocks' parameters are 
 block stays gathered from forward to backward. The root module (embedding, final norm, output) stays
 gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) and more than one micro batch,
 every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
-reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+reduce-scatter after the last one, instead of two blocks' in flight; without ``reshard_after_forward`` the blocks
+then stay gathered from the step's first forward to its last backward (the ``distributed_optimizer`` preset:
+Megatron's distributed optimizer). ``fsdp_working_bytes`` counts both. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 
 Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
 FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
@@ -338,6 +340,7 @@ class MemoryEstimate:
     dtypes: Dtypes
     per_stage_total: Dict[int, int] = field(default_factory=dict)
     fsdp_unsharded_grads: int = 0  # the part of fsdp_buffers holding unsharded gradients before reduce-scatter
+    fsdp_gathered_params: int = 0  # the rest of fsdp_buffers: gathered parameters (param_dtype)
 
     @property
     def total(self) -> int:
@@ -345,6 +348,29 @@ class MemoryEstimate:
 
     def total_with(self, mode: str) -> int:
         return self.total - self.activations + self.activations_by_mode[mode]
+
+
+def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batches: int) -> Tuple[int, int]:
+    """FSDP2's gathered parameters (``param_dtype``) and unsharded gradients (``reduce_dtype``) on a pipeline rank
+    at its peak, the start of a backward, for a step of ``micro_batches`` micro batches: (params, grads) bytes.
+
+    Parameters: the root (embedding, final norm, output) stays gathered; blocks two at a time (current +
+    prefetched) with ``reshard_after_forward``, else every block of the stage (kept from forward to backward, and
+    under deferred sync from the step's first forward to its last backward). Gradients: two blocks' and the
+    root's before their reduce-scatter, or, deferred over more than one micro batch, every block's. With tp > 1
+    the embedding's unsharded gradient is the whole vocab x d table (DTensor's embedding backward returns it
+    Replicate; ``keep_grads_in_param_layout`` slices only the sharded parameters' gradients)."""
+    p, m = cfg.parallelism, cfg.model
+    if fsdp_degree(p) == 1:
+        return 0, 0
+    blocks = st.stage_numel_unsharded - st.root_numel_unsharded
+    gathered = 2 * st.max_layer_numel if p.reshard_after_forward else blocks
+    unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
+    if fsdp_grad_sync_mode(p) == "last_microbatch" and micro_batches > 1:
+        unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
+    if p.tp > 1 and st.first:  # the replicated table's rows beyond this tp rank's
+        unsharded_grads += (m.vocab_size - chunk_size(m.vocab_size, p.tp, 0)) * m.d_model
+    return (gathered + st.root_numel_unsharded) * dt.fsdp_param, unsharded_grads * dt.fsdp_reduce
 
 
 def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int) -> MemoryEstimate:
@@ -359,17 +385,8 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
-    fsdp = fsdp_grads = 0
-    if fsdp_degree(p) > 1:
-        gathered = (
-            2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
-        )
-        unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
-        accumulated = n_micro if p.pp > 1 else plan.grad_accum
-        if fsdp_grad_sync_mode(p) == "last_microbatch" and accumulated > 1:
-            unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
-        fsdp_grads = unsharded_grads * dt.fsdp_reduce
-        fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param + fsdp_grads
+    fsdp_params, fsdp_grads = fsdp_working_bytes(cfg, st, dt, n_micro if p.pp > 1 else plan.grad_accum)
+    fsdp = fsdp_params + fsdp_grads
     autocast = (
         st.matmul_numel_unsharded * 2
         if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
@@ -389,6 +406,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         transient,
         dt,
         fsdp_unsharded_grads=fsdp_grads,
+        fsdp_gathered_params=fsdp_params,
     )
 
 

@@ -93,9 +93,12 @@ class NativeEngine:
         return self.dims.dp
 
     def _grad_sync(self, last: bool):
-        """Gradient reduction for one micro batch's backward: only on the last one when deferring."""
+        """Gradient reduction for one micro batch's backward: only on the last one when deferring (blocks kept
+        gathered after forward then stay gathered until the last backward: one all-gather per step)."""
         if self.defer_fsdp_sync:
-            set_fsdp_gradient_sync(self.parts, enabled=last)
+            set_fsdp_gradient_sync(
+                self.parts, enabled=last, keep_gathered=not self.cfg.parallelism.reshard_after_forward
+            )
             return contextlib.nullcontext()
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
