@@ -60,8 +60,14 @@ from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
-from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import GPT, kv_heads
+from lmforge.parallel.activation_table import (
+    BlockPrecision,
+    block_input,
+    block_saved_tensors,
+    selective_saved_tensors,
+    table_bytes,
+)
 
 GIB = 1024**3
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
@@ -243,36 +249,44 @@ class ActivationShape:
     sp: bool
     dt: Dtypes
     gathered_kv_tokens: int = 0  # cp all-gather: other ranks' tokens whose K/V each block keeps for backward
+    positions: int = 0  # sequence positions per micro batch on this rank (seq_len / cp); 0: as many as tokens
+    autocast: bool = False  # bf16 autocast: norms in fp32, each linear casts its own input
+    rms_norm_kernel: str = "fused"  # CUDA's fused RMSNorm; "composite" on CPU (activation_table.RMS_NORM_KERNELS)
+
+
+def block_precision(s: ActivationShape) -> BlockPrecision:
+    return BlockPrecision(residual=s.dt.residual, compute=s.dt.compute, autocast=s.autocast)
+
+
+def _rows_bytes(rows, s: ActivationShape) -> int:
+    return table_bytes(rows, tokens=s.tokens, positions=s.positions or s.tokens, tp=s.tp, sp=s.sp)
 
 
 def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
-    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``."""
-    n, d, f, tp = s.tokens, m.d_model, ffn_hidden_dim(m), s.tp
-    hd = d // m.n_heads
-    dkv = kv_heads(m) * hd
-    e, r = s.dt.compute, s.dt.residual
-    seq_split = tp if s.sp else 1
-    block_input = n * d * r // seq_split
+    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``: the rows of
+    ``parallel/activation_table.py`` (``none``: every tensor the block saves; ``selective``: the block input and
+    the matmul / SDPA outputs; ``full``: the block input), plus the other cp ranks' K/V under the cp all-gather."""
+    p = block_precision(s)
+    kept = _rows_bytes((block_input(m, p),), s)
     if mode == "full":
-        return block_input
-    lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
+        return kept
+    gathered_kv = 2 * s.gathered_kv_tokens * kv_heads(m) * (m.d_model // m.n_heads) * s.dt.compute // s.tp
     if mode == "selective":
-        mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
-        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
-    norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    # rotated q and k, v and the attention output (SDPA's grouped path keeps K/V at their own n_kv heads)
-    attention = 2 * n * (d + dkv) * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
-    return norms + attention + mlp
+        return kept + _rows_bytes(selective_saved_tensors(m, p), s) + gathered_kv
+    rows = block_saved_tensors(m, p, sp=s.sp, rms_norm_kernel=s.rms_norm_kernel)
+    return _rows_bytes(rows, s) + gathered_kv
 
 
 def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
-    """Final norm and logits (compute dtype) kept by the last stage for one micro batch."""
-    n, d = s.tokens, m.d_model
-    norm_keep = 2 if m.norm == "rmsnorm" else 1
-    seq_split = s.tp if s.sp else 1
-    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * s.dt.compute
+    """Final norm (its rows of the block table, on the sequence shard under sp), its output (the head's input:
+    gathered to the full sequence) and the logits, compute dtype, kept by the last stage for one micro batch."""
+    norm = tuple(
+        r
+        for r in block_saved_tensors(m, block_precision(s), rms_norm_kernel=s.rms_norm_kernel)
+        if r.name.startswith("attention_norm.") and r.name != "attention_norm.output"
+    )
+    n = s.tokens
+    return _rows_bytes(norm, s) + n * m.d_model * s.dt.compute + n * m.vocab_size * s.dt.compute
 
 
 def saved_activation_bytes(
@@ -287,12 +301,23 @@ def saved_activation_bytes(
     return kept
 
 
-def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
+def activation_shape(
+    cfg: RootConfig, micro_batch_size: int, precision: str, rms_norm_kernel: str = "fused"
+) -> ActivationShape:
+    """The activation layout of one micro batch on one rank; ``rms_norm_kernel="composite"`` for CPU runs."""
     p = cfg.parallelism
     local = micro_batch_size * cfg.model.seq_len // p.cp
     gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
+    autocast = precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
     return ActivationShape(
-        tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision), gathered_kv_tokens=gathered
+        tokens=local,
+        tp=p.tp,
+        sp=p.sequence_parallel,
+        dt=dtypes_for(cfg, precision),
+        gathered_kv_tokens=gathered,
+        positions=cfg.model.seq_len // p.cp,
+        autocast=autocast,
+        rms_norm_kernel=rms_norm_kernel,
     )
 
 
