@@ -12,22 +12,24 @@ device (shapes only, no memory) and every parameter is split the way the engine 
 - FSDP2 splits dim 0 of each (TP-local) tensor over ``dp_shard`` with ``torch.chunk`` semantics: every
   rank but the last holds ``ceil(n / dp_shard)`` rows, which is also the padded size FSDP2 allocates.
 
-Activations are counted per micro batch from the tensors autograd keeps for backward, as measured on
-this model (``tests/unit/test_planner_activations.py`` checks the counts against torch.profiler):
+Activations are counted per micro batch from the table of tensors one block saves for backward
+(``parallel/activation_table.py``: one row per tensor, elements per token, dtype, whether tp / sp divide it;
+``tests/unit/test_activation_table.py`` checks it against the storages a meta-device block saves, and
+``tests/unit/test_planner_activations.py`` against torch.profiler):
 
-    per layer, no checkpointing  (N = micro_batch * seq_len tokens, d = d_model, F = FFN width)
-      each of the 2 norms:  input and (RMSNorm) x*rstd in the residual dtype, its output in the compute dtype
-      attention:            q, k, v (after GQA repeat), SDPA output           4 * N * d   (/tp)
-      SwiGLU MLP:           w1 out, silu out, w3 out, product                 4 * N * F   (/tp; GELU: 2)
-      small:                rstd per norm, SDPA log-sum-exp (fp32)
+    per layer, no checkpointing  (N tokens, d = d_model, F = FFN width, E compute / R residual bytes)
+      2 norms:        input (R), fp32 statistics, output = the linears' input (E)       (/tp under sp)
+      attention:      q, k (after RoPE), v at n_kv heads, SDPA output (E), fp32 log-sum-exp     (/tp)
+      MLP:            SwiGLU w1 out, silu out, w3 out, product; GELU w1 out, gelu out (E)       (/tp)
+      16-bit GELU/LayerNorm/MHA block: 32*N*d bytes + statistics (Korthikanti et al. 2022 less dropout)
     full checkpointing:     the block input only, plus one block's activations while it is recomputed
     selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
-    head (last stage):      final norm as above + the logits N * vocab in the compute dtype (all that
-                            model/loss.py's chunked cross-entropy keeps); their gradient in the compute
+    head (last stage):      final norm's rows + its output and the logits N * vocab in the compute dtype (all
+                            that model/loss.py's chunked cross-entropy keeps); their gradient in the compute
                             dtype exists transiently at the start of backward.
 
-With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism the
-norm region (residual stream) is split too, while each linear keeps its all-gathered input.
+With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism every row of
+the block is (the linears keep their input's sequence shard: ``tensor_parallel.SequenceGatheredInput``).
 Micro batches alive at once on a pipeline rank: 1 without PP; ``pp - rank`` for 1F1B and the zero-bubble
 schedules (ZB-H1 keeps 1F1B's memory); all of them for GPipe; ``pp * (1 + (pp-1)/(pp*v))`` stage-units
 for Interleaved1F1B (Narayanan et al., 2021).
