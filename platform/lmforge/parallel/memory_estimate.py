@@ -12,22 +12,24 @@ device (shapes only, no memory) and every parameter is split the way the engine 
 - FSDP2 splits dim 0 of each (TP-local) tensor over ``dp_shard`` with ``torch.chunk`` semantics: every
   rank but the last holds ``ceil(n / dp_shard)`` rows, which is also the padded size FSDP2 allocates.
 
-Activations are counted per micro batch from the tensors autograd keeps for backward, as measured on
-this model (``tests/unit/test_planner_activations.py`` checks the counts against torch.profiler):
+Activations are counted per micro batch from the table of tensors one block saves for backward
+(``parallel/activation_table.py``: one row per tensor, elements per token, dtype, whether tp / sp divide it;
+``tests/unit/test_activation_table.py`` checks it against the storages a meta-device block saves, and
+``tests/unit/test_planner_activations.py`` against torch.profiler):
 
-    per layer, no checkpointing  (N = micro_batch * seq_len tokens, d = d_model, F = FFN width)
-      each of the 2 norms:  input and (RMSNorm) x*rstd in the residual dtype, its output in the compute dtype
-      attention:            q, k, v (after GQA repeat), SDPA output           4 * N * d   (/tp)
-      SwiGLU MLP:           w1 out, silu out, w3 out, product                 4 * N * F   (/tp; GELU: 2)
-      small:                rstd per norm, SDPA log-sum-exp (fp32)
+    per layer, no checkpointing  (N tokens, d = d_model, F = FFN width, E compute / R residual bytes)
+      2 norms:        input (R), fp32 statistics, output = the linears' input (E)       (/tp under sp)
+      attention:      q, k (after RoPE), v at n_kv heads, SDPA output (E), fp32 log-sum-exp     (/tp)
+      MLP:            SwiGLU w1 out, silu out, w3 out, product; GELU w1 out, gelu out (E)       (/tp)
+      16-bit GELU/LayerNorm/MHA block: 32*N*d bytes + statistics (Korthikanti et al. 2022 less dropout)
     full checkpointing:     the block input only, plus one block's activations while it is recomputed
     selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
-    head (last stage):      final norm as above + the logits N * vocab in the compute dtype (all that
-                            model/loss.py's chunked cross-entropy keeps); their gradient in the compute
+    head (last stage):      final norm's rows + its output and the logits N * vocab in the compute dtype (all
+                            that model/loss.py's chunked cross-entropy keeps); their gradient in the compute
                             dtype exists transiently at the start of backward.
 
-With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism the
-norm region (residual stream) is split too, while each linear keeps its all-gathered input.
+With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism every row of
+the block is (the linears keep their input's sequence shard: ``tensor_parallel.SequenceGatheredInput``).
 Micro batches alive at once on a pipeline rank: 1 without PP; ``pp - rank`` for 1F1B and the zero-bubble
 schedules (ZB-H1 keeps 1F1B's memory); all of them for GPipe; ``pp * (1 + (pp-1)/(pp*v))`` stage-units
 for Interleaved1F1B (Narayanan et al., 2021).
@@ -62,8 +64,14 @@ from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
-from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import GPT, kv_heads
+from lmforge.parallel.activation_table import (
+    BlockPrecision,
+    block_input,
+    block_saved_tensors,
+    selective_saved_tensors,
+    table_bytes,
+)
 
 GIB = 1024**3
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
@@ -245,36 +253,44 @@ class ActivationShape:
     sp: bool
     dt: Dtypes
     gathered_kv_tokens: int = 0  # cp all-gather: other ranks' tokens whose K/V each block keeps for backward
+    positions: int = 0  # sequence positions per micro batch on this rank (seq_len / cp); 0: as many as tokens
+    autocast: bool = False  # bf16 autocast: norms in fp32, each linear casts its own input
+    rms_norm_kernel: str = "fused"  # CUDA's fused RMSNorm; "composite" on CPU (activation_table.RMS_NORM_KERNELS)
+
+
+def block_precision(s: ActivationShape) -> BlockPrecision:
+    return BlockPrecision(residual=s.dt.residual, compute=s.dt.compute, autocast=s.autocast)
+
+
+def _rows_bytes(rows, s: ActivationShape) -> int:
+    return table_bytes(rows, tokens=s.tokens, positions=s.positions or s.tokens, tp=s.tp, sp=s.sp)
 
 
 def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
-    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``."""
-    n, d, f, tp = s.tokens, m.d_model, ffn_hidden_dim(m), s.tp
-    hd = d // m.n_heads
-    dkv = kv_heads(m) * hd
-    e, r = s.dt.compute, s.dt.residual
-    seq_split = tp if s.sp else 1
-    block_input = n * d * r // seq_split
+    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``: the rows of
+    ``parallel/activation_table.py`` (``none``: every tensor the block saves; ``selective``: the block input and
+    the matmul / SDPA outputs; ``full``: the block input), plus the other cp ranks' K/V under the cp all-gather."""
+    p = block_precision(s)
+    kept = _rows_bytes((block_input(m, p),), s)
     if mode == "full":
-        return block_input
-    lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
+        return kept
+    gathered_kv = 2 * s.gathered_kv_tokens * kv_heads(m) * (m.d_model // m.n_heads) * s.dt.compute // s.tp
     if mode == "selective":
-        mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
-        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
-    norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    # rotated q and k, v and the attention output (SDPA's grouped path keeps K/V at their own n_kv heads)
-    attention = 2 * n * (d + dkv) * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
-    return norms + attention + mlp
+        return kept + _rows_bytes(selective_saved_tensors(m, p), s) + gathered_kv
+    rows = block_saved_tensors(m, p, sp=s.sp, rms_norm_kernel=s.rms_norm_kernel)
+    return _rows_bytes(rows, s) + gathered_kv
 
 
 def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
-    """Final norm and logits (compute dtype) kept by the last stage for one micro batch."""
-    n, d = s.tokens, m.d_model
-    norm_keep = 2 if m.norm == "rmsnorm" else 1
-    seq_split = s.tp if s.sp else 1
-    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * s.dt.compute
+    """Final norm (its rows of the block table, on the sequence shard under sp), its output (the head's input:
+    gathered to the full sequence) and the logits, compute dtype, kept by the last stage for one micro batch."""
+    norm = tuple(
+        r
+        for r in block_saved_tensors(m, block_precision(s), rms_norm_kernel=s.rms_norm_kernel)
+        if r.name.startswith("attention_norm.") and r.name != "attention_norm.output"
+    )
+    n = s.tokens
+    return _rows_bytes(norm, s) + n * m.d_model * s.dt.compute + n * m.vocab_size * s.dt.compute
 
 
 def saved_activation_bytes(
@@ -289,12 +305,23 @@ def saved_activation_bytes(
     return kept
 
 
-def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
+def activation_shape(
+    cfg: RootConfig, micro_batch_size: int, precision: str, rms_norm_kernel: str = "fused"
+) -> ActivationShape:
+    """The activation layout of one micro batch on one rank; ``rms_norm_kernel="composite"`` for CPU runs."""
     p = cfg.parallelism
     local = micro_batch_size * cfg.model.seq_len // p.cp
     gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
+    autocast = precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
     return ActivationShape(
-        tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision), gathered_kv_tokens=gathered
+        tokens=local,
+        tp=p.tp,
+        sp=p.sequence_parallel,
+        dt=dtypes_for(cfg, precision),
+        gathered_kv_tokens=gathered,
+        positions=cfg.model.seq_len // p.cp,
+        autocast=autocast,
+        rms_norm_kernel=rms_norm_kernel,
     )
 
 
