@@ -264,6 +264,13 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
         "tp2": {"overrides": ["parallelism=tp2"]},
         "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
         "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
+        "tp2_sp_modules": {  # every part a block can recompute, its sequence-parallel all-gathers redone in backward
+            "overrides": [
+                "parallelism=tp2_sp",
+                "parallelism.activation_checkpointing=modules",
+                "parallelism.recompute_modules=[attention_core,mlp,norms]",
+            ]
+        },
         "tp2_sp_ac_docmask": docmask_case(
             ["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"], parity_samples
         ),
@@ -274,7 +281,7 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac"])
+@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac", "tp2_sp_modules"])
 def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     runs = tensor_parallel_runs
     assert_parity(case, runs, reference)
@@ -291,7 +298,7 @@ def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     assert placement(runs, case, EMB)["local"] == [4096, 64]
     assert placement(runs, case, OUT)["placements"] == ["S(0)"] and placement(runs, case, OUT)["local"] == [4096, 64]
     # Sequence parallelism turns the norms into replicated DTensors (their inputs are sequence shards).
-    expected_norm = ["R"] if case == "tp2_sp_ac" else []
+    expected_norm = ["R"] if case.startswith("tp2_sp") else []
     assert placement(runs, case, NORM)["placements"] == expected_norm
 
 
@@ -309,6 +316,13 @@ def test_tensor_parallel_with_tied_embeddings_projects_on_the_sharded_table(tens
 def pipeline_runs(parity_samples) -> List[dict]:
     cases = {
         "pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"]},
+        "pp2_1f1b_ac_first_layer": {  # only the first block of each stage recomputed
+            "overrides": [
+                "parallelism=pp2",
+                "parallelism.activation_checkpointing=full",
+                "parallelism.recompute_layers=1",
+            ]
+        },
         "pp2_interleaved": {"overrides": ["parallelism=pp2_interleaved"]},
         "pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"]},
         "pp2_zbv": {
@@ -329,6 +343,7 @@ def pipeline_runs(parity_samples) -> List[dict]:
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
 PP_LAYERS = {
     "pp2_1f1b_ac": [["0", "1"], ["2", "3"]],
+    "pp2_1f1b_ac_first_layer": [["0", "1"], ["2", "3"]],
     "pp2_interleaved": [["0", "2"], ["1", "3"]],
     "pp2_zero_bubble": [["0", "2"], ["1", "3"]],
     "pp2_zbv": [["0", "3"], ["1", "2"]],

@@ -18,6 +18,10 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 # One configuration per row of REFUSED, in its order: (parallelism fields, model fields).
 EXAMPLES = [
+    ({"recompute_modules": ["mlp"]}, {}),
+    ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
+    ({"recompute_layers": 2}, {}),
+    ({"activation_checkpointing": "modules", "cp": 2}, {}),
     ({"sequence_parallel": True}, {}),
     ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),
     ({"pp": 2, "pp_schedule": "ZBVZeroBubble"}, {}),

@@ -28,17 +28,53 @@ def prepared(data_cache) -> Path:
     return data_cache
 
 
-def test_plan_refuses_gpt_1b_and_reports_the_epochs_of_smoke(prepared, capsys, monkeypatch):
+def test_plan_refuses_a_cluster_preset_on_the_embedded_corpus_and_reports_the_epochs_of_smoke(
+    prepared, capsys, monkeypatch
+):
     from lmforge.cli import main
 
     monkeypatch.setenv("LMFORGE_DATA_CACHE", str(prepared))
-    assert main(["plan", "+exp=gpt_1b"]) == 2
+    monkeypatch.setenv("LMFORGE_CORPORA", str(prepared / "no-corpora-here"))
+    # The README's line: gpt_1b reads its prepared corpus (conf/data/corpus.yaml), so a warm embedded cache is no
+    # reason to refuse the plan; the data line names the corpus still to prepare.
+    assert main(["plan", "+exp=gpt_1b", "cluster.nodes=4"]) == 0
+    out, err = capsys.readouterr()
+    assert "fits       yes" in out and err == "", err
+    assert out.splitlines()[-1] == (
+        "data       epochs unknown until the shards are prepared (`lmforge data prepare`); not prepared yet: "
+        f"pretrain ({prepared / 'no-corpora-here'}/pretrain)"
+    )
+    # Negative control: the same preset on the embedded mixture would read it 50,161 times.
+    assert main(["plan", "+exp=gpt_1b", "data=default"]) == 2
     out, err = capsys.readouterr()
     assert err.startswith("lmforge plan: refused: config key 'data.max_epochs'") and "50,161.0 times" in err
     assert "fits       yes" in out  # the plan itself is still shown
     assert main(["plan", "+exp=smoke"]) == 0
     out, err = capsys.readouterr()
     assert "data       epochs per source: books 0.35, code 0.11, reference 0.59 (data.max_epochs 4)" in out, err
+
+
+def test_a_start_refuses_a_corpus_with_no_shards_before_any_tokenizer_work(tmp_path):
+    from lmforge.data.sharded_prepare import MANIFEST
+    from lmforge.data.sources import check_sources_present, unprepared_sources
+
+    missing = DataConfig(sources={"pretrain": DataSourceConfig(path=str(tmp_path / "pretrain"))})
+    with pytest.raises(ConfigError, match=r"'data.sources.pretrain.path': no Megatron shard at prefix .*pretrain "):
+        check_sources_present(missing)
+    assert unprepared_sources(missing) == [f"pretrain ({tmp_path / 'pretrain'})"]
+    (tmp_path / "shards").mkdir()
+    half = DataConfig(sources={"web": DataSourceConfig(path=str(tmp_path / "shards"))})
+    with pytest.raises(ConfigError, match=rf"'data.sources.web.path': .* it holds no {MANIFEST}"):
+        check_sources_present(half)  # a directory without its manifest: an unfinished --shard-size preparation
+    (tmp_path / "pretrain.bin").write_bytes(b"")
+    (tmp_path / "pretrain.idx").write_bytes(b"")
+    check_sources_present(missing)  # present (check_shard reads and checks it when the mixture is built)
+    check_sources_present(reference_only())  # embedded corpora are prepared by the start itself
+    assert unprepared_sources(missing) == [] and unprepared_sources(reference_only()) == []
+    off = DataConfig(
+        sources={"a": DataSourceConfig("embedded:books"), "b": DataSourceConfig(str(tmp_path / "nope"), weight=0.0)}
+    )
+    check_sources_present(off)  # weight 0 leaves a source out
 
 
 def test_the_limit_is_exact_per_source_and_zero_disables_it(prepared):

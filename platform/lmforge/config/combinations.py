@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from lmforge.config.errors import ConfigError
-from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
+from lmforge.config.parallelism import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
 
 Test = Callable[[RootConfig], bool]
@@ -43,7 +43,61 @@ def _every_microbatch_why(c: RootConfig) -> str:
     return f"every_microbatch is not possible here: {why}"
 
 
+def _recompute_modules_unknown(c: RootConfig) -> List[str]:
+    return [m for m in c.parallelism.recompute_modules if m not in RECOMPUTE_MODULES]
+
+
+def _recomputes_attention_core(c: RootConfig) -> bool:
+    p = c.parallelism
+    return p.activation_checkpointing == "modules" and "attention_core" in p.recompute_modules
+
+
 REFUSED: Tuple[Refused, ...] = (
+    Refused(
+        "`recompute_modules` set without `activation_checkpointing=modules`",
+        "parallelism.recompute_modules",
+        lambda c: (
+            c.parallelism.activation_checkpointing != "modules"
+            and list(c.parallelism.recompute_modules) != DEFAULT_RECOMPUTE_MODULES
+        ),
+        lambda c: (
+            f"only activation_checkpointing=modules reads it (this run: {c.parallelism.activation_checkpointing}), "
+            "so it would be silently ignored"
+        ),
+        "set parallelism.activation_checkpointing=modules, or leave recompute_modules unset",
+    ),
+    Refused(
+        "`recompute_modules` empty, or naming a part other than attention_core, mlp, norms",
+        "parallelism.recompute_modules",
+        lambda c: (
+            c.parallelism.activation_checkpointing == "modules"
+            and (not c.parallelism.recompute_modules or bool(_recompute_modules_unknown(c)))
+        ),
+        lambda c: (
+            f"{', '.join(_recompute_modules_unknown(c))} is not a part of a block"
+            if _recompute_modules_unknown(c)
+            else "is empty: activation_checkpointing=modules would recompute nothing"
+        ),
+        f"name parts from {', '.join(RECOMPUTE_MODULES)} (e.g. parallelism.recompute_modules=[attention_core,mlp])",
+    ),
+    Refused(
+        "`recompute_layers > 0` with `activation_checkpointing=none`",
+        "parallelism.recompute_layers",
+        lambda c: c.parallelism.recompute_layers > 0 and c.parallelism.activation_checkpointing == "none",
+        lambda c: f"recompute_layers={c.parallelism.recompute_layers} picks blocks to checkpoint, but none are",
+        "set parallelism.activation_checkpointing=full (or selective, modules), or recompute_layers=0",
+    ),
+    Refused(
+        "`recompute_modules` with `attention_core` and `cp > 1` or `data.document_masking=true`",
+        "parallelism.recompute_modules",
+        lambda c: _recomputes_attention_core(c) and (c.parallelism.cp > 1 or c.data.document_masking),
+        lambda c: (
+            "recomputing the attention core would redo the context-parallel K/V exchange in backward"
+            if c.parallelism.cp > 1
+            else "document-masked attention runs its own kernel, which attention_core does not reach"
+        ),
+        "recompute mlp and norms only, or use activation_checkpointing=full",
+    ),
     Refused(
         "`sequence_parallel=true` with `tp=1`",
         "parallelism.sequence_parallel",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
 from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
 PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
+# The parts of a block activation_checkpointing=modules can recompute (parallel/activation_checkpoint.py).
+RECOMPUTE_MODULES = ("attention_core", "mlp", "norms")
+DEFAULT_RECOMPUTE_MODULES = ["attention_core"]
 # Schedules that split each backward into an input-gradient and a later weight-gradient part.
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -53,8 +56,17 @@ class ParallelismConfig:
     when that does not divide. E.g. 126 layers over pp=16: [7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]."""
     pp_microbatches: NonNegativeInt = 0
     """Pipeline microbatches per step; 0 = as many as the gradient-accumulation steps."""
-    activation_checkpointing: Annotated[str, Literal["none", "full", "selective"]] = "none"
-    """Recompute activations in backward: none, every block (full) or the cheap ops (selective)."""
+    activation_checkpointing: Annotated[str, Literal["none", "full", "selective", "modules"]] = "none"
+    """Recompute activations in backward: none, every block (full), the cheap ops (selective), or the parts of
+    each block that recompute_modules names (modules)."""
+    recompute_modules: List[str] = field(default_factory=lambda: list(DEFAULT_RECOMPUTE_MODULES))
+    """With activation_checkpointing=modules, the parts of a block recomputed in backward (Megatron's
+    --recompute-modules): attention_core (the attention kernel: keeps its q, k, v, drops its output and
+    log-sum-exp), mlp (the feed-forward, dense or MoE: keeps its input only), norms (both norms: keep their
+    inputs only)."""
+    recompute_layers: NonNegativeInt = 0
+    """Checkpoint only the first k blocks of each pipeline stage (Megatron's --recompute-method block
+    --recompute-num-layers k), under full, selective or modules; 0 = every block."""
     compile: bool = False
     """torch.compile each block (native engine only)."""
     param_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"

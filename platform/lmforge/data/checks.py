@@ -74,7 +74,8 @@ def normalise_weights(raw: Mapping[str, float]) -> Tuple[List[str], List[float],
     return names, weights, note
 
 
-def check_shard(name: str, prefix: Path, tokenizer: Tokenizer) -> ShardInfo:
+def check_prefix_exists(name: str, prefix: Path) -> None:
+    """Refuse a shard prefix with neither its .bin nor its .idx (or one given with its suffix)."""
     key = f"data.sources.{name}.path"
     bin_path, idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
     if prefix.suffix in (".bin", ".idx") and not bin_path.exists() and not idx_path.exists():
@@ -87,6 +88,12 @@ def check_shard(name: str, prefix: Path, tokenizer: Tokenizer) -> ShardInfo:
             f"no Megatron shard at prefix {prefix} (neither {bin_path.name} nor {idx_path.name} exists)",
             f"fix the prefix, or create it: {PREPARE_FIX}",
         )
+
+
+def check_shard(name: str, prefix: Path, tokenizer: Tokenizer) -> ShardInfo:
+    key = f"data.sources.{name}.path"
+    bin_path, idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
+    check_prefix_exists(name, prefix)
     for have, missing in ((bin_path, idx_path), (idx_path, bin_path)):
         if have.exists() and not missing.exists():
             raise ConfigError(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -170,9 +170,10 @@ def check_run(cfg, prepare: bool = False, tokenizer: TokenizerSource = None) -> 
     return check_epochs(cfg.data, run_planned_tokens(cfg), cache, known, tokenizer)
 
 
-def describe(found: List[SourceEpochs], max_epochs: float) -> str:
-    """One line for ``lmforge plan``."""
+def describe(found: List[SourceEpochs], max_epochs: float, unprepared: Sequence[str] = ()) -> str:
+    """One line for ``lmforge plan`` (``unprepared``: the sources with no shards yet, named with their paths)."""
+    missing = f"; not prepared yet: {', '.join(unprepared)}" if unprepared else ""
     if not found:
-        return "data       epochs unknown until the shards are prepared (`lmforge data prepare`)"
+        return f"data       epochs unknown until the shards are prepared (`lmforge data prepare`){missing}"
     parts = ", ".join(f"{s.name} {s.epochs:.2f}" for s in found)
-    return f"data       epochs per source: {parts} (data.max_epochs {max_epochs:g})"
+    return f"data       epochs per source: {parts} (data.max_epochs {max_epochs:g}){missing}"

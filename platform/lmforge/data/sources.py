@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 
 from lmforge.config.data import DataConfig
 from lmforge.config.errors import ConfigError
+from lmforge.data.checks import check_prefix_exists
 from lmforge.data.embedded import SOURCES, VERSION
 from lmforge.data.indexed_shard import read_meta
 from lmforge.data.notices import first_use_notice
@@ -36,6 +37,29 @@ def source_shards(name: str, path: Path) -> Optional[List[Tuple[Path, int]]]:
             "or give a shard prefix",
         )
     return [(path / s["name"], int(s["tokens"])) for s in manifest["shards"]]
+
+
+def check_sources_present(cfg: DataConfig) -> None:
+    """Refuse, before any process group or tokenizer work, a mixture whose non-embedded source (weight > 0) has no
+    shards at its path: neither a shard prefix's .bin/.idx nor a directory with a complete manifest."""
+    for name, source in cfg.sources.items():
+        if source.weight <= 0 or source.path.startswith("embedded:") or not source.path:
+            continue
+        path = Path(source.path).expanduser()
+        if source_shards(name, path) is None:  # a directory is checked for its manifest there
+            check_prefix_exists(name, path)
+
+
+def unprepared_sources(cfg: DataConfig) -> List[str]:
+    """``name (path)`` of each non-embedded source with weight > 0 whose shards are not there yet."""
+    out = []
+    for name, source in cfg.sources.items():
+        path = Path(source.path).expanduser()
+        if source.weight <= 0 or source.path.startswith("embedded:") or not source.path or path.is_dir():
+            continue
+        if not Path(f"{path}.idx").exists():
+            out.append(f"{name} ({source.path})")
+    return out
 
 
 def resolve_source(name: str, path: str, tokenizer: Tokenizer, cache_dir: Path, workers: int = 1) -> Path:

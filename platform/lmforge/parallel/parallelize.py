@@ -91,7 +91,15 @@ def parallelize(
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
     if p.ep > 1:
         apply_expert_parallel(model, mesh)
-    apply_activation_checkpointing(model, p.activation_checkpointing)
+    apply_activation_checkpointing(
+        model,
+        p.activation_checkpointing,
+        modules=p.recompute_modules,
+        first_k=p.recompute_layers,
+        stage_layers=None
+        if stages is None
+        else [stages.layers[s] for s in stages.local_stages(mesh["pp"].get_local_rank())],
+    )
     if p.compile:
         apply_compile(model)
     parts = build_stages(model, stages, mesh["pp"].get_local_rank()) if stages is not None else [model]

@@ -57,7 +57,7 @@ VARIABLES: Dict[str, str] = {
     "LMFORGE_CONF_DIR": "the conf/ tree (default: the checkout's)",
     "LMFORGE_REPO": "the lmforge checkout (Slurm scripts)",
     "LMFORGE_DATA_CACHE": "prepared-data cache (tokenizers, shards) when data.cache_dir is unset",
-    "LMFORGE_CORPORA": "where `lmforge data debian` writes its corpora",
+    "LMFORGE_CORPORA": "prepared corpora: where `lmforge data debian` writes, and data=corpus reads pretrain/",
     "LMFORGE_CACHE": "lmforge's own cache (the measured CPU GEMM peak)",
     "LMFORGE_SCALING_WANDB": "default W&B mode of `lmforge scaling`",
 }

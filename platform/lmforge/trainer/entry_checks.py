@@ -10,7 +10,8 @@
    checked against this model and tokenizer, its sidecar read once), and the launch against what produced it
    (``checkpoint.relaunch_check.check_relaunch``: a launch that would train nothing, e.g. a finished run launched
    again, or that would train a finished run further under another optimizer, is refused);
-4. the data epochs, when ``epochs`` (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
+4. the data epochs, when ``epochs`` (a training start or a job's prepare step first refuses a non-embedded source
+   with no shards at its path, ``data.sources.check_sources_present``) (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
 
 The result (``EntryChecks``) carries what the checks resolved: ``trainer.startup.start`` hands it to the
 ``Trainer``, which loads, resolves and parses none of it again. Who calls it: ``trainer.startup.check_start``, the
@@ -30,7 +31,7 @@ from lmforge.checkpoint.relaunch_check import check_relaunch
 from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.epochs import SourceEpochs, check_run, describe
-from lmforge.data.sources import default_cache_dir
+from lmforge.data.sources import check_sources_present, default_cache_dir, unprepared_sources
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks
@@ -69,6 +70,8 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
     """The checks above on ``cfg`` (``validate()``'s result). ``prepare``: a training start (the tokenizer loaded,
     the embedded corpora prepared for the epochs check); ``run_dir``: resolve ``train.resume`` there."""
     eval_tasks = check_eval_config(cfg.eval)  # a bad task file is refused before the data is prepared
+    if epochs and (prepare or run_dir is not None):  # a start (or a job's prepare step) needs its corpus there
+        check_sources_present(cfg.data)
     tokenizer = _TokenizerOnce(cfg)
     if prepare:
         tokenizer()
@@ -93,4 +96,7 @@ def entry_checks(cfg, prepare: bool = False, run_dir: Optional[Path] = None, epo
 def plan_lines(cfg) -> List[str]:
     """``lmforge plan``'s eval and data lines, from one ``entry_checks`` pass (nothing prepared or written)."""
     checks = entry_checks(cfg)
-    return [describe_tasks(checks.eval_tasks), describe(checks.epochs, cfg.data.max_epochs)]
+    return [
+        describe_tasks(checks.eval_tasks),
+        describe(checks.epochs, cfg.data.max_epochs, unprepared_sources(cfg.data)),
+    ]
