@@ -366,6 +366,43 @@ def test_pipeline_parallel_parity(pipeline_runs, reference, case):
         )
 
 
+# Uneven stage maps (parallelism.pp_layers) on a 5-layer tiny model, which no even split of 2 or 4 stages
+# allows: its own single-process reference, and the layers each pipeline rank holds.
+FIVE_LAYERS = ["model.n_layers=5"]
+UNEVEN_PP_LAYERS = {
+    "pp2_uneven_2_3": (["parallelism=pp2", "parallelism.pp_layers=[2,3]"], [["0", "1"], ["2", "3", "4"]]),
+    "pp2_uneven_interleaved": (  # chunks 0 and 2 on rank 0, 1 and 3 on rank 1
+        ["parallelism=pp2_interleaved", "parallelism.pp_layers=[1,2,1,1]"],
+        [["0", "3"], ["1", "2", "4"]],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def five_layer_reference(parity_samples) -> dict:
+    args = {"cases": {"five": {"overrides": FIVE_LAYERS}}, "samples": parity_samples, "steps": STEPS}
+    return run_ranks(WORKER, 1, args, timeout=120)[0].value["five"]
+
+
+@pytest.fixture(scope="module")
+def uneven_pipeline_runs(parity_samples) -> List[dict]:
+    cases = {name: {"overrides": FIVE_LAYERS + overrides} for name, (overrides, _) in UNEVEN_PP_LAYERS.items()}
+    return _run(2, cases, parity_samples, timeout=180)
+
+
+@pytest.mark.timeout(330)
+@pytest.mark.parametrize("case", list(UNEVEN_PP_LAYERS))
+def test_uneven_pipeline_split_parity(uneven_pipeline_runs, five_layer_reference, case):
+    """An uneven stage map trains like one process (losses, clipped norms, eval loss within 1e-5), each rank
+    holding exactly the map's blocks: 2 + 3 over 1F1B, 1 + 2 + 1 + 1 over two looped virtual stages per rank."""
+    assert_parity(case, uneven_pipeline_runs, five_layer_reference)
+    for pp_rank, out in enumerate(uneven_pipeline_runs):
+        params = out[case]["params"]
+        layers = sorted({name.split(".")[1] for name in params if name.startswith("layers.")})
+        assert layers == UNEVEN_PP_LAYERS[case][1][pp_rank], f"{case}: pipeline rank {pp_rank} holds layers {layers}"
+        assert (EMB in params) == (pp_rank == 0) and (OUT in params) == (pp_rank == 1)
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     "runs,case",

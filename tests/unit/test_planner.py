@@ -42,8 +42,10 @@ INVALID = {
             "parallelism.pp_virtual_stages=4",
             "parallelism.pp_schedule=Interleaved1F1B",
         ],
-        "config key 'parallelism.pp': n_layers (24) is not divisible by pp*pp_virtual_stages (16). "
-        "Fix: choose pp and pp_virtual_stages whose product divides n_layers",
+        "config key 'parallelism.pp_layers': n_layers (24) is not divisible by pp*pp_virtual_stages (16) and no "
+        "stage map is set. Fix: set parallelism.pp_layers=[1,1,1,1,2,2,2,2,2,2,2,2,1,1,1,1] (blocks per pipeline "
+        "chunk, fewer on the chunks holding the embedding and the output head), or choose pp and pp_virtual_stages "
+        "whose product divides n_layers",
     ),
     "microbatches_pp": (
         G1
@@ -352,3 +354,55 @@ def test_distributed_optimizer_preset_counts_the_whole_stage_gathered_and_its_fu
     _, zero3 = est("parallelism.reshard_after_forward=true", "parallelism.fsdp_grad_sync=every_microbatch")
     assert zero3.fsdp_gathered_params == (2 * st.max_layer_numel + st.root_numel_unsharded) * 2
     assert d.total > zero3.total and d.state.total == zero3.state.total
+
+
+LLAMA3_405B_MAP = [7] + [8] * 14 + [7]  # 126 blocks over 16 stages, one fewer beside the embedding and the head
+
+
+def llama3_405b_like(pp_layers):
+    """Llama 3 405B's shape (126 layers, d_model 16384, 128/8 heads, FFN 53248, vocabulary 128256) over
+    pp=16 x tp=8 on 16 nodes of 8 H100s."""
+    from lmforge.config.cluster import ClusterConfig
+    from lmforge.config.model import ModelConfig
+    from lmforge.config.parallelism import ParallelismConfig
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
+
+    model = ModelConfig(
+        name="llama3_405b_like",
+        vocab_size=128256,
+        d_model=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        d_ff=53248,
+        seq_len=8192,
+        tie_embeddings=False,
+    )
+    par = ParallelismConfig(name="pp16_tp8", tp=8, pp=16, pp_layers=pp_layers, activation_checkpointing="full")
+    train = TrainConfig(micro_batch_size=1, global_batch_size=16, precision="bf16-mixed")
+    cluster = ClusterConfig(name="h100", nodes=16, gpus_per_node=8, device="h100")
+    return RootConfig(model=model, parallelism=par, train=train, cluster=cluster)
+
+
+def test_planner_counts_each_pipeline_ranks_blocks_from_the_stage_map():
+    """126 layers over pp=16 with the Llama-3 map: every rank's state counts the map's blocks (first and last 7, the
+    rest 8) and the plan prints the map; another map moves the counts with it (the map is read, not assumed)."""
+    cfg = validate(llama3_405b_like(LLAMA3_405B_MAP), world_size=128)
+    ranks = [state_bytes(cfg, "bf16-mixed", pp_rank=r) for r in range(16)]
+    assert [st.layers for st in ranks] == LLAMA3_405B_MAP
+    assert ranks[0].first and not ranks[0].last and ranks[15].last and not any(st.first for st in ranks[1:])
+    per_layer = ranks[1].numel // 8  # (tp-local; no FSDP: numel is the rank's whole share)
+    assert ranks[1].numel == ranks[2].numel == 8 * per_layer
+    for edge in (ranks[0], ranks[15]):  # 7 blocks + the tp-split embedding / final norm and output
+        assert edge.numel - edge.root_numel_unsharded == 7 * per_layer
+    plan = make_plan(cfg)
+    assert sorted(plan.memory.per_stage_total) == list(range(16))
+    from lmforge.parallel.planner import format_plan
+
+    assert f"stage map pp_layers {LLAMA3_405B_MAP}: blocks per pipeline rank {LLAMA3_405B_MAP}" in format_plan(plan)
+    moved = validate(llama3_405b_like([6] + [8] * 15), world_size=128)
+    assert [state_bytes(moved, "bf16-mixed", pp_rank=r).layers for r in (0, 1, 15)] == [6, 8, 8]
+    with pytest.raises(ConfigError) as err:  # no map: refused, the Llama-3 map suggested
+        validate(llama3_405b_like(None), world_size=128)
+    assert "parallelism.pp_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]" in err.value.fix

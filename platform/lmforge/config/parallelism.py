@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, List, Literal
+from typing import Annotated, List, Literal, Optional
 
 from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
@@ -51,6 +51,11 @@ class ParallelismConfig:
     """Pipeline schedule."""
     pp_virtual_stages: PositiveInt = 1
     """Model chunks per pipeline rank (> 1 for the interleaved and zero-bubble schedules)."""
+    pp_layers: Optional[List[int]] = None
+    """Transformer blocks per pipeline chunk, in chunk order (chunk c is stage c of the schedule: the first holds
+    the embedding too, the last the final norm and the output head); pp * pp_virtual_stages counts, each >= 1,
+    summing to model.n_layers. null = n_layers / (pp * pp_virtual_stages) each, refused (with a suggested map)
+    when that does not divide. E.g. 126 layers over pp=16: [7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]."""
     pp_microbatches: NonNegativeInt = 0
     """Pipeline microbatches per step; 0 = as many as the gradient-accumulation steps."""
     activation_checkpointing: Annotated[str, Literal["none", "full", "selective", "modules"]] = "none"
@@ -99,3 +104,45 @@ def fsdp_grad_sync_mode(p: ParallelismConfig) -> str:
     if p.fsdp_grad_sync != "auto":
         return p.fsdp_grad_sync
     return "every_microbatch" if p.dp_shard * p.cp > 1 and p.pp == 1 else "last_microbatch"
+
+
+def pipeline_chunks(p: ParallelismConfig) -> int:
+    """Model chunks (pipeline stages) of the layout: ``pp * pp_virtual_stages``."""
+    return p.pp * p.pp_virtual_stages
+
+
+def chunk_layers(p: ParallelismConfig, n_layers: int) -> List[int]:
+    """Blocks of each pipeline chunk, in chunk order: ``pp_layers`` when set, else the even split (ceil-sized
+    chunks, the last ones shorter, for a layout ``config/validate.py`` has not checked; it refuses that case)."""
+    if p.pp_layers is not None:
+        return [int(n) for n in p.pp_layers]
+    chunks = pipeline_chunks(p)
+    per = -(-n_layers // chunks)
+    return [max(0, min(per, n_layers - c * per)) for c in range(chunks)]
+
+
+def chunk_of_layer(p: ParallelismConfig, n_layers: int, layer: int) -> int:
+    """The pipeline chunk holding block ``layer`` (consecutive blocks per chunk, ``chunk_layers`` of them)."""
+    end = 0
+    for chunk, count in enumerate(chunk_layers(p, n_layers)):
+        end += count
+        if layer < end:
+            return chunk
+    raise ValueError(f"layer {layer} is outside the {n_layers} layers of the pipeline split")
+
+
+def suggested_pp_layers(n_layers: int, chunks: int) -> List[int]:
+    """A balanced stage map: ``ceil(n_layers / chunks)`` blocks per chunk, one fewer on as many chunks as needed,
+    taken from the ends inwards (first, last, second, second to last, ...): the chunks that also hold the
+    embedding and the output head get the fewer blocks. 126 over 16: ``[7, 8 x 14, 7]``."""
+    per = -(-n_layers // chunks)
+    counts = [per] * chunks
+    ends = [i // 2 if i % 2 == 0 else chunks - 1 - i // 2 for i in range(chunks)]
+    for chunk in ends[: per * chunks - n_layers]:
+        counts[chunk] -= 1
+    return counts
+
+
+def pp_layers_override(counts: List[int]) -> str:
+    """``parallelism.pp_layers=[...]`` as a command-line override (no spaces: one shell word)."""
+    return f"parallelism.pp_layers=[{','.join(str(n) for n in counts)}]"

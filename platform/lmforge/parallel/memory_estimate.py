@@ -3,7 +3,8 @@
 Model state (parameters, gradients, AdamW state) is counted *exactly*: the GPT is built on the meta
 device (shapes only, no memory) and every parameter is split the way the engine splits it:
 
-- pipeline: layers are cut into ``pp * pp_virtual_stages`` equal chunks; chunk ``c`` lives on pipeline
+- pipeline: layers are cut into ``pp * pp_virtual_stages`` chunks of ``parallelism.pp_layers[c]`` consecutive
+  blocks (equal chunks when unset); chunk ``c`` lives on pipeline
   rank ``c % pp`` (looped schedules) or, for the V-shaped ``ZBVZeroBubble``, on ``c`` / ``2*pp-1-c``.
   The first chunk's rank holds the embedding, the last chunk's rank the final norm and the output
   projection (tied embeddings with pp > 1 are refused by ``config/validate.py``).
@@ -62,7 +63,7 @@ from typing import Dict, List, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
-from lmforge.config.parallelism import fsdp_grad_sync_mode
+from lmforge.config.parallelism import chunk_layers, chunk_of_layer, fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
 from lmforge.model.gpt import GPT, kv_heads
 from lmforge.parallel.activation_table import (
@@ -147,17 +148,12 @@ def chunk_owner(chunk: int, pp: int, schedule: str) -> int:
     return chunk % pp
 
 
-def stages_per_rank(cfg: RootConfig) -> int:
-    p = cfg.parallelism
-    return 2 if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 else p.pp_virtual_stages
-
-
 def layer_owner(cfg: RootConfig, layer: int) -> int:
-    """Pipeline rank holding block ``layer``: the layers split into ``pp * stages_per_rank`` chunks of
-    ceil(n_layers / chunks), each placed by :func:`chunk_owner`."""
+    """Pipeline rank holding block ``layer``: the chunk holding it (``parallelism.pp_layers``, or the even split:
+    ``config/parallelism.chunk_of_layer``, as ``parallel/pipeline.plan_stages`` builds them), placed by
+    :func:`chunk_owner`."""
     p = cfg.parallelism
-    per_chunk = -(-cfg.model.n_layers // (p.pp * stages_per_rank(cfg)))
-    return chunk_owner(layer // per_chunk, p.pp, p.pp_schedule)
+    return chunk_owner(chunk_of_layer(p, cfg.model.n_layers, layer), p.pp, p.pp_schedule)
 
 
 @dataclass
@@ -189,7 +185,7 @@ def state_bytes(
     """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
-    chunks = p.pp * stages_per_rank(cfg)
+    chunks = len(chunk_layers(p, m.n_layers))
     first_rank = chunk_owner(0, p.pp, p.pp_schedule)
     last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
     out = StateBytes(first=pp_rank == first_rank, last=pp_rank == last_rank)
