@@ -120,3 +120,33 @@ def test_settings_no_mode_reads_are_refused_in_one_line():
         )
     )
     validate(compose(["model=tiny", "parallelism.activation_checkpointing=full", "parallelism.recompute_layers=1"]))
+
+
+@pytest.mark.parametrize("modules", [["mlp"], ["attention_core"], ["norms"], ["attention_core", "mlp", "norms"]])
+def test_the_planner_drops_the_rows_the_measurement_drops(baseline, modules):
+    """The planner's table (parallel/activation_table.py, fp32 and the composite RMSNorm as on this CPU): what a
+    recomputed part saves less per block equals what the saved-tensor count above measures."""
+    from dataclasses import replace
+
+    from lmforge.config.schema import RootConfig
+    from lmforge.parallel.memory_estimate import activation_shape, layer_activation_bytes
+
+    measured, _, _ = saved_bytes_and_grads("modules", modules)
+    root = RootConfig()
+    shape = activation_shape(replace(root, model=CFG), BATCH, "fp32", rms_norm_kernel="composite")
+    planned = layer_activation_bytes(CFG, shape, "none") - layer_activation_bytes(CFG, shape, "modules", modules)
+    assert (baseline[0] - measured) == CFG.n_layers * planned
+
+
+def test_the_planner_counts_recompute_layers_per_stage():
+    from lmforge.parallel.memory_estimate import checkpointed_blocks
+
+    def blocks(*extra):
+        base = ["model=tiny", "model.n_layers=6", "train.micro_batch_size=1", "train.global_batch_size=4"]
+        cfg = validate(compose([*base, "parallelism.activation_checkpointing=full", *extra]), world_size=2)
+        return [checkpointed_blocks(cfg, r) for r in range(cfg.parallelism.pp)]
+
+    assert blocks("parallelism=pp2", "parallelism.recompute_layers=1") == [1, 1]  # 3 per stage, the first of each
+    assert blocks("parallelism=pp2", "parallelism.recompute_layers=2", "parallelism.pp_layers=[1,5]") == [1, 2]
+    assert blocks("parallelism=pp2") == [3, 3]  # 0: every block
+    assert blocks("parallelism=pp2_interleaved", "parallelism.recompute_layers=1", "model.n_layers=8") == [2, 2]

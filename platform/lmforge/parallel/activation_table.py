@@ -46,13 +46,14 @@ only the fp32 log-sum-exp). With tp and sequence parallelism: 32 * s * b * h / t
 Selective checkpointing (``parallel/activation_checkpoint.py``: matmul and SDPA outputs saved, element-wise ops
 recomputed) keeps, besides the block input: the outputs of wq, wk, wv (d + 2 dkv, tp), of wo and w2 (d each, the
 rank's partial sums before their all-reduce / reduce-scatter: not divided), of w1 (and w3) (F each, tp) and of SDPA
-(d and a * 4 bytes, tp). Full checkpointing keeps the block input.
+(d and a * 4 bytes, tp). Full checkpointing keeps the block input. ``modules`` keeps the rows above less those of
+the parts it recomputes (``RECOMPUTED_ROWS``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from lmforge.config.model import ModelConfig
 from lmforge.model.feed_forward import ffn_hidden_dim
@@ -173,6 +174,23 @@ def selective_saved_tensors(m: ModelConfig, p: BlockPrecision) -> Tuple[SavedTen
         rows.append(SavedTensor("feed_forward.w3_out", f, e, True, False))
     rows.append(SavedTensor("feed_forward.w2_out", d, e, False, False))
     return tuple(rows)
+
+
+# What each part activation_checkpointing=modules recomputes drops from the block's rows (by row name or prefix):
+# the attention kernel's log-sum-exp (its q, k, v are its saved inputs, its output the out-projection's input),
+# the MLP's intermediates (its input, the norm's output, stays), the norms' statistics and fp32 copies (their
+# inputs stay; their outputs are the next linears' inputs).
+RECOMPUTED_ROWS = {
+    "attention_core": ("attention.lse",),
+    "mlp": ("feed_forward.",),
+    "norms": ("attention_norm.stats", "attention_norm.normalized", "ffn_norm.stats", "ffn_norm.normalized"),
+}
+
+
+def modules_saved_tensors(rows: Tuple[SavedTensor, ...], modules: Sequence[str]) -> Tuple[SavedTensor, ...]:
+    """``rows`` (``block_saved_tensors``) less what recomputing ``modules`` (``RECOMPUTED_ROWS``' keys) drops."""
+    dropped = tuple(name for part in modules for name in RECOMPUTED_ROWS[part])
+    return tuple(r for r in rows if not r.name.startswith(dropped))
 
 
 def block_input(m: ModelConfig, p: BlockPrecision) -> SavedTensor:

@@ -59,7 +59,7 @@ import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
@@ -70,6 +70,7 @@ from lmforge.parallel.activation_table import (
     BlockPrecision,
     block_input,
     block_saved_tensors,
+    modules_saved_tensors,
     selective_saved_tensors,
     table_bytes,
 )
@@ -154,6 +155,16 @@ def layer_owner(cfg: RootConfig, layer: int) -> int:
     :func:`chunk_owner`."""
     p = cfg.parallelism
     return chunk_owner(chunk_of_layer(p, cfg.model.n_layers, layer), p.pp, p.pp_schedule)
+
+
+def checkpointed_blocks(cfg: RootConfig, pp_rank: int) -> int:
+    """Blocks on pipeline rank ``pp_rank`` that activation checkpointing applies to: the first
+    ``parallelism.recompute_layers`` of each of its chunks (``parallel/activation_checkpoint.chosen_blocks``),
+    all of them for 0."""
+    p = cfg.parallelism
+    counts = chunk_layers(p, cfg.model.n_layers)
+    mine = [n for c, n in enumerate(counts) if chunk_owner(c, p.pp, p.pp_schedule) == pp_rank]
+    return sum(n if p.recompute_layers == 0 else min(n, p.recompute_layers) for n in mine)
 
 
 @dataclass
@@ -262,10 +273,11 @@ def _rows_bytes(rows, s: ActivationShape) -> int:
     return table_bytes(rows, tokens=s.tokens, positions=s.positions or s.tokens, tp=s.tp, sp=s.sp)
 
 
-def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
+def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, modules: Sequence[str] = ()) -> int:
     """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``: the rows of
     ``parallel/activation_table.py`` (``none``: every tensor the block saves; ``selective``: the block input and
-    the matmul / SDPA outputs; ``full``: the block input), plus the other cp ranks' K/V under the cp all-gather."""
+    the matmul / SDPA outputs; ``full``: the block input; ``modules``: every tensor less those of the recomputed
+    ``modules``), plus the other cp ranks' K/V under the cp all-gather."""
     p = block_precision(s)
     kept = _rows_bytes((block_input(m, p),), s)
     if mode == "full":
@@ -274,6 +286,8 @@ def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int
     if mode == "selective":
         return kept + _rows_bytes(selective_saved_tensors(m, p), s) + gathered_kv
     rows = block_saved_tensors(m, p, sp=s.sp, rms_norm_kernel=s.rms_norm_kernel)
+    if mode == "modules":
+        rows = modules_saved_tensors(rows, tuple(modules))
     return _rows_bytes(rows, s) + gathered_kv
 
 
@@ -290,10 +304,23 @@ def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
 
 
 def saved_activation_bytes(
-    m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True, last: bool = True
+    m: ModelConfig,
+    s: ActivationShape,
+    mode: str,
+    layers: int,
+    first: bool = True,
+    last: bool = True,
+    *,
+    modules: Sequence[str] = (),
+    checkpointed: Optional[int] = None,
 ) -> int:
-    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward."""
-    kept = layers * layer_activation_bytes(m, s, mode)
+    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward;
+    ``checkpointed``: how many of them ``mode`` applies to (``parallelism.recompute_layers``; None: all), the rest
+    keep everything."""
+    n_ck = layers if checkpointed is None else min(layers, checkpointed)
+    kept = n_ck * layer_activation_bytes(m, s, mode, modules)
+    if n_ck < layers:
+        kept += (layers - n_ck) * layer_activation_bytes(m, s, "none")
     if last:
         kept += head_activation_bytes(m, s)
     if first:
@@ -408,6 +435,22 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
+    configured = by_mode.get(p.activation_checkpointing)
+    if p.activation_checkpointing == "modules" or p.recompute_layers > 0:  # the configured recompute, exactly
+        kept = saved_activation_bytes(
+            m,
+            shape,
+            p.activation_checkpointing,
+            st.layers,
+            st.first,
+            st.last,
+            modules=p.recompute_modules,
+            checkpointed=checkpointed_blocks(cfg, pp_rank),
+        )
+        working = layer_activation_bytes(m, shape, "none") if p.activation_checkpointing != "none" else 0
+        configured = int(math.ceil(in_flight * kept)) + working
+        if p.activation_checkpointing == "modules":
+            by_mode["modules"] = configured
     fsdp_params, fsdp_grads = fsdp_working_bytes(cfg, st, dt, n_micro if p.pp > 1 else plan.grad_accum)
     fsdp = fsdp_params + fsdp_grads
     autocast = (
@@ -422,7 +465,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
     return MemoryEstimate(
         pp_rank,
         st,
-        by_mode[p.activation_checkpointing],
+        configured,
         by_mode,
         fsdp,
         autocast,

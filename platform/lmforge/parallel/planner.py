@@ -25,6 +25,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
+from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.model.moe import moe_layer_ids
@@ -34,6 +35,7 @@ from lmforge.parallel.memory_estimate import (
     GIB,
     MemoryEstimate,
     bytes_table,
+    checkpointed_blocks,
     dtypes_for,
     estimate_memory,
     gib,
@@ -51,6 +53,23 @@ GPU_RESERVE_FRACTION = 0.05
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
 # Full recompute runs every block's forward twice: 8 instead of 6 FLOPs per parameter and token.
 RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.0, "full": 4.0 / 3.0}
+
+
+def recompute_factor(cfg: RootConfig) -> float:
+    """Compute per step relative to no recompute: full redoes each checkpointed block's forward (+1/3 of its
+    forward + backward); modules with mlp redoes the MLP's matmuls (their share of a block's matmul FLOPs); the
+    attention kernel's, norms' and selective's element-wise recompute is counted as free. Scaled by the share of
+    blocks checkpointed (``parallelism.recompute_layers``)."""
+    p, m = cfg.parallelism, cfg.model
+    if p.activation_checkpointing == "modules":
+        d, f = m.d_model, ffn_hidden_dim(m)
+        mlp = (3 if m.mlp == "swiglu" else 2) * d * f
+        attention = 2 * d * d + 2 * d * kv_heads(m) * (d // m.n_heads) + d * m.seq_len  # projections + causal core
+        extra = (mlp / (mlp + attention)) / 3 if "mlp" in p.recompute_modules else 0.0
+    else:
+        extra = RECOMPUTE_FACTOR[p.activation_checkpointing] - 1.0
+    share = sum(checkpointed_blocks(cfg, r) for r in range(p.pp)) / m.n_layers
+    return 1.0 + extra * share
 
 
 def device_kind(cfg: RootConfig) -> str:
@@ -251,7 +270,7 @@ def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[
         peak_tflops=peak if peak is not None else peak_tflops(kind, precision),
         assumed_mfu=cfg.cluster.assumed_mfu,
         bubble=0.0,
-        recompute=RECOMPUTE_FACTOR[p.activation_checkpointing],
+        recompute=recompute_factor(cfg),
         warnings=warnings,
     )
     plan.bubble = bubble_fraction(cfg, plan.n_micro)
@@ -274,7 +293,8 @@ def _candidates(cfg: RootConfig) -> List[Tuple[str, RootConfig]]:
     p, t = cfg.parallelism, cfg.train
     out: List[Tuple[str, RootConfig]] = []
     for mode in ("selective", "full"):
-        if AC_MODES.index(mode) > AC_MODES.index(p.activation_checkpointing):
+        current = AC_MODES.index(p.activation_checkpointing) if p.activation_checkpointing in AC_MODES else 1
+        if AC_MODES.index(mode) > current:
             out.append(
                 (f"parallelism.activation_checkpointing={mode}", _with(cfg, parallelism__activation_checkpointing=mode))
             )
