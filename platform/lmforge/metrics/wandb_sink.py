@@ -82,6 +82,18 @@ def server_reachable(base_url: str, timeout: float = PROBE_TIMEOUT_S) -> Tuple[b
         return False, f"{where} ({type(reason).__name__}: {str(reason)[:160]})"
 
 
+def mode_from_env(env: Mapping[str, str]) -> Optional[str]:
+    """The mode W&B's own ``WANDB_MODE`` names (None when unset); a value W&B does not know is refused."""
+    value = (env.get("WANDB_MODE") or "").strip().lower()
+    if value and value not in WANDB_MODES:
+        raise ActionableError(
+            "environment variable WANDB_MODE",
+            f"'{value}' is not a W&B mode (logging.wandb.mode=auto follows it)",
+            f"set it to one of {', '.join(sorted(WANDB_MODES))} or unset it",
+        )
+    return WANDB_MODES.get(value)
+
+
 def resolve_mode(
     requested: str,
     env: Optional[Mapping[str, str]] = None,
@@ -96,15 +108,9 @@ def resolve_mode(
     host = urlparse(base_url).hostname or "api.wandb.ai"
     asked = f"logging.wandb.mode={requested}"
     if requested == "auto":
-        from_env = (env.get("WANDB_MODE") or "").strip().lower()
+        from_env = mode_from_env(env)
         if from_env:
-            if from_env not in WANDB_MODES:
-                raise ActionableError(
-                    "environment variable WANDB_MODE",
-                    f"'{from_env}' is not a W&B mode (logging.wandb.mode=auto follows it)",
-                    f"set it to one of {', '.join(sorted(WANDB_MODES))} or unset it",
-                )
-            requested, asked = WANDB_MODES[from_env], f"logging.wandb.mode=auto with WANDB_MODE={from_env}"
+            requested, asked = from_env, f"logging.wandb.mode=auto with WANDB_MODE={env.get('WANDB_MODE')}"
             if requested == "offline":
                 return "offline", f"W&B logging offline ({asked}). {sync}"
         elif not api_key_present(env, host):
@@ -288,6 +294,8 @@ def make_wandb_sink(
     if cfg.mode == "disabled":
         return None
     if not wandb_installed():
+        if cfg.mode == "auto" and mode_from_env(environment()) == "disabled":
+            return None
         if cfg.mode == "auto":
             _say("W&B logging off: the wandb package is not installed (logging.wandb.mode=auto)")
             return None
