@@ -146,7 +146,7 @@ def test_choices_are_the_schema_annotations():
     choices = dict(choice_fields(RootConfig))
     assert choices["train.precision"] == ("auto", "fp32", "bf16-mixed", "bf16")
     assert choices["comm.transport"] == ("auto", "infiniband", "roce", "socket", "local")
-    assert choices["logging.wandb.mode"] == ("online", "offline", "disabled")
+    assert choices["logging.wandb.mode"] == ("auto", "online", "offline", "disabled")
     assert allowed_values(int) is None and "train.max_steps" not in choices
     with pytest.raises(ConfigError) as e:
         validate(compose(["parallelism.pp_schedule=1f1b"]))
