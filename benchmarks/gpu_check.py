@@ -803,7 +803,7 @@ def check_fp8_engine(name: str) -> dict:
     bare = R.value(f"{name}_engine")
     if bare:
         out["speedup_vs_bf16_engine"] = round(bare["step_s"] / step_s, 3)
-    del engine
+    engine = None  # free the device memory before the next check
     free_memory()
     return out
 
