@@ -36,6 +36,7 @@ def test_the_ranged_keys():
         "data.valid_fraction": "in (0, 1)",
         "optim.min_lr_ratio": "in [0, 1]",
         "cluster.assumed_mfu": "in (0, 1]",
+        "train.fp8.check_tolerance": "> 0",
     }
 
 
