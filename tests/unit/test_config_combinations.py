@@ -16,7 +16,7 @@ from lmforge.config.validate import validate
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
-# One configuration per row of REFUSED, in its order: (parallelism fields, model fields).
+# One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields]).
 EXAMPLES = [
     ({"sequence_parallel": True}, {}),
     ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),
@@ -33,6 +33,7 @@ EXAMPLES = [
     ({"tp": 2, "compile": True}, {}),
     ({"fsdp_grad_sync": "every_microbatch"}, {}),
     ({"engine": "deepspeed", "tp": 2}, {}),
+    ({"dp_shard": 2, "param_dtype": "bf16"}, {}, {"precision": "bf16-mixed", "fp32_residual": True}),
 ]
 
 
@@ -42,9 +43,12 @@ def test_every_row_has_an_example():
 
 @pytest.mark.parametrize("row, example", list(zip(REFUSED, EXAMPLES)), ids=[r.key for r in REFUSED])
 def test_each_row_refuses_its_combination(row, example):
-    par, model = example
+    par, model, *train = example
     cfg = replace(
-        RootConfig(), parallelism=replace(RootConfig().parallelism, **par), model=replace(RootConfig().model, **model)
+        RootConfig(),
+        parallelism=replace(RootConfig().parallelism, **par),
+        model=replace(RootConfig().model, **model),
+        train=replace(RootConfig().train, **(train[0] if train else {})),
     )
     with pytest.raises(ConfigError) as e:
         check_combinations(cfg)

@@ -87,18 +87,17 @@ INVALID = {
 
 OUT_OF_MEMORY = {
     "activations_fix_checkpointing": (
-        G1 + ["train.micro_batch_size=16"],
-        "config key 'parallelism': estimated 84.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 75.0 GiB). Fix: "
-        "parallelism.activation_checkpointing=selective (52.9 GiB) or parallelism.activation_checkpointing=full "
-        "(21.7 GiB)",
+        G1 + ["train.micro_batch_size=32"],
+        "config key 'parallelism': estimated 137.6 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 125.5 GiB). Fix: "
+        "parallelism.activation_checkpointing=full (30.0 GiB) or train.micro_batch_size=16 (71.8 GiB)",
     ),
     "activations_fix_micro_batch": (
         G1 + ["train.micro_batch_size=96", "train.global_batch_size=1536", "cluster.nodes=2"],
-        "config key 'parallelism': estimated 474.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 450.0 GiB). Fix: train.micro_batch_size=48 "
-        "parallelism.activation_checkpointing=full (53.2 GiB) or train.micro_batch_size=24 "
-        "parallelism.activation_checkpointing=full (29.6 GiB)",
+        "config key 'parallelism': estimated 400.9 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 376.5 GiB). Fix: train.micro_batch_size=48 "
+        "parallelism.activation_checkpointing=full (42.0 GiB) or train.micro_batch_size=24 "
+        "parallelism.activation_checkpointing=full (24.0 GiB)",
     ),
     "model_state_fix_dp_shard": (
         G7
@@ -108,16 +107,16 @@ OUT_OF_MEMORY = {
             "parallelism.dp_replicate=32",
             "parallelism.activation_checkpointing=full",
         ],
-        "config key 'parallelism': estimated 116.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 100.4 GiB, activations 3.2 GiB). Fix: parallelism.dp_shard=32 "
-        "parallelism.dp_replicate=1 (24.1 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.5 GiB)",
+        "config key 'parallelism': estimated 115.2 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 100.4 GiB, activations 2.0 GiB). Fix: parallelism.dp_shard=32 "
+        "parallelism.dp_replicate=1 (22.9 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (58.4 GiB)",
     ),
     "small_device_fix_tp": (
         G7 + ["cluster.nodes=1", "cluster.device=l40s", "cluster.device_memory_gib=24", "parallelism.dp_shard=8"],
-        "config key 'parallelism': estimated 55.5 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
-        "(parameters+gradients+optimizer 12.6 GiB, activations 25.2 GiB). Fix: parallelism.tp=4 "
-        "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (19.8 GiB) or parallelism.tp=8 "
-        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (16.9 GiB)",
+        "config key 'parallelism': estimated 51.4 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
+        "(parameters+gradients+optimizer 12.6 GiB, activations 21.1 GiB). Fix: parallelism.tp=4 "
+        "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (18.6 GiB) or parallelism.tp=8 "
+        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (15.7 GiB)",
     ),
 }
 
@@ -147,7 +146,7 @@ def test_suggested_fixes_really_fit():
         overrides + ["parallelism.tp=4", "parallelism.dp_shard=2", "parallelism.activation_checkpointing=full"]
     )
     check_fits(fixed)
-    assert fixed.fits and fixed.memory.total / GIB == pytest.approx(19.8, abs=0.05)
+    assert fixed.fits and fixed.memory.total / GIB == pytest.approx(18.6, abs=0.05)
 
 
 def test_cli_prints_plan_and_exit_codes(capsys):
@@ -299,7 +298,7 @@ def test_trainer_start_up_memory_warning():
     cfg = validate(compose(G1), world_size=8)
     lines = []
     assert warn_if_over_memory(cfg, 10 * GIB, "h100", emit=lines.append)
-    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 25.5 GiB per device")
+    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 22.4 GiB per device")
     assert not warn_if_over_memory(cfg, 80 * GIB, "h100", emit=lines.append)
 
 
