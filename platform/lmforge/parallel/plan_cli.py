@@ -66,7 +66,8 @@ def plan_json(plan) -> dict:
         "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s,
         "model_tflops_per_device": plan.model_tflops_per_device,
-        "assumed_mfu": plan.assumed_mfu,
+        "step_time_breakdown_s": dict(plan.step.rows()),
+        "links": [g.describe() for g in plan.step.groups],
         "bubble": plan.bubble,
         "warnings": plan.warnings,
     }
