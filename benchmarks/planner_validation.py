@@ -1,6 +1,6 @@
 """The planner's predicted tokens/s per GPU beside published runs (``lmforge/parallel/published_runs.csv``).
 
-    python -m benchmarks.planner_validation [--all] [--json PATH]
+    python -m benchmarks.planner_validation [--all] [--fit] [--json PATH]
 
 Every row of the table is mapped to a config (``published_runs.to_root_config``), validated with the trainer's
 own ``validate()`` at the row's GPU count, and planned by ``lmforge.parallel.planner.make_plan`` (the step model,
@@ -10,7 +10,10 @@ nothing fitted). Printed per row: the published and predicted tokens/s per GPU, 
 (fp8 linears, expert parallelism without an MoE shape) or when it does not validate. ``--all`` keeps the fp8
 rows (planned as bf16, so predicted too slow by design).
 
-Figures: median |error| and the share of rows within +-25%, over every row kept and per source.
+Figures: median |error| and the share of rows within +-25%, over every row kept, per source, and over the
+calibration sources (``CALIBRATION``: the one fitted parameter, ``device_table.IN_STEP_EFFICIENCY``, is fitted on
+these alone) and the held-out rows (every other source). ``--fit`` refits that parameter on the calibration rows
+(grid over 0.40-1.00, minimising their median |error|) and prints both figures at the fitted value.
 """
 
 from __future__ import annotations
@@ -19,15 +22,19 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from typing import List, Optional
 
 from lmforge.config.errors import ConfigError
 from lmforge.config.validate import validate
-from lmforge.parallel.planner import make_plan
+from lmforge.parallel.device_table import IN_STEP_EFFICIENCY, device_spec
+from lmforge.parallel.planner import device_kind, make_plan
 from lmforge.parallel.published_runs import load_published_runs, to_root_config, tokens_per_s_per_gpu
 
 # Features of a mapping that change throughput and that the step model cannot plan as published.
 THROUGHPUT_FEATURES = ("fp8", "expert parallelism")
+# The sources the in-step efficiency is fitted on; every other source is held out.
+CALIBRATION = ("narayanan21", "mpt")
 
 
 def source_of(run) -> str:
@@ -35,9 +42,11 @@ def source_of(run) -> str:
     return run.id.split("_")[0]
 
 
-def evaluate(keep_fp8: bool = False) -> List[dict]:
+def evaluate(keep_fp8: bool = False, efficiency: float = IN_STEP_EFFICIENCY, sources=None) -> List[dict]:
     rows = []
     for run in load_published_runs():
+        if sources is not None and source_of(run) not in sources:
+            continue
         published = tokens_per_s_per_gpu(run)
         out = {"id": run.id, "source": source_of(run), "published": published}
         try:
@@ -53,7 +62,8 @@ def evaluate(keep_fp8: bool = False) -> List[dict]:
             continue
         try:
             cfg = validate(mapping.cfg, world_size=run.gpus)
-            plan = make_plan(cfg, run.gpus)
+            spec = replace(device_spec(device_kind(cfg)), in_step_efficiency=efficiency)
+            plan = make_plan(cfg, run.gpus, device=spec)
         except ConfigError as e:
             rows.append({**out, "skipped": f"not valid in lmforge: {e}"})
             continue
@@ -99,7 +109,11 @@ def print_table(rows: List[dict]) -> None:
     for r in rows:
         by_source[r["source"]].append(r)
     print()
-    for name, group in [("all", rows), *sorted(by_source.items())]:
+    split = [
+        ("calibration", [r for r in rows if r["source"] in CALIBRATION]),
+        ("held-out", [r for r in rows if r["source"] not in CALIBRATION]),
+    ]
+    for name, group in [("all", rows), *split, *sorted(by_source.items())]:
         f = figures(group)
         if f:
             print(
@@ -108,12 +122,28 @@ def print_table(rows: List[dict]) -> None:
             )
 
 
+def fit_efficiency(keep_fp8: bool = False) -> float:
+    """The in-step efficiency minimising the calibration rows' median |error| (grid 0.40-1.00 by 0.01)."""
+    best = None
+    for i in range(40, 101):
+        f = figures(evaluate(keep_fp8, efficiency=i / 100, sources=CALIBRATION))
+        if f and (best is None or f["median_abs_error"] < best[0]):
+            best = (f["median_abs_error"], i / 100)
+    return best[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all", action="store_true", help="keep the fp8 rows (planned as bf16)")
+    ap.add_argument("--fit", action="store_true", help="refit the in-step efficiency on the calibration sources")
     ap.add_argument("--json", default="", help="also write the rows as JSON to this path")
     args = ap.parse_args()
-    rows = evaluate(keep_fp8=args.all)
+    efficiency = IN_STEP_EFFICIENCY
+    if args.fit:
+        efficiency = fit_efficiency(args.all)
+        print(f"in-step efficiency fitted on {', '.join(CALIBRATION)}: {efficiency:.2f} (table: {IN_STEP_EFFICIENCY})")
+    rows = evaluate(keep_fp8=args.all, efficiency=efficiency)
+    print(f"in-step efficiency {efficiency:.2f}")
     print_table(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -10,7 +10,9 @@ from lmforge.config.ranges import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 Link = Annotated[
     str,
-    Literal["auto", "nvlink3", "nvlink4", "nvlink5", "ib_hdr", "ib_ndr", "roce_200", "roce_400", "pcie4", "loopback"],
+    Literal[
+        "auto", "nvlink3", "nvlink4", "nvlink5", "ib_hdr", "ib_ndr", "roce_200", "roce_400", "pcie4", "xgmi", "loopback"
+    ],
 ]
 
 

@@ -5,8 +5,9 @@ matrices of a given shape, how fast it streams memory, and how fast its links mo
 H100, H200 and B200 datasheets; bf16 and fp8). **HBM bandwidth**, SM count and NVLink generation are from the
 same datasheets and the architecture whitepapers: A100 80 GB SXM 2,039 GB/s (40 GB: 1,555 GB/s), 108 SMs,
 NVLink 3; H100 SXM 3,350 GB/s, 132 SMs, NVLink 4; H200 4,800 GB/s, 132 SMs, NVLink 4; B200 8,000 GB/s,
-148 SMs, NVLink 5 (NVIDIA A100 Tensor Core GPU Architecture whitepaper; NVIDIA H100 Tensor Core GPU
-Architecture whitepaper; H200 and DGX B200 datasheets).
+148 SMs, NVLink 5; L40S 864 GB/s, 142 SMs, PCIe; MI300X 5,300 GB/s, 304 CUs, Infinity Fabric 7 x 64 GB/s
+(NVIDIA A100 and H100 Tensor Core GPU Architecture whitepapers; H200, DGX B200, L40S and AMD Instinct MI300X
+datasheets).
 
 **GEMM efficiency by shape.** A GEMM of M x K by K x N takes
 
@@ -15,7 +16,7 @@ Architecture whitepaper; H200 and DGX B200 datasheets).
 ``gemm_peak_fraction`` is the share of the peak that cuBLAS sustains on large bf16 GEMMs, as published by
 GEMM sweeps outside any training run: A100 SXM 271 TFLOP/s (87%), H100 SXM 795 TFLOP/s (80%) in the
 "maximum achievable matmul FLOPS" sweeps of S. Bekman's *Machine Learning Engineering* (compute/accelerator
-chapter); the H200 shares the H100's compute die (its bf16 GEMMs measure about 790 TFLOP/s), B200 at 75% from
+chapter; MI300X 60% there); the H200 shares the H100's compute die (its bf16 GEMMs measure about 790 TFLOP/s), B200 at 75% from
 the same sweeps' Blackwell figures. ``wave_efficiency`` is the tile/wave quantisation of NVIDIA's *Matrix
 Multiplication Background User's Guide* (Deep Learning Performance documentation): the output is cut into
 tiles (128 x 256 on Hopper/Blackwell, 128 x 128 on Ampere, the cuBLAS/CUTLASS bf16 defaults), one tile per SM
@@ -32,6 +33,10 @@ as bus bandwidth (nccl-tests ``busbw`` on DGX systems reaches about 80% of NVLin
 rate). NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5 900 GB/s per direction (NVLink datasheet); InfiniBand HDR
 200 Gb/s, NDR 400 Gb/s, RoCE 200 and 400 Gb/s per NIC, one NIC per GPU (the DGX A100/H100/B200 rail layout).
 A device's default inter-node link is its DGX system's: HDR for A100, NDR for H100, H200, B200.
+
+**In-step efficiency** (``IN_STEP_EFFICIENCY``): the share of those rates that kernels keep inside a training
+step; the one parameter fitted to training runs, on a calibration subset of the published runs only (see
+``lmforge.parallel.step_model``).
 
 A measured GEMM rate (``cluster.gemm_tflops``) replaces ``peak * gemm_peak_fraction``; a ``lmforge comm bench``
 JSON (``cluster.comm_bench``) replaces the bandwidth of the placement it measured (within a node when its
@@ -66,6 +71,7 @@ class DeviceSpec:
     inter_link: str  # default NIC per GPU across nodes
     kernel_overhead_s: float = 4e-6  # launch + tail per kernel
     measured_tflops: float = 0.0  # a measured GEMM rate (replaces peak * gemm_peak_fraction when > 0)
+    in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
 
     def gemm_rate(self, dtype: str) -> float:
         """Sustained FLOP/s of a large GEMM in ``dtype``."""
@@ -99,8 +105,14 @@ LINKS: Dict[str, LinkSpec] = {
     "roce_200": LinkSpec("roce_200", 25.0, 0.85, 15e-6),
     "roce_400": LinkSpec("roce_400", 50.0, 0.85, 15e-6),
     "pcie4": LinkSpec("pcie4", 25.0, 0.80, 10e-6),
+    "xgmi": LinkSpec("xgmi", 448.0, 0.70, 5e-6),
     "loopback": LinkSpec("loopback", 10.0, 1.0, 20e-6),  # CPU processes of one host (gloo over shared memory)
 }
+
+# Compute inside a training step relative to the same kernels benchmarked alone: the one fitted parameter of the
+# step model, fitted on the calibration sources only (Narayanan et al. 2021 and the llm-foundry MPT tables of
+# published_runs.csv; ``python -m benchmarks.planner_validation --fit``), held out: every other source.
+IN_STEP_EFFICIENCY = 0.82
 
 _AMPERE = dict(sms=108, tile=(128, 128), attention_fraction=(0.60, 0.45), intra_link="nvlink3", inter_link="ib_hdr")
 _HOPPER = dict(sms=132, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink4", inter_link="ib_ndr")
@@ -116,6 +128,8 @@ _GPUS = {
     "h200": (4800.0, _HOPPER, 0.80),
     "h200_nvl": (4800.0, _HOPPER, 0.80),
     "b200": (8000.0, _BLACKWELL, 0.75),
+    "l40s": (864.0, dict(_AMPERE, sms=142, intra_link="pcie4", inter_link="roce_200"), 0.70),
+    "mi300x": (5300.0, dict(_HOPPER, sms=304, intra_link="xgmi", inter_link="roce_400"), 0.60),
 }
 GPU_KINDS = tuple(sorted(set(_GPUS) | {a for a, k in KIND_ALIASES.items() if k in _GPUS}))
 
@@ -140,7 +154,14 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]
-        spec = DeviceSpec(kind=kind, peak_tflops=PEAK_TFLOPS[kind], hbm_gbps=hbm, gemm_peak_fraction=fraction, **arch)
+        spec = DeviceSpec(
+            kind=kind,
+            peak_tflops=PEAK_TFLOPS[kind],
+            hbm_gbps=hbm,
+            gemm_peak_fraction=fraction,
+            in_step_efficiency=IN_STEP_EFFICIENCY,
+            **arch,
+        )
     else:
         raise ConfigError(
             "cluster.device",

@@ -201,8 +201,11 @@ def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
     return max(owners.count(rank) for rank in range(p.pp))
 
 
-def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
-    """Plan a validated config. ``peak`` overrides the peak table (TFLOP/s per device)."""
+def make_plan(
+    cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None, device: Optional[DeviceSpec] = None
+) -> Plan:
+    """Plan a validated config. ``peak`` overrides the peak table (TFLOP/s per device; on CPU also the GEMM rate);
+    ``device`` the device table's entry (a measured CPU, a calibration)."""
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     kind = device_kind(cfg)
     precision = resolve_precision(cfg.train.precision, kind)
@@ -217,7 +220,9 @@ def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[
             "collectives then cross the slower inter-node network"
         )
     peak_value = peak if peak is not None else peak_tflops(kind, precision)
-    spec = device_spec(kind, measured_tflops=cfg.cluster.gemm_tflops, cpu_tflops=peak_value if kind == "cpu" else 0.0)
+    spec = device or device_spec(
+        kind, measured_tflops=cfg.cluster.gemm_tflops, cpu_tflops=peak_value if kind == "cpu" else 0.0
+    )
     step = predict_step(
         cfg,
         batch,

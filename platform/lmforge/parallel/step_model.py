@@ -9,6 +9,10 @@
   2.5 x that backward, the flash-attention count) at the device's attention rate; the element-wise work (norms,
   residual adds, activations, rotary, the loss over the logits) as bytes through HBM. Tensor parallelism
   divides the widths, context parallelism the tokens, MoE layers run ``top_k`` routed experts per token.
+- **in-step efficiency**: kernels inside a training step run slower than the same kernels benchmarked alone
+  (collectives' kernels share the SMs, caches are cold, the host launches between them): every compute time
+  above is divided by the device's ``in_step_efficiency`` (``device_table.IN_STEP_EFFICIENCY`` on GPUs, the one
+  fitted parameter of the model; 1 on CPU, where the measured GEMM rate is already in-process).
 - **recompute**: ``full`` runs every block's forward again before its backward; ``selective`` re-runs only the
   element-wise ops (matmul and attention outputs are kept).
 - **pipeline**: the step is ``m`` micro batches on the slowest stage plus the bubble of the schedule,
@@ -305,7 +309,8 @@ def stage_time(cfg: RootConfig, spec: DeviceSpec, micro: int, precision: str, pp
         fwd += h.forward
         bwd += h.backward
         gemm += h.fwd_gemm + h.bwd_gemm
-    return _Stage(fwd, bwd + recompute, recompute, attention, gemm, len(owned))
+    k = 1.0 / spec.in_step_efficiency  # kernels inside a training step run slower than in isolation
+    return _Stage(fwd * k, (bwd + recompute) * k, recompute * k, attention * k, gemm * k, len(owned))
 
 
 def bubble_fraction(cfg: RootConfig, n_micro: int) -> float:
