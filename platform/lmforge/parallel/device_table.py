@@ -112,7 +112,7 @@ LINKS: Dict[str, LinkSpec] = {
 # Compute inside a training step relative to the same kernels benchmarked alone: the one fitted parameter of the
 # step model, fitted on the calibration sources only (Narayanan et al. 2021 and the llm-foundry MPT tables of
 # published_runs.csv; ``python -m benchmarks.planner_validation --fit``), held out: every other source.
-IN_STEP_EFFICIENCY = 0.82
+IN_STEP_EFFICIENCY = 0.83
 
 _AMPERE = dict(sms=108, tile=(128, 128), attention_fraction=(0.60, 0.45), intra_link="nvlink3", inter_link="ib_hdr")
 _HOPPER = dict(sms=132, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink4", inter_link="ib_ndr")
