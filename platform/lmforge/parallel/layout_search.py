@@ -11,7 +11,8 @@
 - activation checkpointing none / selective / full,
 - micro batch sizes (powers of two dividing the per-replica batch).
 
-A candidate is feasible when ``validate()`` accepts it (the trainer's own checks) and the memory estimate
+A candidate is feasible when ``validate()``'s layout and batch checks accept it (``validate_layout``: the
+trainer's own checks; the rest of the config passed ``validate()`` once) and the memory estimate
 (``memory_estimate.estimate_memory``, through ``planner.make_plan``) fits the usable device memory. Feasible
 candidates are ranked by the step model's tokens/s. Candidates are pruned cheaply first: for one structural
 layout (tp, pp, cp, sharding, schedule) the four largest micro batches are tried from the largest down under
@@ -24,11 +25,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterator, List, Optional, Tuple
 
+from lmforge.config.context_parallel import check_context_parallel
+from lmforge.config.deepspeed import check as check_deepspeed
+from lmforge.config.deepspeed import check_native
+from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
+from lmforge.config.moe_checks import check_moe
 from lmforge.config.schema import RootConfig
-from lmforge.config.validate import validate
+from lmforge.config.validate import check_batch, check_parallel_layout
+from lmforge.config.validated import Validated
 from lmforge.model.gpt import kv_heads
-from lmforge.parallel.planner import Plan, make_plan
+from lmforge.parallel.memory_estimate import estimate_memory, resolve_precision
+from lmforge.parallel.planner import Plan, device_kind, device_memory_bytes, make_plan, usable_bytes
 
 AC_ORDER = ("none", "selective", "full")
 
@@ -103,14 +111,35 @@ def overrides_text(par: dict, micro: int, ac: str) -> str:
     return " ".join(text)
 
 
-def _try(cfg: RootConfig, world: int, par: dict, micro: int, ac: str) -> Optional[Plan]:
+def validate_layout(cfg: RootConfig, world: int) -> Validated:
+    """The checks of ``validate()`` that read the layout and the batch, in its order (the config they vary from
+    already passed ``validate()`` whole: its other sections, and the choices and ranges of the fields set here,
+    which the enumeration keeps to valid values)."""
+    check_moe(cfg)
+    check_parallel_layout(cfg, world)
+    check_document_masking(cfg)
+    check_context_parallel(cfg)
+    plan = check_batch(cfg)
+    if cfg.parallelism.engine == "deepspeed":
+        check_deepspeed(cfg, plan)
+    else:
+        check_native(cfg)
+    return Validated(cfg, plan)
+
+
+def _try(cfg: RootConfig, world: int, par: dict, micro: int, ac: str, usable: int) -> Optional[Plan]:
+    """The plan of one candidate, or None when ``validate()`` refuses it or its memory estimate exceeds ``usable``
+    (checked before the step is predicted)."""
     p = replace(cfg.parallelism, activation_checkpointing=ac, fsdp_grad_sync="auto", pp_microbatches=0, **par)
     t = replace(cfg.train, micro_batch_size=micro, grad_accum=None)
     try:
-        validated = validate(replace(cfg, parallelism=p, train=t), world_size=world)
-        return make_plan(validated, world)
+        validated = validate_layout(replace(cfg, parallelism=p, train=t), world)
     except ConfigError:
         return None
+    precision = resolve_precision(validated.cfg.train.precision, device_kind(validated.cfg))
+    if estimate_memory(validated.cfg, validated.plan, precision).total > usable:
+        return None
+    return make_plan(validated, world)
 
 
 def search_layouts(cfg: RootConfig, world: Optional[int] = None, top: int = 5) -> Tuple[List[Candidate], int]:
@@ -118,6 +147,8 @@ def search_layouts(cfg: RootConfig, world: Optional[int] = None, top: int = 5) -
     cfg = getattr(cfg, "cfg", cfg)  # a Validated config: its RootConfig
     world = world or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     found: List[Candidate] = []
+    kind = device_kind(cfg)
+    usable = usable_bytes(device_memory_bytes(cfg, kind), kind)
     batch = cfg.train.global_batch_size
     for par in _structures(cfg, world):
         dp = par["dp_replicate"] * par["dp_shard"]
@@ -126,7 +157,7 @@ def search_layouts(cfg: RootConfig, world: Optional[int] = None, top: int = 5) -
         micros = [mb for mb in _powers(batch // dp) if (batch // dp) % mb == 0][::-1][:4]
         for ac in AC_ORDER:
             for micro in micros:
-                plan = _try(cfg, world, par, micro, ac)
+                plan = _try(cfg, world, par, micro, ac, usable)
                 if plan is None or not plan.fits:
                     continue
                 found.append(Candidate(overrides_text(par, micro, ac), plan))
