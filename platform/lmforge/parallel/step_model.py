@@ -342,12 +342,13 @@ def _dp_exposed(
         micro_steps = n_micro if p.pp > 1 else grad_accum
         per_step_rs = 1 if (fsdp_grad_sync_mode(p) == "last_microbatch" or micro_steps == 1) else micro_steps
         ag_bwd = ag if p.reshard_after_forward else 0.0
-        gathers = micro_steps if p.reshard_after_forward else 1
         fwd_exposed = max(0.0, ag - stage.forward) + ag / layers
         bwd_comm = ag_bwd + rs * (per_step_rs / micro_steps)
         bwd_exposed = max(0.0, bwd_comm - stage.backward) + rs / layers * (per_step_rs / micro_steps)
-        exposed += gathers * fwd_exposed + micro_steps * bwd_exposed
-        total += gathers * ag + micro_steps * ag_bwd + per_step_rs * rs
+        # FSDP2 reshards after every backward: each micro batch gathers in forward, and again in backward when
+        # reshard_after_forward dropped the gathered blocks
+        exposed += micro_steps * (fwd_exposed + bwd_exposed)
+        total += micro_steps * (ag + ag_bwd) + per_step_rs * rs
         if p.dp_replicate > 1:
             ar = groups["dp_replicate"].all_reduce(st.numel * dt.fsdp_reduce)
             total += ar
