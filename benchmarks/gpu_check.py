@@ -1,4 +1,4 @@
-"""One prepared GPU check (run by benchmarks/gpu_check.sh on a lent H200 in one shot, < 8 minutes), and its
+"""One prepared GPU check (run by benchmarks/gpu_check.sh on a lent H200 in one shot, < 9 minutes), and its
 CPU dry run (``--dry-run``: the same checks and code paths with tiny shapes on CPU/gloo, run by the tests).
 
     python benchmarks/gpu_check.py              # on the GPU machine (writes $OUT/gpu_check.json, without $OUT
@@ -17,12 +17,17 @@ and the JSON is rewritten after every check so a timeout still leaves data):
   process_group_world_1  lmforge's init_process_group (nccl on GPU, gloo on CPU), world of one, all-reduce
   fsdp2_one_device       lmforge's path: mesh -> parallelize (FSDP2 over one device, materialize) -> train
   compile_block          torch.compile of one transformer block matches eager (forward and gradients)
-  <model>_eager / _compiled   bare loop: GPT + fused AdamW under bf16 autocast (gpt_125m, gpt_1b)
-  <model>_engine         the trainer's path: NativeEngine.train_step (bf16-mixed, fused AdamW, compile on),
-                         with the platform-overhead ratio engine step / bare compiled step
+  gpt_1b_compiled        bare loop: GPT + fused AdamW under bf16 autocast, blocks compiled
+  <model>_engine         the trainer's path: NativeEngine.train_step (bf16-mixed, fused AdamW, compile on;
+                         gpt_125m, gpt_1b), gpt_1b with the platform-overhead ratio engine step / bare compiled
+                         step and the planner's prediction for the same config on one device beside the
+                         measurement (``plan``: peak memory and step time; needs omegaconf, carried as a wheel)
   document_attention_varlen  data.document_attention=varlen vs sdpa: a tiny document-masked GPT, a few bf16
                          steps each from the same init; the loss difference and the step-time ratio (the dry run
                          puts an SDPA loop over the same cu_seqlens in place of the CUDA-only varlen_attn)
+  gpt_1b_fp8_engine      train.precision=fp8 (torchao float8 linears, tensorwise, compiled) vs gpt_1b_engine: step
+                         time, speed-up and the first two steps' loss gap from the same init and batch (needs
+                         torchao==0.18.0 on the machine; without it the check fails naming it)
   engine_no_host_sync    one non-logging engine step (after warm-up): on GPU under
                          torch.cuda.set_sync_debug_mode("error") (a host sync fails the check); on CPU the
                          aten._local_scalar_dense calls are counted and reported (no failure)
@@ -107,16 +112,15 @@ def gpu_sizes() -> Sizes:
         "process_group_world_1": 10,
         "fsdp2_one_device": 15,
         "compile_block": 40,
-        "gpt_125m_eager": 15,
-        "gpt_125m_compiled": 45,
         "gpt_125m_engine": 35,
         "engine_no_host_sync": 5,
         "document_attention_varlen": 20,
         "gpt_1b_compiled": 120,
         "gpt_1b_engine": 80,
+        "gpt_1b_fp8_engine": 85,
     }
     tiny = ModelConfig(name="tiny", vocab_size=4096, d_model=256, n_layers=2, n_heads=4, seq_len=256)
-    return Sizes(torch.device("cuda", 0), 8192, (2, 16, 2048, 128), tiny, 8, 20, 1.0, GPU_PRESETS, 9, 3, 445.0, est)
+    return Sizes(torch.device("cuda", 0), 8192, (2, 16, 2048, 128), tiny, 8, 20, 1.0, GPU_PRESETS, 9, 3, 440.0, est)
 
 
 def cpu_sizes() -> Sizes:
@@ -498,27 +502,36 @@ class _MicroBatch:  # the fields NativeEngine.train_step reads (lmforge.data.loa
     positions: None = None  # no document masking
 
 
-def build_engine(name: str):
-    """NativeEngine exactly as the trainer builds it, from a plain RootConfig (bf16-mixed, fused AdamW, compile)."""
+def build_engine(name: str, precision: str = "bf16-mixed"):
+    """NativeEngine exactly as the trainer builds it, from a plain RootConfig (bf16-mixed, fused AdamW, compile).
+    ``precision="fp8"``: torchao float8 linears (tensorwise, torchao's shape filter on the GPU; every linear of the
+    dry run's tiny shapes, eager there: a CPU compile of the float8 casts is not what the check measures)."""
     from lmforge.config.batch import batch_plan
     from lmforge.config.optim import OptimConfig
     from lmforge.config.parallelism import ParallelismConfig
     from lmforge.config.schema import RootConfig
-    from lmforge.config.train import TrainConfig
+    from lmforge.config.train import Float8Config, TrainConfig
     from lmforge.config.validated import Validated
     from lmforge.fault.loss_guard import LossGuard
     from lmforge.parallel.native_engine import NativeEngine
 
     cfg, batch = S.presets[name]
+    gpu = S.device.type == "cuda"
     root = RootConfig(
         model=cfg,
-        parallelism=ParallelismConfig(compile=True),
-        train=TrainConfig(precision="bf16-mixed", micro_batch_size=batch, global_batch_size=batch, seed=0),
+        parallelism=ParallelismConfig(compile=gpu or precision != "fp8"),
+        train=TrainConfig(
+            precision=precision,
+            micro_batch_size=batch,
+            global_batch_size=batch,
+            seed=0,
+            fp8=Float8Config(shape_filter=gpu),
+        ),
         optim=OptimConfig(lr=1e-4, fused=True),
     )
     ensure_process_group()
     engine = NativeEngine(Validated(root, batch_plan(batch, batch, 1, cfg.seq_len)), S.device)
-    assert engine.precision == "bf16-mixed", engine.precision
+    assert engine.precision == precision, engine.precision
     fused = all(g.get("fused") for g in engine.optimizer.param_groups)
     assert fused, "the engine's AdamW is not fused"
     x = tokens_batch(cfg, batch)
@@ -530,16 +543,44 @@ def check_engine(name: str) -> dict:
     free_memory()
     engine, batches, root = build_engine(name)
     cfg, batch = S.presets[name]
+    if name == "gpt_1b":  # the fp8 check compares its first losses with these (same init, same batch)
+        STATE["gpt_1b_bf16_losses"] = [
+            float(engine.train_step(batches, root.optim.lr, guard=engine.guard).loss) for _ in range(2)
+        ]
     first, step_s = time_steps(lambda: engine.train_step(batches, root.optim.lr, guard=engine.guard))
     out = rates(cfg, batch, step_s, first)
     bare = R.value(f"{name}_compiled")
     if bare:
         out["platform_overhead"] = round(step_s / bare["step_s"], 3)  # engine step / bare compiled step
+    if name == "gpt_1b":
+        out["plan"] = planned(root, measured_step_s=step_s, measured_peak_gib=out.get("peak_mem_gib"))
     if name == "gpt_125m":
         STATE["engine"] = (engine, batches, root)  # warmed up: the sync check uses it
     else:
         del engine
     free_memory()
+    return out
+
+
+def planned(root, measured_step_s: float, measured_peak_gib) -> dict:
+    """``lmforge plan``'s prediction for the engine's config on one device of this kind (the planner validates
+    through omegaconf: without it, the reason instead), beside what the check measured."""
+    from dataclasses import replace
+
+    try:
+        from lmforge.config.cluster import ClusterConfig
+        from lmforge.parallel.planner import make_plan
+        from lmforge.runtime.hardware import device_kind
+    except ImportError as e:
+        return {"unavailable": f"{type(e).__name__}: {e}"}
+    kind = device_kind(S.device)
+    cfg = replace(root, cluster=ClusterConfig(name="gpu_check", nodes=1, gpus_per_node=1, device=kind))
+    plan = make_plan(cfg, world_size=1)
+    total = plan.memory.total / 2**30
+    out = {"device_kind": plan.device_kind, "peak_gib": round(total, 2), "step_s": round(plan.step_time_s, 4)}
+    if measured_peak_gib:
+        out["peak_ratio_measured_to_plan"] = round(measured_peak_gib / total, 3)
+    out["step_ratio_measured_to_plan"] = round(measured_step_s / plan.step_time_s, 3)
     return out
 
 
@@ -769,6 +810,28 @@ def gpu_check_out() -> Path:
     return Path(out) / "gpu_check.json" if out else scratch_path("gpu_check.json")
 
 
+def check_fp8_engine(name: str) -> dict:
+    """train.precision=fp8 (torchao tensorwise, compiled) against the bf16-mixed engine check of the same model:
+    step time and speed-up, and the first steps' losses from the same init and batch."""
+    free_memory()
+    engine, batches, root = build_engine(name, precision="fp8")
+    losses = [float(engine.train_step(batches, root.optim.lr, guard=engine.guard).loss) for _ in range(2)]
+    cfg, batch = S.presets[name]
+    first, step_s = time_steps(lambda: engine.train_step(batches, root.optim.lr, guard=engine.guard))
+    out = rates(cfg, batch, step_s, first)
+    out["fp8_linears"] = sum(1 for m in engine.inner.modules() if type(m).__name__ == "Float8Linear")
+    out["first_losses"] = [round(x, 4) for x in losses]
+    bf16 = STATE.get(f"{name}_bf16_losses")
+    if bf16:
+        out["first_loss_gap_vs_bf16"] = round(max(abs(a - b) for a, b in zip(losses, bf16)), 4)
+    bare = R.value(f"{name}_engine")
+    if bare:
+        out["speedup_vs_bf16_engine"] = round(bare["step_s"] / step_s, 3)
+    engine = None  # free the device memory before the next check
+    free_memory()
+    return out
+
+
 def main(argv=None) -> int:
     global S, R
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -810,13 +873,12 @@ def main(argv=None) -> int:
         ("process_group_world_1", check_process_group),
         ("fsdp2_one_device", check_fsdp2_one_device),
         ("compile_block", check_compile_block),
-        ("gpt_125m_eager", lambda: check_bare("gpt_125m", False)),
-        ("gpt_125m_compiled", lambda: check_bare("gpt_125m", True)),
         ("gpt_125m_engine", lambda: check_engine("gpt_125m")),
         ("engine_no_host_sync", check_no_host_sync),
         ("document_attention_varlen", check_document_attention_varlen),
         ("gpt_1b_compiled", lambda: check_bare("gpt_1b", True)),
         ("gpt_1b_engine", lambda: check_engine("gpt_1b")),
+        ("gpt_1b_fp8_engine", lambda: check_fp8_engine("gpt_1b")),
     ]
     R.data["env"].update(budget_s=R.budget_s, est_total_s=sum(S.est_s.get(name, 3.0) for name, _ in checks))
     for name, fn in checks:

@@ -12,8 +12,13 @@ OUT=${OUT:-benchmarks/results/scratch}  # the device machine sets $OUT; elsewher
 mkdir -p "$OUT"
 export OUT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-# The script stops starting checks at its own 445 s budget; SIGTERM at 460 s records the check it interrupted.
-timeout --kill-after=10 460 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log"
+# The wheels benchmarks/gpu_wheels.sh fetched (carried as .whl/): omegaconf for the planner, torchao for fp8.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# The script stops starting checks at its own 440 s budget; SIGTERM at 455 s records the check it interrupted.
+timeout --kill-after=10 455 python3 benchmarks/gpu_check.py 2>&1 | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}
 echo "gpu_check exit status: $rc (0: every check passed; 1: a check failed or was skipped; 124: timeout)"
 exit "$rc"

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# logging.wandb.mode=auto (the default) follows W&B's own WANDB_MODE: the suite, and every process it starts, writes
+# no W&B files unless a test asks for a mode itself (logging.wandb.mode=offline, or WANDB_MODE in its own env).
+os.environ["WANDB_MODE"] = "disabled"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # The tiers (fast, full, drills): selection, markers and the fast tier's guard live in tiering.py.
@@ -93,6 +96,8 @@ def smoke_background(request, tmp_path_factory):
         *(["train.threads=1"] if overlap else []),
     ]
     env = {**os.environ, "LMFORGE_DATA_CACHE": str(data_cache), "LMFORGE_CACHE": str(root / "lmforge-cache")}
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):  # W&B as a user's smoke run has it: auto, offline without a key
+        env.pop(name, None)
     with open(root / "stdout.log", "w") as log:
         proc = subprocess.Popen(
             cmd,

@@ -91,34 +91,67 @@ def describe_params(module: torch.nn.Module) -> Dict[str, dict]:
     return out
 
 
+ALL_GATHER, REDUCE_SCATTER = "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"  # FSDP2's collectives
+
+
 @contextlib.contextmanager
-def counting_collective(op: str, counts: List[int]):
-    """Profile the block and append how many c10d ``op`` calls it dispatched (real collectives) to ``counts``."""
+def counting_collectives(counts: Dict[str, List[int]]):
+    """Profile the block and append how many c10d calls of each op it dispatched (real collectives) to
+    ``counts[op]``."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         yield
-    counts.append(sum(1 for e in prof.events() if e.name == op))
+    names = [e.name for e in prof.events()]
+    for op, seen in counts.items():
+        seen.append(names.count(op))
+
+
+def _fsdp_params(parts):
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for part in parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                for group in fully_shard.state(module)._fsdp_param_groups:
+                    yield from group.fsdp_params
 
 
 def unsharded_grad_bytes(parts) -> int:
     """Bytes of full (unsharded) gradients FSDP2 holds right now: zero between micro batches when it reduces
     per micro batch, every block's when it defers."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
     total = 0
-    for part in parts:
-        for module in part.modules():
-            if not isinstance(module, FSDPModule):
-                continue
-            for group in fully_shard.state(module)._fsdp_param_groups:
-                for fp in group.fsdp_params:
-                    unsharded = getattr(fp, "_unsharded_param", None)
-                    for g in (
-                        getattr(fp, "unsharded_accumulated_grad", None),
-                        unsharded.grad if unsharded is not None else None,
-                    ):
-                        if g is not None:
-                            total += g.numel() * g.element_size()
+    for fp in _fsdp_params(parts):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        for g in (getattr(fp, "unsharded_accumulated_grad", None), unsharded.grad if unsharded is not None else None):
+            if g is not None:
+                local = g.to_local() if hasattr(g, "to_local") else g  # a TP-sharded gradient: this rank's part
+                total += local.numel() * local.element_size()
     return total
+
+
+def gathered_param_bytes(parts) -> int:
+    """Bytes FSDP2's all-gather outputs (the gathered parameters, param_dtype) occupy right now: their storage is
+    freed when a parameter is resharded."""
+    return sum(t.untyped_storage().nbytes() for fp in _fsdp_params(parts) for t in fp.all_gather_outputs)
+
+
+@contextlib.contextmanager
+def recording_pipeline_backward_buffers(parts, held: List[dict]):
+    """After every pipeline stage backward of the block: FSDP2's gathered parameter and unsharded gradient bytes
+    (the schedule reduce-scatters only after the last one, so the last is the step's peak)."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    backward = _PipelineStageBase.backward_maybe_with_nosync
+
+    def recorded(stage, *args, **kwargs):
+        result = backward(stage, *args, **kwargs)
+        held.append({"params": gathered_param_bytes(parts), "grads": unsharded_grad_bytes(parts)})
+        return result
+
+    _PipelineStageBase.backward_maybe_with_nosync = recorded
+    try:
+        yield
+    finally:
+        _PipelineStageBase.backward_maybe_with_nosync = backward
 
 
 def shift_positions_by_micro_batches(pipeline, shift: int) -> None:
@@ -144,6 +177,7 @@ def run_case(
     drop_first_stage_router_loss: bool = False,
     later_stage_positions_shift: int = 0,
     reshard_blocks_after_forward: bool = False,
+    regather_each_micro_batch: bool = False,
 ) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
@@ -169,6 +203,11 @@ def run_case(
             layer.loss_cfg = dataclasses.replace(layer.loss_cfg, aux_loss_coef=0.0, z_loss_coef=0.0)
     if later_stage_positions_shift and engine.mesh["pp"].get_local_rank() > 0:  # negative control (docmask, pp > 1)
         shift_positions_by_micro_batches(engine.pipeline, later_stage_positions_shift)
+    if regather_each_micro_batch:  # negative control of the kept-gathered deferred sync: reshard after each backward
+        from lmforge.parallel.data_parallel import set_fsdp_gradient_sync
+
+        assert engine.defer_fsdp_sync and not cfg.parallelism.reshard_after_forward
+        engine._grad_sync = lambda last: set_fsdp_gradient_sync(engine.parts, enabled=last) or contextlib.nullcontext()
     data = FixedSamples(samples, eod)
     stream = BatchStream(
         data,
@@ -178,19 +217,26 @@ def run_case(
         document_masking=cfg.data.document_masking,
         loss_after_eod=cfg.data.loss_after_eod,
     )
-    losses, norms, reduce_scatters, held_grad_bytes, moe = [], [], [], [], {}
-    if count_reduce_scatters:  # FSDP's unsharded gradient bytes before each micro batch's forward
+    losses, norms, held_grad_bytes, held_param_bytes, moe = [], [], [], [], {}
+    collectives = {REDUCE_SCATTER: [], ALL_GATHER: []}
+    backward_buffers: List[dict] = []
+    if count_reduce_scatters and engine.pipeline is None:  # FSDP's held bytes before each micro batch's forward
 
         def probed_grad_sync(last: bool, grad_sync=engine._grad_sync):
             held_grad_bytes.append(unsharded_grad_bytes(engine.parts))
+            held_param_bytes.append(gathered_param_bytes(engine.parts))
             return grad_sync(last)
 
         engine._grad_sync = probed_grad_sync
     engine.train()
     for _ in range(steps):
         batches = stream.step_batches()
-        if count_reduce_scatters:  # FSDP2's gradient reduce-scatters (gloo runs them as all-reduces)
-            with counting_collective("c10d::_reduce_scatter_base_", reduce_scatters):
+        if count_reduce_scatters:  # FSDP2's all-gathers and gradient reduce-scatters (gloo: as all-reduces)
+            probe = recording_pipeline_backward_buffers if engine.pipeline is not None else None
+            with (
+                counting_collectives(collectives),
+                probe(engine.parts, backward_buffers) if probe else contextlib.nullcontext(),
+            ):
                 result = engine.train_step(batches, LR)
         else:
             result = engine.train_step(batches, LR)
@@ -214,7 +260,11 @@ def run_case(
             n: engine.mesh[n].get_local_rank()
             for n in ("pp", "dp_replicate", "dp_shard", "tp") + (("ep",) if cfg.parallelism.ep > 1 else ())
         },
-        "reduce_scatters": reduce_scatters,
+        "reduce_scatters": collectives[REDUCE_SCATTER],
+        "all_gathers": collectives[ALL_GATHER],
+        "held_param_bytes": held_param_bytes,
+        "pipeline_backward_buffers": backward_buffers,
+        "param_dtypes": sorted({str(p.dtype) for p in engine.inner.parameters()}),
         "micro_batches": check_batch(cfg).grad_accum,
         "held_grad_bytes": held_grad_bytes,
         "moe": moe,

@@ -264,6 +264,13 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
         "tp2": {"overrides": ["parallelism=tp2"]},
         "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
         "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
+        "tp2_sp_modules": {  # every part a block can recompute, its sequence-parallel all-gathers redone in backward
+            "overrides": [
+                "parallelism=tp2_sp",
+                "parallelism.activation_checkpointing=modules",
+                "parallelism.recompute_modules=[attention_core,mlp,norms]",
+            ]
+        },
         "tp2_sp_ac_docmask": docmask_case(
             ["parallelism=tp2_sp", "parallelism.activation_checkpointing=full"], parity_samples
         ),
@@ -274,7 +281,7 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac"])
+@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac", "tp2_sp_modules"])
 def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     runs = tensor_parallel_runs
     assert_parity(case, runs, reference)
@@ -291,7 +298,7 @@ def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     assert placement(runs, case, EMB)["local"] == [4096, 64]
     assert placement(runs, case, OUT)["placements"] == ["S(0)"] and placement(runs, case, OUT)["local"] == [4096, 64]
     # Sequence parallelism turns the norms into replicated DTensors (their inputs are sequence shards).
-    expected_norm = ["R"] if case == "tp2_sp_ac" else []
+    expected_norm = ["R"] if case.startswith("tp2_sp") else []
     assert placement(runs, case, NORM)["placements"] == expected_norm
 
 
@@ -309,6 +316,13 @@ def test_tensor_parallel_with_tied_embeddings_projects_on_the_sharded_table(tens
 def pipeline_runs(parity_samples) -> List[dict]:
     cases = {
         "pp2_1f1b_ac": {"overrides": ["parallelism=pp2", "parallelism.activation_checkpointing=full"]},
+        "pp2_1f1b_ac_first_layer": {  # only the first block of each stage recomputed
+            "overrides": [
+                "parallelism=pp2",
+                "parallelism.activation_checkpointing=full",
+                "parallelism.recompute_layers=1",
+            ]
+        },
         "pp2_interleaved": {"overrides": ["parallelism=pp2_interleaved"]},
         "pp2_zero_bubble": {"overrides": ["parallelism=pp2_zb"]},
         "pp2_zbv": {
@@ -329,6 +343,7 @@ def pipeline_runs(parity_samples) -> List[dict]:
 # Layers each pipeline rank holds (4 layers): 1 stage per rank, looped virtual stages, V placement.
 PP_LAYERS = {
     "pp2_1f1b_ac": [["0", "1"], ["2", "3"]],
+    "pp2_1f1b_ac_first_layer": [["0", "1"], ["2", "3"]],
     "pp2_interleaved": [["0", "2"], ["1", "3"]],
     "pp2_zero_bubble": [["0", "2"], ["1", "3"]],
     "pp2_zbv": [["0", "3"], ["1", "2"]],
@@ -349,6 +364,43 @@ def test_pipeline_parallel_parity(pipeline_runs, reference, case):
             and (OUT in params) == holds_last
             and ("norm.weight" in params) == holds_last
         )
+
+
+# Uneven stage maps (parallelism.pp_layers) on a 5-layer tiny model, which no even split of 2 or 4 stages
+# allows: its own single-process reference, and the layers each pipeline rank holds.
+FIVE_LAYERS = ["model.n_layers=5"]
+UNEVEN_PP_LAYERS = {
+    "pp2_uneven_2_3": (["parallelism=pp2", "parallelism.pp_layers=[2,3]"], [["0", "1"], ["2", "3", "4"]]),
+    "pp2_uneven_interleaved": (  # chunks 0 and 2 on rank 0, 1 and 3 on rank 1
+        ["parallelism=pp2_interleaved", "parallelism.pp_layers=[1,2,1,1]"],
+        [["0", "3"], ["1", "2", "4"]],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def five_layer_reference(parity_samples) -> dict:
+    args = {"cases": {"five": {"overrides": FIVE_LAYERS}}, "samples": parity_samples, "steps": STEPS}
+    return run_ranks(WORKER, 1, args, timeout=120)[0].value["five"]
+
+
+@pytest.fixture(scope="module")
+def uneven_pipeline_runs(parity_samples) -> List[dict]:
+    cases = {name: {"overrides": FIVE_LAYERS + overrides} for name, (overrides, _) in UNEVEN_PP_LAYERS.items()}
+    return _run(2, cases, parity_samples, timeout=180)
+
+
+@pytest.mark.timeout(330)
+@pytest.mark.parametrize("case", list(UNEVEN_PP_LAYERS))
+def test_uneven_pipeline_split_parity(uneven_pipeline_runs, five_layer_reference, case):
+    """An uneven stage map trains like one process (losses, clipped norms, eval loss within 1e-5), each rank
+    holding exactly the map's blocks: 2 + 3 over 1F1B, 1 + 2 + 1 + 1 over two looped virtual stages per rank."""
+    assert_parity(case, uneven_pipeline_runs, five_layer_reference)
+    for pp_rank, out in enumerate(uneven_pipeline_runs):
+        params = out[case]["params"]
+        layers = sorted({name.split(".")[1] for name in params if name.startswith("layers.")})
+        assert layers == UNEVEN_PP_LAYERS[case][1][pp_rank], f"{case}: pipeline rank {pp_rank} holds layers {layers}"
+        assert (EMB in params) == (pp_rank == 0) and (OUT in params) == (pp_rank == 1)
 
 
 @pytest.mark.timeout(400)
@@ -677,3 +729,107 @@ def test_three_dimensional_parity(three_d_runs, reference):
         assert wq["mesh"] == ["dp_shard", "tp"] and wq["placements"][1] == "S(0)" and wq["local"] == [16, 64]
         norm = r["params"][f"layers.{r['coords']['pp']}.attention_norm.weight"]
         assert norm["placements"] == ["S(0)", "R"] and norm["local"] == [32]
+
+
+# Megatron's distributed optimizer (the distributed_optimizer preset: FSDP2 over dp_shard, blocks kept gathered,
+# gradients reduce-scattered once per step) beside TP and PP, 4 ranks, 2 micro batches per step. The parity cases
+# gather fp32 parameters (param_dtype=fp32: the single-process reference is fp32); the preset's bf16 gather runs
+# as shipped. Negative control, 1 step: the same layout resharding after each micro batch's backward re-gathers.
+DISTOPT = ["parallelism=distributed_optimizer"]
+DISTOPT_FP32 = DISTOPT + ["parallelism.param_dtype=fp32"]
+DISTOPT_CASES = {
+    "distopt_tp2": DISTOPT_FP32 + ["parallelism.tp=2"],
+    "distopt_pp2": DISTOPT_FP32 + ["parallelism.pp=2"],
+    "distopt_tp2_bf16": DISTOPT + ["parallelism.tp=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def distributed_optimizer_runs(parity_samples) -> List[dict]:
+    cases = {name: {"overrides": o, "count_reduce_scatters": True} for name, o in DISTOPT_CASES.items()}
+    cases["distopt_tp2_regather"] = {
+        "overrides": DISTOPT_CASES["distopt_tp2"],
+        "count_reduce_scatters": True,
+        "steps": 1,
+        "regather_each_micro_batch": True,
+    }
+    return _run(4, cases, parity_samples, timeout=420)
+
+
+def planned_fsdp_bytes(case: str, pp_rank: int = 0) -> tuple:
+    """The planner's (gathered parameter, unsharded gradient) bytes of the case's pipeline rank."""
+    from distributed.parallel_worker import BASE
+
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import check_batch, validate
+    from lmforge.parallel.memory_estimate import dtypes_for, fsdp_working_bytes, state_bytes
+
+    cfg = validate(compose(BASE + DISTOPT_CASES[case]), world_size=4)
+    n_micro = cfg.parallelism.pp_microbatches or check_batch(cfg).grad_accum
+    return fsdp_working_bytes(cfg, state_bytes(cfg, "fp32", pp_rank=pp_rank), dtypes_for(cfg, "fp32"), n_micro)
+
+
+@pytest.mark.timeout(540)
+@pytest.mark.parametrize("case", ["distopt_tp2", "distopt_pp2"])
+def test_distributed_optimizer_parity(distributed_optimizer_runs, reference, case):
+    """dp_shard 2 x tp 2 and dp_shard 2 x pp 2 (1F1B) under the distributed-optimizer layout: losses, clipped norms
+    and the eval loss equal the single process's (1e-5); each FSDP group (block, or the root: embedding, final
+    norm, output) all-gathers and reduce-scatters once per step, not once per micro batch; and the bytes FSDP2
+    holds equal the planner's: before the second micro batch (dp x tp) or after the last stage backward (pp),
+    every parameter of the stage gathered and its full gradient kept."""
+    runs = distributed_optimizer_runs
+    assert_parity(case, runs, reference)
+    for out in runs:
+        r = out[case]
+        c = r["coords"]
+        groups = 4 + 1 if case == "distopt_tp2" else 2 + 1  # a pipeline rank holds 2 of the 4 blocks
+        # the pipeline schedule's first step gathers each group twice (measured: 6, 3, 3), every later step once
+        gathers = r["all_gathers"] if case == "distopt_tp2" else r["all_gathers"][1:]
+        assert gathers == [groups] * len(gathers), f"{case} rank {r['rank']}: all-gathers {r['all_gathers']}"
+        assert r["reduce_scatters"] == [groups] * STEPS, f"{case} rank {r['rank']}: {r['reduce_scatters']}"
+        params, grads = planned_fsdp_bytes(case, c["pp"])
+        # fp32 gather and fp32 reduce: the whole stage each; under tp the embedding's gradient is the whole table
+        table = 8192 * 64 * 4 // 2 if case == "distopt_tp2" else 0
+        assert params > 0 and grads == params + table
+        if case == "distopt_tp2":
+            assert r["held_param_bytes"] == [0, params] * STEPS, f"rank {r['rank']}: {r['held_param_bytes']}"
+            assert r["held_grad_bytes"] == [0, grads] * STEPS, f"rank {r['rank']}: {r['held_grad_bytes']}"
+            wq = r["params"][WQ]
+            assert wq["mesh"] == ["dp_shard", "tp"] and wq["local"] == [16, 64]
+        else:
+            last = r["pipeline_backward_buffers"][-1]  # the step's last backward, before the reduce-scatter
+            assert (last["params"], last["grads"]) == (params, grads), f"rank {r['rank']}: {last}"
+            assert max(b["params"] + b["grads"] for b in r["pipeline_backward_buffers"]) == params + grads
+            assert r["params"][f"layers.{2 * c['pp']}.attention.wq.weight"]["local"] == [32, 64]
+
+
+@pytest.mark.timeout(540)
+def test_distributed_optimizer_negative_control_resharding_after_backward_regathers(distributed_optimizer_runs):
+    """The same dp x tp layout resharding after every micro batch's backward: twice the all-gathers, nothing
+    gathered between micro batches (the kept-gathered run: once per step, every parameter gathered)."""
+    for out in distributed_optimizer_runs:
+        kept, regather = out["distopt_tp2"], out["distopt_tp2_regather"]
+        assert regather["all_gathers"] == [2 * kept["all_gathers"][0]] == [10], regather["all_gathers"]
+        assert regather["reduce_scatters"] == kept["reduce_scatters"][:1]
+        assert regather["held_param_bytes"] == [0, 0] and kept["held_param_bytes"][1] > 0
+
+
+@pytest.mark.timeout(540)
+def test_distributed_optimizer_with_bf16_gather_keeps_fp32_master_weights(distributed_optimizer_runs, reference):
+    """The preset as shipped (param_dtype=bf16, reduce_dtype fp32) x tp 2: the sharded parameters the optimizer
+    steps are fp32, the gathered copy held between micro batches is bf16 (half the fp32 case's bytes, the
+    planner's count), the full gradients fp32; and the losses follow the fp32 run at bf16 compute accuracy."""
+    params, grads = planned_fsdp_bytes("distopt_tp2_bf16")
+    fp32_params, fp32_grads = planned_fsdp_bytes("distopt_tp2")
+    assert 2 * params == fp32_params and grads == fp32_grads
+    for out in distributed_optimizer_runs:
+        r = out["distopt_tp2_bf16"]
+        assert r["param_dtypes"] == ["torch.float32"]
+        assert r["held_param_bytes"] == [0, params] * STEPS and r["held_grad_bytes"] == [0, grads] * STEPS
+        assert r["all_gathers"] == [5] * STEPS and r["reduce_scatters"] == [5] * STEPS
+        diffs = [abs(a - b) for a, b in zip(r["losses"], reference["losses"])]
+        print(f"rank {r['rank']}: bf16 gather vs fp32 single process, loss differences {diffs}")
+        assert max(diffs) < BF16_LOSS_TOL and max(diffs) > TOL  # bf16 compute: close, but not the fp32 run
+
+
+BF16_LOSS_TOL = 2e-3  # measured: 2.3e-5, 1.1e-4, 3.2e-4 over the 3 steps

@@ -170,7 +170,7 @@ def test_wandb_offline_run_continues_with_same_id(runs):
     assert len(offline) == 2, offline  # one per launch
     sidecar = json.loads((run / "checkpoints" / f"step-{N:08d}" / "state.json").read_text())
     run_id = sidecar["wandb_run_id"]
-    assert run_id and all(p.name.endswith(f"-{run_id}") for p in offline)
+    assert run_id and all(p.name.split("-")[3] == run_id for p in offline)  # offline-run-<time>-<id>[-<n>]
     jsonl = {r["step"]: r for r in records(run, "train")}
     seen = {}
     for part in offline:
@@ -181,7 +181,7 @@ def test_wandb_offline_run_continues_with_same_id(runs):
             if r.get("type") == "history":
                 item = r["history"]["item"]
                 if "train/loss" in item:
-                    seen[item["_step"]] = item
+                    seen[item["trainer/step"]] = item
     assert sorted(seen) == list(range(1, N + 1))
     for step, item in seen.items():
         assert item["train/loss"] == jsonl[step]["loss"] and item["train/mfu"] == jsonl[step]["mfu"]

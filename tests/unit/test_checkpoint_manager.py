@@ -210,6 +210,36 @@ def test_pipeline_stage_layout_loads_its_tensors_and_expects_the_other_stages(tm
         DcpStateIO(_stage_of(tiny_gpt()), None, pipeline_stage=False).load(path, sidecar)  # negative control
 
 
+def test_optimizer_hyperparameters_are_saved_per_parameter_name_and_indexed_groups_still_load(tmp_path):
+    """Param groups go in per parameter name (``optim.param_groups.<name>.lr``): pipeline ranks hold different
+    parameters in their groups, and under a group index (``optim.param_groups.0``) DCP keeps one rank's list, so a
+    pipeline checkpoint did not resume under pipelining. A checkpoint with indexed groups (saved before) loads."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from lmforge.checkpoint.safe_io import tensor_metadata
+    from lmforge.checkpoint.state_io import DcpStateIO, has_indexed_param_groups
+
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 128, (2, 16))).sum().backward()
+    opt.step()
+    path = CheckpointManager(tmp_path / "named", CheckpointConfig()).save(1, model, opt, {"world_size": 1}).path
+    keys = set(tensor_metadata(path))
+    assert "optim.param_groups.layers.0.attention.wq.weight.lr" in keys and not has_indexed_param_groups(path)
+    indexed = tmp_path / "indexed"
+    msd, osd = get_state_dict(model, opt)  # the optimizer's own layout: groups by index, each with its params
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(indexed))
+    assert "optim.param_groups.0.lr" in set(tensor_metadata(indexed)) and has_indexed_param_groups(indexed)
+    for saved in (path, indexed):
+        model2 = tiny_gpt()
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=5e-4)
+        DcpStateIO(model2, opt2).load(saved, {"world_size": 1}, restore_rng=False)
+        assert opt2.param_groups[0]["lr"] == 1e-3, saved.name
+        first, first2 = next(iter(model.parameters())), next(iter(model2.parameters()))
+        assert torch.equal(opt2.state[first2]["exp_avg"], opt.state[first]["exp_avg"]), saved.name
+
+
 def _contract_members(protocol) -> set:
     names = set(getattr(protocol, "__annotations__", {}))
     names |= {

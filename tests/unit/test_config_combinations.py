@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -16,8 +17,13 @@ from lmforge.config.validate import validate
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
-# One configuration per row of REFUSED, in its order: (parallelism fields, model fields).
+# One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields]); a train
+# example's "fp8" entry holds train.fp8 fields.
 EXAMPLES = [
+    ({"recompute_modules": ["mlp"]}, {}),
+    ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
+    ({"recompute_layers": 2}, {}),
+    ({"activation_checkpointing": "modules", "cp": 2}, {}),
     ({"sequence_parallel": True}, {}),
     ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),
     ({"pp": 2, "pp_schedule": "ZBVZeroBubble"}, {}),
@@ -33,7 +39,25 @@ EXAMPLES = [
     ({"tp": 2, "compile": True}, {}),
     ({"fsdp_grad_sync": "every_microbatch"}, {}),
     ({"engine": "deepspeed", "tp": 2}, {}),
+    ({}, {}, {"precision": "bf16-mixed", "fp8": {"check_every": 10}}),
+    ({"engine": "deepspeed"}, {}, {"precision": "fp8"}),
+    ({"tp": 2}, {}, {"precision": "fp8"}),
+    ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"recipe": "rowwise", "enable_fsdp_float8_all_gather": True}}),
+    ({}, {}, {"precision": "fp8", "fp8": {"enable_fsdp_float8_all_gather": True}}),
+    ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"check_every": 5, "enable_fsdp_float8_all_gather": True}}),
 ]
+
+
+def example_config(par: dict, model: dict, train: Optional[dict] = None) -> RootConfig:
+    base = RootConfig()
+    train = dict(train or {})
+    fp8 = replace(base.train.fp8, **train.pop("fp8", {}))
+    return replace(
+        base,
+        parallelism=replace(base.parallelism, **par),
+        model=replace(base.model, **model),
+        train=replace(base.train, fp8=fp8, **train),
+    )
 
 
 def test_every_row_has_an_example():
@@ -42,10 +66,7 @@ def test_every_row_has_an_example():
 
 @pytest.mark.parametrize("row, example", list(zip(REFUSED, EXAMPLES)), ids=[r.key for r in REFUSED])
 def test_each_row_refuses_its_combination(row, example):
-    par, model = example
-    cfg = replace(
-        RootConfig(), parallelism=replace(RootConfig().parallelism, **par), model=replace(RootConfig().model, **model)
-    )
+    cfg = example_config(*example)
     with pytest.raises(ConfigError) as e:
         check_combinations(cfg)
     assert str(e.value) == str(ConfigError(row.key, row.reason(cfg), row.fix))
@@ -63,3 +84,35 @@ def test_the_docs_list_the_table():
     listed = re.search(r"\n(\| refused combination \|.*?)\n\n", text, re.S)
     assert listed, "docs/configuration.md lacks the table of refused combinations"
     assert listed.group(1).split("\n") == docs_rows()
+
+
+def test_fp8_rowwise_with_the_float8_all_gather_names_both_keys():
+    with pytest.raises(ConfigError) as e:
+        validate(
+            compose(
+                [
+                    "parallelism=fsdp",
+                    "train.precision=fp8",
+                    "train.fp8.recipe=rowwise",
+                    "train.fp8.enable_fsdp_float8_all_gather=true",
+                ]
+            ),
+            world_size=2,
+        )
+    assert str(e.value) == (
+        "config key 'train.fp8.enable_fsdp_float8_all_gather': the float8 all-gather needs one scale per weight "
+        "tensor: train.fp8.recipe=tensorwise. Fix: set train.fp8.recipe=tensorwise or "
+        "train.fp8.enable_fsdp_float8_all_gather=false"
+    )
+    # control: the tensorwise recipe with the float8 all-gather validates
+    validate(
+        compose(
+            [
+                "parallelism=fsdp",
+                "train.micro_batch_size=4",
+                "train.precision=fp8",
+                "train.fp8.enable_fsdp_float8_all_gather=true",
+            ]
+        ),
+        world_size=2,
+    )

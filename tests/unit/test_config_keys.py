@@ -29,7 +29,7 @@ def test_a_key_carries_default_type_and_choices():
     assert (precision.default, precision.type, precision.choices) == (
         "auto",
         "str",
-        ("auto", "fp32", "bf16-mixed", "bf16"),
+        ("auto", "fp32", "bf16-mixed", "bf16", "fp8"),
     )
     kv = catalogue()["model.n_kv_heads"]
     assert (kv.default, kv.type, kv.choices) == (None, "int | null", None)

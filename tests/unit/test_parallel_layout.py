@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmforge.config.compose import compose
@@ -23,6 +25,7 @@ def check(overrides, world_size):
         ("ddp", 2),
         ("fsdp", 2),
         ("fsdp_zero2", 2),
+        ("distributed_optimizer", 2),
         ("tp2", 2),
         ("tp2_sp", 2),
         ("pp2", 2),
@@ -183,3 +186,87 @@ def test_stage_plan_keeps_global_layer_names(schedule, virtual, expected):
     for rank, layers in expected.items():
         assert [name for s in plan.local_stages(rank) for name in plan.layers[s]] == layers
     assert plan.stage_to_rank[0] == 0
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["parallelism.pp_layers=[3,2]"], {0: ["0", "1", "2"], 1: ["3", "4"]}),
+        (["parallelism.pp_layers=[1,4]"], {0: ["0"], 1: ["1", "2", "3", "4"]}),
+        (
+            [
+                "parallelism.pp_schedule=Interleaved1F1B",
+                "parallelism.pp_virtual_stages=2",
+                "parallelism.pp_layers=[1,2,1,1]",
+            ],
+            {0: ["0", "3"], 1: ["1", "2", "4"]},
+        ),
+    ],
+)
+def test_stage_map_gives_each_stage_its_blocks(overrides, expected):
+    """``parallelism.pp_layers``: stage s holds the map's count of consecutive blocks, placed by the schedule."""
+    cfg = check(["model.n_layers=5", "parallelism.pp=2"] + overrides, 2)
+    plan = plan_stages(5, cfg.parallelism)
+    for rank, layers in expected.items():
+        assert [name for s in plan.local_stages(rank) for name in plan.layers[s]] == layers
+
+
+UNEVEN = ["model.n_layers=5", "parallelism.pp=2"]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            [],
+            "config key 'parallelism.pp_layers': n_layers (5) is not divisible by pp*pp_virtual_stages (2) and no "
+            "stage map is set. Fix: set parallelism.pp_layers=[2,3] (blocks per pipeline chunk, fewer on the chunks "
+            "holding the embedding and the output head), or choose pp and pp_virtual_stages whose product divides "
+            "n_layers",
+        ),
+        (
+            ["parallelism.pp_layers=[2,2]"],
+            "config key 'parallelism.pp_layers': [2, 2] sums to 4 but model.n_layers is 5. "
+            "Fix: give block counts summing to 5, e.g. parallelism.pp_layers=[2,3]",
+        ),
+        (
+            ["parallelism.pp_layers=[1,1,3]"],
+            "config key 'parallelism.pp_layers': [1, 1, 3] has 3 entries but pp*pp_virtual_stages = 2 pipeline "
+            "chunks. Fix: give one block count per chunk, in chunk order, e.g. parallelism.pp_layers=[2,3]",
+        ),
+        (
+            ["parallelism.pp_layers=[0,5]"],
+            "config key 'parallelism.pp_layers': [0, 5] gives a pipeline chunk no block. "
+            "Fix: give every chunk at least one block, e.g. parallelism.pp_layers=[2,3]",
+        ),
+        (
+            ["model.n_layers=1"],
+            "config key 'parallelism.pp': n_layers (1) is fewer than pp*pp_virtual_stages (2) pipeline chunks. "
+            "Fix: choose pp and pp_virtual_stages with at most one chunk per layer",
+        ),
+    ],
+)
+def test_bad_stage_map_is_one_line_naming_the_key_and_a_map_that_works(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        check(UNEVEN + overrides, 2)
+    assert str(err.value) == message
+    assert "\n" not in str(err.value)
+    suggested = re.search(r"parallelism\.pp_layers=\[[0-9,]+\]", err.value.fix)
+    if suggested:  # the suggested map validates
+        check(UNEVEN + [suggested.group(0)], 2)
+
+
+def test_suggested_maps_put_the_fewer_blocks_on_the_end_chunks():
+    from lmforge.config.parallelism import suggested_pp_layers
+
+    assert suggested_pp_layers(126, 16) == [7] + [8] * 14 + [7]  # Llama 3 405B over 16 stages
+    assert suggested_pp_layers(6, 4) == [1, 2, 2, 1]
+    assert suggested_pp_layers(7, 3) == [2, 3, 2]
+    assert suggested_pp_layers(8, 4) == [2, 2, 2, 2]  # divisible: the even split
+
+
+def test_stage_map_with_an_even_count_and_pp1():
+    """A map equal to the even split is the even split; pp=1 takes a one-entry map."""
+    even = plan_stages(4, check(["parallelism.pp=2", "parallelism.pp_layers=[2,2]"], 2).parallelism)
+    assert even.layers == plan_stages(4, check(["parallelism.pp=2"], 2).parallelism).layers
+    assert check(["parallelism.pp_layers=[4]"], 1).parallelism.pp_layers == [4]

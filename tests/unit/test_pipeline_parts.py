@@ -33,13 +33,25 @@ def parts_of(cfg: ModelConfig, pcfg: ParallelismConfig, seed: int = 5):
     return plan, parts
 
 
-@pytest.mark.parametrize("schedule,virtual", [("1F1B", 1), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2)])
+@pytest.mark.parametrize(
+    "schedule,virtual,n_layers,pp_layers",
+    [
+        ("1F1B", 1, 4, None),
+        ("Interleaved1F1B", 2, 4, None),
+        ("ZBVZeroBubble", 2, 4, None),
+        ("1F1B", 1, 5, [3, 2]),  # uneven stage maps (parallelism.pp_layers)
+        ("Interleaved1F1B", 2, 5, [1, 2, 1, 1]),
+    ],
+)
 @torch.no_grad()
-def test_parts_hold_their_stages_with_the_whole_models_names_values_and_forward(schedule, virtual):
-    cfg = tiny()
+def test_parts_hold_their_stages_with_the_whole_models_names_values_and_forward(schedule, virtual, n_layers, pp_layers):
+    cfg = tiny(n_layers=n_layers)
     whole = GPT(cfg)
     whole.init_weights(5)
-    plan, parts = parts_of(cfg, ParallelismConfig(pp=2, pp_schedule=schedule, pp_virtual_stages=virtual))
+    pcfg = ParallelismConfig(pp=2, pp_schedule=schedule, pp_virtual_stages=virtual, pp_layers=pp_layers)
+    plan, parts = parts_of(cfg, pcfg)
+    if pp_layers is not None:  # each stage holds the map's count of consecutive blocks
+        assert [len(plan.layers[s]) for s in range(plan.n_stages)] == pp_layers
     full = dict(whole.named_parameters())
     names = [n for part in parts for n, _ in part.named_parameters()]
     assert sorted(names) == sorted(full)  # every parameter on exactly one rank, under its global name

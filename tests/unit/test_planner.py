@@ -42,8 +42,10 @@ INVALID = {
             "parallelism.pp_virtual_stages=4",
             "parallelism.pp_schedule=Interleaved1F1B",
         ],
-        "config key 'parallelism.pp': n_layers (24) is not divisible by pp*pp_virtual_stages (16). "
-        "Fix: choose pp and pp_virtual_stages whose product divides n_layers",
+        "config key 'parallelism.pp_layers': n_layers (24) is not divisible by pp*pp_virtual_stages (16) and no "
+        "stage map is set. Fix: set parallelism.pp_layers=[1,1,1,1,2,2,2,2,2,2,2,2,1,1,1,1] (blocks per pipeline "
+        "chunk, fewer on the chunks holding the embedding and the output head), or choose pp and pp_virtual_stages "
+        "whose product divides n_layers",
     ),
     "microbatches_pp": (
         G1
@@ -90,17 +92,17 @@ INVALID = {
 OUT_OF_MEMORY = {
     "activations_fix_checkpointing": (
         G1 + ["train.micro_batch_size=16"],
-        "config key 'parallelism': estimated 84.1 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 75.0 GiB). Fix: "
-        "parallelism.activation_checkpointing=selective (52.9 GiB) or parallelism.activation_checkpointing=full "
-        "(21.7 GiB)",
+        "config key 'parallelism': estimated 80.8 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 71.8 GiB). Fix: "
+        "parallelism.activation_checkpointing=selective (52.5 GiB) or parallelism.activation_checkpointing=full "
+        "(21.4 GiB)",
     ),
     "activations_fix_micro_batch": (
         G1 + ["train.micro_batch_size=96", "train.global_batch_size=1536", "cluster.nodes=2"],
-        "config key 'parallelism': estimated 474.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 2.3 GiB, activations 450.0 GiB). Fix: train.micro_batch_size=48 "
-        "parallelism.activation_checkpointing=full (53.2 GiB) or train.micro_batch_size=24 "
-        "parallelism.activation_checkpointing=full (29.6 GiB)",
+        "config key 'parallelism': estimated 454.9 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 2.3 GiB, activations 430.5 GiB). Fix: train.micro_batch_size=48 "
+        "parallelism.activation_checkpointing=full (52.1 GiB) or train.micro_batch_size=24 "
+        "parallelism.activation_checkpointing=full (29.0 GiB)",
     ),
     "model_state_fix_dp_shard": (
         G7
@@ -110,16 +112,16 @@ OUT_OF_MEMORY = {
             "parallelism.dp_replicate=32",
             "parallelism.activation_checkpointing=full",
         ],
-        "config key 'parallelism': estimated 116.4 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
-        "(parameters+gradients+optimizer 100.4 GiB, activations 3.2 GiB). Fix: parallelism.dp_shard=32 "
-        "parallelism.dp_replicate=1 (24.1 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.5 GiB)",
+        "config key 'parallelism': estimated 116.3 GiB per device exceeds the 74.0 GiB usable of 80 GiB on h100 "
+        "(parameters+gradients+optimizer 100.4 GiB, activations 3.1 GiB). Fix: parallelism.dp_shard=32 "
+        "parallelism.dp_replicate=1 (24.0 GiB) or parallelism.tp=2 parallelism.dp_replicate=16 (59.5 GiB)",
     ),
     "small_device_fix_tp": (
         G7 + ["cluster.nodes=1", "cluster.device=l40s", "cluster.device_memory_gib=24", "parallelism.dp_shard=8"],
-        "config key 'parallelism': estimated 55.5 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
-        "(parameters+gradients+optimizer 12.6 GiB, activations 25.2 GiB). Fix: parallelism.tp=4 "
-        "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (19.8 GiB) or parallelism.tp=8 "
-        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (16.9 GiB)",
+        "config key 'parallelism': estimated 54.5 GiB per device exceeds the 20.8 GiB usable of 24 GiB on l40s "
+        "(parameters+gradients+optimizer 12.6 GiB, activations 24.2 GiB). Fix: parallelism.tp=4 "
+        "parallelism.dp_shard=2 parallelism.activation_checkpointing=full (20.1 GiB) or parallelism.tp=8 "
+        "parallelism.dp_shard=1 parallelism.activation_checkpointing=full (16.8 GiB)",
     ),
 }
 
@@ -149,7 +151,7 @@ def test_suggested_fixes_really_fit():
         overrides + ["parallelism.tp=4", "parallelism.dp_shard=2", "parallelism.activation_checkpointing=full"]
     )
     check_fits(fixed)
-    assert fixed.fits and fixed.memory.total / GIB == pytest.approx(19.8, abs=0.05)
+    assert fixed.fits and fixed.memory.total / GIB == pytest.approx(20.10, abs=0.05)
 
 
 def test_cli_prints_plan_and_exit_codes(capsys):
@@ -244,6 +246,22 @@ def test_bubble_and_recompute_stretch_the_step():
     selective = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=selective"])
     assert 0 < selective.step.recompute_s < 0.5 * full.step.recompute_s  # element-wise ops only
     assert flat.step.recompute_s == 0
+    # recompute_layers=12: half of the 24 blocks checkpointed, half the recompute
+    half = plan_from_overrides(
+        base
+        + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full", "parallelism.recompute_layers=12"]
+    )
+    assert half.step.recompute_s == pytest.approx(full.step.recompute_s / 2)
+    # modules=[mlp]: the MLP's forward only, less than a full forward, more than the element-wise ops
+    mlp = plan_from_overrides(
+        base
+        + [
+            "parallelism.dp_shard=8",
+            "parallelism.activation_checkpointing=modules",
+            "parallelism.recompute_modules=[mlp]",
+        ]
+    )
+    assert selective.step.recompute_s < mlp.step.recompute_s < full.step.recompute_s
 
 
 def test_tensor_parallel_collectives_are_exposed_and_cost_more_across_nodes():
@@ -338,7 +356,7 @@ def test_trainer_start_up_memory_warning():
     cfg = validate(compose(G1), world_size=8)
     lines = []
     assert warn_if_over_memory(cfg, 10 * GIB, "h100", emit=lines.append)
-    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 25.5 GiB per device")
+    assert lines and lines[0].startswith("lmforge: warning: the planner estimates 24.7 GiB per device")
     assert not warn_if_over_memory(cfg, 80 * GIB, "h100", emit=lines.append)
 
 
@@ -368,3 +386,78 @@ def test_deferred_fsdp_grad_sync_counts_every_blocks_unsharded_gradient():
     assert last.total - every.total == last.fsdp_unsharded_grads - every.fsdp_unsharded_grads > 0
     one = est("parallelism.fsdp_grad_sync=last_microbatch", "train.global_batch_size=32")  # 32 = 4 x 8 ranks
     assert one.fsdp_unsharded_grads == every.fsdp_unsharded_grads
+
+
+def test_distributed_optimizer_preset_counts_the_whole_stage_gathered_and_its_full_gradient():
+    """parallelism=distributed_optimizer (+exp=gpt_7b: dp_shard 16 x tp 2, 64 micro batches): the sharded fp32
+    state, the whole rank's bf16 copy (blocks and root) and its full fp32 gradient (the embedding's the whole
+    vocab table: DTensor returns it replicated over tp); ZeRO-3 per micro batch holds two blocks of each."""
+    from lmforge.config.validate import check_batch
+    from lmforge.parallel.memory_estimate import estimate_memory
+
+    def est(*extra):
+        cfg = validate(compose(["+exp=gpt_7b", "parallelism=distributed_optimizer", *extra]), world_size=32)
+        return cfg, estimate_memory(cfg, check_batch(cfg), "bf16-mixed")
+
+    cfg, d = est()
+    p, st, m = cfg.parallelism, d.state, cfg.model
+    assert (p.dp_shard, p.tp, p.param_dtype, p.reduce_dtype, p.reshard_after_forward) == (16, 2, "bf16", "fp32", False)
+    assert st.params == st.numel * 4 and st.optimizer == st.numel * 8 + st.tensors * 4  # fp32 master + AdamW
+    assert d.fsdp_gathered_params == st.stage_numel_unsharded * 2
+    assert d.fsdp_unsharded_grads == (st.stage_numel_unsharded + m.vocab_size * m.d_model // 2) * 4
+    assert d.autocast_copies == 0  # the bf16 gather replaces autocast's weight copies
+    _, zero3 = est("parallelism.reshard_after_forward=true", "parallelism.fsdp_grad_sync=every_microbatch")
+    assert zero3.fsdp_gathered_params == (2 * st.max_layer_numel + st.root_numel_unsharded) * 2
+    assert d.total > zero3.total and d.state.total == zero3.state.total
+
+
+LLAMA3_405B_MAP = [7] + [8] * 14 + [7]  # 126 blocks over 16 stages, one fewer beside the embedding and the head
+
+
+def llama3_405b_like(pp_layers):
+    """Llama 3 405B's shape (126 layers, d_model 16384, 128/8 heads, FFN 53248, vocabulary 128256) over
+    pp=16 x tp=8 on 16 nodes of 8 H100s."""
+    from lmforge.config.cluster import ClusterConfig
+    from lmforge.config.model import ModelConfig
+    from lmforge.config.parallelism import ParallelismConfig
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
+
+    model = ModelConfig(
+        name="llama3_405b_like",
+        vocab_size=128256,
+        d_model=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        d_ff=53248,
+        seq_len=8192,
+        tie_embeddings=False,
+    )
+    par = ParallelismConfig(name="pp16_tp8", tp=8, pp=16, pp_layers=pp_layers, activation_checkpointing="full")
+    train = TrainConfig(micro_batch_size=1, global_batch_size=16, precision="bf16-mixed")
+    cluster = ClusterConfig(name="h100", nodes=16, gpus_per_node=8, device="h100")
+    return RootConfig(model=model, parallelism=par, train=train, cluster=cluster)
+
+
+def test_planner_counts_each_pipeline_ranks_blocks_from_the_stage_map():
+    """126 layers over pp=16 with the Llama-3 map: every rank's state counts the map's blocks (first and last 7, the
+    rest 8) and the plan prints the map; another map moves the counts with it (the map is read, not assumed)."""
+    cfg = validate(llama3_405b_like(LLAMA3_405B_MAP), world_size=128)
+    ranks = [state_bytes(cfg, "bf16-mixed", pp_rank=r) for r in range(16)]
+    assert [st.layers for st in ranks] == LLAMA3_405B_MAP
+    assert ranks[0].first and not ranks[0].last and ranks[15].last and not any(st.first for st in ranks[1:])
+    per_layer = ranks[1].numel // 8  # (tp-local; no FSDP: numel is the rank's whole share)
+    assert ranks[1].numel == ranks[2].numel == 8 * per_layer
+    for edge in (ranks[0], ranks[15]):  # 7 blocks + the tp-split embedding / final norm and output
+        assert edge.numel - edge.root_numel_unsharded == 7 * per_layer
+    plan = make_plan(cfg)
+    assert sorted(plan.memory.per_stage_total) == list(range(16))
+    from lmforge.parallel.planner import format_plan
+
+    assert f"stage map pp_layers {LLAMA3_405B_MAP}: blocks per pipeline rank {LLAMA3_405B_MAP}" in format_plan(plan)
+    moved = validate(llama3_405b_like([6] + [8] * 15), world_size=128)
+    assert [state_bytes(moved, "bf16-mixed", pp_rank=r).layers for r in (0, 1, 15)] == [6, 8, 8]
+    with pytest.raises(ConfigError) as err:  # no map: refused, the Llama-3 map suggested
+        validate(llama3_405b_like(None), world_size=128)
+    assert "parallelism.pp_layers=[7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]" in err.value.fix

@@ -8,8 +8,8 @@ import csv
 
 import pytest
 
-from lmforge.config.errors import ConfigError
 from lmforge.config.validate import validate
+from lmforge.parallel.planner import make_plan
 from lmforge.parallel.published_runs import (
     FLOPS_PER_TOKEN,
     PUBLISHED_RUNS_CSV,
@@ -102,12 +102,22 @@ def test_supported_rows_map_to_valid_configs():
         assert p.dp_replicate * p.dp_shard == r.dp, r.id
 
 
-def test_unsupported_rows_say_why():
-    """BLOOM's 70 layers over 12 stages: lmforge's even split refuses it, and the mapping says so first."""
+def test_rows_lmforge_now_models_map_to_its_layouts():
+    """BLOOM's 70 layers over 12 stages map to the balanced stage map (parallelism.pp_layers) and plan; a
+    distributed-optimizer row maps to the distributed_optimizer layout (FSDP2 over dp, parameters kept gathered
+    in bf16, the gradient sync deferred to the last micro batch); an fp8 row still says it is planned in bf16."""
     mapped = to_root_config(BY_ID["bloom176b_tr11"])
-    assert "uneven pipeline split: 70 layers over 12 stages" in mapped.unsupported
-    with pytest.raises(ConfigError, match="n_layers \\(70\\) is not divisible by pp"):
-        validate(mapped.cfg, world_size=384)
+    assert mapped.cfg.parallelism.pp_layers == [5] + [6] * 10 + [5]
+    assert any(a.startswith("uneven pipeline split not published: pp_layers=") for a in mapped.assumptions)
+    assert make_plan(validate(mapped.cfg, world_size=384), world_size=384).fits
+    mcore = to_root_config(BY_ID["mcore08_h100_16b"]).cfg.parallelism
+    assert (mcore.dp_replicate, mcore.reshard_after_forward, mcore.param_dtype, mcore.fsdp_grad_sync) == (
+        1,
+        False,
+        "bf16",
+        "last_microbatch",
+    )
+    assert mcore.dp_shard > 1
     fp8 = to_root_config(BY_ID["torchtitan24_t1_8b_fsdp_compile_fp8"])
     assert fp8.unsupported == ["fp8 linears (planned as bf16-mixed)"]
 

@@ -130,6 +130,11 @@ def test_every_point_composes_and_shares_one_validation_set(tmp_path):
         )
         assert typed.run.sweep_name == "val" and typed.logging.wandb.group == "val"
         assert typed.run.sweep_point == f"val/{p.id}" and p.run_dir == str(tmp_path / "val" / p.id)
+        assert (typed.run.sweep_params, typed.run.sweep_tokens, typed.run.sweep_flops) == (
+            p.n_flops,
+            p.tokens,
+            p.planned_flops,
+        )
         assert f"budget={p.id.split('-')[0][1:]}" in typed.logging.wandb.tags
         # The Hydra multirun form (config group written by the planner) composes to the identical config.
         via_group = compose(

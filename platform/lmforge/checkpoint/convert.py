@@ -70,7 +70,7 @@ def deepspeed_to_native(
     src: Path, dst_root: Path, build_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
 ) -> Path:
     """A DeepSpeed checkpoint directory ``src`` (step-N) -> native ``dst_root/step-N``. Single process."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     src = Path(src)
     sidecar = read_json(src / SIDECAR)
@@ -91,7 +91,7 @@ def deepspeed_to_native(
                 if step is None:
                     step = _adam_step(zero, step_file)
                 optimizer.state[p] = {"step": torch.tensor(float(step)), **state}
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
     tensors = {"model": msd, "optim": osd, **_rng_tensors(src)}
     side = {k: v for k, v in sidecar.items() if k not in ("format", "zero_stage", "dp_size")}
     side["converted_from"] = {

@@ -1,7 +1,9 @@
 """The native state format (``StateLayout.format == "dcp"``): model, optimizer and RNG tensors through DCP.
 
-Model and optimizer go in as state dicts keyed by global parameter name (``get_state_dict``), so any parallel
-layout reads any other's checkpoint; this rank's RNG states go in the same DCP save under ``rng/rank<r>/``
+Model and optimizer go in as state dicts keyed by global parameter name (``get_state_dict``; the optimizer's
+hyperparameters too, per parameter: ``flatten_optimizer_state_dict``, so the pipeline ranks' param groups, each
+over that rank's parameters, never collide under one group index), so any parallel layout reads any other's
+checkpoint, under any pipeline stage map; this rank's RNG states go in the same DCP save under ``rng/rank<r>/``
 (checkpoint/rng.py). Loading reads through ``safe_io.load_dcp`` (nothing unpickled) after checking that every
 model tensor is in the checkpoint with its global shape (``check_model_fits``; a pipeline stage expects the
 other stages' tensors as extras). The DeepSpeed format is ``checkpoint/deepspeed_io.py``; both are a ``StateIO``,
@@ -11,6 +13,7 @@ which is all ``CheckpointManager`` calls.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol
 
@@ -23,6 +26,8 @@ from lmforge.checkpoint.rng import announce_missing, loadable_rng_state, rng_sta
 from lmforge.checkpoint.safe_io import CheckpointException, UnsafeCheckpointError, load_dcp, tensor_metadata
 from lmforge.parallel.contract import DCP, DEEPSPEED
 from lmforge.runtime.dist import rank, world_size
+
+INDEXED_GROUP = re.compile(r"^optim\.param_groups\.\d+\.")
 
 
 class CheckpointError(RuntimeError):
@@ -55,9 +60,10 @@ class DcpStateIO:
     def sidecar_fields(self) -> Dict[str, Any]:
         return {}  # a native sidecar has no "format" key (it is the default)
 
-    def tensors(self) -> Dict[str, Any]:
+    def tensors(self, flat_optimizer: bool = True) -> Dict[str, Any]:
         if self.optimizer is not None:
-            msd, osd = get_state_dict(self.model, self.optimizer)
+            options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
+            msd, osd = get_state_dict(self.model, self.optimizer, options=options)
         else:
             msd, osd = get_state_dict(self.model, [])[0], {}
         state: Dict[str, Any] = {"model": msd, "optim": osd}
@@ -79,7 +85,8 @@ class DcpStateIO:
                 f"Fix: convert it (lmforge ckpt convert {path} OUT --to native) and resume from "
                 f"OUT, or set parallelism.engine=deepspeed"
             )
-        state = self.tensors()
+        flat = not has_indexed_param_groups(path)
+        state = self.tensors(flat_optimizer=flat)
         check_model_fits(path, state["model"], partial=self.pipeline_stage)
         same_world = sidecar.get("world_size") == world_size()
         for k in [k for k in state if k.startswith("rng/")]:
@@ -97,13 +104,21 @@ class DcpStateIO:
                 f"checkpoint {path} could not be loaded: {str(e)[:2000]}. Fix: resume with the "
                 f"config the checkpoint was saved with, or start fresh (train.resume=none)"
             ) from None
-        opts = StateDictOptions(strict=True)
+        opts = StateDictOptions(strict=True, flatten_optimizer_state_dict=flat)
         optimizers = self.optimizer if self.optimizer is not None else []
         set_state_dict(
             self.model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts
         )
         if restore_rng and same_world:
             set_rng_state_tensors(state, rank())
+
+
+def has_indexed_param_groups(path: Path) -> bool:
+    """Whether the checkpoint holds the optimizer's param groups by group index (``optim.param_groups.0.lr``,
+    each group with its ``params`` list) rather than per parameter name (``optim.param_groups.<name>.lr``).
+    By index, the ranks of a pipeline write different lists under the same key and DCP keeps one rank's, so
+    such a checkpoint only loads where every rank held every parameter name (no pipeline when saved)."""
+    return any(INDEXED_GROUP.match(key) for key in tensor_metadata(path))
 
 
 def model_mismatches(path: Path, model_state: Dict[str, Any], partial: bool = False) -> List[str]:

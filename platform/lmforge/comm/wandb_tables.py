@@ -21,6 +21,12 @@ def wandb_run_of(logger: Any) -> Optional[Any]:
     return None
 
 
+def _log(run: Any, payload: Dict[str, Any], step: Optional[int]) -> None:
+    """One row at trainer step ``step`` (the ``trainer/step`` x-axis); W&B numbers rows itself, never ``step=``
+    (a step below one already logged, as after a resume, would be dropped)."""
+    run.log({**payload, "trainer/step": step} if step is not None else payload)
+
+
 def log_bench(run: Optional[Any], result: Any, step: Optional[int] = None) -> None:
     """One table row per (op, size) and the summary scalars (peak bus bandwidth, latency per op)."""
     if run is None:
@@ -31,7 +37,7 @@ def log_bench(run: Optional[Any], result: Any, step: Optional[int] = None) -> No
         columns=BENCH_COLUMNS, data=[[r.op, r.size_bytes, r.time_us, r.algbw_gbps, r.busbw_gbps] for r in result.rows]
     )
     payload: Dict[str, Any] = {"comm_bench/table": table, **result.summary()}
-    run.log(payload, step=step) if step is not None else run.log(payload)
+    _log(run, payload, step)
 
 
 def log_overlap(
@@ -51,4 +57,4 @@ def log_overlap(
         )
     scalars = {k: v for k, v in record.items() if k.startswith("comm/") and isinstance(v, (int, float))}
     payload = {"comm/overlap_table": wandb.Table(columns=OVERLAP_COLUMNS, data=rows), **scalars}
-    run.log(payload, step=step) if step is not None else run.log(payload)
+    _log(run, payload, step)

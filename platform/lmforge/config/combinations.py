@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from lmforge.config.errors import ConfigError
-from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
+from lmforge.config.parallelism import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
 
 Test = Callable[[RootConfig], bool]
@@ -43,7 +43,69 @@ def _every_microbatch_why(c: RootConfig) -> str:
     return f"every_microbatch is not possible here: {why}"
 
 
+def _recompute_modules_unknown(c: RootConfig) -> List[str]:
+    return [m for m in c.parallelism.recompute_modules if m not in RECOMPUTE_MODULES]
+
+
+def _recomputes_attention_core(c: RootConfig) -> bool:
+    p = c.parallelism
+    return p.activation_checkpointing == "modules" and "attention_core" in p.recompute_modules
+
+
+def _fp8(c: RootConfig) -> bool:
+    return c.train.precision == "fp8"
+
+
+def _fp8_keys_set(c: RootConfig) -> bool:
+    return c.train.fp8.check_every > 0 or c.train.fp8.enable_fsdp_float8_all_gather
+
+
 REFUSED: Tuple[Refused, ...] = (
+    Refused(
+        "`recompute_modules` set without `activation_checkpointing=modules`",
+        "parallelism.recompute_modules",
+        lambda c: (
+            c.parallelism.activation_checkpointing != "modules"
+            and list(c.parallelism.recompute_modules) != DEFAULT_RECOMPUTE_MODULES
+        ),
+        lambda c: (
+            f"only activation_checkpointing=modules reads it (this run: {c.parallelism.activation_checkpointing}), "
+            "so it would be silently ignored"
+        ),
+        "set parallelism.activation_checkpointing=modules, or leave recompute_modules unset",
+    ),
+    Refused(
+        "`recompute_modules` empty, or naming a part other than attention_core, mlp, norms",
+        "parallelism.recompute_modules",
+        lambda c: (
+            c.parallelism.activation_checkpointing == "modules"
+            and (not c.parallelism.recompute_modules or bool(_recompute_modules_unknown(c)))
+        ),
+        lambda c: (
+            f"{', '.join(_recompute_modules_unknown(c))} is not a part of a block"
+            if _recompute_modules_unknown(c)
+            else "is empty: activation_checkpointing=modules would recompute nothing"
+        ),
+        f"name parts from {', '.join(RECOMPUTE_MODULES)} (e.g. parallelism.recompute_modules=[attention_core,mlp])",
+    ),
+    Refused(
+        "`recompute_layers > 0` with `activation_checkpointing=none`",
+        "parallelism.recompute_layers",
+        lambda c: c.parallelism.recompute_layers > 0 and c.parallelism.activation_checkpointing == "none",
+        lambda c: f"recompute_layers={c.parallelism.recompute_layers} picks blocks to checkpoint, but none are",
+        "set parallelism.activation_checkpointing=full (or selective, modules), or recompute_layers=0",
+    ),
+    Refused(
+        "`recompute_modules` with `attention_core` and `cp > 1` or `data.document_masking=true`",
+        "parallelism.recompute_modules",
+        lambda c: _recomputes_attention_core(c) and (c.parallelism.cp > 1 or c.data.document_masking),
+        lambda c: (
+            "recomputing the attention core would redo the context-parallel K/V exchange in backward"
+            if c.parallelism.cp > 1
+            else "document-masked attention runs its own kernel, which attention_core does not reach"
+        ),
+        "recompute mlp and norms only, or use activation_checkpointing=full",
+    ),
     Refused(
         "`sequence_parallel=true` with `tp=1`",
         "parallelism.sequence_parallel",
@@ -135,6 +197,61 @@ REFUSED: Tuple[Refused, ...] = (
         "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size",
     ),
 )
+
+
+FLOAT8: Tuple[Refused, ...] = (
+    Refused(
+        "`train.fp8.check_every > 0` or `enable_fsdp_float8_all_gather=true` without `train.precision=fp8`",
+        "train.fp8",
+        lambda c: _fp8_keys_set(c) and not _fp8(c),
+        lambda c: f"train.fp8.* applies to train.precision=fp8 only, not train.precision={c.train.precision}",
+        "set train.precision=fp8, or leave train.fp8.check_every=0 and enable_fsdp_float8_all_gather=false",
+    ),
+    Refused(
+        "`train.precision=fp8` with `engine=deepspeed`",
+        "train.precision",
+        lambda c: _fp8(c) and c.parallelism.engine == "deepspeed",
+        lambda c: "fp8 converts linears to torchao Float8Linear, which only the native engine applies",
+        "use parallelism.engine=native for fp8, or train.precision=bf16-mixed with deepspeed",
+    ),
+    Refused(
+        "`train.precision=fp8` with `tp > 1`",
+        "train.precision",
+        lambda c: _fp8(c) and c.parallelism.tp > 1,
+        lambda c: (
+            f"fp8 with tensor parallelism (tp={c.parallelism.tp}) is not supported: the TP plan uses torch's "
+            "Colwise/RowwiseParallel, not torchao's float8 TP styles"
+        ),
+        "set parallelism.tp=1 (FSDP/HSDP, pp and cp compose with fp8) or train.precision=bf16-mixed",
+    ),
+    Refused(
+        "`train.fp8.enable_fsdp_float8_all_gather=true` with `train.fp8.recipe=rowwise`",
+        "train.fp8.enable_fsdp_float8_all_gather",
+        lambda c: _fp8(c) and c.train.fp8.enable_fsdp_float8_all_gather and c.train.fp8.recipe == "rowwise",
+        lambda c: "the float8 all-gather needs one scale per weight tensor: train.fp8.recipe=tensorwise",
+        "set train.fp8.recipe=tensorwise or train.fp8.enable_fsdp_float8_all_gather=false",
+    ),
+    Refused(
+        "`train.fp8.enable_fsdp_float8_all_gather=true` without FSDP (`dp_shard * cp = 1`)",
+        "train.fp8.enable_fsdp_float8_all_gather",
+        lambda c: (
+            _fp8(c) and c.train.fp8.enable_fsdp_float8_all_gather and c.parallelism.dp_shard * c.parallelism.cp == 1
+        ),
+        lambda c: "without FSDP (dp_shard=1, cp=1) no weight is all-gathered",
+        "set parallelism.dp_shard > 1, or train.fp8.enable_fsdp_float8_all_gather=false",
+    ),
+    Refused(
+        "`train.fp8.check_every > 0` with `train.fp8.enable_fsdp_float8_all_gather=true`",
+        "train.fp8.check_every",
+        lambda c: _fp8(c) and c.train.fp8.check_every > 0 and c.train.fp8.enable_fsdp_float8_all_gather,
+        lambda c: (
+            "the numerics check's bf16 forward needs bf16 weights, but the float8 all-gather delivers float8 ones"
+        ),
+        "set train.fp8.check_every=0, or train.fp8.enable_fsdp_float8_all_gather=false while checking",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8
 
 
 def check_combinations(cfg: RootConfig) -> None:

@@ -10,8 +10,9 @@ from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
 @dataclass
 class WandbConfig:
-    mode: Annotated[str, Literal["online", "offline", "disabled"]] = "disabled"
-    """Weights & Biases: online, offline (a local run directory to sync later) or disabled."""
+    mode: Annotated[str, Literal["auto", "online", "offline", "disabled"]] = "auto"
+    """Weights & Biases: online, offline (a local run directory to sync later), disabled, or auto (W&B's own
+    WANDB_MODE when set; else online when an API key is found, offline otherwise, announced in one line)."""
     project: str = "lmforge"
     """W&B project."""
     entity: Optional[str] = None

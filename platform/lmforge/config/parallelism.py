@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, List, Literal, Optional
 
 from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
 PipelineSchedule = Annotated[str, Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]]
+# The parts of a block activation_checkpointing=modules can recompute (parallel/activation_checkpoint.py).
+RECOMPUTE_MODULES = ("attention_core", "mlp", "norms")
+DEFAULT_RECOMPUTE_MODULES = ["attention_core"]
 # Schedules that split each backward into an input-gradient and a later weight-gradient part.
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -25,7 +28,9 @@ class ParallelismConfig:
     dp_shard: PositiveInt = 1
     """FSDP2 sharding degree."""
     reshard_after_forward: bool = True
-    """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like)."""
+    """FSDP: free gathered parameters after forward (ZeRO-3-like); false keeps them to backward (ZeRO-2-like), and
+    with fsdp_grad_sync=last_microbatch from the step's first forward to its last backward (one all-gather per
+    step: the distributed_optimizer preset)."""
     cp: PositiveInt = 1
     """Context parallelism (parallel/context_parallel.py): each sequence split over cp ranks in the load-balanced
     causal layout (2*cp chunks, rank r holds chunks r and 2*cp-1-r); cp ranks hold weight replicas, FSDP shards
@@ -46,10 +51,24 @@ class ParallelismConfig:
     """Pipeline schedule."""
     pp_virtual_stages: PositiveInt = 1
     """Model chunks per pipeline rank (> 1 for the interleaved and zero-bubble schedules)."""
+    pp_layers: Optional[List[int]] = None
+    """Transformer blocks per pipeline chunk, in chunk order (chunk c is stage c of the schedule: the first holds
+    the embedding too, the last the final norm and the output head); pp * pp_virtual_stages counts, each >= 1,
+    summing to model.n_layers. null = n_layers / (pp * pp_virtual_stages) each, refused (with a suggested map)
+    when that does not divide. E.g. 126 layers over pp=16: [7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7]."""
     pp_microbatches: NonNegativeInt = 0
     """Pipeline microbatches per step; 0 = as many as the gradient-accumulation steps."""
-    activation_checkpointing: Annotated[str, Literal["none", "full", "selective"]] = "none"
-    """Recompute activations in backward: none, every block (full) or the cheap ops (selective)."""
+    activation_checkpointing: Annotated[str, Literal["none", "full", "selective", "modules"]] = "none"
+    """Recompute activations in backward: none, every block (full), the cheap ops (selective), or the parts of
+    each block that recompute_modules names (modules)."""
+    recompute_modules: List[str] = field(default_factory=lambda: list(DEFAULT_RECOMPUTE_MODULES))
+    """With activation_checkpointing=modules, the parts of a block recomputed in backward (Megatron's
+    --recompute-modules): attention_core (the attention kernel: keeps its q, k, v, drops its output and
+    log-sum-exp), mlp (the feed-forward, dense or MoE: keeps its input only), norms (both norms: keep their
+    inputs only)."""
+    recompute_layers: NonNegativeInt = 0
+    """Checkpoint only the first k blocks of each pipeline stage (Megatron's --recompute-method block
+    --recompute-num-layers k), under full, selective or modules; 0 = every block."""
     compile: bool = False
     """torch.compile each block (native engine only)."""
     param_dtype: Annotated[str, Literal["fp32", "bf16"]] = "fp32"
@@ -85,3 +104,45 @@ def fsdp_grad_sync_mode(p: ParallelismConfig) -> str:
     if p.fsdp_grad_sync != "auto":
         return p.fsdp_grad_sync
     return "every_microbatch" if p.dp_shard * p.cp > 1 and p.pp == 1 else "last_microbatch"
+
+
+def pipeline_chunks(p: ParallelismConfig) -> int:
+    """Model chunks (pipeline stages) of the layout: ``pp * pp_virtual_stages``."""
+    return p.pp * p.pp_virtual_stages
+
+
+def chunk_layers(p: ParallelismConfig, n_layers: int) -> List[int]:
+    """Blocks of each pipeline chunk, in chunk order: ``pp_layers`` when set, else the even split (ceil-sized
+    chunks, the last ones shorter, for a layout ``config/validate.py`` has not checked; it refuses that case)."""
+    if p.pp_layers is not None:
+        return [int(n) for n in p.pp_layers]
+    chunks = pipeline_chunks(p)
+    per = -(-n_layers // chunks)
+    return [max(0, min(per, n_layers - c * per)) for c in range(chunks)]
+
+
+def chunk_of_layer(p: ParallelismConfig, n_layers: int, layer: int) -> int:
+    """The pipeline chunk holding block ``layer`` (consecutive blocks per chunk, ``chunk_layers`` of them)."""
+    end = 0
+    for chunk, count in enumerate(chunk_layers(p, n_layers)):
+        end += count
+        if layer < end:
+            return chunk
+    raise ValueError(f"layer {layer} is outside the {n_layers} layers of the pipeline split")
+
+
+def suggested_pp_layers(n_layers: int, chunks: int) -> List[int]:
+    """A balanced stage map: ``ceil(n_layers / chunks)`` blocks per chunk, one fewer on as many chunks as needed,
+    taken from the ends inwards (first, last, second, second to last, ...): the chunks that also hold the
+    embedding and the output head get the fewer blocks. 126 over 16: ``[7, 8 x 14, 7]``."""
+    per = -(-n_layers // chunks)
+    counts = [per] * chunks
+    ends = [i // 2 if i % 2 == 0 else chunks - 1 - i // 2 for i in range(chunks)]
+    for chunk in ends[: per * chunks - n_layers]:
+        counts[chunk] -= 1
+    return counts
+
+
+def pp_layers_override(counts: List[int]) -> str:
+    """``parallelism.pp_layers=[...]`` as a command-line override (no spaces: one shell word)."""
+    return f"parallelism.pp_layers=[{','.join(str(n) for n in counts)}]"

@@ -16,3 +16,9 @@ class RunConfig:
     """Set by sweeps: the sweep point id, the run's name when run.name is unset."""
     sweep_name: Optional[str] = None
     """Set by sweeps: the sweep's name (the W&B group)."""
+    sweep_params: Optional[float] = None
+    """Set by sweeps: the point's parameter count N (the N of C = 6ND), in the W&B run config as sweep.N."""
+    sweep_tokens: Optional[float] = None
+    """Set by sweeps: the point's training tokens D, in the W&B run config as sweep.D."""
+    sweep_flops: Optional[float] = None
+    """Set by sweeps: the point's planned training FLOPs C, in the W&B run config as sweep.C."""

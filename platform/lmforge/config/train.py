@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from dataclasses import dataclass, field
+from typing import Annotated, List, Literal, Optional
 
-from lmforge.config.ranges import NonNegativeInt, PositiveInt
+from lmforge.config.ranges import NonNegativeInt, PositiveInt, Range
+
+PositiveFloat = Annotated[float, Range(0, low_open=True, fix="set a value > 0")]
+
+
+@dataclass
+class Float8Config:
+    """``train.fp8``: float8 training of the linear layers through torchao (parallel/float8.py); read only with
+    ``train.precision=fp8``."""
+
+    recipe: Annotated[str, Literal["tensorwise", "rowwise"]] = "tensorwise"
+    """torchao's scaling recipe: tensorwise (one scale per tensor; allows the float8 FSDP all-gather) or rowwise
+    (one scale per row of each GEMM operand, e4m3 gradients too: more accurate, slower)."""
+    filter_fqns: List[str] = field(default_factory=list)
+    """Linears whose module name contains one of these strings stay in bf16 (the output head and the MoE router
+    always do)."""
+    shape_filter: bool = True
+    """Keep small linears in bf16 by torchao's per-recipe size thresholds (measured on H100: below them float8 is
+    slower); false converts every linear whose dims are multiples of 16 (small models, tests)."""
+    enable_fsdp_float8_all_gather: bool = False
+    """FSDP2 all-gathers the converted weights in float8 (half the bf16 bytes), their scales precomputed in one
+    all-reduce after each optimizer step; tensorwise recipe and FSDP (dp_shard > 1 or cp > 1) only."""
+    check_every: NonNegativeInt = 0
+    """Every N optimizer steps: the loss of a fixed batch under float8 against a bf16 forward of the same weights,
+    logged as fp8/loss_gap; 0 = off."""
+    check_tolerance: PositiveFloat = 0.05
+    """The |fp8 - bf16| loss gap on the check's batch beyond which a warning is printed."""
 
 
 @dataclass
@@ -20,9 +46,10 @@ class TrainConfig:
     """Sequences per optimizer step across all data-parallel ranks."""
     grad_accum: Optional[int] = None
     """Micro batches per step; null = global / (micro * dp). If set it must agree (checked)."""
-    precision: Annotated[str, Literal["auto", "fp32", "bf16-mixed", "bf16"]] = "auto"
-    """fp32, bf16-mixed (bf16 autocast, fp32 master weights), bf16 (pure bf16 parameters) or auto (bf16-mixed on
-    CUDA, fp32 on CPU); every engine reads this one key."""
+    precision: Annotated[str, Literal["auto", "fp32", "bf16-mixed", "bf16", "fp8"]] = "auto"
+    """fp32, bf16-mixed (bf16 autocast, fp32 master weights), bf16 (pure bf16 parameters), fp8 (bf16-mixed with the
+    linears' GEMMs in float8, train.fp8; native engine) or auto (bf16-mixed on CUDA, fp32 on CPU); every engine
+    reads this one key."""
     device: Annotated[str, Literal["auto", "cpu", "cuda"]] = "auto"
     """Where the run trains; auto = CUDA when torch sees a GPU, else the CPU."""
     host_malloc: Annotated[str, Literal["auto", "retain", "system"]] = "auto"
@@ -49,3 +76,5 @@ class TrainConfig:
     stop_at_step: int = 0
     """Stop (checkpoint, exit 0, no DONE marker) once this step is done, without changing the LR schedule or the
     data index, which follow max_steps; a later launch resumes. For time-sliced jobs and resume tests. 0 = off."""
+    fp8: Float8Config = field(default_factory=Float8Config)
+    """Float8 training (``train.precision=fp8``): recipe, which linears, FSDP float8 all-gather, numerics check."""

@@ -27,6 +27,7 @@ from lmforge.config.deepspeed import check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
+from lmforge.config.parallelism import pipeline_chunks, pp_layers_override, suggested_pp_layers
 from lmforge.config.paths import check_paths
 from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
@@ -155,14 +156,51 @@ def check_parallel_layout(cfg: RootConfig, world_size: Optional[int] = None) -> 
             f"seq_len ({m.seq_len}) is not divisible by tp ({p.tp})",
             "choose a seq_len divisible by tp",
         )
-    stages = p.pp * p.pp_virtual_stages
-    if m.n_layers % stages:
+    check_stage_map(cfg)
+    check_combinations(cfg)  # the refused feature combinations (config/combinations.py)
+
+
+def check_stage_map(cfg: RootConfig) -> None:
+    """The blocks per pipeline chunk: ``parallelism.pp_layers`` (one count >= 1 per chunk, summing to n_layers)
+    or, unset, an even split. An uneven split is never picked silently: the refusal suggests a map."""
+    p, n = cfg.parallelism, cfg.model.n_layers
+    chunks = pipeline_chunks(p)
+    if n < chunks:
         raise ConfigError(
             "parallelism.pp",
-            f"n_layers ({m.n_layers}) is not divisible by pp*pp_virtual_stages ({stages})",
-            "choose pp and pp_virtual_stages whose product divides n_layers",
+            f"n_layers ({n}) is fewer than pp*pp_virtual_stages ({chunks}) pipeline chunks",
+            "choose pp and pp_virtual_stages with at most one chunk per layer",
         )
-    check_combinations(cfg)  # the refused feature combinations (config/combinations.py)
+    suggestion = pp_layers_override(suggested_pp_layers(n, chunks))
+    if p.pp_layers is None:
+        if n % chunks:
+            raise ConfigError(
+                "parallelism.pp_layers",
+                f"n_layers ({n}) is not divisible by pp*pp_virtual_stages ({chunks}) and no stage map is set",
+                f"set {suggestion} (blocks per pipeline chunk, fewer on the chunks holding the embedding and the "
+                "output head), or choose pp and pp_virtual_stages whose product divides n_layers",
+            )
+        return
+    given = list(p.pp_layers)
+    shown = f"[{', '.join(str(x) for x in given)}]"
+    if len(given) != chunks:
+        raise ConfigError(
+            "parallelism.pp_layers",
+            f"{shown} has {len(given)} entries but pp*pp_virtual_stages = {chunks} pipeline chunks",
+            f"give one block count per chunk, in chunk order, e.g. {suggestion}",
+        )
+    if min(given) < 1:
+        raise ConfigError(
+            "parallelism.pp_layers",
+            f"{shown} gives a pipeline chunk no block",
+            f"give every chunk at least one block, e.g. {suggestion}",
+        )
+    if sum(given) != n:
+        raise ConfigError(
+            "parallelism.pp_layers",
+            f"{shown} sums to {sum(given)} but model.n_layers is {n}",
+            f"give block counts summing to {n}, e.g. {suggestion}",
+        )
 
 
 def dp_size(cfg: RootConfig) -> int:

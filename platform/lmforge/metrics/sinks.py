@@ -59,6 +59,7 @@ def _fmt(record: dict) -> str:
         ("moe/aux_loss", "moe aux", ".3f"),
         ("moe/load_max_over_mean", "load max/mean", ".2f"),
         ("moe/dropped", "dropped", ".2%"),
+        ("fp8/loss_gap", "fp8 gap", "+.4f"),  # train.fp8.check_every: float8 - bf16 loss on the check batch
     ):
         if key in record:
             value = record[key]

@@ -55,6 +55,7 @@ class StepResult:
     grad_norm: torch.Tensor  # scalar, global pre-clip norm
     skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
     moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
+    fp8: Optional[Dict[str, torch.Tensor]] = None  # a step with the float8 numerics check (parallel/float8.py)
 
 
 class StepGuard(Protocol):
@@ -69,7 +70,7 @@ class Engine(Protocol):
 
     device: torch.device
     dims: "ParallelDims"  # the parallel layout (pp, dp_replicate, dp_shard, tp)
-    precision: str  # resolved: "fp32" | "bf16-mixed" | "bf16"
+    precision: str  # resolved: "fp32" | "bf16-mixed" | "bf16" | "fp8"
     model: nn.Module  # what the forward runs through (wrapped: DDP, DeepSpeed's engine)
     inner: nn.Module  # owns this rank's parameters: optimizer, checkpoints, clipping, replica checks
     optimizer: torch.optim.Optimizer

@@ -2,7 +2,9 @@
 
 Under gradient accumulation FSDP2 reduce-scatters after every micro batch's backward, or, with
 ``parallelism.fsdp_grad_sync=last_microbatch``, keeps unsharded gradients until the last micro batch
-(``set_fsdp_gradient_sync``); DDP always defers (``no_sync``).
+(``set_fsdp_gradient_sync``); with ``reshard_after_forward=false`` too, the parameters then stay gathered from the
+step's first forward to its last backward (one all-gather and one reduce-scatter per block and step: Megatron's
+distributed optimizer, the ``distributed_optimizer`` preset); DDP always defers (``no_sync``).
 Gradient reduction overlaps backward by default (DDP buckets of ``ddp_bucket_cap_mb``; FSDP2 prefetches
 and reduce-scatters per block). With ``overlap_grad_reduce=false`` DDP is replaced by one all-reduce of
 every gradient after backward, the no-overlap baseline the overlap benchmark compares against. Pure
@@ -37,13 +39,18 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> 
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
 
 
-def set_fsdp_gradient_sync(parts, enabled: bool) -> None:
-    """Turn FSDP2's reduce-scatter (and HSDP all-reduce) after backward on or off for every FSDP module."""
+def set_fsdp_gradient_sync(parts, enabled: bool, keep_gathered: bool = False) -> None:
+    """Turn FSDP2's reduce-scatter (and HSDP all-reduce) after backward on or off for every FSDP module.
+
+    ``keep_gathered`` (``reshard_after_forward=false``): a backward that does not sync leaves the parameters
+    gathered too, so the next micro batch's forward all-gathers nothing; the syncing backward reshards them."""
     from torch.distributed.fsdp import FSDPModule
 
     for part in parts:
         if isinstance(part, FSDPModule):
             part.set_requires_gradient_sync(enabled, recurse=True)
+            if keep_gathered:
+                part.set_reshard_after_backward(enabled, recurse=True)
 
 
 def apply_ddp(model: nn.Module, mesh: ParallelMesh, cfg: ParallelismConfig) -> nn.Module:

@@ -3,7 +3,8 @@
 Model state (parameters, gradients, AdamW state) is counted *exactly*: the GPT is built on the meta
 device (shapes only, no memory) and every parameter is split the way the engine splits it:
 
-- pipeline: layers are cut into ``pp * pp_virtual_stages`` equal chunks; chunk ``c`` lives on pipeline
+- pipeline: layers are cut into ``pp * pp_virtual_stages`` chunks of ``parallelism.pp_layers[c]`` consecutive
+  blocks (equal chunks when unset); chunk ``c`` lives on pipeline
   rank ``c % pp`` (looped schedules) or, for the V-shaped ``ZBVZeroBubble``, on ``c`` / ``2*pp-1-c``.
   The first chunk's rank holds the embedding, the last chunk's rank the final norm and the output
   projection (tied embeddings with pp > 1 are refused by ``config/validate.py``).
@@ -12,22 +13,24 @@ device (shapes only, no memory) and every parameter is split the way the engine 
 - FSDP2 splits dim 0 of each (TP-local) tensor over ``dp_shard`` with ``torch.chunk`` semantics: every
   rank but the last holds ``ceil(n / dp_shard)`` rows, which is also the padded size FSDP2 allocates.
 
-Activations are counted per micro batch from the tensors autograd keeps for backward, as measured on
-this model (``tests/unit/test_planner_activations.py`` checks the counts against torch.profiler):
+Activations are counted per micro batch from the table of tensors one block saves for backward
+(``parallel/activation_table.py``: one row per tensor, elements per token, dtype, whether tp / sp divide it;
+``tests/unit/test_activation_table.py`` checks it against the storages a meta-device block saves, and
+``tests/unit/test_planner_activations.py`` against torch.profiler):
 
-    per layer, no checkpointing  (N = micro_batch * seq_len tokens, d = d_model, F = FFN width)
-      each of the 2 norms:  input and (RMSNorm) x*rstd in the residual dtype, its output in the compute dtype
-      attention:            q, k, v (after GQA repeat), SDPA output           4 * N * d   (/tp)
-      SwiGLU MLP:           w1 out, silu out, w3 out, product                 4 * N * F   (/tp; GELU: 2)
-      small:                rstd per norm, SDPA log-sum-exp (fp32)
+    per layer, no checkpointing  (N tokens, d = d_model, F = FFN width, E compute / R residual bytes)
+      2 norms:        input (R), fp32 statistics, output = the linears' input (E)       (/tp under sp)
+      attention:      q, k (after RoPE), v at n_kv heads, SDPA output (E), fp32 log-sum-exp     (/tp)
+      MLP:            SwiGLU w1 out, silu out, w3 out, product; GELU w1 out, gelu out (E)       (/tp)
+      16-bit GELU/LayerNorm/MHA block: 32*N*d bytes + statistics (Korthikanti et al. 2022 less dropout)
     full checkpointing:     the block input only, plus one block's activations while it is recomputed
     selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
-    head (last stage):      final norm as above + the logits N * vocab in the compute dtype (all that
-                            model/loss.py's chunked cross-entropy keeps); their gradient in the compute
+    head (last stage):      final norm's rows + its output and the logits N * vocab in the compute dtype (all
+                            that model/loss.py's chunked cross-entropy keeps); their gradient in the compute
                             dtype exists transiently at the start of backward.
 
-With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism the
-norm region (residual stream) is split too, while each linear keeps its all-gathered input.
+With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism every row of
+the block is (the linears keep their input's sequence shard: ``tensor_parallel.SequenceGatheredInput``).
 Micro batches alive at once on a pipeline rank: 1 without PP; ``pp - rank`` for 1F1B and the zero-bubble
 schedules (ZB-H1 keeps 1F1B's memory); all of them for GPipe; ``pp * (1 + (pp-1)/(pp*v))`` stage-units
 for Interleaved1F1B (Narayanan et al., 2021).
@@ -37,7 +40,9 @@ FSDP2 working memory: with ``reshard_after_forward`` two blocks' parameters are 
 block stays gathered from forward to backward. The root module (embedding, final norm, output) stays
 gathered. With ``fsdp_grad_sync=last_microbatch`` (and always under pipelining) and more than one micro batch,
 every block's unsharded gradient (reduce dtype) is kept from the first micro batch's backward until the
-reduce-scatter after the last one, instead of two blocks' in flight. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+reduce-scatter after the last one, instead of two blocks' in flight; without ``reshard_after_forward`` the blocks
+then stay gathered from the step's first forward to its last backward (the ``distributed_optimizer`` preset:
+Megatron's distributed optimizer). ``fsdp_working_bytes`` counts both. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
 
 Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
 FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
@@ -54,14 +59,21 @@ import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.model import ModelConfig
-from lmforge.config.parallelism import fsdp_grad_sync_mode
+from lmforge.config.parallelism import chunk_layers, chunk_of_layer, fsdp_grad_sync_mode
 from lmforge.config.schema import RootConfig
-from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import GPT, kv_heads
+from lmforge.parallel.activation_table import (
+    BlockPrecision,
+    block_input,
+    block_saved_tensors,
+    modules_saved_tensors,
+    selective_saved_tensors,
+    table_bytes,
+)
 
 GIB = 1024**3
 ADAMW_STATES = 2  # exp_avg and exp_avg_sq, same shape and dtype as the parameter
@@ -137,17 +149,22 @@ def chunk_owner(chunk: int, pp: int, schedule: str) -> int:
     return chunk % pp
 
 
-def stages_per_rank(cfg: RootConfig) -> int:
-    p = cfg.parallelism
-    return 2 if p.pp_schedule == "ZBVZeroBubble" and p.pp > 1 else p.pp_virtual_stages
-
-
 def layer_owner(cfg: RootConfig, layer: int) -> int:
-    """Pipeline rank holding block ``layer``: the layers split into ``pp * stages_per_rank`` chunks of
-    ceil(n_layers / chunks), each placed by :func:`chunk_owner`."""
+    """Pipeline rank holding block ``layer``: the chunk holding it (``parallelism.pp_layers``, or the even split:
+    ``config/parallelism.chunk_of_layer``, as ``parallel/pipeline.plan_stages`` builds them), placed by
+    :func:`chunk_owner`."""
     p = cfg.parallelism
-    per_chunk = -(-cfg.model.n_layers // (p.pp * stages_per_rank(cfg)))
-    return chunk_owner(layer // per_chunk, p.pp, p.pp_schedule)
+    return chunk_owner(chunk_of_layer(p, cfg.model.n_layers, layer), p.pp, p.pp_schedule)
+
+
+def checkpointed_blocks(cfg: RootConfig, pp_rank: int) -> int:
+    """Blocks on pipeline rank ``pp_rank`` that activation checkpointing applies to: the first
+    ``parallelism.recompute_layers`` of each of its chunks (``parallel/activation_checkpoint.chosen_blocks``),
+    all of them for 0."""
+    p = cfg.parallelism
+    counts = chunk_layers(p, cfg.model.n_layers)
+    mine = [n for c, n in enumerate(counts) if chunk_owner(c, p.pp, p.pp_schedule) == pp_rank]
+    return sum(n if p.recompute_layers == 0 else min(n, p.recompute_layers) for n in mine)
 
 
 @dataclass
@@ -179,7 +196,7 @@ def state_bytes(
     """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
-    chunks = p.pp * stages_per_rank(cfg)
+    chunks = len(chunk_layers(p, m.n_layers))
     first_rank = chunk_owner(0, p.pp, p.pp_schedule)
     last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
     out = StateBytes(first=pp_rank == first_rank, last=pp_rank == last_rank)
@@ -243,43 +260,67 @@ class ActivationShape:
     sp: bool
     dt: Dtypes
     gathered_kv_tokens: int = 0  # cp all-gather: other ranks' tokens whose K/V each block keeps for backward
+    positions: int = 0  # sequence positions per micro batch on this rank (seq_len / cp); 0: as many as tokens
+    autocast: bool = False  # bf16 autocast: norms in fp32, each linear casts its own input
+    rms_norm_kernel: str = "fused"  # CUDA's fused RMSNorm; "composite" on CPU (activation_table.RMS_NORM_KERNELS)
 
 
-def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str) -> int:
-    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``."""
-    n, d, f, tp = s.tokens, m.d_model, ffn_hidden_dim(m), s.tp
-    hd = d // m.n_heads
-    dkv = kv_heads(m) * hd
-    e, r = s.dt.compute, s.dt.residual
-    seq_split = tp if s.sp else 1
-    block_input = n * d * r // seq_split
+def block_precision(s: ActivationShape) -> BlockPrecision:
+    return BlockPrecision(residual=s.dt.residual, compute=s.dt.compute, autocast=s.autocast)
+
+
+def _rows_bytes(rows, s: ActivationShape) -> int:
+    return table_bytes(rows, tokens=s.tokens, positions=s.positions or s.tokens, tp=s.tp, sp=s.sp)
+
+
+def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, modules: Sequence[str] = ()) -> int:
+    """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``: the rows of
+    ``parallel/activation_table.py`` (``none``: every tensor the block saves; ``selective``: the block input and
+    the matmul / SDPA outputs; ``full``: the block input; ``modules``: every tensor less those of the recomputed
+    ``modules``), plus the other cp ranks' K/V under the cp all-gather."""
+    p = block_precision(s)
+    kept = _rows_bytes((block_input(m, p),), s)
     if mode == "full":
-        return block_input
-    lse = n * m.n_heads * 4 // tp  # fp32 log-sum-exp per token and head
+        return kept
+    gathered_kv = 2 * s.gathered_kv_tokens * kv_heads(m) * (m.d_model // m.n_heads) * s.dt.compute // s.tp
     if mode == "selective":
-        mm_out = n * (d + 2 * dkv) * e // tp + 2 * n * d * e + (2 if m.mlp == "swiglu" else 1) * n * f * e // tp
-        return block_input + mm_out + n * d * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    norm_keep = 2 if m.norm == "rmsnorm" else 1  # input (+ x*rstd for the composite RMSNorm)
-    norms = 2 * (n * d * r * norm_keep // seq_split + n * d * e + n * 4 // seq_split)
-    # rotated q and k, v and the attention output (SDPA's grouped path keeps K/V at their own n_kv heads)
-    attention = 2 * n * (d + dkv) * e // tp + lse + 2 * s.gathered_kv_tokens * dkv * e // tp
-    mlp = (4 if m.mlp == "swiglu" else 2) * n * f * e // tp
-    return norms + attention + mlp
+        return kept + _rows_bytes(selective_saved_tensors(m, p), s) + gathered_kv
+    rows = block_saved_tensors(m, p, sp=s.sp, rms_norm_kernel=s.rms_norm_kernel)
+    if mode == "modules":
+        rows = modules_saved_tensors(rows, tuple(modules))
+    return _rows_bytes(rows, s) + gathered_kv
 
 
 def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
-    """Final norm and logits (compute dtype) kept by the last stage for one micro batch."""
-    n, d = s.tokens, m.d_model
-    norm_keep = 2 if m.norm == "rmsnorm" else 1
-    seq_split = s.tp if s.sp else 1
-    return n * d * s.dt.residual * norm_keep // seq_split + n * d * s.dt.compute + n * m.vocab_size * s.dt.compute
+    """Final norm (its rows of the block table, on the sequence shard under sp), its output (the head's input:
+    gathered to the full sequence) and the logits, compute dtype, kept by the last stage for one micro batch."""
+    norm = tuple(
+        r
+        for r in block_saved_tensors(m, block_precision(s), rms_norm_kernel=s.rms_norm_kernel)
+        if r.name.startswith("attention_norm.") and r.name != "attention_norm.output"
+    )
+    n = s.tokens
+    return _rows_bytes(norm, s) + n * m.d_model * s.dt.compute + n * m.vocab_size * s.dt.compute
 
 
 def saved_activation_bytes(
-    m: ModelConfig, s: ActivationShape, mode: str, layers: int, first: bool = True, last: bool = True
+    m: ModelConfig,
+    s: ActivationShape,
+    mode: str,
+    layers: int,
+    first: bool = True,
+    last: bool = True,
+    *,
+    modules: Sequence[str] = (),
+    checkpointed: Optional[int] = None,
 ) -> int:
-    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward."""
-    kept = layers * layer_activation_bytes(m, s, mode)
+    """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward;
+    ``checkpointed``: how many of them ``mode`` applies to (``parallelism.recompute_layers``; None: all), the rest
+    keep everything."""
+    n_ck = layers if checkpointed is None else min(layers, checkpointed)
+    kept = n_ck * layer_activation_bytes(m, s, mode, modules)
+    if n_ck < layers:
+        kept += (layers - n_ck) * layer_activation_bytes(m, s, "none")
     if last:
         kept += head_activation_bytes(m, s)
     if first:
@@ -287,12 +328,23 @@ def saved_activation_bytes(
     return kept
 
 
-def activation_shape(cfg: RootConfig, micro_batch_size: int, precision: str) -> ActivationShape:
+def activation_shape(
+    cfg: RootConfig, micro_batch_size: int, precision: str, rms_norm_kernel: str = "fused"
+) -> ActivationShape:
+    """The activation layout of one micro batch on one rank; ``rms_norm_kernel="composite"`` for CPU runs."""
     p = cfg.parallelism
     local = micro_batch_size * cfg.model.seq_len // p.cp
     gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
+    autocast = precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
     return ActivationShape(
-        tokens=local, tp=p.tp, sp=p.sequence_parallel, dt=dtypes_for(cfg, precision), gathered_kv_tokens=gathered
+        tokens=local,
+        tp=p.tp,
+        sp=p.sequence_parallel,
+        dt=dtypes_for(cfg, precision),
+        gathered_kv_tokens=gathered,
+        positions=cfg.model.seq_len // p.cp,
+        autocast=autocast,
+        rms_norm_kernel=rms_norm_kernel,
     )
 
 
@@ -338,6 +390,7 @@ class MemoryEstimate:
     dtypes: Dtypes
     per_stage_total: Dict[int, int] = field(default_factory=dict)
     fsdp_unsharded_grads: int = 0  # the part of fsdp_buffers holding unsharded gradients before reduce-scatter
+    fsdp_gathered_params: int = 0  # the rest of fsdp_buffers: gathered parameters (param_dtype)
 
     @property
     def total(self) -> int:
@@ -345,6 +398,29 @@ class MemoryEstimate:
 
     def total_with(self, mode: str) -> int:
         return self.total - self.activations + self.activations_by_mode[mode]
+
+
+def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batches: int) -> Tuple[int, int]:
+    """FSDP2's gathered parameters (``param_dtype``) and unsharded gradients (``reduce_dtype``) on a pipeline rank
+    at its peak, the start of a backward, for a step of ``micro_batches`` micro batches: (params, grads) bytes.
+
+    Parameters: the root (embedding, final norm, output) stays gathered; blocks two at a time (current +
+    prefetched) with ``reshard_after_forward``, else every block of the stage (kept from forward to backward, and
+    under deferred sync from the step's first forward to its last backward). Gradients: two blocks' and the
+    root's before their reduce-scatter, or, deferred over more than one micro batch, every block's. With tp > 1
+    the embedding's unsharded gradient is the whole vocab x d table (DTensor's embedding backward returns it
+    Replicate; ``keep_grads_in_param_layout`` slices only the sharded parameters' gradients)."""
+    p, m = cfg.parallelism, cfg.model
+    if fsdp_degree(p) == 1:
+        return 0, 0
+    blocks = st.stage_numel_unsharded - st.root_numel_unsharded
+    gathered = 2 * st.max_layer_numel if p.reshard_after_forward else blocks
+    unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
+    if fsdp_grad_sync_mode(p) == "last_microbatch" and micro_batches > 1:
+        unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
+    if p.tp > 1 and st.first:  # the replicated table's rows beyond this tp rank's
+        unsharded_grads += (m.vocab_size - chunk_size(m.vocab_size, p.tp, 0)) * m.d_model
+    return (gathered + st.root_numel_unsharded) * dt.fsdp_param, unsharded_grads * dt.fsdp_reduce
 
 
 def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int) -> MemoryEstimate:
@@ -359,17 +435,24 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + working
-    fsdp = fsdp_grads = 0
-    if fsdp_degree(p) > 1:
-        gathered = (
-            2 * st.max_layer_numel if p.reshard_after_forward else st.stage_numel_unsharded - st.root_numel_unsharded
+    configured = by_mode.get(p.activation_checkpointing)
+    if p.activation_checkpointing == "modules" or p.recompute_layers > 0:  # the configured recompute, exactly
+        kept = saved_activation_bytes(
+            m,
+            shape,
+            p.activation_checkpointing,
+            st.layers,
+            st.first,
+            st.last,
+            modules=p.recompute_modules,
+            checkpointed=checkpointed_blocks(cfg, pp_rank),
         )
-        unsharded_grads = 2 * st.max_layer_numel + st.root_numel_unsharded
-        accumulated = n_micro if p.pp > 1 else plan.grad_accum
-        if fsdp_grad_sync_mode(p) == "last_microbatch" and accumulated > 1:
-            unsharded_grads = st.stage_numel_unsharded  # every block's full gradient waits for the last micro batch
-        fsdp_grads = unsharded_grads * dt.fsdp_reduce
-        fsdp = (gathered + st.root_numel_unsharded) * dt.fsdp_param + fsdp_grads
+        working = layer_activation_bytes(m, shape, "none") if p.activation_checkpointing != "none" else 0
+        configured = int(math.ceil(in_flight * kept)) + working
+        if p.activation_checkpointing == "modules":
+            by_mode["modules"] = configured
+    fsdp_params, fsdp_grads = fsdp_working_bytes(cfg, st, dt, n_micro if p.pp > 1 else plan.grad_accum)
+    fsdp = fsdp_params + fsdp_grads
     autocast = (
         st.matmul_numel_unsharded * 2
         if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
@@ -382,13 +465,14 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
     return MemoryEstimate(
         pp_rank,
         st,
-        by_mode[p.activation_checkpointing],
+        configured,
         by_mode,
         fsdp,
         autocast,
         transient,
         dt,
         fsdp_unsharded_grads=fsdp_grads,
+        fsdp_gathered_params=fsdp_params,
     )
 
 

@@ -21,6 +21,7 @@ from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer
 from lmforge.parallel.contract import DCP, StateLayout, StepGuard, StepResult
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
+from lmforge.parallel.float8 import after_optimizer_step, gap_metrics, high_precision_linears
 from lmforge.parallel.grad_clip import clip_grad_norm
 from lmforge.parallel.mesh import ParallelDims, ParallelMesh, build_mesh, dp_rank
 from lmforge.parallel.parallelize import parallelize
@@ -83,6 +84,10 @@ class NativeEngine:
             and self.pipeline is None
             and fsdp_grad_sync_mode(cfg.parallelism) == "last_microbatch"
         )
+        # train.precision=fp8: the float8 settings; the numerics check's batch (this launch's first micro batch)
+        self.fp8 = cfg.train.fp8 if self.precision == "fp8" else None
+        self._fp8_check_batch: Optional[Tuple[torch.Tensor, ...]] = None
+        self._fp8_steps = 0
 
     @property
     def dp_rank(self) -> int:
@@ -93,9 +98,12 @@ class NativeEngine:
         return self.dims.dp
 
     def _grad_sync(self, last: bool):
-        """Gradient reduction for one micro batch's backward: only on the last one when deferring."""
+        """Gradient reduction for one micro batch's backward: only on the last one when deferring (blocks kept
+        gathered after forward then stay gathered until the last backward: one all-gather per step)."""
         if self.defer_fsdp_sync:
-            set_fsdp_gradient_sync(self.parts, enabled=last)
+            set_fsdp_gradient_sync(
+                self.parts, enabled=last, keep_gathered=not self.cfg.parallelism.reshard_after_forward
+            )
             return contextlib.nullcontext()
         if not last and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
@@ -144,7 +152,26 @@ class NativeEngine:
             group["lr"] = lr
         optimizer_step(self.optimizer, skip)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(total, grad_norm, skip, self._moe_step() if self.moe else None)
+        if self.fp8 is not None:
+            after_optimizer_step(self.inner, self.fp8)  # float8 all-gather: next gather's scales, one all-reduce
+        moe = self._moe_step() if self.moe else None
+        return StepResult(total, grad_norm, skip, moe, self._fp8_check(micro_batches[0]))
+
+    def _fp8_check(self, mb) -> Optional[Dict[str, torch.Tensor]]:
+        """Every ``train.fp8.check_every`` steps of this launch: the loss of its first micro batch under float8 and
+        with bf16 linears on the same (just updated) weights; two extra forwards, no backward (parallel/float8.py)."""
+        if self.fp8 is None or not self.fp8.check_every:
+            return None
+        if self._fp8_check_batch is None:
+            positions = None if mb.positions is None else mb.positions.clone()
+            self._fp8_check_batch = (mb.tokens.clone(), mb.targets.clone(), positions)
+        self._fp8_steps += 1
+        if self._fp8_steps % self.fp8.check_every:
+            return None
+        fp8_loss = self.eval_loss(*self._fp8_check_batch)
+        with high_precision_linears(self.inner):
+            bf16_loss = self.eval_loss(*self._fp8_check_batch)
+        return gap_metrics(fp8_loss, bf16_loss)
 
     def _moe_step(self) -> Dict[str, torch.Tensor]:
         """After the optimizer step: the step's expert loads summed over the data-parallel ranks and, with pp > 1,

@@ -2,6 +2,7 @@
 finished, wrapped model. Parallelism is applied in this order, each step in its own file:
 
     1. pipeline stage split       (parallel/pipeline.py: this rank's part by the GPT constructor)
+    1b. float8 linears            (parallel/float8.py: train.precision=fp8, before any wrapping, as torchao needs)
     2. tensor + sequence parallel (parallel/tensor_parallel.py)
     2b. context parallel          (parallel/context_parallel.py: this rank's RoPE positions, the K/V exchange)
     2c. expert parallel           (parallel/expert_parallel.py: experts split over ep, all-to-all token dispatch)
@@ -38,6 +39,7 @@ from lmforge.parallel.compile import apply_compile
 from lmforge.parallel.context_parallel import ContextLayout, apply_context_parallel
 from lmforge.parallel.data_parallel import apply_ddp, apply_fsdp
 from lmforge.parallel.expert_parallel import apply_expert_parallel
+from lmforge.parallel.float8 import convert_to_float8
 from lmforge.parallel.mesh import ParallelMesh
 from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
 from lmforge.parallel.precision import resolve_precision
@@ -70,7 +72,7 @@ def parallelize(
     batch: Optional[BatchPlan] = None,
     fsdp: Optional[bool] = None,
 ) -> ParallelModel:
-    """Steps 1-5, then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
+    """Steps 1-5 (1b: float8 linears), then materialize, the gradient layout and the wrapping, for ``model`` (on the meta device).
 
     ``mesh`` is None only for the DeepSpeed engine. ``batch``: validate()'s batch plan, needed for pp > 1 (a
     pipeline step runs ``parallelism.pp_microbatches``, else ``batch.grad_accum``, micro batches). ``fsdp``:
@@ -86,12 +88,22 @@ def parallelize(
         with torch.device("meta"):
             model = rank_part(model.cfg, stages, mesh["pp"].get_local_rank())
         model.document_attention = attention
+    if resolve_precision(cfg.train.precision, device) == "fp8":
+        convert_to_float8(model, cfg.train.fp8, device=device, compiled=p.compile)
     if p.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
     if p.ep > 1:
         apply_expert_parallel(model, mesh)
-    apply_activation_checkpointing(model, p.activation_checkpointing)
+    apply_activation_checkpointing(
+        model,
+        p.activation_checkpointing,
+        modules=p.recompute_modules,
+        first_k=p.recompute_layers,
+        stage_layers=None
+        if stages is None
+        else [stages.layers[s] for s in stages.local_stages(mesh["pp"].get_local_rank())],
+    )
     if p.compile:
         apply_compile(model)
     parts = build_stages(model, stages, mesh["pp"].get_local_rank()) if stages is not None else [model]

@@ -1,9 +1,11 @@
 """Pipeline parallelism: split the GPT into stages by layers and run a ``torch.distributed.pipelining`` schedule.
 
-Stages. ``pp * pp_virtual_stages`` stages of ``n_layers / stages`` consecutive layers each; stage 0 also
-holds ``tok_embeddings``, the last stage ``norm`` and ``output``. Layers keep their *global* names
-(``layers.5...``), so initialisation (keyed by name) and checkpoints are identical to the single-device
-model's, and a checkpoint saved with pp=2 loads with pp=1.
+Stages. ``pp * pp_virtual_stages`` stages of consecutive layers: ``parallelism.pp_layers[s]`` for stage ``s``
+(an uneven split, e.g. fewer blocks on the stages that also hold the embedding and the head), else
+``n_layers / stages`` each; stage 0 also holds ``tok_embeddings``, the last stage ``norm`` and ``output``.
+Layers keep their *global* names (``layers.5...``), so initialisation (keyed by name) and checkpoints are
+identical to the single-device model's, and a checkpoint saved with pp=2 (any split) loads with another split
+or with pp=1.
 
 Placement. Looped schedules (1F1B, Interleaved1F1B, InterleavedZeroBubble) put stage ``s`` on pipeline rank
 ``s % pp``; ZBVZeroBubble uses the "V" placement (rank 0 holds the first and the last stage).
@@ -41,7 +43,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.model import ModelConfig
-from lmforge.config.parallelism import ParallelismConfig
+from lmforge.config.parallelism import ParallelismConfig, chunk_layers
 from lmforge.model.gpt import GPT, GPTStage, cross_entropy_loss
 
 V_SCHEDULES = ("ZBVZeroBubble",)
@@ -75,10 +77,12 @@ def stage_to_rank(pp: int, n_stages: int, schedule: str) -> Dict[int, int]:
 
 
 def plan_stages(n_layers: int, cfg: ParallelismConfig) -> StagePlan:
-    n_stages = cfg.pp * cfg.pp_virtual_stages
-    per = n_layers // n_stages
-    layers = {s: [str(i) for i in range(s * per, (s + 1) * per)] for s in range(n_stages)}
-    return StagePlan(n_stages, stage_to_rank(cfg.pp, n_stages, cfg.pp_schedule), layers)
+    """Stage ``s`` holds ``chunk_layers(cfg, n_layers)[s]`` consecutive blocks (``parallelism.pp_layers``, or the
+    even split), placed by ``stage_to_rank``."""
+    counts = chunk_layers(cfg, n_layers)
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    layers = {s: [str(i) for i in range(start, start + counts[s])] for s, start in enumerate(starts)}
+    return StagePlan(len(counts), stage_to_rank(cfg.pp, len(counts), cfg.pp_schedule), layers)
 
 
 def rank_part(cfg: ModelConfig, plan: StagePlan, pp_rank: int) -> GPT:

@@ -169,7 +169,7 @@ def cp_exchange_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> int:
     e = dtypes_for(cfg, precision).compute
     forward = (p.cp - 1) * values * e * (2 if p.activation_checkpointing == "full" else 1)
     backward = (p.cp - 1) * values * e + p.cp * values * 4 if p.cp_kv_exchange == "ring" else (p.cp - 1) * values * e
-    layers = m.n_layers // p.pp  # a pipeline rank's layers (its stages' attention exchanges)
+    layers = max(layers_per_pipeline_rank(cfg))  # the busiest pipeline rank's layers (its attention exchanges)
     n_micro = p.pp_microbatches or batch.grad_accum
     return layers * n_micro * (forward + backward)
 
@@ -189,6 +189,12 @@ def ep_all_to_all_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> in
     exchanges = 4 + (2 if p.activation_checkpointing == "full" else 0)
     per_layer = rows * m.d_model * dtypes_for(cfg, precision).compute * (p.ep - 1) // p.ep * exchanges
     return moe_layers_per_pipeline_rank(cfg) * per_layer
+
+
+def layers_per_pipeline_rank(cfg: RootConfig) -> List[int]:
+    """Blocks held by each pipeline rank, from the stage map (``parallelism.pp_layers``) and the placement."""
+    owners = [layer_owner(cfg, layer) for layer in range(cfg.model.n_layers)]
+    return [owners.count(rank) for rank in range(cfg.parallelism.pp)]
 
 
 def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
@@ -267,7 +273,8 @@ def _candidates(cfg: RootConfig) -> List[Tuple[str, RootConfig]]:
     p, t = cfg.parallelism, cfg.train
     out: List[Tuple[str, RootConfig]] = []
     for mode in ("selective", "full"):
-        if AC_MODES.index(mode) > AC_MODES.index(p.activation_checkpointing):
+        current = AC_MODES.index(p.activation_checkpointing) if p.activation_checkpointing in AC_MODES else 1
+        if AC_MODES.index(mode) > current:
             out.append(
                 (f"parallelism.activation_checkpointing={mode}", _with(cfg, parallelism__activation_checkpointing=mode))
             )
@@ -390,6 +397,13 @@ def format_plan(plan: Plan) -> str:
         f"           pp schedule {p.pp_schedule if p.pp > 1 else '-'}, virtual stages {p.pp_virtual_stages}, "
         f"sequence_parallel {p.sequence_parallel}, activation_checkpointing {p.activation_checkpointing}, "
         f"reshard_after_forward {p.reshard_after_forward}",
+    ]
+    if p.pp > 1 and p.pp_layers is not None:
+        lines.append(
+            f"           stage map pp_layers {list(p.pp_layers)}: blocks per pipeline rank "
+            f"{layers_per_pipeline_rank(cfg)}"
+        )
+    lines += [
         f"model      {plan.n_params:,} parameters ({matmul_params(m):,} in matmuls), {m.n_layers} layers, "
         f"d_model {m.d_model}, heads {m.n_heads}/{m.n_kv_heads or m.n_heads} kv, seq_len {m.seq_len}",
         f"batch      {b.global_batch_size} sequences = micro {b.micro_batch_size} x grad_accum {b.grad_accum} "

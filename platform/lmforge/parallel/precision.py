@@ -1,7 +1,8 @@
 """``train.precision`` on a device: the resolved mode, the parameter dtype and the autocast context.
 
 ``auto`` is ``bf16-mixed`` on CUDA (fp32 parameters, bf16 autocast) and ``fp32`` elsewhere; ``bf16`` keeps the
-parameters themselves in bf16 (native engine; DeepSpeed casts through its own bf16 config).
+parameters themselves in bf16 (native engine; DeepSpeed casts through its own bf16 config). ``fp8`` autocasts like
+``bf16-mixed``; its linears compute in float8 (parallel/float8.py converts them).
 """
 
 from __future__ import annotations
@@ -18,6 +19,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def autocast_context(precision: str, device: torch.device):
-    if precision == "bf16-mixed":
+    if precision in ("bf16-mixed", "fp8"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

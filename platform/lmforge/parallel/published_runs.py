@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Union
 
 from lmforge.config.cluster import ClusterConfig
 from lmforge.config.model import ModelConfig
-from lmforge.config.parallelism import ParallelismConfig
+from lmforge.config.parallelism import ParallelismConfig, suggested_pp_layers
 from lmforge.config.schema import RootConfig
 from lmforge.config.train import TrainConfig
 
@@ -275,11 +275,6 @@ def unsupported_features(run: PublishedRun) -> List[str]:
     out = []
     if run.precision == "fp8":
         out.append("fp8 linears (planned as bf16-mixed)")
-    if run.dp_sharding == "optimizer" and (run.dp or 1) > 1:
-        out.append("distributed optimizer / ZeRO-1 over dp (planned as DDP replicas)")
-    stages = run.pp * (run.virtual_stages or 1)
-    if run.n_layers % stages:
-        out.append(f"uneven pipeline split: {run.n_layers} layers over {stages} stages")
     if run.pp > 1 and run.virtual_stages is None:
         out.append("pipeline virtual stages not published")
     if run.pp > 1 and run.micro_batch is None:
@@ -319,14 +314,25 @@ def to_root_config(run: PublishedRun) -> RunMapping:
     )
     dp = run.dp if run.dp is not None else run.gpus // (run.tp * run.pp * run.cp)
     shard = run.dp_sharding == "full"
+    # Megatron's distributed optimizer (ZeRO-1): lmforge's distributed_optimizer preset (FSDP2 over dp, parameters
+    # gathered once per step in bf16, fp32 master weights and AdamW state sharded; docs/parallelism.md).
+    distributed = run.dp_sharding == "optimizer" and dp > 1
+    stages = pp * vs
+    pp_layers = None
+    if run.n_layers % stages:
+        pp_layers = suggested_pp_layers(run.n_layers, stages)
+        assumptions.append(f"uneven pipeline split not published: pp_layers={pp_layers}")
     mode = run.recompute_mode
     if mode is None:
         mode = "none"
         assumptions.append("recompute not published: none")
     par = ParallelismConfig(
         name="published",
-        dp_replicate=1 if shard else dp,
-        dp_shard=dp if shard else 1,
+        dp_replicate=1 if (shard or distributed) else dp,
+        dp_shard=dp if (shard or distributed) else 1,
+        reshard_after_forward=not distributed,
+        fsdp_grad_sync="last_microbatch" if distributed else "auto",
+        pp_layers=pp_layers,
         tp=run.tp,
         pp=pp,
         cp=run.cp,
@@ -334,7 +340,7 @@ def to_root_config(run: PublishedRun) -> RunMapping:
         activation_checkpointing=mode,
         pp_schedule="Interleaved1F1B" if vs > 1 else "1F1B",
         pp_virtual_stages=vs,
-        param_dtype="bf16" if shard and run.precision in ("bf16", "fp8") else "fp32",
+        param_dtype="bf16" if (shard and run.precision in ("bf16", "fp8")) or distributed else "fp32",
     )
     micro = run.micro_batch
     if micro is None:

@@ -14,7 +14,10 @@
   above is divided by the device's ``in_step_efficiency`` (``device_table.IN_STEP_EFFICIENCY`` on GPUs, the one
   fitted parameter of the model; 1 on CPU, where the measured GEMM rate is already in-process).
 - **recompute**: ``full`` runs every block's forward again before its backward; ``selective`` re-runs only the
-  element-wise ops (matmul and attention outputs are kept).
+  element-wise ops (matmul and attention outputs are kept); ``modules`` the parts ``recompute_modules`` names
+  (attention core, MLP, norms); all of it for the checkpointed blocks only (``parallelism.recompute_layers``).
+- **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate; attention, element-wise work and
+  the head in bf16.
 - **pipeline**: the step is ``m`` micro batches on the slowest stage plus the bubble of the schedule,
   ``(pp - 1) / v`` stage-micro-batch times (v virtual stages of an interleaved schedule, a third of that for
   the zero-bubble schedules, Qi et al. 2023), and the point-to-point sends of activations between stages
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from lmforge.config.batch import BatchPlan
-from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES, fsdp_grad_sync_mode
+from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES, fsdp_grad_sync_mode, pipeline_chunks
 from lmforge.config.schema import RootConfig
 from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import kv_heads
@@ -62,7 +65,13 @@ from lmforge.parallel.device_table import (
     link_spec,
     memory_time,
 )
-from lmforge.parallel.memory_estimate import dtypes_for, fsdp_degree, layer_owner, stages_per_rank, state_bytes
+from lmforge.parallel.memory_estimate import (
+    checkpointed_blocks,
+    dtypes_for,
+    fsdp_degree,
+    layer_owner,
+    state_bytes,
+)
 
 # Zero-bubble schedules (ZB-H1 / ZBV, Qi et al. 2023) leave about a third of 1F1B's bubble.
 ZERO_BUBBLE_FACTOR = 1.0 / 3.0
@@ -72,6 +81,7 @@ ATTENTION_BACKWARD_FLOPS = 2.5
 # write), two residual adds (read two, write one), rotary on q and k; and in units of the FFN width (compute
 # dtype): the activation (SwiGLU reads two, writes one; GELU reads one, writes one). Backward moves twice these.
 ELEMENTWISE_D = 2 * 2 + 2 * 3 + 4
+NORM_BYTES_D = 2 * 2
 ELEMENTWISE_F = {"swiglu": 3, "gelu": 2}
 # Bytes per logit of the loss, forward + backward (fp32 softmax read/write in chunks, the gradient written).
 LOSS_BYTES_PER_LOGIT = 16
@@ -195,6 +205,8 @@ class _Pass:
     bwd_attn: float = 0.0
     fwd_elementwise: float = 0.0
     bwd_elementwise: float = 0.0
+    fwd_mlp: float = 0.0  # the MLP's share of the forward (its GEMMs and activation), for modules recompute
+    fwd_norms: float = 0.0  # the norms' share of the forward element-wise bytes
 
     @property
     def forward(self) -> float:
@@ -213,10 +225,14 @@ def _linear(spec: DeviceSpec, out: _Pass, n: int, k: int, width: int, dtype: str
     )
 
 
-def block_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, moe: bool, dtype: str, e: int, r: int) -> _Pass:
-    """One transformer block, one micro batch, on one (tp, cp) rank."""
+def block_pass(
+    cfg: RootConfig, spec: DeviceSpec, micro: int, *, moe: bool, dtype: str, e: int, r: int, linear_dtype: str = ""
+) -> _Pass:
+    """One transformer block, one micro batch, on one (tp, cp) rank. ``linear_dtype``: the Linears' GEMM dtype
+    (fp8 under ``train.precision=fp8``; ``dtype`` otherwise); attention and element-wise work stay in ``dtype``."""
     m, p = cfg.model, cfg.parallelism
     tp = p.tp
+    attn_dtype, dtype = dtype, linear_dtype or dtype
     n = micro * m.seq_len // p.cp
     d, hd = m.d_model, m.d_model // m.n_heads
     d_kv = kv_heads(m) * hd
@@ -224,6 +240,7 @@ def block_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, moe: bool, dtyp
     _linear(spec, out, n, d, (d + 2 * d_kv) // tp, dtype, e)  # wq, wk, wv
     _linear(spec, out, n, d // tp, d, dtype, e)  # wo
     mats = 3 if m.mlp == "swiglu" else 2
+    before_mlp = out.fwd_gemm
     if moe:
         mo = m.moe
         fe = expert_hidden_dim(m)
@@ -242,14 +259,17 @@ def block_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, moe: bool, dtyp
         _linear(spec, out, n, f // tp, d, dtype, e)  # w2
         f_local = f // tp
     # causal attention core: QK^T and AV over the lower triangle; a cp rank holds 1/cp of the queries (balanced)
+    mlp_gemm = out.fwd_gemm - before_mlp
     attn_flops = 2.0 * micro * m.seq_len * m.seq_len * d / (tp * p.cp)
     fwd_frac, bwd_frac = spec.attention_fraction
-    rate = spec.peak(dtype) if spec.measured_tflops <= 0 else spec.gemm_rate(dtype)
+    rate = spec.peak(attn_dtype) if spec.measured_tflops <= 0 else spec.gemm_rate(attn_dtype)
     out.fwd_attn = attn_flops / (rate * fwd_frac) + spec.kernel_overhead_s
     out.bwd_attn = ATTENTION_BACKWARD_FLOPS * attn_flops / (rate * bwd_frac) + spec.kernel_overhead_s
     sp = tp if p.sequence_parallel else 1
     elementwise = n * (ELEMENTWISE_D * d * r / sp + ELEMENTWISE_F[m.mlp] * f_local * e)
     out.fwd_elementwise = memory_time(spec, elementwise)
+    out.fwd_mlp = mlp_gemm + memory_time(spec, n * ELEMENTWISE_F[m.mlp] * f_local * e)
+    out.fwd_norms = memory_time(spec, n * NORM_BYTES_D * d * r / sp)
     out.bwd_elementwise = 2 * out.fwd_elementwise
     return out
 
@@ -266,7 +286,8 @@ def head_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, dtype: str, e: i
 
 
 def compute_dtype(cfg: RootConfig, precision: str) -> str:
-    return "bf16" if precision in ("bf16", "bf16-mixed") else "fp32"
+    """The dtype of attention and element-wise work (and of the Linears but under fp8)."""
+    return "bf16" if precision in ("bf16", "bf16-mixed", "fp8") else "fp32"
 
 
 @dataclass
@@ -279,33 +300,56 @@ class _Stage:
     layers: int
 
 
+def block_recompute(cfg: RootConfig, b: _Pass) -> float:
+    """Seconds one checkpointed block recomputes before its backward, under ``parallelism.activation_checkpointing``."""
+    p = cfg.parallelism
+    mode = p.activation_checkpointing
+    if mode == "full":
+        return b.forward
+    if mode == "selective":
+        return b.fwd_elementwise
+    if mode == "modules":  # the parts named by recompute_modules
+        parts = set(p.recompute_modules)
+        return (
+            (b.fwd_attn if "attention_core" in parts else 0.0)
+            + (b.fwd_mlp if "mlp" in parts else 0.0)
+            + (b.fwd_norms if "norms" in parts else 0.0)
+        )
+    return 0.0
+
+
 def stage_time(cfg: RootConfig, spec: DeviceSpec, micro: int, precision: str, pp_rank: int) -> _Stage:
-    """One micro batch on pipeline rank ``pp_rank``: its blocks, and the head on the last stage."""
+    """One micro batch on pipeline rank ``pp_rank``: its blocks, and the head on the last stage. Of its blocks the
+    ``checkpointed_blocks`` recompute (``parallelism.recompute_layers``)."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     dtype = compute_dtype(cfg, precision)
+    e = 2 if precision == "fp8" else dt.compute  # fp8: bf16-mixed activations, float8 GEMMs in the Linears
+    linear_dtype = "fp8" if precision == "fp8" else dtype
     moe_ids = set(moe_layer_ids(m))
     owned = [layer for layer in range(m.n_layers) if layer_owner(cfg, layer) == pp_rank]
+    checkpointed = checkpointed_blocks(cfg, pp_rank) if p.activation_checkpointing != "none" else 0
+    share = checkpointed / len(owned) if owned else 0.0
     cache: Dict[bool, _Pass] = {}
     fwd = bwd = recompute = attention = gemm = 0.0
     for layer in owned:
         moe = layer in moe_ids
         if moe not in cache:
-            cache[moe] = block_pass(cfg, spec, micro, moe=moe, dtype=dtype, e=dt.compute, r=dt.residual)
+            cache[moe] = block_pass(
+                cfg, spec, micro, moe=moe, dtype=dtype, e=e, r=dt.residual, linear_dtype=linear_dtype
+            )
         b = cache[moe]
         fwd += b.forward
         bwd += b.backward
         attention += b.fwd_attn + b.bwd_attn
         gemm += b.fwd_gemm + b.bwd_gemm
+        recompute += share * block_recompute(cfg, b)
         if p.activation_checkpointing == "full":
-            recompute += b.forward
-            gemm += b.fwd_gemm
-        elif p.activation_checkpointing == "selective":
-            recompute += b.fwd_elementwise
-    chunks = p.pp * stages_per_rank(cfg)
+            gemm += share * b.fwd_gemm
+    chunks = pipeline_chunks(p)
     last_rank = (chunks - 1) % p.pp if p.pp_schedule != "ZBVZeroBubble" else 0
     if pp_rank == last_rank:
-        h = head_pass(cfg, spec, micro, dtype=dtype, e=dt.compute)
+        h = head_pass(cfg, spec, micro, dtype=dtype, e=e)
         fwd += h.forward
         bwd += h.backward
         gemm += h.fwd_gemm + h.bwd_gemm
@@ -415,7 +459,7 @@ def predict_step(
         pg = groups["pp"]
         link = links.inter if pg.crosses_nodes and _pp_stride(cfg) >= links.gpus_per_node else links.intra
         sent = micro * m.seq_len // p.cp * m.d_model * dt.compute // (p.tp if p.sequence_parallel else 1)
-        pp_comm = 2 * n_micro * stages_per_rank(cfg) * pg.send(sent, link.bus_gbps)
+        pp_comm = 2 * n_micro * p.pp_virtual_stages * pg.send(sent, link.bus_gbps)
 
     dp_exposed, dp_total = _dp_exposed(cfg, groups, slow, precision, n_micro, batch.grad_accum)
 

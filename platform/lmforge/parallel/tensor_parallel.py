@@ -28,12 +28,20 @@ parallelism the routed experts are then split over ep and still replicated over 
 Sequence parallelism (``sequence_parallel=true``) additionally shards the norms' activations along the
 sequence dim (``SequenceParallel``): the residual stream between blocks is the *local* sequence shard,
 a plain ``[B, T/tp, d]`` tensor (mixing plain tensors and DTensors in the residual add
-fails), all-gathered before attention / the MLP and reduce-scattered after them.
+fails), all-gathered before attention / the MLP and reduce-scattered after them. The linears reading the
+gathered input (wq/wk/wv, w1/w3) keep only this rank's shard of it for backward (``SequenceGatheredInput``: a
+saved-tensor hook that stores the shard and all-gathers it again, once per module, when backward first needs it),
+so every activation of a block is divided by tp (Korthikanti et al. 2022; ``parallel/activation_table.py``). Under
+bf16 autocast the shard is cast before the gather (the values each linear's own cast would give; the gather moves
+half the bytes, the three input gradients are summed in bf16). Under activation checkpointing (or any other
+saved-tensor hook) and inside a compiled graph the hook stands aside: checkpointing already recomputes the gather,
+and the compiler decides what its graph saves.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -42,7 +50,6 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distr
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -83,10 +90,8 @@ def block_plan(sequence_parallel: bool, moe: bool = False, shared_experts: bool 
                 "attention_norm": SequenceParallel(),
                 "ffn_norm": SequenceParallel(),
                 # (x, cos, sin): gather the sequence shard of x; the RoPE tables are plain full-length tensors.
-                "attention": PrepareModuleInput(
-                    input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
-                ),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "attention": SequenceGatheredInput(),
+                "feed_forward": SequenceGatheredInput(),
             }
         )
         if moe:  # the full sequence in as a plain tensor (routing sees one device's tokens), the shard out
@@ -190,3 +195,102 @@ def _to_param_layout(param: torch.Tensor) -> None:
         param.grad = DTensor.from_local(
             local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
         )
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    local = t._local_tensor if isinstance(t, DTensor) else t
+    return local.untyped_storage()._cdata
+
+
+class _ShardRef:
+    """What the graph holds in place of a view of the gathered input: the view's geometry (local and, for a
+    DTensor, global) and the keeper that gathers the shard again."""
+
+    __slots__ = ("keeper", "size", "stride", "offset", "spec")
+
+    def __init__(self, keeper: "ShardKeeper", t: torch.Tensor):
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        self.keeper = keeper
+        self.size, self.stride, self.offset = local.size(), local.stride(), local.storage_offset()
+        self.spec = (t.device_mesh, t.placements, t.size(), t.stride()) if isinstance(t, DTensor) else None
+
+
+class ShardKeeper:
+    """Saved-tensor hooks that keep a sequence shard instead of the all-gathered tensor built from it.
+
+    ``gathered``: the (local) gathered tensor the linears read; ``regather``: returns it again (an all-gather of the
+    shard it closes over) in backward. Every saved tensor sharing ``gathered``'s storage is packed as a
+    ``_ShardRef``; the first unpack gathers once and the result is dropped when the last reference was unpacked.
+    Other saved tensors pass through unchanged."""
+
+    def __init__(self, gathered: torch.Tensor, regather: Callable[[], torch.Tensor]):
+        self.key = _storage_key(gathered)
+        self.base = (gathered._local_tensor if isinstance(gathered, DTensor) else gathered).storage_offset()
+        self.regather = regather
+        self.pending = 0
+        self.cached: Optional[torch.Tensor] = None
+
+    def pack(self, t: torch.Tensor):
+        if _storage_key(t) != self.key:
+            return t
+        self.pending += 1
+        return _ShardRef(self, t)
+
+    def unpack(self, packed):
+        if not isinstance(packed, _ShardRef):
+            return packed
+        if self.cached is None:
+            with torch.no_grad():
+                full = self.regather()
+            self.cached = full._local_tensor if isinstance(full, DTensor) else full
+        local = self.cached.as_strided(packed.size, packed.stride, packed.offset - self.base)
+        self.pending -= 1
+        if self.pending <= 0:
+            self.cached = None
+        if packed.spec is None:
+            return local
+        mesh, placements, shape, stride = packed.spec
+        with torch.no_grad():
+            return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+def keeps_shards() -> bool:
+    """Whether the linears of this forward may keep sequence shards: grad recorded, eager, and no other
+    saved-tensor hook (activation checkpointing) in charge of what is saved."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+class SequenceGatheredInput(ParallelStyle):
+    """A module's first input, a sequence shard (``Shard(1)``), all-gathered to ``Replicate`` before its forward
+    (the other inputs, e.g. RoPE tables, pass as they are), with :class:`ShardKeeper` installed for the forward so
+    its linears keep the shard rather than the gathered sequence."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_pre_hook(partial(self._gather, device_mesh))
+        module.register_forward_hook(self._release, always_call=True)
+        return module
+
+    @staticmethod
+    def _gather(mesh: DeviceMesh, module: nn.Module, inputs: tuple) -> tuple:
+        x, *rest = inputs
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+        if torch.is_autocast_enabled(x.device.type):  # cast the shard once: the gather moves half the bytes
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        gathered = x.redistribute(mesh, [Replicate()])
+        if keeps_shards() and gathered.requires_grad:
+            shard = x.detach()
+            keeper = ShardKeeper(gathered, lambda: shard.redistribute(mesh, [Replicate()]))
+            hooks = torch.autograd.graph.saved_tensors_hooks(keeper.pack, keeper.unpack)
+            hooks.__enter__()
+            module._sequence_shard_hooks = hooks
+        return (gathered, *rest)
+
+    @staticmethod
+    def _release(module: nn.Module, inputs: tuple, output):
+        hooks = module.__dict__.pop("_sequence_shard_hooks", None)
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+        return output

@@ -49,6 +49,9 @@ VARIABLES: Dict[str, str] = {
     "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "torch.load's weights-only switch (saved and restored around safe loads)",
     "WANDB_API_KEY": "W&B API key (online mode needs it or a .netrc entry)",
     "WANDB_BASE_URL": "W&B server (probed before online logging)",
+    "WANDB_MODE": "W&B's own mode switch: logging.wandb.mode=auto follows it when set (the test suite sets disabled)",
+    "WANDB_IDENTITY_TOKEN_FILE": "W&B identity token file (counts as credentials for logging.wandb.mode=auto)",
+    "WANDB_CONFIG_DIR": "W&B's settings directory (its settings file may hold an api_key)",
     "NETRC": "the .netrc file holding a W&B key",
     "HOME": "the user's home (the default .netrc)",
     # lmforge's own

@@ -4,7 +4,7 @@ lmforge sweep plan --preset tiny_cpu --name demo [--budgets 1e10,3e10] [--run-ro
 lmforge sweep run runs/demo [--launcher local|hydra|slurm-array] [--jobs 2] [--dry-run]
 lmforge sweep status runs/demo
 lmforge sweep collect runs/demo                       # -> runs/demo/results.csv
-lmforge scaling fit runs/demo [--targets 1e21,1e22] [--bootstrap 200] [--wandb offline]
+lmforge scaling fit runs/demo [--targets 1e21,1e22] [--bootstrap 200] [--wandb [auto|online|offline]]
 lmforge scaling fit table.csv --n-col params --d-col tokens --loss-col loss [--drop-highest-loss 3] [--bins 6]
 """
 
@@ -303,12 +303,20 @@ def _read_observations(args) -> tuple:
     return obs, src, source, metric
 
 
+def _sweep_name(folder: Path) -> str:
+    """The sweep's name when ``folder`` holds its plan (the W&B group of its points), else the folder's name."""
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.scaling.plan import SWEEP_FILE, load_sweep
+
+    return load_sweep(folder).name if (folder / SWEEP_FILE).is_file() else folder.name
+
+
 def cmd_fit(argv: Sequence[str]) -> int:
     # deferred: a subcommand's module loads only when it runs (`--help` stays light)
     from lmforge.scaling.bootstrap import METHODS
 
     # deferred: a subcommand's module loads only when it runs (`--help` stays light)
-    from lmforge.scaling.report import fit_all, log_to_wandb, summary_text, write_report
+    from lmforge.scaling.report import fit_all, summary_text, write_report
 
     ap = argparse.ArgumentParser(prog="lmforge scaling fit", description="Approach 2 and 3 fits, predictions, plots.")
     ap.add_argument(
@@ -372,10 +380,15 @@ def cmd_fit(argv: Sequence[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: <results dir>/fit)")
     ap.add_argument(
-        "--wandb", default=read("LMFORGE_SCALING_WANDB", "disabled"), choices=["disabled", "offline", "online"]
+        "--wandb",
+        nargs="?",
+        const="auto",
+        default=read("LMFORGE_SCALING_WANDB", "disabled"),
+        choices=["auto", "online", "offline", "disabled"],
+        help="log the fit to W&B (bare --wandb: auto = online with an API key, offline without; as logging.wandb.mode)",
     )
     ap.add_argument("--wandb-project", default="lmforge")
-    ap.add_argument("--group", default=None, help="W&B group (default: the sweep name)")
+    ap.add_argument("--group", default=None, help="W&B group (default: the sweep's name)")
     args = ap.parse_args(argv)
     obs, src, source, metric = _read_observations(args)
     if args.bootstrap and args.bootstrap_method != "auto":  # an explicit method the table cannot support: refused now
@@ -424,10 +437,16 @@ def cmd_fit(argv: Sequence[str]) -> int:
         if out is not None:
             write_report(report, out)
     print(summary_text(report))
-    group = args.group or src.parent.name
-    wandb_dir = log_to_wandb(report, obs, args.wandb, args.wandb_project, group, out)
-    if wandb_dir:
-        print(f"W&B ({args.wandb}): {wandb_dir}")
+    if args.wandb != "disabled":
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+        from lmforge.scaling.fit_wandb import log_fit
+
+        group = args.group or _sweep_name(src.parent)
+        wandb_dir = log_fit(
+            report, obs, mode=args.wandb, project=args.wandb_project, group=group, out_dir=out, say=print
+        )
+        if wandb_dir:
+            print(f"W&B: {wandb_dir}")
     return 1 if report.errors else 0
 
 

@@ -265,6 +265,9 @@ def plan(
                 "optim.warmup_steps": warmup,
                 "logging.every_steps": max(1, steps // rules.log_points),
                 "run.sweep_point": sweep_point,
+                "run.sweep_params": float(s.n_flops),
+                "run.sweep_tokens": float(tokens),
+                "run.sweep_flops": planned,
                 "logging.wandb.tags": tags,
             }
             overrides = common + [

@@ -1,4 +1,4 @@
-"""``lmforge scaling fit``: both approaches, bootstrap intervals, predictions for target budgets, plots, W&B.
+"""``lmforge scaling fit``: both approaches, bootstrap intervals, predictions for target budgets, plots.
 
 The table's design (``bootstrap.design_of``: an IsoFLOP grid, or scattered budgets) decides how Approach 2
 sees it (a scattered table is grouped into ``bins`` log-spaced budget bins) and, with ``method='auto'``,
@@ -266,48 +266,3 @@ def summary_text(report: FitReport) -> str:
     for k, v in report.plots.items():
         lines.append(f"  plot {k}: {v}")
     return "\n".join(lines)
-
-
-def log_to_wandb(
-    report: FitReport, obs: Observations, mode: str, project: str, group: Optional[str], run_dir: Path
-) -> Optional[str]:
-    """Log plots as images and the runs/predictions as tables to one W&B run of job_type 'scaling-fit'."""
-    if mode == "disabled":
-        return None
-    import wandb
-
-    run = wandb.init(
-        project=project,
-        group=group,
-        job_type="scaling-fit",
-        mode=mode,
-        dir=str(run_dir),
-        config={"targets": report.targets, "budgets": report.budgets},
-        settings=wandb.Settings(x_disable_stats=True),
-    )
-    try:
-        points = wandb.Table(
-            columns=["id", "budget", "N", "D", "loss"],
-            data=[
-                [i, float(c), float(n), float(d), float(loss)]
-                for i, c, n, d, loss in zip(obs.ids, obs.budget, obs.n, obs.d, obs.loss)
-            ],
-        )
-        preds = wandb.Table(
-            columns=["approach", "budget", "n_opt", "d_opt", "loss_opt"],
-            data=[[r["approach"], r["budget"], r["n_opt"], r["d_opt"], r["loss_opt"]] for r in report.predictions],
-        )
-        payload = {"scaling/points": points, "scaling/predictions": preds}
-        payload.update({f"scaling/{k}": wandb.Image(v) for k, v in report.plots.items()})
-        run.log(payload)
-        if report.approach3:
-            run.summary.update(
-                {f"approach3/{k}": v for k, v in report.approach3.as_dict().items() if isinstance(v, (int, float))}
-            )
-        if report.approach2:
-            run.summary.update(
-                {f"approach2/{k}": v for k, v in report.approach2.as_dict().items() if isinstance(v, (int, float))}
-            )
-        return run.dir
-    finally:
-        run.finish()

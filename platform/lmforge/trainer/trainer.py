@@ -52,6 +52,7 @@ from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import document_flops_per_token, flops_per_token
 from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
+from lmforge.parallel.float8 import gap_warning
 from lmforge.parallel.mesh import DIM_NAMES
 from lmforge.parallel.planner import startup_memory_check
 from lmforge.runtime import env_vars, host_memory, provenance
@@ -349,6 +350,8 @@ class Trainer:
                     result = self.engine.train_step(batches, lr, guard=guard)
                 self.step += 1
                 self.meter.step_done(t_data, self._document_flops(batches))
+                if result.fp8 is not None:  # train.fp8.check_every: float8 vs bf16 loss on a fixed batch
+                    self.log_fp8_check(result.fp8)
                 # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
                 # side effects: watchdog beats, skipped-step events and pins, drills (may SIGKILL or raise)
                 fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)
@@ -460,6 +463,15 @@ class Trainer:
         }  # MoE expert load (model/moe.py)
         self.history.append(record)
         self.logger.log(record)
+
+    def log_fp8_check(self, values: dict) -> None:
+        """The float8 numerics check's record (``kind: fp8_check``) and, beyond train.fp8.check_tolerance, a warning
+        (rank 0). Reads the check's device values: one sync, on check steps only."""
+        record = {"kind": "fp8_check", "step": self.step, **{k: float(v) for k, v in values.items()}}
+        self.logger.log(record)
+        warning = gap_warning(record, self.cfg.train.fp8.check_tolerance, self.step)
+        if warning and self.rank == 0:
+            print(f"lmforge: warning: {warning}", flush=True)
 
     def _accumulate_sources(self, batches) -> None:
         """Count this rank's consumed tokens per source locally; summed over ranks by _flush_source_counts."""
