@@ -28,7 +28,8 @@
 - **data parallelism**: DDP all-reduces the gradients once per step, in buckets during the last backward
   (exposed: what does not fit under that backward, plus the last bucket); FSDP all-gathers each block's
   parameters in forward (and again in backward with ``reshard_after_forward``) and reduce-scatters its gradients
-  (every micro batch, or once with ``fsdp_grad_sync=last_microbatch``), prefetched one block ahead, so what is
+  (every micro batch, or once with ``fsdp_grad_sync=last_microbatch``; with ``reshard_after_forward=false`` too,
+  the blocks stay gathered for the step and are gathered once), prefetched one block ahead, so what is
   exposed is what exceeds the compute it overlaps plus one block's share; HSDP adds the all-reduce of the shard
   over ``dp_replicate``.
 - **context parallelism**: the ring's K/V exchange (``planner.cp_exchange_bytes``) overlaps the attention of
@@ -389,10 +390,13 @@ def _dp_exposed(
         fwd_exposed = max(0.0, ag - stage.forward) + ag / layers
         bwd_comm = ag_bwd + rs * (per_step_rs / micro_steps)
         bwd_exposed = max(0.0, bwd_comm - stage.backward) + rs / layers * (per_step_rs / micro_steps)
-        # FSDP2 reshards after every backward: each micro batch gathers in forward, and again in backward when
-        # reshard_after_forward dropped the gathered blocks
-        exposed += micro_steps * (fwd_exposed + bwd_exposed)
-        total += micro_steps * (ag + ag_bwd) + per_step_rs * rs
+        # each micro batch gathers in forward (again in backward when reshard_after_forward dropped the blocks),
+        # except that reshard_after_forward=false with deferred sync keeps them gathered from the first forward to
+        # the last backward (parallel/data_parallel.set_fsdp_gradient_sync): one gather per step
+        keep_gathered = not p.reshard_after_forward and fsdp_grad_sync_mode(p) == "last_microbatch"
+        gathers = 1 if keep_gathered else micro_steps
+        exposed += gathers * fwd_exposed + micro_steps * bwd_exposed
+        total += gathers * ag + micro_steps * ag_bwd + per_step_rs * rs
         if p.dp_replicate > 1:
             ar = groups["dp_replicate"].all_reduce(st.numel * dt.fsdp_reduce)
             total += ar
