@@ -24,7 +24,7 @@ NON_NEGATIVE = {
     "train.eval_every", "train.planned_tokens", "checkpoint.every_steps", "checkpoint.keep_every",
     "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
     "cluster.cpus_per_task", "data.max_epochs", "fault.consistency_every", "fault.drill.bitflip_step",
-    "parallelism.recompute_layers", "train.fp8.check_every",
+    "cluster.gemm_tflops", "parallelism.recompute_layers", "train.fp8.check_every",
 }  # fmt: skip
 
 
@@ -35,7 +35,6 @@ def test_the_ranged_keys():
     assert {k: str(r) for k, r in ranges.items() if k not in POSITIVE | NON_NEGATIVE} == {
         "data.valid_fraction": "in (0, 1)",
         "optim.min_lr_ratio": "in [0, 1]",
-        "cluster.assumed_mfu": "in (0, 1]",
         "train.fp8.check_tolerance": "> 0",
     }
 
@@ -70,7 +69,11 @@ def with_value(key, value):
             "config key 'fault.drill.bitflip_step': must be >= 0, got -1. Fix: set a value >= 0",
         ),
         ("optim.min_lr_ratio", 1.5, "config key 'optim.min_lr_ratio': must be in [0, 1], got 1.5. Fix: e.g. 0.1"),
-        ("cluster.assumed_mfu", 0.0, "config key 'cluster.assumed_mfu': must be in (0, 1], got 0.0. Fix: e.g. 0.4"),
+        (
+            "cluster.gemm_tflops",
+            -1.0,
+            "config key 'cluster.gemm_tflops': must be >= 0, got -1.0. Fix: set a value >= 0",
+        ),
         ("data.valid_fraction", 1.0, "config key 'data.valid_fraction': must be in (0, 1), got 1.0. Fix: e.g. 0.02"),
     ],
 )

@@ -81,9 +81,11 @@ INVALID = {
         "or one of: a100, a100_40gb, a100_80gb, b200, h100, h100_nvl, h100_pcie, h100_sxm, h200, h200_nvl, l40s, "
         "mi300x, cpu",
     ),
-    "assumed_mfu": (
-        G1 + ["cluster.assumed_mfu=1.5"],
-        "config key 'cluster.assumed_mfu': must be in (0, 1], got 1.5. Fix: e.g. 0.4",
+    "assumed_mfu_retired": (
+        G1 + ["cluster.assumed_mfu=0.4"],
+        "config key 'cluster.assumed_mfu': is retired: the planner predicts step time from per-op GEMM efficiency, "
+        "the link table and the schedule (lmforge.parallel.step_model). Fix: remove the override; give a measured "
+        "GEMM rate with cluster.gemm_tflops",
     ),
 }
 
@@ -194,24 +196,28 @@ def test_plan_numbers_come_from_the_one_flops_formula_and_batch_plan():
     assert plan.n_params == param_count_from_config(cfg.model)
     assert plan.flops_per_token == flops_per_token(cfg.model)
     assert plan.flops_per_step == flops_per_token(cfg.model) * 512 * 2048
-    # step time = FLOPs / (devices * peak * MFU) without bubble or recompute
-    expected = plan.flops_per_step / (32 * 989.4e12 * 0.40)
-    assert plan.step_time_s == pytest.approx(expected, rel=1e-12)
-    assert plan.expected_mfu == pytest.approx(0.40)
+    # the step is the sum of where its time goes, and no layout beats every FLOP at the sustained GEMM rate
+    assert plan.step_time_s == pytest.approx(sum(s for _, s in plan.step.rows()), rel=1e-12)
+    rate = plan.device.gemm_rate("bf16")
+    assert rate == pytest.approx(989.4e12 * 0.80)
+    assert plan.step.compute_s > plan.flops_per_step / plan.world_size / rate
+    assert 0 < plan.expected_mfu < 0.80
+    # HSDP: the dp_replicate all-reduce crosses nodes, the FSDP group stays in one
+    groups = {g.name: g for g in plan.step.groups}
+    assert groups["dp_shard"].crosses_nodes is False and groups["dp_replicate"].crosses_nodes is True
+    assert plan.step.dp_comm_total_s > plan.step.dp_comm_s > 0  # issued, mostly hidden under backward
+
+
+BASE = ["model=gpt_1b", "model.tie_embeddings=false", "cluster=h100_node", "train.micro_batch_size=1"]
 
 
 def test_bubble_and_recompute_stretch_the_step():
-    base = [
-        "model=gpt_1b",
-        "model.tie_embeddings=false",
-        "cluster=h100_node",
-        "train.micro_batch_size=1",
-        "train.global_batch_size=16",
-    ]
+    base = BASE + ["train.global_batch_size=16"]
     flat = plan_from_overrides(base + ["parallelism.dp_shard=8"])
     pp = plan_from_overrides(base + ["parallelism.pp=4", "parallelism.dp_shard=2"])
     assert pp.n_micro == 8 and pp.bubble == pytest.approx(3 / 8)
-    assert pp.step_time_s == pytest.approx(flat.step_time_s * (1 + 3 / 8))
+    assert pp.step.pp_bubble_s == pytest.approx(pp.step.compute_s * 3 / 8)
+    assert pp.step.pp_comm_s > 0 and flat.step.pp_bubble_s == flat.step.pp_comm_s == 0
     inter = plan_from_overrides(
         base
         + [
@@ -221,7 +227,7 @@ def test_bubble_and_recompute_stretch_the_step():
             "parallelism.pp_schedule=Interleaved1F1B",
         ]
     )
-    assert inter.bubble == pytest.approx(3 / 16)
+    assert inter.bubble == pytest.approx(3 / 16) and inter.step.pp_bubble_s < pp.step.pp_bubble_s
     zb = plan_from_overrides(
         base
         + [
@@ -233,8 +239,57 @@ def test_bubble_and_recompute_stretch_the_step():
         ]
     )
     assert zb.bubble == pytest.approx(3 / 8 / 3)
+    # full recompute runs every block's forward once more: a third of the blocks' forward + backward, less the head
     full = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full"])
-    assert full.step_time_s == pytest.approx(flat.step_time_s * 4 / 3)
+    assert full.step.compute_s - flat.step.compute_s == pytest.approx(full.step.recompute_s, rel=1e-9)
+    assert 0.2 * flat.step.compute_s < full.step.recompute_s < 0.5 * flat.step.compute_s
+    selective = plan_from_overrides(base + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=selective"])
+    assert 0 < selective.step.recompute_s < 0.5 * full.step.recompute_s  # element-wise ops only
+    assert flat.step.recompute_s == 0
+    # recompute_layers=12: half of the 24 blocks checkpointed, half the recompute
+    half = plan_from_overrides(
+        base
+        + ["parallelism.dp_shard=8", "parallelism.activation_checkpointing=full", "parallelism.recompute_layers=12"]
+    )
+    assert half.step.recompute_s == pytest.approx(full.step.recompute_s / 2)
+    # modules=[mlp]: the MLP's forward only, less than a full forward, more than the element-wise ops
+    mlp = plan_from_overrides(
+        base
+        + [
+            "parallelism.dp_shard=8",
+            "parallelism.activation_checkpointing=modules",
+            "parallelism.recompute_modules=[mlp]",
+        ]
+    )
+    assert selective.step.recompute_s < mlp.step.recompute_s < full.step.recompute_s
+
+
+def test_tensor_parallel_collectives_are_exposed_and_cost_more_across_nodes():
+    base = BASE + ["train.global_batch_size=16", "cluster.nodes=2", "parallelism.tp=8", "parallelism.dp_replicate=2"]
+    inside = plan_from_overrides(base)
+    across = plan_from_overrides(base + ["cluster.nodes=4", "cluster.gpus_per_node=4", "parallelism.dp_replicate=2"])
+    assert inside.step.tp_comm_s > 0
+    g_in = {g.name: g for g in inside.step.groups}["tp"]
+    g_across = {g.name: g for g in across.step.groups}["tp"]
+    assert not g_in.crosses_nodes and g_across.crosses_nodes and g_across.bus_gbps < g_in.bus_gbps
+    # 4 ranks per node share 4 NICs (4 x 45 GB/s) instead of NVLink's 360 GB/s: twice the time
+    ratio = g_in.bus_gbps / g_across.bus_gbps
+    assert ratio == pytest.approx(2.0) and across.step.tp_comm_s / inside.step.tp_comm_s == pytest.approx(
+        ratio, rel=0.05
+    )
+    # a slower network (RoCE 200) slows only what crosses nodes: here the dp_replicate all-reduce
+    slow = plan_from_overrides(base + ["cluster.inter_node_link=roce_200"])
+    assert slow.step.tp_comm_s == pytest.approx(inside.step.tp_comm_s)
+    assert slow.step.dp_comm_total_s > inside.step.dp_comm_total_s
+
+
+def test_a_measured_gemm_rate_replaces_the_table():
+    table = plan_from_overrides(BASE + ["train.global_batch_size=16", "parallelism.dp_shard=8"])
+    measured = plan_from_overrides(
+        BASE + ["train.global_batch_size=16", "parallelism.dp_shard=8", "cluster.gemm_tflops=395.8"]
+    )
+    assert measured.device.gemm_rate("bf16") == pytest.approx(395.8e12)
+    assert 1.3 < measured.step.compute_s / table.step.compute_s < 2.0  # the GEMMs at half the rate, the rest as before
 
 
 def test_state_bytes_partition_the_model_exactly():

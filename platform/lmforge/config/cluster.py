@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
-from lmforge.config.ranges import NonNegativeInt, PositiveInt, Range
+from lmforge.config.errors import ConfigError
+from lmforge.config.ranges import NonNegativeFloat, NonNegativeInt, PositiveInt
+
+Link = Annotated[
+    str,
+    Literal[
+        "auto", "nvlink3", "nvlink4", "nvlink5", "ib_hdr", "ib_ndr", "roce_200", "roce_400", "pcie4", "xgmi", "loopback"
+    ],
+]
 
 
 @dataclass
@@ -21,8 +29,19 @@ class ClusterConfig:
     want GPUs (the device contract)."""
     device_memory_gib: float = 0.0
     """Memory per device in GiB for the planner; 0 = from the hardware table."""
-    assumed_mfu: Annotated[float, Range(0, 1, low_open=True, fix="e.g. 0.4")] = 0.40
-    """Model FLOPs utilisation the planner assumes for a layout without pipeline bubble or recompute, in (0, 1]."""
+    assumed_mfu: float = 0.0
+    """Retired (0 = unset; any other value is refused): the planner predicts step time from the work
+    (parallel/step_model.py); a measured GEMM rate goes in ``gemm_tflops``."""
+    gemm_tflops: NonNegativeFloat = 0.0
+    """Measured large-GEMM rate per device in TFLOP/s for the planner's step model; 0 = the device table's
+    (peak x its sustained share, parallel/device_table.py; on CPU the measured GEMM peak)."""
+    intra_node_link: Link = "auto"
+    """Link between the devices of a node for the step model; auto = the device's NVLink generation."""
+    inter_node_link: Link = "auto"
+    """Per-device network between nodes for the step model; auto = the device's DGX NIC (A100: ib_hdr, else ib_ndr)."""
+    comm_bench: str = ""
+    """A `lmforge comm bench` JSON whose measured bus bandwidth replaces the link table for its placement
+    (within a node when its world fits in one, across nodes otherwise); '' = the link table."""
     cpus_per_task: NonNegativeInt = 0
     """Slurm: CPUs per node (= per task: one torchrun agent per node); 0 = gpus_per_node x max(1, train.threads)."""
     exclusive: bool = False
@@ -37,3 +56,14 @@ class ClusterConfig:
     """Slurm sends the job SIGUSR1 this long before the time limit (checkpoint, exit 42, requeue)."""
     max_requeues: int = 3
     """Relaunch budget of one job (Slurm requeues, lmforge launch restarts) after preemption or a failure."""
+
+
+def check_retired(cluster: ClusterConfig) -> None:
+    """Refuse the retired ``cluster.assumed_mfu`` (one line naming its replacement)."""
+    if cluster.assumed_mfu != 0.0:
+        raise ConfigError(
+            "cluster.assumed_mfu",
+            "is retired: the planner predicts step time from per-op GEMM efficiency, the link table and the schedule "
+            "(lmforge.parallel.step_model)",
+            "remove the override; give a measured GEMM rate with cluster.gemm_tflops",
+        )

@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 from lmforge.config.batch import BatchPlan, batch_plan
 from lmforge.config.choices import check_choices, closest
+from lmforge.config.cluster import check_retired
 from lmforge.config.combinations import check_combinations
 from lmforge.config.comm_checks import check_comm
 from lmforge.config.context_parallel import check_context_parallel
@@ -90,6 +91,7 @@ def check_values(cfg: RootConfig) -> None:
     """Choices and ranges: each field's annotation states its own (``config/choices.py``, ``config/ranges.py``)."""
     check_choices(cfg)  # every Annotated[str, Literal[...]] field of the schema
     check_ranges(cfg)  # every Annotated[int | float, Range(...)] field of the schema
+    check_retired(cfg.cluster)  # cluster.assumed_mfu: replaced by the step model
 
 
 def check_model(cfg: RootConfig) -> None:

@@ -1,12 +1,15 @@
-"""``lmforge plan [--json] [hydra overrides]``: check a layout before it queues.
+"""``lmforge plan [--json] [--search] [hydra overrides]``: check a layout before it queues.
 
     lmforge plan +exp=gpt_1b cluster.nodes=4
     lmforge plan +exp=gpt_7b cluster.nodes=2 parallelism.tp=2 parallelism.dp_shard=8
+    lmforge plan --search +exp=gpt_1b cluster.nodes=16
 
 Composes the config exactly as ``lmforge train`` does, runs the same ``validate()`` (every check that needs
 no process group: layout, batch, DeepSpeed, tokenizer vocabulary, ...) with the world size
 ``cluster.nodes * cluster.gpus_per_node``, prints the mesh, parameters, FLOPs, memory per device and a
-step-time estimate, and exits 2 with the reason and a fix when the layout is impossible or does not fit.
+predicted step time with where it goes, and exits 2 with the reason and a fix when the layout is impossible or
+does not fit. ``--search`` ranks the feasible layouts of the model, batch and cluster by predicted throughput
+(``lmforge.parallel.layout_search``) and prints the best five.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ def plan_json(plan) -> dict:
         "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s,
         "model_tflops_per_device": plan.model_tflops_per_device,
-        "assumed_mfu": plan.assumed_mfu,
+        "step_time_breakdown_s": dict(plan.step.rows()),
+        "links": [g.describe() for g in plan.step.groups],
         "bubble": plan.bubble,
         "warnings": plan.warnings,
     }
@@ -83,7 +87,9 @@ def main(argv: Optional[Sequence[str]] = None, extra_checks: Sequence[Callable[[
         print(__doc__.strip())
         return 0
     as_json = "--json" in args
-    overrides = [a for a in args if a != "--json"]
+    overrides = [a for a in args if a not in ("--json", "--search")]
+    if "--search" in args:
+        return search_main(overrides)
     try:
         plan = plan_from_overrides(overrides)
     except ConfigError as e:
@@ -107,6 +113,25 @@ def main(argv: Optional[Sequence[str]] = None, extra_checks: Sequence[Callable[[
         print(f"lmforge plan: refused: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def search_main(overrides: Sequence[str]) -> int:
+    # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+    from lmforge.parallel.layout_search import format_search, search_layouts
+
+    try:
+        plan = plan_from_overrides(overrides)
+        cands, feasible = search_layouts(plan.cfg, plan.world_size)
+    except ConfigError as e:
+        print(f"lmforge plan: refused: {e}", file=sys.stderr)
+        return 2
+    cfg = plan.cfg
+    print(
+        f"plan       {cfg.model.name} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} {plan.device_kind} "
+        f"(world size {plan.world_size}), global batch {plan.batch.global_batch_size} x {cfg.model.seq_len} tokens"
+    )
+    print(format_search(cands, feasible))
+    return 0 if cands else 2
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ per pipeline stage, batch arithmetic) and adds what needs the model and the hard
 - parameters and FLOPs per step (``lmforge.model.flops.flops_per_token``, the only FLOPs formula),
 - memory per device from ``lmforge.parallel.memory_estimate`` (exact model state per shard, activations
   with and without checkpointing),
-- a step-time estimate: model FLOPs per step / (devices * peak * assumed MFU), stretched by the pipeline
-  bubble and by activation recompute.
+- a predicted step time from ``lmforge.parallel.step_model`` (per-op compute at the device's GEMM efficiency
+  by shape, the collectives of the layout over its links, the pipeline bubble, recompute, the optimizer), and
+  where it goes.
 
 ``check_fits`` refuses a layout that does not fit in device memory, naming the cheapest changes that do.
 """
@@ -22,20 +23,18 @@ from typing import Callable, List, Optional, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
-from lmforge.config.parallelism import ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
-from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.flops import flops_per_token, matmul_params
 from lmforge.model.gpt import kv_heads, param_count_from_config
 from lmforge.model.moe import moe_layer_ids
+from lmforge.parallel.device_table import DeviceSpec, device_spec
 from lmforge.parallel.memory_estimate import (
     AC_MODES,
     ADAMW_STATES,
     GIB,
     MemoryEstimate,
     bytes_table,
-    checkpointed_blocks,
     dtypes_for,
     estimate_memory,
     gib,
@@ -43,33 +42,13 @@ from lmforge.parallel.memory_estimate import (
     resolve_precision,
 )
 from lmforge.parallel.memory_estimate import resolve_precision as resolve
+from lmforge.parallel.step_model import StepTime, bubble_fraction, links_for, predict_step
 from lmforge.runtime.hardware import DEVICE_MEMORY_GIB, PEAK_TFLOPS, cpu_peak_tflops
 from lmforge.runtime.hardware import device_kind as cuda_kind
 
 # Reserved on every GPU before the estimate counts: CUDA context, NCCL buffers, allocator fragmentation.
 GPU_RESERVE_GIB = 2.0
 GPU_RESERVE_FRACTION = 0.05
-# Zero-bubble schedules (ZB-H1 / ZBV, Qi et al. 2023) leave about a third of 1F1B's bubble in practice.
-ZERO_BUBBLE_FACTOR = 1.0 / 3.0
-# Full recompute runs every block's forward twice: 8 instead of 6 FLOPs per parameter and token.
-RECOMPUTE_FACTOR = {"none": 1.0, "selective": 1.0, "full": 4.0 / 3.0}
-
-
-def recompute_factor(cfg: RootConfig) -> float:
-    """Compute per step relative to no recompute: full redoes each checkpointed block's forward (+1/3 of its
-    forward + backward); modules with mlp redoes the MLP's matmuls (their share of a block's matmul FLOPs); the
-    attention kernel's, norms' and selective's element-wise recompute is counted as free. Scaled by the share of
-    blocks checkpointed (``parallelism.recompute_layers``)."""
-    p, m = cfg.parallelism, cfg.model
-    if p.activation_checkpointing == "modules":
-        d, f = m.d_model, ffn_hidden_dim(m)
-        mlp = (3 if m.mlp == "swiglu" else 2) * d * f
-        attention = 2 * d * d + 2 * d * kv_heads(m) * (d // m.n_heads) + d * m.seq_len  # projections + causal core
-        extra = (mlp / (mlp + attention)) / 3 if "mlp" in p.recompute_modules else 0.0
-    else:
-        extra = RECOMPUTE_FACTOR[p.activation_checkpointing] - 1.0
-    share = sum(checkpointed_blocks(cfg, r) for r in range(p.pp)) / m.n_layers
-    return 1.0 + extra * share
 
 
 def device_kind(cfg: RootConfig) -> str:
@@ -120,18 +99,6 @@ def peak_tflops(kind: str, precision: str) -> float:
     return table.get(dtype, table["bf16"])
 
 
-def bubble_fraction(cfg: RootConfig, n_micro: int) -> float:
-    """Idle time of a pipeline relative to its compute time (0 without PP)."""
-    p = cfg.parallelism
-    if p.pp == 1:
-        return 0.0
-    v = p.pp_virtual_stages if p.pp_schedule in ("Interleaved1F1B", "InterleavedZeroBubble") else 1
-    bubble = (p.pp - 1) / (v * n_micro)
-    if p.pp_schedule in ZERO_BUBBLE_SCHEDULES:
-        bubble *= ZERO_BUBBLE_FACTOR
-    return bubble
-
-
 @dataclass
 class Plan:
     cfg: RootConfig
@@ -145,9 +112,9 @@ class Plan:
     device_memory: int
     usable_memory: int
     peak_tflops: float
-    assumed_mfu: float
-    bubble: float
-    recompute: float
+    device: DeviceSpec
+    step: StepTime
+    bubble: float  # pipeline idle time relative to compute (step_model.bubble_fraction)
     warnings: List[str] = field(default_factory=list)
 
     @property
@@ -160,8 +127,7 @@ class Plan:
 
     @property
     def step_time_s(self) -> float:
-        ideal = self.flops_per_step / (self.world_size * self.peak_tflops * 1e12 * self.assumed_mfu)
-        return ideal * self.recompute * (1 + self.bubble)
+        return self.step.total_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -241,8 +207,11 @@ def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
     return max(owners.count(rank) for rank in range(p.pp))
 
 
-def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None) -> Plan:
-    """Plan a validated config. ``peak`` overrides the peak table (TFLOP/s per device)."""
+def make_plan(
+    cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[float] = None, device: Optional[DeviceSpec] = None
+) -> Plan:
+    """Plan a validated config. ``peak`` overrides the peak table (TFLOP/s per device; on CPU also the GEMM rate);
+    ``device`` the device table's entry (a measured CPU, a calibration)."""
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     kind = device_kind(cfg)
     precision = resolve_precision(cfg.train.precision, kind)
@@ -256,7 +225,20 @@ def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[
             f"tp={p.tp} spans nodes ({cfg.cluster.gpus_per_node} devices per node): tensor-parallel "
             "collectives then cross the slower inter-node network"
         )
-    plan = Plan(
+    peak_value = peak if peak is not None else peak_tflops(kind, precision)
+    spec = device or device_spec(
+        kind, measured_tflops=cfg.cluster.gemm_tflops, cpu_tflops=peak_value if kind == "cpu" else 0.0
+    )
+    step = predict_step(
+        cfg,
+        batch,
+        precision,
+        spec,
+        links_for(cfg, spec),
+        cp_bytes=cp_exchange_bytes(cfg, batch, precision),
+        ep_bytes=ep_all_to_all_bytes(cfg, batch, precision),
+    )
+    return Plan(
         cfg=cfg,
         world_size=world,
         device_kind=kind,
@@ -267,14 +249,12 @@ def make_plan(cfg: RootConfig, world_size: Optional[int] = None, peak: Optional[
         memory=memory,
         device_memory=total_mem,
         usable_memory=usable_bytes(total_mem, kind),
-        peak_tflops=peak if peak is not None else peak_tflops(kind, precision),
-        assumed_mfu=cfg.cluster.assumed_mfu,
-        bubble=0.0,
-        recompute=recompute_factor(cfg),
+        peak_tflops=peak_value,
+        device=spec,
+        step=step,
+        bubble=bubble_fraction(cfg, p.pp_microbatches or batch.grad_accum),
         warnings=warnings,
     )
-    plan.bubble = bubble_fraction(cfg, plan.n_micro)
-    return plan
 
 
 # ---- refusing layouts that do not fit, with the changes that would fit ------------------------------
@@ -466,15 +446,38 @@ def format_plan(plan: Plan) -> str:
             + ", ".join(f"{r}: {gib(v):.2f}" for r, v in sorted(mem.per_stage_total.items()))
             + " GiB"
         )
-    lines.append(
-        f"step time  {plan.step_time_s:.3f} s at assumed MFU {plan.assumed_mfu:.0%} of {plan.peak_tflops:.1f} TFLOP/s "
-        f"(bubble {plan.bubble:.1%}, recompute x{plan.recompute:.2f}) -> {plan.tokens_per_s:,.0f} tokens/s, "
-        f"{plan.model_tflops_per_device:.1f} model TFLOP/s per device (MFU {plan.expected_mfu:.1%})"
-    )
+    lines += step_lines(plan)
     for w in plan.warnings:
         lines.append(f"warning    {w}")
     lines.append("fits       yes" if plan.fits else "fits       NO")
     return "\n".join(lines)
+
+
+STEP_ROWS_ALWAYS = ("compute", "exposed TP comm", "PP bubble", "exposed DP comm", "optimizer")
+
+
+def step_lines(plan: Plan) -> List[str]:
+    """The predicted step and where its time goes (rows always shown, others when non-zero)."""
+    st, total = plan.step, plan.step_time_s
+    lines = [
+        f"step time  {total:.3f} s predicted -> {plan.tokens_per_s:,.0f} tokens/s "
+        f"({plan.tokens_per_s / plan.world_size:,.0f} per device), {plan.model_tflops_per_device:.1f} model TFLOP/s "
+        f"per device (MFU {plan.expected_mfu:.1%} of {plan.peak_tflops:.1f})"
+    ]
+    for name, seconds in st.rows():
+        if name not in STEP_ROWS_ALWAYS and seconds == 0:
+            continue
+        note = ""
+        if name == "compute":
+            note = f"  GEMMs {st.gemm_share:.0%} of compute" + (
+                f", recompute {st.recompute_s:.3f} s" if st.recompute_s else ""
+            )
+        elif name == "exposed DP comm" and st.dp_comm_total_s:
+            note = f"  of {st.dp_comm_total_s:.3f} s issued"
+        lines.append(f"  {name:<30} {seconds:9.3f} s {seconds / total:6.1%}{note}")
+    if st.groups:
+        lines.append("links      " + "; ".join(g.describe() for g in st.groups))
+    return lines
 
 
 def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, emit: Callable[[str], None] = print) -> bool:

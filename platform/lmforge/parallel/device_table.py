@@ -1,0 +1,235 @@
+"""Devices and links the step-time model (``lmforge.parallel.step_model``) plans on: how fast a device multiplies
+matrices of a given shape, how fast it streams memory, and how fast its links move collectives.
+
+**Peaks** are the dense (no sparsity) datasheet numbers of ``lmforge.runtime.hardware.PEAK_TFLOPS`` (NVIDIA A100,
+H100, H200 and B200 datasheets; bf16 and fp8). **HBM bandwidth**, SM count and NVLink generation are from the
+same datasheets and the architecture whitepapers: A100 80 GB SXM 2,039 GB/s (40 GB: 1,555 GB/s), 108 SMs,
+NVLink 3; H100 SXM 3,350 GB/s, 132 SMs, NVLink 4; H200 4,800 GB/s, 132 SMs, NVLink 4; B200 8,000 GB/s,
+148 SMs, NVLink 5; L40S 864 GB/s, 142 SMs, PCIe; MI300X 5,300 GB/s, 304 CUs, Infinity Fabric 7 x 64 GB/s
+(NVIDIA A100 and H100 Tensor Core GPU Architecture whitepapers; H200, DGX B200, L40S and AMD Instinct MI300X
+datasheets).
+
+**GEMM efficiency by shape.** A GEMM of M x K by K x N takes
+
+    max(2 M N K / (peak * gemm_peak_fraction * wave_efficiency), (M K + K N + M N) * bytes / HBM bandwidth)
+
+``gemm_peak_fraction`` is the share of the peak that cuBLAS sustains on large bf16 GEMMs, as published by
+GEMM sweeps outside any training run: A100 SXM 271 TFLOP/s (87%), H100 SXM 795 TFLOP/s (80%) in the
+"maximum achievable matmul FLOPS" sweeps of S. Bekman's *Machine Learning Engineering* (compute/accelerator
+chapter; MI300X 60% there); the H200 shares the H100's compute die (its bf16 GEMMs measure about 790 TFLOP/s), B200 at 75% from
+the same sweeps' Blackwell figures. ``wave_efficiency`` is the tile/wave quantisation of NVIDIA's *Matrix
+Multiplication Background User's Guide* (Deep Learning Performance documentation): the output is cut into
+tiles (128 x 256 on Hopper/Blackwell, 128 x 128 on Ampere, the cuBLAS/CUTLASS bf16 defaults), one tile per SM
+at a time, and a last partial wave of tiles leaves SMs idle: ``tiles / (ceil(tiles / SMs) * SMs)``. Each
+kernel also pays ``kernel_overhead_s`` (launch and tail, a few microseconds).
+
+**Attention** (flash-attention kernels) has its own sustained fractions of the peak, forward and backward,
+from the FlashAttention-2 paper (Dao 2023, A100: ~ 60% forward, ~ 45% backward at head dim 128 with causal
+masking) and FlashAttention-3 (Shah et al. 2024, H100: FA2 ~ 35% forward / 30% backward; PyTorch's SDPA
+flash backend is FA2).
+
+**Links** (``LINKS``): per-GPU unidirectional bandwidth, each with the share a large NCCL collective sustains
+as bus bandwidth (nccl-tests ``busbw`` on DGX systems reaches about 80% of NVLink and 90% of InfiniBand line
+rate). NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5 900 GB/s per direction (NVLink datasheet); InfiniBand HDR
+200 Gb/s, NDR 400 Gb/s, RoCE 200 and 400 Gb/s per NIC, one NIC per GPU (the DGX A100/H100/B200 rail layout).
+A device's default inter-node link is its DGX system's: HDR for A100, NDR for H100, H200, B200.
+
+**In-step efficiency** (``IN_STEP_EFFICIENCY``): the share of those rates that kernels keep inside a training
+step; the one parameter fitted to training runs, on a calibration subset of the published runs only (see
+``lmforge.parallel.step_model``).
+
+A measured GEMM rate (``cluster.gemm_tflops``) replaces ``peak * gemm_peak_fraction``; a ``lmforge comm bench``
+JSON (``cluster.comm_bench``) replaces the bandwidth of the placement it measured (within a node when its
+world fits in one node, across nodes otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, Optional
+
+from lmforge.comm.bench import load_result
+from lmforge.config.errors import ConfigError
+from lmforge.runtime.hardware import KIND_ALIASES, PEAK_TFLOPS
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the step model needs of one device kind."""
+
+    kind: str
+    peak_tflops: Dict[str, float]  # dense TFLOP/s by dtype (bf16, fp8, fp32, ...)
+    hbm_gbps: float  # memory bandwidth, GB/s (10^9 bytes/s)
+    sms: int  # streaming multiprocessors (CPU: cores)
+    tile: tuple  # (rows, cols) of one output tile of a GEMM kernel
+    gemm_peak_fraction: float  # sustained share of the peak on large GEMMs
+    attention_fraction: tuple  # (forward, backward) share of the peak for flash attention
+    intra_link: str  # NVLink generation within a node
+    inter_link: str  # default NIC per GPU across nodes
+    kernel_overhead_s: float = 4e-6  # launch + tail per kernel
+    measured_tflops: float = 0.0  # a measured GEMM rate (replaces peak * gemm_peak_fraction when > 0)
+    in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
+
+    def gemm_rate(self, dtype: str) -> float:
+        """Sustained FLOP/s of a large GEMM in ``dtype``."""
+        if self.measured_tflops > 0:
+            return self.measured_tflops * 1e12
+        return self.peak(dtype) * self.gemm_peak_fraction
+
+    def peak(self, dtype: str) -> float:
+        table = self.peak_tflops
+        return table.get(dtype, table.get("bf16", 0.0)) * 1e12
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    name: str
+    gbps: float  # per-GPU unidirectional bandwidth, GB/s
+    efficiency: float  # share sustained as NCCL bus bandwidth on large messages
+    latency_s: float  # per-step latency of a ring/tree hop
+
+    @property
+    def bus_gbps(self) -> float:
+        return self.gbps * self.efficiency
+
+
+LINKS: Dict[str, LinkSpec] = {
+    "nvlink3": LinkSpec("nvlink3", 300.0, 0.80, 5e-6),
+    "nvlink4": LinkSpec("nvlink4", 450.0, 0.80, 5e-6),
+    "nvlink5": LinkSpec("nvlink5", 900.0, 0.80, 5e-6),
+    "ib_hdr": LinkSpec("ib_hdr", 25.0, 0.90, 10e-6),
+    "ib_ndr": LinkSpec("ib_ndr", 50.0, 0.90, 10e-6),
+    "roce_200": LinkSpec("roce_200", 25.0, 0.85, 15e-6),
+    "roce_400": LinkSpec("roce_400", 50.0, 0.85, 15e-6),
+    "pcie4": LinkSpec("pcie4", 25.0, 0.80, 10e-6),
+    "xgmi": LinkSpec("xgmi", 448.0, 0.70, 5e-6),
+    "loopback": LinkSpec("loopback", 10.0, 1.0, 20e-6),  # CPU processes of one host (gloo over shared memory)
+}
+
+# Compute inside a training step relative to the same kernels benchmarked alone: the one fitted parameter of the
+# step model, fitted on the calibration sources only (Narayanan et al. 2021 and the llm-foundry MPT tables of
+# published_runs.csv; ``python -m benchmarks.planner_validation --fit``), held out: every other source.
+IN_STEP_EFFICIENCY = 0.83
+
+_AMPERE = dict(sms=108, tile=(128, 128), attention_fraction=(0.60, 0.45), intra_link="nvlink3", inter_link="ib_hdr")
+_HOPPER = dict(sms=132, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink4", inter_link="ib_ndr")
+_BLACKWELL = dict(sms=148, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink5", inter_link="ib_ndr")
+
+# kind -> (HBM GB/s, architecture parameters, large-GEMM share of the peak)
+_GPUS = {
+    "a100_80gb": (2039.0, _AMPERE, 0.87),
+    "a100_40gb": (1555.0, _AMPERE, 0.87),
+    "h100_sxm": (3350.0, _HOPPER, 0.80),
+    "h100_pcie": (2000.0, dict(_HOPPER, sms=114, intra_link="pcie4"), 0.80),
+    "h100_nvl": (3900.0, dict(_HOPPER, sms=132), 0.80),
+    "h200": (4800.0, _HOPPER, 0.80),
+    "h200_nvl": (4800.0, _HOPPER, 0.80),
+    "b200": (8000.0, _BLACKWELL, 0.75),
+    "l40s": (864.0, dict(_AMPERE, sms=142, intra_link="pcie4", inter_link="roce_200"), 0.70),
+    "mi300x": (5300.0, dict(_HOPPER, sms=304, intra_link="xgmi", inter_link="roce_400"), 0.60),
+}
+GPU_KINDS = tuple(sorted(set(_GPUS) | {a for a, k in KIND_ALIASES.items() if k in _GPUS}))
+
+
+def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 0.0, cpu_gbps: float = 0.0):
+    """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate."""
+    kind = KIND_ALIASES.get(kind, kind)
+    if kind == "cpu":
+        cores = os.cpu_count() or 1
+        spec = DeviceSpec(
+            kind="cpu",
+            peak_tflops={"fp32": cpu_tflops, "bf16": cpu_tflops},
+            hbm_gbps=cpu_gbps or 10.0,
+            sms=cores,
+            tile=(64, 64),
+            gemm_peak_fraction=1.0,
+            attention_fraction=(0.5, 0.5),
+            intra_link="loopback",
+            inter_link="loopback",
+            kernel_overhead_s=20e-6,
+            measured_tflops=cpu_tflops,
+        )
+    elif kind in _GPUS:
+        hbm, arch, fraction = _GPUS[kind]
+        spec = DeviceSpec(
+            kind=kind,
+            peak_tflops=PEAK_TFLOPS[kind],
+            hbm_gbps=hbm,
+            gemm_peak_fraction=fraction,
+            in_step_efficiency=IN_STEP_EFFICIENCY,
+            **arch,
+        )
+    else:
+        raise ConfigError(
+            "cluster.device",
+            f"the step-time model has no GEMM/bandwidth table for device '{kind}'",
+            f"use one of: {', '.join(GPU_KINDS)}, cpu (or give cluster.gemm_tflops with a known kind)",
+        )
+    if measured_tflops > 0:
+        spec = replace(spec, measured_tflops=measured_tflops)
+    return spec
+
+
+def link_spec(name: str) -> LinkSpec:
+    if name not in LINKS:
+        raise ConfigError("cluster", f"unknown link '{name}'", f"use one of: {', '.join(LINKS)}")
+    return LINKS[name]
+
+
+def wave_efficiency(spec: DeviceSpec, m: int, n: int) -> float:
+    """Share of the SMs busy over a GEMM's waves of output tiles."""
+    tiles = math.ceil(m / spec.tile[0]) * math.ceil(n / spec.tile[1])
+    waves = math.ceil(tiles / spec.sms)
+    return tiles / (waves * spec.sms)
+
+
+def gemm_time(spec: DeviceSpec, m: int, k: int, n: int, *, dtype: str, bytes_per: int) -> float:
+    """Seconds of one M x K by K x N GEMM (roofline of the shape-dependent rate and the bytes it moves)."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    compute = 2.0 * m * n * k / (spec.gemm_rate(dtype) * wave_efficiency(spec, m, n))
+    memory = (m * k + k * n + m * n) * bytes_per / (spec.hbm_gbps * 1e9)
+    return max(compute, memory) + spec.kernel_overhead_s
+
+
+def memory_time(spec: DeviceSpec, n_bytes: float) -> float:
+    """Seconds to stream ``n_bytes`` through device memory (element-wise and optimizer work)."""
+    return n_bytes / (spec.hbm_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A measured bus bandwidth curve: (message bytes, GB/s) points of one placement, from ``lmforge comm bench``."""
+
+    points: tuple  # ((size_bytes, busbw_gbps), ...) sorted by size
+    latency_s: float
+
+    def gbps(self, size: float) -> float:
+        pts = self.points
+        if size <= pts[0][0]:
+            return pts[0][1]
+        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+            if size <= s1:
+                w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return b0 + w * (b1 - b0)
+        return pts[-1][1]
+
+
+def bench_bandwidth(path: str, op: str = "all_reduce") -> Optional[tuple]:
+    """(world size, Bandwidth) of one op of a ``lmforge comm bench`` JSON; refuses an unreadable file."""
+    try:
+        result = load_result(Path(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            "cluster.comm_bench",
+            f"cannot read comm bench results {path}: {e}",
+            "give a JSON `lmforge comm bench` wrote",
+        ) from None
+    rows = sorted(result.rows_of(op) or result.rows, key=lambda r: r.size_bytes)
+    if not rows:
+        raise ConfigError("cluster.comm_bench", f"{path} has no rows", "run `lmforge comm bench` again")
+    points = tuple((r.size_bytes, max(r.busbw_gbps, 1e-9)) for r in rows)
+    return result.world_size, Bandwidth(points, rows[0].time_us * 1e-6)
