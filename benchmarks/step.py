@@ -2,7 +2,7 @@
 (the step-speed goal figures of docs/performance.md):
 
     python -m benchmarks.step [--model bench_small] [--batch 8] [--steps 1] [--repeats 5] [--threads 0]
-                              [--no-compile] [--variants bf16 ac-full ac-selective foreach-adamw]
+                              [--no-compile] [--variants bf16 bf16-fp32-residual ac-full ...]
                               [--host-malloc retain|system]
 
 Cases, interleaved round-robin after warm-up (``benchmarks/harness.py``), each timed over ``--steps`` steps:
@@ -178,6 +178,7 @@ def repeated(fn, steps: int):
 
 VARIANTS = {  # opt-in engine variants (--variants), each one more case in the same interleaved suite
     "bf16": ["train.precision=bf16-mixed"],
+    "bf16-fp32-residual": ["train.precision=bf16-mixed", "train.fp32_residual=true"],
     "ac-full": ["parallelism.activation_checkpointing=full"],
     "ac-selective": ["parallelism.activation_checkpointing=selective"],
     "foreach-adamw": ["optim.fused=false"],

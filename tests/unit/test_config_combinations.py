@@ -39,6 +39,7 @@ EXAMPLES = [
     ({"tp": 2, "compile": True}, {}),
     ({"fsdp_grad_sync": "every_microbatch"}, {}),
     ({"engine": "deepspeed", "tp": 2}, {}),
+    ({"dp_shard": 2, "param_dtype": "bf16"}, {}, {"precision": "bf16-mixed", "fp32_residual": True}),
     ({}, {}, {"precision": "bf16-mixed", "fp8": {"check_every": 10}}),
     ({"engine": "deepspeed"}, {}, {"precision": "fp8"}),
     ({"tp": 2}, {}, {"precision": "fp8"}),

@@ -24,6 +24,7 @@ NON_NEGATIVE = {
     "train.eval_every", "train.planned_tokens", "checkpoint.every_steps", "checkpoint.keep_every",
     "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
     "cluster.cpus_per_task", "data.max_epochs", "fault.consistency_every", "fault.drill.bitflip_step",
+    "parallelism.recompute_layers", "train.fp8.check_every",
 }  # fmt: skip
 
 
@@ -35,6 +36,7 @@ def test_the_ranged_keys():
         "data.valid_fraction": "in (0, 1)",
         "optim.min_lr_ratio": "in [0, 1]",
         "cluster.assumed_mfu": "in (0, 1]",
+        "train.fp8.check_tolerance": "> 0",
     }
 
 

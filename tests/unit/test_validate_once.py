@@ -144,7 +144,7 @@ def test_validate_returns_the_batch_plan_and_reads_as_the_config():
 
 def test_choices_are_the_schema_annotations():
     choices = dict(choice_fields(RootConfig))
-    assert choices["train.precision"] == ("auto", "fp32", "bf16-mixed", "bf16")
+    assert choices["train.precision"] == ("auto", "fp32", "bf16-mixed", "bf16", "fp8")
     assert choices["comm.transport"] == ("auto", "infiniband", "roce", "socket", "local")
     assert choices["logging.wandb.mode"] == ("auto", "online", "offline", "disabled")
     assert allowed_values(int) is None and "train.max_steps" not in choices

@@ -60,6 +60,18 @@ def _fp8_keys_set(c: RootConfig) -> bool:
     return c.train.fp8.check_every > 0 or c.train.fp8.enable_fsdp_float8_all_gather
 
 
+def _bf16_residual_anyway(c: RootConfig) -> str:
+    """Why the residual stream is bf16 whatever train.fp32_residual says; "" where the flag applies."""
+    p = c.parallelism
+    if c.train.precision == "bf16":
+        return "precision=bf16 keeps the parameters in bf16"
+    if p.engine == "deepspeed" and c.train.precision != "fp32":
+        return "DeepSpeed's bf16 mode (train.precision bf16-mixed or auto) holds bf16 weights"
+    if (p.dp_shard > 1 or p.cp > 1) and p.param_dtype == "bf16":
+        return "FSDP with parallelism.param_dtype=bf16 computes from bf16 parameters"
+    return ""
+
+
 REFUSED: Tuple[Refused, ...] = (
     Refused(
         "`recompute_modules` set without `activation_checkpointing=modules`",
@@ -195,6 +207,14 @@ REFUSED: Tuple[Refused, ...] = (
         ),
         lambda c: "the deepspeed engine shards with ZeRO over dp_replicate only",
         "set tp=1, pp=1, dp_shard=1 and use dp_replicate for the data-parallel size",
+    ),
+    Refused(
+        "`train.fp32_residual=true` with `precision=bf16`, the deepspeed engine in bf16 or FSDP `param_dtype=bf16`",
+        "train.fp32_residual",
+        lambda c: c.train.fp32_residual and bool(_bf16_residual_anyway(c)),
+        lambda c: f"the residual stream is bf16 there: {_bf16_residual_anyway(c)}",
+        "set train.fp32_residual=false, or use train.precision=bf16-mixed on the native engine with "
+        "parallelism.param_dtype=fp32",
     ),
 )
 

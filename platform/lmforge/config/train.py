@@ -47,9 +47,14 @@ class TrainConfig:
     grad_accum: Optional[int] = None
     """Micro batches per step; null = global / (micro * dp). If set it must agree (checked)."""
     precision: Annotated[str, Literal["auto", "fp32", "bf16-mixed", "bf16", "fp8"]] = "auto"
-    """fp32, bf16-mixed (bf16 autocast, fp32 master weights), bf16 (pure bf16 parameters), fp8 (bf16-mixed with the
-    linears' GEMMs in float8, train.fp8; native engine) or auto (bf16-mixed on CUDA, fp32 on CPU); every engine
-    reads this one key."""
+    """fp32, bf16-mixed (fp32 parameters and optimizer state, bf16 autocast matmuls, a bf16 residual stream
+    unless fp32_residual), bf16 (pure bf16 parameters), fp8 (bf16-mixed with the linears' GEMMs in float8,
+    train.fp8; native engine) or auto (bf16-mixed on CUDA, fp32 on CPU); every engine reads this one key."""
+    fp32_residual: bool = False
+    """Under bf16-mixed on the native engine, keep the residual stream (the embedding output, every block's input
+    and output, the norms' inputs) in fp32 instead of bf16. Parameters, optimizer state and the loss are fp32
+    either way. Refused where the residual stream is bf16 regardless: precision=bf16, the deepspeed engine in
+    bf16, FSDP with parallelism.param_dtype=bf16."""
     device: Annotated[str, Literal["auto", "cpu", "cuda"]] = "auto"
     """Where the run trains; auto = CUDA when torch sees a GPU, else the CPU."""
     host_malloc: Annotated[str, Literal["auto", "retain", "system"]] = "auto"

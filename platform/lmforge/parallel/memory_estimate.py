@@ -115,7 +115,8 @@ def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
     param = 2 if precision == "bf16" else 4
     fsdp_bf16 = fsdp_degree(p) > 1 and p.param_dtype == "bf16"
     compute = 2 if (precision in ("bf16", "bf16-mixed") or fsdp_bf16) else 4
-    residual = 4 if (precision == "bf16-mixed" and not fsdp_bf16) else compute
+    # bf16-mixed: a bf16 residual stream unless train.fp32_residual (refused with FSDP bf16 parameters)
+    residual = 4 if (precision == "bf16-mixed" and cfg.train.fp32_residual and not fsdp_bf16) else compute
     fsdp_param = dtype_bytes(p.param_dtype) if precision != "bf16" else 2
     fsdp_reduce = dtype_bytes(p.reduce_dtype) if precision != "bf16" else 2
     return Dtypes(param, compute, residual, fsdp_param, fsdp_reduce)

@@ -6,6 +6,7 @@ finished, wrapped model. Parallelism is applied in this order, each step in its 
     2. tensor + sequence parallel (parallel/tensor_parallel.py)
     2b. context parallel          (parallel/context_parallel.py: this rank's RoPE positions, the K/V exchange)
     2c. expert parallel           (parallel/expert_parallel.py: experts split over ep, all-to-all token dispatch)
+    2d. residual stream dtype     (parallel/precision.py: bf16 under bf16-mixed, fp32 with train.fp32_residual)
     3. activation checkpointing   (parallel/activation_checkpoint.py)
     4. torch.compile              (parallel/compile.py)
     5. FSDP2                      (parallel/data_parallel.py; per pipeline stage; over dp_shard x cp when cp > 1;
@@ -42,7 +43,7 @@ from lmforge.parallel.expert_parallel import apply_expert_parallel
 from lmforge.parallel.float8 import convert_to_float8
 from lmforge.parallel.mesh import ParallelMesh
 from lmforge.parallel.pipeline import PipelineRunner, build_stages, plan_stages, rank_part
-from lmforge.parallel.precision import resolve_precision
+from lmforge.parallel.precision import cast_residual_stream, residual_dtype, resolve_precision
 from lmforge.parallel.tensor_parallel import apply_tensor_parallel, keep_grads_in_param_layout
 
 
@@ -95,6 +96,9 @@ def parallelize(
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
     if p.ep > 1:
         apply_expert_parallel(model, mesh)
+    residual = residual_dtype(resolve_precision(cfg.train.precision, device), cfg.train.fp32_residual)
+    if residual is not None and p.engine == "native":  # DeepSpeed's bf16 mode holds bf16 weights: bf16 already
+        cast_residual_stream(model, residual)
     apply_activation_checkpointing(
         model,
         p.activation_checkpointing,

@@ -175,8 +175,8 @@ class PipelineRunner:
 
     def send_activation(self, h: torch.Tensor, dst: int) -> None:
         """Send a stage's output with a header (dtype, shape), so the receiver allocates exactly what was
-        computed: bf16 under FSDP ``param_dtype=bf16`` or ``precision=bf16``, fp32 residuals under
-        ``bf16-mixed``, ``T/tp`` positions under sequence parallelism."""
+        computed: bf16 under ``bf16-mixed``, FSDP ``param_dtype=bf16`` or ``precision=bf16``, fp32 with
+        ``train.fp32_residual`` or in fp32, ``T/tp`` positions under sequence parallelism."""
         header = torch.tensor([ACTIVATION_DTYPES.index(h.dtype), *h.shape], dtype=torch.int64, device=self.device)
         dist.send(header, dst=self._global(dst), group=self.group)
         dist.send(h.contiguous(), dst=self._global(dst), group=self.group)
