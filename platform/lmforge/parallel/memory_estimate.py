@@ -364,6 +364,17 @@ def cp_ring_buffer_bytes(cfg: RootConfig, shape: ActivationShape) -> int:
     return 2 * shape.tokens * kv_heads(m) * (m.d_model // m.n_heads) * (shape.dt.compute + 4) // p.tp
 
 
+def head_microbatches_in_flight(cfg: RootConfig, n_micro: int) -> int:
+    """Micro batches whose head activations (logits, final norm) the last stage holds at once: the head sits in
+    the model's last chunk, which under every 1F1B-family schedule (1F1B, the zero-bubble ones, Interleaved1F1B)
+    runs each micro batch's backward right after its forward (Narayanan et al., 2021, Fig. 4: the last stage
+    has no warm-up forwards), so one; GPipe runs every forward first, so all of them. Counting the head at
+    :func:`microbatches_in_flight` instead would charge an interleaved last rank its ``pp * (1 + ...)``
+    stage-units of logits, though only its other chunk's blocks wait that long."""
+    p = cfg.parallelism
+    return n_micro if (p.pp > 1 and p.pp_schedule == "GPipe") else 1
+
+
 def microbatches_in_flight(cfg: RootConfig, n_micro: int, pp_rank: int) -> float:
     """Micro batches whose activations one pipeline rank holds at its peak (in units of its layers)."""
     p = cfg.parallelism
@@ -431,11 +442,12 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
     n_micro = p.pp_microbatches or plan.grad_accum
     shape = activation_shape(cfg, plan.micro_batch_size, precision)
     in_flight = microbatches_in_flight(cfg, n_micro, pp_rank)
+    head = head_activation_bytes(m, shape) * head_microbatches_in_flight(cfg, n_micro) if st.last else 0
     by_mode = {}
     for mode in AC_MODES:
-        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, st.last)
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
-        by_mode[mode] = int(math.ceil(in_flight * kept)) + working
+        by_mode[mode] = int(math.ceil(in_flight * kept)) + head + working
     configured = by_mode.get(p.activation_checkpointing)
     if p.activation_checkpointing == "modules" or p.recompute_layers > 0:  # the configured recompute, exactly
         kept = saved_activation_bytes(
@@ -444,12 +456,12 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
             p.activation_checkpointing,
             st.layers,
             st.first,
-            st.last,
+            last=False,
             modules=p.recompute_modules,
             checkpointed=checkpointed_blocks(cfg, pp_rank),
         )
         working = layer_activation_bytes(m, shape, "none") if p.activation_checkpointing != "none" else 0
-        configured = int(math.ceil(in_flight * kept)) + working
+        configured = int(math.ceil(in_flight * kept)) + head + working
         if p.activation_checkpointing == "modules":
             by_mode["modules"] = configured
     fsdp_params, fsdp_grads = fsdp_working_bytes(cfg, st, dt, n_micro if p.pp > 1 else plan.grad_accum)

@@ -78,6 +78,7 @@ class PublishedRun:
     global_batch: Optional[int]
     precision: Optional[str]
     published_memory_gib: Optional[float]
+    memory_excluded: Optional[str]  # why the published memory measures what lmforge's plan does not (empty: held)
     published_throughput: Optional[float]
     throughput_unit: Optional[str]
     published_utilization_pct: Optional[float]
@@ -285,7 +286,19 @@ def unsupported_features(run: PublishedRun) -> List[str]:
         out.append("tied embeddings with pp > 1 (planned untied)")
     if run.ep > 1:
         out.append("expert parallelism (no MoE shape in the table)")
+    if _torchtitan(run) and run.recompute_mode == "selective":
+        out.append("torchtitan's op SAC, every second matmul recomputed (planned as selective: every matmul kept)")
+    if _torchtitan(run) and run.tp > 1:
+        out.append("loss parallel, vocab-sharded cross-entropy (planned with the logits gathered)")
     return out
+
+
+def _torchtitan(run: PublishedRun) -> bool:
+    """A torchtitan run: its ``selective`` is the op-level SAC policy that saves every second matmul's output
+    (``_save_list`` and ``mm_count % 2`` in its parallelize module) and, with tp > 1, its loss is computed on
+    vocab-sharded logits (``disable_loss_parallel`` defaults to false); lmforge's ``selective`` saves every matmul
+    output and its output head gathers the logits (``parallel/tensor_parallel.VocabParallelOutput``)."""
+    return "github.com/pytorch/torchtitan/" in run.url
 
 
 def to_root_config(run: PublishedRun) -> RunMapping:
@@ -330,7 +343,9 @@ def to_root_config(run: PublishedRun) -> RunMapping:
         name="published",
         dp_replicate=1 if (shard or distributed) else dp,
         dp_shard=dp if (shard or distributed) else 1,
-        reshard_after_forward=not distributed,
+        # torchtitan (parallelisms/parallelize_llama.py at 9dec370) keeps FSDP-gathered blocks from forward to
+        # backward when pipelining (reshard_after_forward = not pp_enabled), as it does for Megatron's optimizer
+        reshard_after_forward=not (distributed or (shard and pp > 1)),
         fsdp_grad_sync="last_microbatch" if distributed else "auto",
         pp_layers=pp_layers,
         tp=run.tp,
