@@ -109,7 +109,7 @@ def parse_command(where: str, text: str) -> Optional[DocCommand]:
         assert not unknown, f"{where}: `{text}`: option {unknown[0]} not handled by this test"
         return DocCommand(where, text, rest, 1)
     if verb == "plan":
-        return DocCommand(where, text, [a for a in rest if a != "--json"], None)
+        return DocCommand(where, text, [a for a in rest if a not in ("--json", "--search")], None)
     from lmforge.launch.cli import parser
 
     args, overrides = parser().parse_known_args(rest)
