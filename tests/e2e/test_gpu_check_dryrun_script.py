@@ -28,13 +28,12 @@ EXPECTED_CHECKS = {
     "process_group_world_1",
     "fsdp2_one_device",
     "compile_block",
-    "gpt_125m_eager",
-    "gpt_125m_compiled",
     "gpt_125m_engine",
     "engine_no_host_sync",
     "gpt_1b_compiled",
     "gpt_1b_engine",
     "document_attention_varlen",
+    "gpt_1b_fp8_engine",
 }
 
 
@@ -122,13 +121,15 @@ def test_dry_run_passes_without_hydra_wandb_deepspeed(gpu_machine_env, tmp_path)
 
     assert "flash" in checks["flash_sdpa"]["value"]["kernel"]
     assert checks["process_group_world_1"]["value"] == {"backend": "gloo", "world_size": 1}
-    for model in ("gpt_125m", "gpt_1b"):
-        for path in ("compiled", "engine"):
-            assert THROUGHPUT_KEYS <= set(checks[f"{model}_{path}"]["value"]), (model, path)
-        assert checks[f"{model}_engine"]["value"]["platform_overhead"] > 0
-        assert (
-            report["summary"][f"{model}_platform_overhead"] == checks[f"{model}_engine"]["value"]["platform_overhead"]
-        )
+    for name in ("gpt_125m_engine", "gpt_1b_compiled", "gpt_1b_engine"):
+        assert THROUGHPUT_KEYS <= set(checks[name]["value"]), name
+    engine = checks["gpt_1b_engine"]["value"]
+    assert (
+        engine["platform_overhead"] > 0 and report["summary"]["gpt_1b_platform_overhead"] == engine["platform_overhead"]
+    )
+    # The planner's prediction needs omegaconf, which this run blocks as the bare GPU machine lacks it (the real run
+    # carries it as a wheel): the check says why instead of failing.
+    assert "omegaconf" in engine["plan"]["unavailable"], engine["plan"]
     # data.document_attention=varlen vs sdpa: wired (model, positions -> cu_seqlens, training steps); on CPU the
     # CUDA-only kernel is stood in for by an SDPA loop over the same segments
     varlen = checks["document_attention_varlen"]["value"]
