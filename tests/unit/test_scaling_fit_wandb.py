@@ -4,12 +4,11 @@ offline W&B run of the sweep's group, read back with W&B's own reader (``wandb l
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_wandb_sink import leet
 
 from lmforge.cli import main as lmforge
 from lmforge.scaling.laws import CHINCHILLA_LAW as LAW
@@ -55,17 +54,6 @@ def fit_args(table: Path, out: Path) -> list:
         "--out",
         str(out),
     ]
-
-
-def leet(run_dir: Path) -> list:
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.timeout(180)
