@@ -34,13 +34,15 @@ def withheld_collective(run_dir: str, timeout_s: float, hold_s: float) -> dict:
 
 
 def slow_rank(run_dir: str) -> dict:
-    """Rank 1's steps take 3x as long; every rank gathers the times, rank 0 names rank 1 a straggler."""
+    """Rank 1's steps take 3x as long; every rank gathers the host names once and the times every 4 steps, rank 0
+    names rank 1 (and its host) a straggler, as ``FaultHooks`` does."""
     from lmforge.fault.events import FaultEvents
-    from lmforge.fault.straggler import StragglerDetector
+    from lmforge.fault.straggler import StragglerDetector, describe_straggler, gather_hostnames
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     detector = StragglerDetector(every=4, threshold=1.5, device=torch.device("cpu"))
+    detector.hosts = gather_hostnames(torch.device("cpu"))
     events = FaultEvents(Path(run_dir) / "metrics.jsonl", rank)
     found = None
     for step in range(1, 9):
@@ -49,8 +51,10 @@ def slow_rank(run_dir: str) -> dict:
             found = out
             if rank == 0:
                 for r in out["stragglers"]:
-                    events.emit("straggler", step, f"rank {r} slow", slow_rank=r)
-    return found
+                    host = detector.host(r)
+                    cause, fields = describe_straggler(out, r, host=host, threshold=1.5, every=4, mode="wall step time")
+                    events.emit("straggler", step, cause, rank=r, host=host, **fields)
+    return {**found, "hosts": detector.hosts}
 
 
 def stop_vote(flag_steps: dict) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from harness import run_ranks
@@ -33,7 +34,15 @@ def test_rank_blocked_in_gloo_collective_dumps_stacks_and_exits(tmp_path):
 @pytest.mark.timeout(120)
 def test_straggler_gather_names_the_slow_rank_on_every_rank(tmp_path):
     results = run_ranks("distributed.fault_ranks:slow_rank", 3, {"run_dir": str(tmp_path)}, timeout=90)
+    host = socket.gethostname()
     for r in results:
         assert r.value["stragglers"] == [1] and r.value["times"] == pytest.approx([0.1, 0.3, 0.1])
+        assert r.value["hosts"] == [host] * 3  # gathered once at start, every rank's name by rank
     events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["step"], e["slow_rank"]) for e in events] == [("straggler", 4, 1), ("straggler", 8, 1)]
+    assert [(e["event"], e["step"], e["slow_rank"], e["rank"], e["host"]) for e in events] == [
+        ("straggler", 4, 1, 1, host),
+        ("straggler", 8, 1, 1, host),
+    ]
+    assert f"[lmforge fault] straggler rank=1 host={host} step=4: rank 1 is a straggler on host {host}" in (
+        results[0].output
+    )

@@ -10,6 +10,7 @@ DDP run without the slow rank names nobody. The three trainings share one launch
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from distributed.train_entries import section
@@ -88,7 +89,9 @@ def test_the_rank_doing_extra_work_is_named_and_only_it(runs, layout):
         # The old rule on wall step times: synchronous collectives made them equal, it names nobody.
         assert find_stragglers(e["step_times_s"], 1.5) == [], e["step_times_s"]
         assert "rank 2 is a straggler" in e["cause"] and LAYOUTS[layout][1] in e["cause"]
-    assert "[lmforge fault] straggler rank=0 step=4: rank 2 is a straggler" in outputs[0]
+    host = socket.gethostname()
+    assert e["rank"] == 2 and e["host"] == host  # the event is about the slow rank, not rank 0 that reports it
+    assert f"[lmforge fault] straggler rank=2 host={host} step=4: rank 2 is a straggler on host {host}" in outputs[0]
     gathered = [r["compute_time_max_over_median"] for r in records if r.get("kind") == "train" and r["step"] in (4, 8)]
     assert len(gathered) == 2 and min(gathered) > THRESHOLD
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import torch
 
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.retry import load_state, record
-from lmforge.fault.straggler import find_stragglers
+from lmforge.fault.straggler import find_stragglers, reference_times
 
 
 def test_loss_guard_skips_nonfinite_and_spikes_and_declares_divergence():
@@ -32,6 +33,25 @@ def test_straggler_rule_names_ranks_slower_than_threshold_times_median():
     assert find_stragglers([1.0, 1.0, 1.1, 2.0], 1.5) == [3]
     assert find_stragglers([1.0, 1.2], 1.5) == []
     assert find_stragglers([], 1.5) == []
+
+
+def test_two_ranks_name_the_one_twice_as_slow_as_its_peer():
+    # The median of both ranks is their mean (1.5), so that rule would need rank 1 above 3x its peer; the median of
+    # the other ranks is the peer's own time.
+    assert find_stragglers([1.0, 2.0], 1.5) == [1]
+    assert find_stragglers([2.0, 1.0], 1.5) == [0]
+    assert find_stragglers([1.0, 1.0], 1.5) == []  # control: equal ranks
+    assert find_stragglers([1.0, 1.4], 1.5) == []  # control: below the threshold
+    assert find_stragglers([3.0], 1.5) == []  # one process: no peer to compare with
+    assert reference_times([1.0, 2.0]) == [2.0, 1.0]
+
+
+def test_a_larger_world_names_the_same_ranks_as_the_median_of_all():
+    times = [1.0, 1.05, 0.95, 1.1, 1.0, 0.98, 2.4, 1.02]
+    assert find_stragglers(times, 1.5) == [6]
+    median = statistics.median(times)
+    assert [r for r, t in enumerate(times) if t > 1.5 * median] == [6]  # the median of all ranks agrees
+    assert find_stragglers([1.0] * 8, 1.5) == []  # control: an even world
 
 
 def test_retry_budget_requeues_preemptions_and_limits_failures(tmp_path, monkeypatch):

@@ -53,7 +53,9 @@ class ClusterConfig:
     time_limit_min: int = 60
     """Slurm time limit of one job, in minutes."""
     signal_lead_s: int = 120
-    """Slurm sends the job SIGUSR1 this long before the time limit (checkpoint, exit 42, requeue)."""
+    """Slurm sends the job SIGUSR1 this long before the time limit (checkpoint, exit 42, requeue); lmforge launch
+    --slurm passes it to sbatch, slurm/train.sh's #SBATCH --signal line holds the default. Keep it above a checkpoint
+    save."""
     max_requeues: int = 3
     """Relaunch budget of one job (Slurm requeues, lmforge launch restarts) after preemption or a failure."""
 

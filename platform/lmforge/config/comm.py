@@ -21,8 +21,9 @@ class CommConfig:
     node)."""
     init_timeout_s: int = 600
     """Timeout of process-group creation (rendezvous)."""
-    collective_timeout_s: int = 600
-    """Timeout of one collective."""
+    collective_timeout_s: int = 1200
+    """Timeout of one collective (the process group's timeout is the larger of it and init_timeout_s); above
+    fault.watchdog_timeout_s, so the watchdog writes a hung collective's stacks before this timeout ends it."""
     async_error_handling: bool = True
     """TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (0 when false): on an NCCL error or timeout the watchdog ends the process
     instead of letting the job hang."""

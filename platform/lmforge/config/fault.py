@@ -59,7 +59,8 @@ class FaultConfig:
     name: str = "default"
     """The preset's name (a conf/fault file name)."""
     watchdog_timeout_s: float = 900.0
-    """A rank without a heartbeat for this long dumps every Python stack to <run>/dumps and exits 43; 0 = off."""
+    """A rank without a heartbeat for this long dumps every Python stack to <run>/dumps and exits 43; 0 = off. Keep it
+    below comm.collective_timeout_s (a hung collective is ended there first) and above a blocking checkpoint save."""
     watchdog_startup_s: float = 900.0
     """Extra watchdog allowance before the first step (data index build, compile, first collective)."""
     watchdog_poll_s: float = 1.0

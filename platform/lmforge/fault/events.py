@@ -23,10 +23,19 @@ class FaultEvents:
         self.logger = logger
         self.jsonl = jsonl
 
-    def emit(self, event: str, step: int, cause: str, **fields) -> None:
-        print(f"[lmforge fault] {event} rank={self.rank} step={step}: {cause}", file=sys.stderr, flush=True)
+    def emit(
+        self, event: str, step: int, cause: str, *, rank: Optional[int] = None, host: Optional[str] = None, **fields
+    ) -> None:
+        """Print ``[lmforge fault] <event> rank=<r> [host=<h> ]step=<s>: <cause>`` and record the event. ``rank``:
+        the rank the event is about when another rank reports it (a straggler, named by rank 0), else this rank;
+        ``host``: that rank's host, printed and recorded when given."""
+        rank = self.rank if rank is None else rank
+        where = f"rank={rank}" + (f" host={host}" if host is not None else "")
+        print(f"[lmforge fault] {event} {where} step={step}: {cause}", file=sys.stderr, flush=True)
+        if host is not None:
+            fields["host"] = host
         if self.logger is not None and self.logger.sinks:
-            self.logger.event(event, step=step, rank=self.rank, cause=cause, **fields)
+            self.logger.event(event, step=step, rank=rank, cause=cause, **fields)
             return
         if not self.jsonl:
             return
@@ -35,6 +44,6 @@ class FaultEvents:
         except OSError:
             return
         try:
-            direct.event(event, step=step, rank=self.rank, cause=cause, **fields)
+            direct.event(event, step=step, rank=rank, cause=cause, **fields)
         finally:
             direct.close()

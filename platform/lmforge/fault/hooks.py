@@ -31,7 +31,7 @@ from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.signals import PreemptionFlag
-from lmforge.fault.straggler import ComputeClock, StragglerDetector
+from lmforge.fault.straggler import ComputeClock, StragglerDetector, describe_straggler, gather_hostnames
 from lmforge.fault.verdict import VerdictKind, record_exit
 from lmforge.fault.watchdog import Watchdog
 from lmforge.metrics.logger import MetricsLogger
@@ -112,6 +112,7 @@ class FaultHooks:
             stop_requested=lambda: preemption.requested,
             parameters=lambda: engine.inner.named_parameters(),
         )
+        self.start_step = start_step  # the step this launch resumes from (0: a fresh start)
         self.replicas = self._replica_check(engine, start_step)
         self.last_straggler: dict = {}
         self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
@@ -154,16 +155,21 @@ class FaultHooks:
         return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
 
     def start(self) -> "FaultHooks":
+        """Attach the compute clock, start the watchdog, gather every rank's host name for the straggler events
+        (collective: one all_gather, on every rank, only with ``metrics.straggler_every`` > 0 and more than one
+        rank) and record a restart (its step: the step this launch resumes from)."""
         if self.clock is not None:
             self.clock.attach(self.engine, self.cfg.parallelism)
         self.watchdog.start()
         self.watchdog.write_heartbeat()
+        if self.stragglers.every > 0:
+            self.stragglers.hosts = gather_hostnames(self.device)
         restart, requeue = torchrun_restart_count(), slurm_restart_count()
         # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
         if restart or (requeue and self.rank == 0):
             self.events.emit(
                 "restart",
-                self.watchdog.step,
+                self.start_step,
                 f"torchrun restart {restart}, Slurm requeue {requeue}",
                 torchrun_restart=restart,
                 slurm_restart=requeue,
@@ -211,24 +217,18 @@ class FaultHooks:
             extra["skipped_steps"] = self.loss_guard.skipped_total
         found = self.stragglers.observe(step, step_time_s, self.clock)
         if found is not None:
-            extra["compute_time_max_over_median"] = max(found["times"]) / found["median"] if found["median"] else 1.0
+            slowest = max(range(len(found["times"])), key=lambda r: found["times"][r])
+            ref = found["references"][slowest]
+            extra["compute_time_max_over_median"] = found["times"][slowest] / ref if ref else 1.0
             if self.rank == 0:
                 mode = self.clock.mode if self.clock is not None else "wall step time"
-                for r in found["stragglers"]:
-                    self.events.emit(
-                        "straggler",
-                        step,
-                        f"rank {r} is a straggler: mean compute time "
-                        f"{found['times'][r]:.3f}s per step > {self.stragglers.threshold} x median "
-                        f"{found['median']:.3f}s over the last {self.stragglers.every} steps (compute "
-                        f"= loop top to {mode}; wall step time {found['wall_times'][r]:.3f}s)",
-                        slow_rank=r,
-                        compute_time_s=found["times"][r],
-                        median_s=found["median"],
-                        step_time_s=found["wall_times"][r],
-                        compute_times_s=found["times"],
-                        step_times_s=found["wall_times"],
+                s = self.stragglers
+                for r in found["stragglers"]:  # the line leads with the slow rank and its host, not the reporter
+                    host = s.host(r)
+                    cause, fields = describe_straggler(
+                        found, r, host=host, threshold=s.threshold, every=s.every, mode=mode
                     )
+                    self.events.emit("straggler", step, cause, rank=r, host=host, **fields)
             self.last_straggler = found
         self.drills.after_step(step)
         if self.replicas is not None and self.replicas.due(step):

@@ -14,19 +14,31 @@ the step's first blocking collective:
 - pipeline parallelism and other engines: the entry into ``train_step`` (stages receive before computing).
 
 On the CPU the clock is the host's ``perf_counter``; on a GPU a CUDA event pair on the compute stream at the
-same points, read (after waiting for the last event) only on gather steps. A rank is a straggler when its
-mean compute time over the window exceeds ``threshold`` x the median over ranks, and the median by at least 5%
-of the median wall step time (a few milliseconds of scheduling noise in a short window is no straggler). The
-first two steps of a launch (one-time set-up on every rank, DDP's bucket rebuild) are left out. The gather is one
-small all_gather every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank
-(metrics JSONL, W&B, and a console line on stderr) and the step's metrics get ``compute_time_max_over_median``.
+same points, read (after waiting for the last event) only on gather steps. The first two steps of a launch
+(one-time set-up on every rank, DDP's bucket rebuild) are left out.
+
+A rank is a straggler when its mean compute time over the window exceeds ``threshold`` x its *reference*, the
+median of the OTHER ranks' times, and the reference by at least 5% of the median wall step time (a few milliseconds
+of scheduling noise in a short window is no straggler). The rank itself is left out of its reference so that small
+worlds work: with 2 ranks the median of both is their mean, and a rank would be named only when more than 3x
+slower than its peer at the default threshold of 1.5 (``t > 1.5 * (t + p) / 2`` means ``t > 3 p``); against the
+median of the others it is named when 1.5x slower than its peer. In a larger world the median of the others differs
+from the median of all only within the middle of the distribution (for a slow rank it is the lower middle value), so
+it names the same ranks but for borderline cases; a single process has no reference and no straggler.
+
+The slow rank's host is named too: ``gather_hostnames`` all-gathers every rank's host name once, when the fault
+hooks start (one extra all_gather at start, none per step). The per-window gather stays one small all_gather
+every ``every`` steps (every rank joins it). Rank 0 records one ``straggler`` event per slow rank (metrics JSONL,
+W&B, and a console line on stderr, led by the slow rank and its host: ``straggler rank=R host=H step=S: ...``)
+and the step's metrics get ``compute_time_max_over_median``: the slowest rank's time over its reference.
 """
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,14 +51,60 @@ from lmforge.runtime.dist import world_size
 MIN_EXCESS_OF_STEP = 0.05
 
 
+# Room for a host name in the start-up gather (Linux host names have at most 64 bytes, fully qualified ones 253).
+HOSTNAME_BYTES = 256
+
+
+def reference_times(times: List[float]) -> List[float]:
+    """Each rank's reference: the median of the other ranks' times (0.0 for a single rank: no reference)."""
+    if len(times) < 2:
+        return [0.0] * len(times)
+    return [statistics.median(times[:r] + times[r + 1 :]) for r in range(len(times))]
+
+
 def find_stragglers(times: List[float], threshold: float, min_excess: float = 0.0) -> List[int]:
-    """Ranks whose time exceeds ``threshold`` x the median of all ranks, and the median by ``min_excess``."""
-    if not times:
-        return []
-    median = statistics.median(times)
-    if median <= 0:
-        return []
-    return [r for r, t in enumerate(times) if t > threshold * median and t - median >= min_excess]
+    """Ranks whose time exceeds ``threshold`` x the median of the other ranks, and that median by ``min_excess``."""
+    refs = reference_times(times)
+    return [
+        r for r, (t, ref) in enumerate(zip(times, refs)) if ref > 0 and t > threshold * ref and t - ref >= min_excess
+    ]
+
+
+def gather_hostnames(device: torch.device) -> List[str]:
+    """Every rank's host name, by rank: one all_gather of a fixed-size byte tensor (every rank joins it); this
+    process's name alone without a process group of more than one rank."""
+    mine = socket.gethostname()
+    if world_size() <= 1:
+        return [mine]
+    raw = mine.encode("utf-8")[:HOSTNAME_BYTES]
+    buf = torch.zeros(HOSTNAME_BYTES, dtype=torch.uint8)
+    buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    buf = buf.to(device)
+    out = [torch.zeros_like(buf) for _ in range(world_size())]
+    dist.all_gather(out, buf)
+    return [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in out]
+
+
+def describe_straggler(
+    found: Dict[str, object], r: int, *, host: str, threshold: float, every: int, mode: str
+) -> Tuple[str, dict]:
+    """The cause line and the event fields of slow rank ``r`` in one gather's result (``StragglerDetector.observe``)
+    on ``host``; ``mode`` is where the compute window ends (``ComputeClock.mode``)."""
+    times, walls, refs = found["times"], found["wall_times"], found["references"]
+    cause = (
+        f"rank {r} is a straggler on host {host}: mean compute time {times[r]:.3f}s per step > {threshold} x the "
+        f"median of the other ranks {refs[r]:.3f}s over the last {every} steps (compute = loop top to {mode}; wall "
+        f"step time {walls[r]:.3f}s)"
+    )
+    fields = {
+        "slow_rank": r,
+        "compute_time_s": times[r],
+        "median_s": refs[r],
+        "step_time_s": walls[r],
+        "compute_times_s": times,
+        "step_times_s": walls,
+    }
+    return cause, fields
 
 
 class ComputeClock:
@@ -149,14 +207,16 @@ class StragglerDetector:
         self.every = every
         self.threshold = threshold
         self.device = device
+        self.hosts: List[str] = []  # every rank's host name, by rank (``gather_hostnames``, at start)
         self._wall = 0.0
         self._n = 0
 
     def observe(
         self, step: int, step_time_s: float, clock: Optional[ComputeClock] = None
     ) -> Optional[Dict[str, object]]:
-        """Record one step; on gather steps return {'times', 'wall_times', 'stragglers', 'median'} where
-        ``times`` are the ranks' mean compute times (``clock``; the wall step time without one)."""
+        """Record one step; on gather steps return {'times', 'wall_times', 'references', 'stragglers', 'median'}
+        where ``times`` are the ranks' mean compute times (``clock``; the wall step time without one), ``references``
+        each rank's median of the other ranks' times and ``median`` the median of all."""
         if self.every <= 0:
             return None
         self._wall += step_time_s
@@ -180,6 +240,11 @@ class StragglerDetector:
         return {
             "times": times,
             "wall_times": walls,
+            "references": reference_times(times),
             "stragglers": find_stragglers(times, self.threshold, floor),
             "median": statistics.median(times),
         }
+
+    def host(self, rank: int) -> str:
+        """Rank ``rank``'s host name ('?' before ``gather_hostnames`` filled ``hosts``)."""
+        return self.hosts[rank] if 0 <= rank < len(self.hosts) else "?"

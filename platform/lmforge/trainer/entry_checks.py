@@ -13,6 +13,11 @@
 4. the data epochs, when ``epochs`` (a training start or a job's prepare step first refuses a non-embedded source
    with no shards at its path, ``data.sources.check_sources_present``) (``data.epochs.check_run``, ``prepare``: the embedded corpora prepared first).
 
+``timeout_lines(cfg, world_size, checks)`` (called by ``trainer.startup.check_start`` after them) orders the run's
+timeouts (``config.timeouts``): the watchdog against the collective timeout and, for a resumed run, the newest
+checkpoint save it recorded (``newest_save``: its ``checkpoint_save``/``checkpoint_commit`` events in
+``<run>/metrics.jsonl``, read from the end) against the watchdog and Slurm's signal lead.
+
 The result (``EntryChecks``) carries what the checks resolved: ``trainer.startup.start`` hands it to the
 ``Trainer``, which loads, resolves and parses none of it again. Who calls it: ``trainer.startup.check_start``, the
 one start-up path (``lmforge.train`` and sweep points: ``prepare=True, run_dir``; the Slurm prepare step,
@@ -23,19 +28,22 @@ check raises ConfigError (one line, exit 2 at the entry point).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
 from lmforge.checkpoint.relaunch_check import check_relaunch
 from lmforge.config.record import config_dict
+from lmforge.config.timeouts import MeasuredSave, timeout_warnings
 from lmforge.config.validated import Validated
 from lmforge.data.epochs import SourceEpochs, check_run, describe
 from lmforge.data.sources import check_sources_present, default_cache_dir, unprepared_sources
 from lmforge.data.tokenizer import Tokenizer, load_tokenizer
 from lmforge.evaluation.tasks import Task, check_eval_config
 from lmforge.evaluation.tasks import describe as describe_tasks
-from lmforge.runtime.env_vars import slurm_restart_count, torchrun_restart_count
+from lmforge.runtime.env_vars import slurm_job_id, slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.rundir import RunPaths
 
 if TYPE_CHECKING:
@@ -100,3 +108,58 @@ def plan_lines(cfg) -> List[str]:
         describe_tasks(checks.eval_tasks),
         describe(checks.epochs, cfg.data.max_epochs, unprepared_sources(cfg.data)),
     ]
+
+
+def lines_from_end(path: Path, block: int = 1 << 20) -> Iterator[str]:
+    """The lines of ``path``, last first, read in blocks from the end (a long run's metrics file is never read
+    whole to find its newest events)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end, rest = f.tell(), b""
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start) + rest
+            end = start
+            lines = chunk.split(b"\n")
+            rest = lines.pop(0) if start > 0 else b""
+            for line in reversed(lines):
+                if line.strip():
+                    yield line.decode("utf-8", "replace")
+        if rest.strip():
+            yield rest.decode("utf-8", "replace")
+
+
+def newest_save(metrics: Path) -> Optional[MeasuredSave]:
+    """The newest committed checkpoint save in a run's ``metrics.jsonl``: from its ``checkpoint_commit`` event
+    (``write_s``: from the save's start, or an async write's, to the commit) and the ``checkpoint_save`` event of the
+    same step (``stall_s``, ``async_mode``: an async save's staging comes before its write). None when the file is
+    missing or holds no commit."""
+    if not metrics.is_file():
+        return None
+    commit = None
+    for line in lines_from_end(metrics):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a killed run
+        if not isinstance(record, dict) or record.get("kind") != "event":
+            continue
+        if commit is None and record.get("event") == "checkpoint_commit":
+            commit = record
+        elif commit is not None and record.get("event") == "checkpoint_save" and record.get("step") == commit["step"]:
+            staged = float(record.get("stall_s", 0.0)) if record.get("async_mode", "none") != "none" else 0.0
+            return MeasuredSave(int(commit["step"]), staged + float(commit.get("write_s", 0.0)), str(metrics))
+    if commit is None:
+        return None
+    return MeasuredSave(int(commit["step"]), float(commit.get("write_s", 0.0)), str(metrics))
+
+
+def timeout_lines(cfg, world_size: Optional[int], checks: EntryChecks) -> List[str]:
+    """The warning lines of ``config.timeouts`` for this start: ``world_size`` processes; a resumed run's newest
+    save, read from its metrics file (a fresh start knows none and says nothing about saves)."""
+    root = cfg.cfg if isinstance(cfg, Validated) else cfg
+    save = None
+    if checks.run_dir is not None and checks.resume_point is not None:
+        save = newest_save(RunPaths(checks.run_dir).metrics)
+    return timeout_warnings(root, world_size, save, under_slurm=slurm_job_id() is not None)

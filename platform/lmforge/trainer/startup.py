@@ -6,7 +6,9 @@
 2. the caller's ``job_checks(validated)``, if any (the Slurm prepare step: the device contract, the memory fit and
    the job's allocation);
 3. ``trainer.entry_checks.entry_checks`` (the eval tasks, the tokenizer, the resume point in ``run_dir``, the data
-   epochs).
+   epochs);
+4. ``trainer.entry_checks.timeout_lines``: the order of the run's timeouts (``config.timeouts``), each line that is
+   off printed once as a warning on stderr (rank 0 of a launched job; stdout stays the Slurm prepare step's).
 
 It returns ``Checked`` (the validated config and what the entry checks resolved). Who calls it: ``start`` (below),
 the Slurm prepare step (``launch.jobctl.check_job``, writing nothing, in the job's run dir) and ``lmforge launch``
@@ -23,6 +25,7 @@ therefore refuses every one of them (``tests/e2e/test_start_work_once.py``).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Union
@@ -30,8 +33,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 from lmforge.config.validate import validate
 from lmforge.config.validated import Validated
 from lmforge.fault.verdict import VerdictRecorder
-from lmforge.runtime.env_vars import launch_world_size
-from lmforge.trainer.entry_checks import EntryChecks, entry_checks
+from lmforge.runtime.env_vars import launch_rank, launch_world_size
+from lmforge.trainer.entry_checks import EntryChecks, entry_checks, timeout_lines
 
 if TYPE_CHECKING:
     from lmforge.trainer.trainer import Trainer
@@ -60,12 +63,17 @@ def check_start(
     """Every check of a start, once each (the module docstring). ``cfg``: a composed config; ``world_size``: the
     processes the layout is checked against (None: ``validate``'s default, $WORLD_SIZE when set); ``prepare``,
     ``epochs``: as ``entry_checks`` takes them. Raises ConfigError / DeviceContractError (exit 2 at the entry
-    point)."""
+    point). Prints the timeout warnings (step 4)."""
     validated = validate(cfg, world_size=world_size)
     if job_checks is not None:
         job_checks(validated)
     where = run_dir(validated) if callable(run_dir) else run_dir
-    return Checked(validated, entry_checks(validated, prepare=prepare, run_dir=where, epochs=epochs))
+    entry = entry_checks(validated, prepare=prepare, run_dir=where, epochs=epochs)
+    world = world_size if world_size is not None else launch_world_size()
+    if launch_rank() == 0:
+        for line in timeout_lines(validated, world, entry):
+            print(line, file=sys.stderr, flush=True)
+    return Checked(validated, entry)
 
 
 def start(cfg, run_dir: Path) -> "Trainer":
