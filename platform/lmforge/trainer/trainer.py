@@ -331,7 +331,7 @@ class Trainer:
             preemption=self.preemption,
             engine=self.engine,
             start_step=self.step,
-        ).start()
+        ).start()  # collective: the host names' all_gather for the straggler events (metrics.straggler_every > 0)
         self.stop_vote = LaggedVote(self.device, "any")
         try:
             run_preflight(
