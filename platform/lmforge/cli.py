@@ -19,6 +19,7 @@ USAGE = """usage: lmforge VERB ...  (one console entry point for every tool)
   sweep     plan|run|status|collect ...       scaling-law IsoFLOP sweeps
   scaling   fit ...                           Chinchilla Approach 2/3 fits, predictions, plots
   config    show [KEY|GROUP] [hydra overrides]   each key: value, default, choices, meaning, which file set it
+  goodput   RUN_OR_SWEEP_DIR [--json]          where the wall time went: goodput, time lost by cause
 
 Run `lmforge VERB --help` for the options of each."""
 
@@ -116,6 +117,13 @@ def _config(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _goodput(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
+    from lmforge.fault.goodput_cli import main
+
+    return main(list(argv))
+
+
 VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "train": _train,
     "data": _data,
@@ -129,6 +137,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "launch": _launch,
     "ckpt": _ckpt,
     "config": _config,
+    "goodput": _goodput,
 }
 
 

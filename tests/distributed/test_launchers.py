@@ -146,6 +146,11 @@ def test_local_script_restarts_a_crash_and_the_run_completes(local_run):
     # torchrun's own logs stay in the run directory (not a new /tmp/torchelastic_* per launch): one per attempt.
     attempts = sorted(p.name for p in (run / "torchelastic").glob("*/attempt_*"))
     assert attempts == ["attempt_0", "attempt_1"], attempts
+    # goodput.json accounts both attempts: the second redid step 3, which the first finished after the step-2 save
+    report = json.loads((run / "goodput.json").read_text())
+    assert (report["launches"], report["committed_steps"], report["redone_steps"]) == (2, 4, 1), report
+    assert report["seconds"]["restart_wait"] > 0 and report["seconds"]["redone"] > 0, report
+    assert sum(report["seconds"].values()) == pytest.approx(report["wall_s"], rel=1e-6), report
 
 
 @pytest.mark.timeout(600)

@@ -144,6 +144,7 @@ class Watchdog:
                     f"rank {self.rank} stuck for {idle:.1f}s after step {self.step} "
                     f"(timeout {self.allowance():.0f}s); stacks in {path}",
                     dump=str(path),
+                    idle_s=idle,
                 )
                 self._exit(WATCHDOG_EXIT_CODE)
                 return

@@ -260,6 +260,16 @@ class RunPaths:
         return self.root / "torchelastic"
 
     @property
+    def goodput_ledgers(self) -> Path:
+        """``launch-NNN.jsonl`` per launch: its start-up, steps, evaluation and save seconds (lmforge.fault.goodput_ledger)."""
+        return self.root / "goodput"
+
+    @property
+    def goodput(self) -> Path:
+        """The run's time accounting over all its launches (lmforge.fault.goodput; ``lmforge goodput RUN``)."""
+        return self.root / "goodput.json"
+
+    @property
     def done_marker(self) -> Path:
         return self.root / "DONE"
 

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 PREFIX = "launch-"
 
 
+def launch_number(path: Path) -> int:
+    """The launch number of a record's path (``launch-007.yaml`` -> 7)."""
+    return int(path.stem[len(PREFIX) :])
+
+
 def write_launch_record(paths: RunPaths, config: dict, step: int, resumed: Optional["ResumePoint"]) -> Path:
     """Write this launch's record (the next free number) and return its path."""
     make_dir(paths.launches)

@@ -43,6 +43,8 @@ from lmforge.data.sources import default_cache_dir
 from lmforge.data.stream_size import stream_sizes
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
+from lmforge.fault.goodput import GoodputError, summary_line, write_goodput
+from lmforge.fault.goodput_ledger import GoodputLedger
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
@@ -62,7 +64,7 @@ from lmforge.runtime.file_modes import make_dir, set_file, set_tree, write_text
 from lmforge.runtime.hardware import peak_tflops, pin_threads, refresh_cpu_peak, select_device
 from lmforge.runtime.rundir import RunPaths
 from lmforge.trainer.entry_checks import EntryChecks
-from lmforge.trainer.launch_record import write_launch_record
+from lmforge.trainer.launch_record import launch_number, write_launch_record
 
 
 class Preempted(SystemExit):
@@ -179,6 +181,8 @@ class Trainer:
         self.stop_vote: Optional[LaggedVote] = None  # "did any rank get a preemption signal?" (fit)
         self.history: List[dict] = []
         self.overlap = OverlapProbe(cfg.metrics.profile_every, self.paths.traces, self.device)
+        self.launch = 0  # this launch's number in the run (launches/launch-NNN.yaml; rank 0 reads it)
+        self.ledger: Optional[GoodputLedger] = None  # rank 0's time ledger of this launch (fit)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
 
     # ---- helpers -----------------------------------------------------------------------------------
@@ -193,7 +197,7 @@ class Trainer:
         config = config_dict(self.cfg)
         if self.resume_point is None or not self.paths.config.exists():
             write_text(self.paths.config, OmegaConf.to_yaml(OmegaConf.create(config)))
-        write_launch_record(self.paths, config, self.step, self.resume_point)
+        self.launch = launch_number(write_launch_record(self.paths, config, self.step, self.resume_point))
         if self.step < self.cfg.train.max_steps:
             self.paths.done_marker.unlink(missing_ok=True)
         layout = {
@@ -308,9 +312,12 @@ class Trainer:
 
         Every rank runs the same calls in the same order; each collective of a step is named below ("collective:").
         """
+        t_load = time.perf_counter()
         resumed = self.maybe_resume()
+        load_s = time.perf_counter() - t_load
         self._write_run_files()
         log = self.logger = self._make_logger()
+        ledger = self.ledger = GoodputLedger(self.paths.goodput_ledgers, self.launch, enabled=self.rank == 0)
         self.checkpoints.on_save = lambda step, path, stall_s: log.event(
             "checkpoint_save", step=step, stall_s=stall_s, async_mode=self.cfg.checkpoint.async_mode, path=str(path)
         )
@@ -333,11 +340,18 @@ class Trainer:
             start_step=self.step,
         ).start()  # collective: the host names' all_gather for the straggler events (metrics.straggler_every > 0)
         self.stop_vote = LaggedVote(self.device, "any")
+        ending, final_save_s = "unknown", 0.0  # what ended this launch (the ledger's end record)
         try:
             run_preflight(
                 cfg.comm, self.device, paths=self.paths, logger=log, step=self.step
             )  # collective: comm.preflight's bench
             self.meter.start()  # throughput is measured over logging intervals (metrics/meter.py)
+            ledger.start(
+                start_step=self.step,
+                load_s=load_s,
+                tokens_per_step=self.plan.tokens_per_step,
+                world_size=self.world.world_size,
+            )  # goodput: everything before this was start-up (fault/goodput.py)
             while self.step < last_step:
                 faults.start_compute_clock()
                 t0 = time.perf_counter()
@@ -360,8 +374,10 @@ class Trainer:
                 if self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1:
                     self.log_step(result, lr, fault_metrics)  # collective: per-source token counts all-reduced
                 if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
+                    t_eval = time.perf_counter()
                     with self.meter.excluded():  # evaluation time is not training throughput
                         values = self.evaluate()  # collectives: the engine's eval forwards and loss all-reduces
+                    ledger.add_eval(time.perf_counter() - t_eval)
                     log.log(
                         {
                             "kind": "eval",
@@ -372,7 +388,10 @@ class Trainer:
                     )
                 self.commit_checkpoint()  # collective while an async save is in flight: its vote, then the commit
                 if self.vote_stop():  # collective: async all-reduce of the preemption flag, read a step later
+                    t_save = time.perf_counter()
                     self.save_after_verdicts(blocking=True)  # collective: the save's barriers
+                    ledger.add_save(time.perf_counter() - t_save)
+                    ledger.step(self.step, time.perf_counter() - t0, t_data)  # this step is kept
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if (
@@ -381,27 +400,47 @@ class Trainer:
                     and self.step % cfg.checkpoint.every_steps == 0
                     and self.step < last_step
                 ):
+                    t_save = time.perf_counter()
                     self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
+                    ledger.add_save(time.perf_counter() - t_save)  # the loop's stall (sync: the whole save)
+                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=self.overlap.due(self.step))
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
             trained = self.step != resumed  # a checkpoint is never re-saved by a launch that trained nothing
+            t_save = time.perf_counter()
             if trained and cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
                 self.save_after_verdicts(blocking=True)  # collective: the save's barriers
             self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
+            final_save_s = time.perf_counter() - t_save
+            ending = "done" if self.step >= cfg.train.max_steps else "stopped"
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 write_text(self.paths.done_marker, json.dumps({"step": self.step}))
             elif self.rank == 0:
                 print(self.stopped_line(), flush=True)
+        except BaseException as exc:  # the launch's end record names what ended it; the exception goes on
+            ending = type(exc).__name__
+            raise
         finally:
             self.data.close()
             faults.close()
             log.close()
+            self.close_ledger(ending, final_save_s)
             if self.rank == 0:
                 set_tree(self.paths.wandb)  # W&B's files (written by its own process) take the run's modes
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
+    def close_ledger(self, ending: str, final_save_s: float) -> None:
+        """The launch's end record, then (rank 0) ``goodput.json`` over every launch so far and its one line."""
+        self.ledger.end(self.step, ending, final_save_s)
+        if self.rank != 0:
+            return
+        try:
+            print(summary_line(write_goodput(self.paths.root)), flush=True)
+        except (GoodputError, OSError, ValueError, KeyError) as exc:  # the accounting never fails a run
+            print(f"lmforge: warning: goodput.json not written: {exc}", flush=True)
+
     def stopped_line(self) -> str:
         """What a launch that stopped before ``train.max_steps`` (``train.stop_at_step``) prints last: how to go on."""
         cfg, step = self.cfg, self.step

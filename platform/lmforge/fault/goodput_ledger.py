@@ -1,0 +1,120 @@
+"""Where each second of a launch went, written as it happens: ``<run>/goodput/launch-NNN.jsonl`` (rank 0).
+
+One line when the loop starts, one per step, one when the launch ends (if it lives to write it)::
+
+    {"kind": "start", "launch": 1, "process_start": T, "loop_start": T, "start_step": 300, "load_s": 4.1, ...}
+    {"s": 301, "t": T, "d": 0.52, "w": 0.01}              # step, end time, iteration seconds, data wait
+    {"s": 310, "t": T, "d": 3.90, "w": 0.01, "e": 3.1}    # ... of which evaluation (e), checkpoint stall (c);
+    {"s": 320, "t": T, "d": 0.61, "p": 1}                 # p: a profiled step
+    {"kind": "end", "t": T, "step": 400, "reason": "done", "final_save_s": 2.0}
+
+Each line is one short append (line-buffered), so a launch killed with SIGKILL leaves every step it finished. The
+times are the host's: no device synchronisation is added (on a GPU a step's host time includes waiting for the
+device whenever the host runs ahead, so the per-step seconds still sum to the loop's wall time). The
+accounting that turns these files into ``goodput.json`` is ``fault/goodput.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional, TextIO
+
+from lmforge.runtime.file_modes import make_dir, open_append
+
+IMPORT_TIME = time.time()  # the fallback process start where /proc is not there
+
+
+def process_start_time() -> float:
+    """This process's start as a wall-clock time (Linux: /proc; elsewhere the time lmforge was imported)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return IMPORT_TIME
+
+
+def ledger_path(goodput_dir: Path, launch: int) -> Path:
+    return goodput_dir / f"launch-{launch:03d}.jsonl"
+
+
+class GoodputLedger:
+    """Rank 0's per-launch time ledger; other ranks get a ledger that writes nothing (``enabled=False``)."""
+
+    def __init__(self, goodput_dir: Path, launch: int, enabled: bool = True):
+        self.path = ledger_path(goodput_dir, launch)
+        self.launch = launch
+        self.enabled = enabled
+        self._fh: Optional[TextIO] = None
+        self._eval_s = 0.0
+        self._save_s = 0.0
+
+    def _write(self, record: dict) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        except (OSError, ValueError):  # a full or vanished disk never stops training
+            self._fh = None
+
+    def start(self, *, start_step: int, load_s: float, tokens_per_step: int, world_size: int) -> None:
+        """The loop starts now: everything since the process started was start-up (of which ``load_s`` the resume)."""
+        if not self.enabled:
+            return
+        make_dir(self.path.parent)
+        self._fh = open_append(self.path, buffering=1)
+        self._write(
+            {
+                "kind": "start",
+                "launch": self.launch,
+                "process_start": process_start_time(),
+                "loop_start": time.time(),
+                "start_step": start_step,
+                "load_s": load_s,
+                "tokens_per_step": tokens_per_step,
+                "world_size": world_size,
+                "host": socket.gethostname(),
+            }
+        )
+
+    def add_eval(self, seconds: float) -> None:
+        """Evaluation seconds inside the current iteration."""
+        self._eval_s += seconds
+
+    def add_save(self, seconds: float) -> None:
+        """Checkpoint seconds the loop waited for inside the current iteration (the save's stall)."""
+        self._save_s += seconds
+
+    def step(self, step: int, seconds: float, data_wait_s: float, profiled: bool = False) -> None:
+        """Iteration ``step`` ended now after ``seconds`` (its data wait, evaluation and save stall included)."""
+        if self._fh is not None:
+            line = {"s": step, "t": time.time(), "d": round(seconds, 6), "w": round(data_wait_s, 6)}
+            if self._eval_s:
+                line["e"] = round(self._eval_s, 6)
+            if self._save_s:
+                line["c"] = round(self._save_s, 6)
+            if profiled:
+                line["p"] = 1
+            self._write(line)
+        self._eval_s = self._save_s = 0.0
+
+    def end(self, step: int, reason: str, final_save_s: float = 0.0) -> None:
+        """The launch ends (``reason``: done, stopped, preempted, or the exception that ended it)."""
+        if self._fh is None:
+            return
+        self._write({"kind": "end", "t": time.time(), "step": step, "reason": reason, "final_save_s": final_save_s})
+        self.close()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+        self._fh = None
