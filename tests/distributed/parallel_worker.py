@@ -258,7 +258,9 @@ def run_case(
         "rank": dist.get_rank(),
         "coords": {
             n: engine.mesh[n].get_local_rank()
-            for n in ("pp", "dp_replicate", "dp_shard", "tp") + (("ep",) if cfg.parallelism.ep > 1 else ())
+            for n in ("pp", "dp_replicate", "dp_shard", "tp")
+            + (("ep",) if cfg.parallelism.ep > 1 else ())
+            + (("cp",) if cfg.parallelism.cp > 1 else ())
         },
         "reduce_scatters": collectives[REDUCE_SCATTER],
         "all_gathers": collectives[ALL_GATHER],
