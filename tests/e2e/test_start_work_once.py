@@ -162,7 +162,7 @@ def sweep_of_two_points(tmp_path: Path) -> Path:
 
     root = tmp_path / "sweep-runs"
     assert (
-        lmforge(["sweep", "plan", "--preset", "tiny_cpu", "--name", "s", "--budgets", "3e9", "--run-root", str(root)])
+        lmforge(["sweep", "plan", "--preset", "tiny_cpu", "--name", "s", "--budgets", "1e10", "--run-root", str(root)])
         == 0
     )
     plan = root / "s" / "sweep.json"

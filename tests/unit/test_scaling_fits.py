@@ -10,7 +10,7 @@ from lmforge.scaling.approach3 import fit_approach3
 from lmforge.scaling.bootstrap import bootstrap
 from lmforge.scaling.data import Observations
 from lmforge.scaling.errors import ScalingError
-from lmforge.scaling.laws import CHINCHILLA_LAW, Law
+from lmforge.scaling.laws import CHINCHILLA, CHINCHILLA_LAW, Law
 
 BUDGETS = [1e18, 3e18, 1e19, 3e19, 1e20, 3e20]
 
@@ -125,3 +125,41 @@ def test_budget_without_interior_minimum_says_which_and_how_to_extend():
     msg = str(e.value)
     assert msg.startswith("budget C=1e+20") and "not inside the grid" in msg or "no minimum inside the grid" in msg
     assert "extend the grid for this budget towards larger N" in msg
+
+
+# A real tiny sweep (10 runs at 3e9 and 1e10 FLOPs) whose within-budget resamples include one that fits a
+# degenerate law: alpha ~1.2e4 with ln A ~ -1400, so A = exp(ln A) underflows to 0.
+DEGENERATE_RESAMPLE_TABLE = [
+    (3e9, 5952, 83968, 4.1940),
+    (3e9, 13568, 36864, 4.7967),
+    (3e9, 18944, 26624, 5.0390),
+    (3e9, 22272, 22528, 5.0745),
+    (3e9, 33024, 15360, 5.0958),
+    (1e10, 5952, 280064, 3.9726),
+    (1e10, 13568, 122880, 3.8819),
+    (1e10, 22272, 74752, 4.0249),
+    (1e10, 42240, 39424, 4.9823),
+    (1e10, 73920, 22528, 4.8425),
+]
+
+
+def test_law_without_finite_positive_coefficients_has_no_optimum():
+    assert CHINCHILLA_LAW.has_optimum
+    for bad in (dict(A=0.0), dict(B=float("inf")), dict(alpha=0.0), dict(beta=-0.1)):
+        law = Law(**{**CHINCHILLA, **bad})
+        assert not law.has_optimum
+        with pytest.raises(ScalingError, match="does not decrease in both N and D"):
+            law.optimal(1e21)
+
+
+def test_approach3_bootstrap_counts_a_degenerate_replicate_as_failed_and_keeps_the_intervals():
+    budget, n, d, loss = (np.array(col, dtype=float) for col in zip(*DEGENERATE_RESAMPLE_TABLE))
+    obs = Observations(budget, n, d, loss)
+    result = bootstrap(obs, "3", replicates=100, targets=[1e11], seed=0)
+    # The degenerate replicate (and the unconverged ones) are counted, not fatal to every other replicate.
+    assert 1 <= result.failed < 100
+    assert result.method == "within-budget"
+    for key in ("alpha", "beta", "a"):
+        assert np.isfinite([result.params[key].low, result.params[key].high]).all()
+    n_opt = result.predictions["1e+11"]["n_opt"]
+    assert 0 < n_opt.low <= n_opt.median <= n_opt.high < np.inf

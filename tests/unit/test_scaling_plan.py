@@ -228,3 +228,20 @@ def test_cpu_hour_preset_puts_the_expected_optimum_inside_every_budget_and_fits_
     rules.expected_tpp = 1.0
     off = optimum_check(plan("cpu_hour", preset["budgets"], family, rules, str(tmp_path)))
     assert not any(line.endswith(": interior") for line in off), off
+
+
+def test_tiny_cpu_preset_brackets_the_expected_optimum_at_both_budgets(tmp_path):
+    from lmforge.scaling.cli import load_preset
+    from lmforge.scaling.plan import optimum_check
+
+    preset = load_preset("tiny_cpu")
+    family, rules = ShapeFamily(**preset["family"]), Rules(**preset["rules"])
+    sweep = plan("tiny_cpu", preset["budgets"], family, rules, str(tmp_path))
+    assert [p.budget for p in sweep.points] == [1e10] * 7 + [3e10] * 7
+    assert all(p.n_layers == 1 and abs(p.budget_error) < 0.01 for p in sweep.points)
+    assert sum(p.planned_flops for p in sweep.points) < 3e11  # the README demo's CPU time scales with this
+    lines = optimum_check(sweep)
+    assert len(lines) == 2 and all(line.endswith(": interior") for line in lines), lines
+    # Negative control: at 3e9 FLOPs the family's smallest width is already at the optimum; too few sizes fit.
+    with pytest.raises(ScalingError, match=r"budget C=3e9: only \d shape\(s\)"):
+        plan("tiny_cpu", [3e9], family, rules, str(tmp_path))

@@ -220,7 +220,6 @@ def fit_law_batch(
         lam[act] = np.where(better, np.maximum(lam[act] / 3, 1e-9), lam[act] * 4)
         done[act] = (better & (gain < tol)) | (lam[act] > 1e10)
     return theta, obj, done  # done: the gain fell below tol, or no damped step lowers the objective any more
-    return theta, obj, done
 
 
 def theta_of(law: Law) -> list:

@@ -205,7 +205,8 @@ def bootstrap_approach3_many(
         np.concatenate(theta0),
         delta,
     )
-    ok_all = converged & np.isfinite(theta).all(-1) & (theta[:, 3] > 0) & (theta[:, 4] > 0)
+    # A replicate counts only when its law has a compute-optimal allocation (the test Law.optimal applies).
+    ok_all = converged & np.isfinite(theta).all(-1) & np.array([_law_of(t).has_optimum for t in theta], dtype=bool)
     results = []
     keys = [f"{c:.6g}" for c in targets]
     for i, (m, design) in enumerate(meta):

@@ -45,9 +45,15 @@ class Law:
     def G(self) -> float:
         return (self.alpha * self.A / (self.beta * self.B)) ** (1.0 / (self.alpha + self.beta))
 
+    @property
+    def has_optimum(self) -> bool:
+        """True when the law decreases in both N and D with finite coefficients, so it has a compute-optimal
+        allocation (a coefficient that under- or overflowed to 0 or inf gives none)."""
+        return bool(self.alpha > 0 and self.beta > 0 and 0 < self.A < np.inf and 0 < self.B < np.inf)
+
     def optimal(self, c):
         """(N_opt, D_opt, L_opt) for budgets ``c`` under C = 6 N D."""
-        if not (self.alpha > 0 and self.beta > 0 and self.A > 0 and self.B > 0):
+        if not self.has_optimum:
             raise ScalingError(
                 "Approach 3",
                 f"the fitted law (alpha={self.alpha:.3g}, beta={self.beta:.3g}) does not decrease in both "
