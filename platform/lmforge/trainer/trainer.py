@@ -416,8 +416,6 @@ class Trainer:
             ending = "done" if self.step >= cfg.train.max_steps else "stopped"
             if self.rank == 0 and self.step >= cfg.train.max_steps:
                 write_text(self.paths.done_marker, json.dumps({"step": self.step}))
-            elif self.rank == 0:
-                print(self.stopped_line(), flush=True)
         except BaseException as exc:  # the launch's end record names what ended it; the exception goes on
             ending = type(exc).__name__
             raise
@@ -428,6 +426,8 @@ class Trainer:
             self.close_ledger(ending, final_save_s)
             if self.rank == 0:
                 set_tree(self.paths.wandb)  # W&B's files (written by its own process) take the run's modes
+        if ending == "stopped" and self.rank == 0:
+            print(self.stopped_line(), flush=True)  # the last line: how to go on (after the goodput line)
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
