@@ -69,6 +69,32 @@ def test_smoke_loss_falls(smoke_run):
 
 
 @pytest.mark.timeout(1200)
+def test_smoke_console_opens_with_its_block_and_closes_with_the_summary(smoke_run):
+    """The console a user reads (stdout.log, as printed): the start block before step 1, the summary from the
+    run's own records, and last the newest checkpoint with how to generate from it and train further."""
+    lines = (smoke_run.parent / "stdout.log").read_text().splitlines()
+    head = lines[: lines.index(next(line for line in lines if line.startswith("step 1 |")))]
+    assert f"lmforge: run {smoke_run} (launch 0, fresh start)" in head
+    assert "lmforge: layout 1 process (gloo), mesh: single" in head
+    assert any(line.startswith("lmforge: model smoke: ") for line in head), head
+    wandb = next(line for line in head if line.startswith("lmforge: W&B offline: ")).split()[3]
+    assert Path(wandb).parent == smoke_run / "wandb" and Path(wandb).is_dir()
+
+    train, evals = records(smoke_run, "train"), records(smoke_run, "eval")
+    summary, validation, goodput, last = [line for line in lines if line.startswith("lmforge: ")][-4:]
+    assert summary.startswith("lmforge: summary: steps 0 -> 300 of 300 in ")
+    intervals = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
+    assert f"; loss {train[-1]['loss']:.4f}; median {np.median(intervals):,.0f} tokens/s" in summary
+    assert summary.endswith(f" ({len(intervals)} intervals)")
+    for source in ("books", "code", "reference"):
+        losses = [(r[f"val/{source}/loss"], r["step"]) for r in evals]
+        best = min(losses)
+        assert f"{source} {losses[-1][0]:.4f} ({best[0]:.4f} at {best[1]})" in validation
+    assert goodput.startswith("lmforge: goodput ") and lines[-1] == last
+    assert last.startswith(f"lmforge: last checkpoint {smoke_run / 'checkpoints' / 'step-00000300'}. Generate: ")
+
+
+@pytest.mark.timeout(1200)
 def test_smoke_heldout_loss_beats_unigram_entropy(smoke_run, data_cache):
     """A real language-model signal: held-out loss below the entropy of each source's unigram distribution."""
     final = records(smoke_run, "eval")[-1]

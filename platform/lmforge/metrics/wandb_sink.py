@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.config.logging import WandbConfig
+from lmforge.metrics.run_summary import wandb_line
 from lmforge.runtime.env_vars import environment
 from lmforge.runtime.secrets import redact, redact_text
 
@@ -221,6 +222,12 @@ class WandbSink:
         if self.mode == "online" and cfg.mode == "auto":
             say(f"W&B logging online (logging.wandb.mode=auto found an API key): {self.run.url}")
         define_axes(self.run)
+
+    def location(self) -> str:
+        """Where the rows go, as the console's start block says it: the run's URL online, its directory offline."""
+        if self.mode == "online":
+            return wandb_line("online", url=self.run.url)
+        return wandb_line("offline", offline_dir=str(Path(self.run.dir).parent))  # run.dir is <sync dir>/files
 
     def log(self, record: dict) -> None:
         kind = record.get("kind", "train")

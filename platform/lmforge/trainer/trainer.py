@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lmforge.checkpoint.extra_state import scheduler_changes, scheduler_state
-from lmforge.checkpoint.layout import step_dir
+from lmforge.checkpoint.layout import latest, step_dir
 from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
@@ -44,14 +44,16 @@ from lmforge.data.stream_size import stream_sizes
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
 from lmforge.fault.goodput import GoodputError, summary_line, write_goodput
-from lmforge.fault.goodput_ledger import GoodputLedger
+from lmforge.fault.goodput_ledger import GoodputLedger, process_start_time
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import IntervalMeter, device_synchronizer
+from lmforge.metrics.run_summary import RunSummary, StartInfo, next_steps_line, start_block, wandb_line
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import document_flops_per_token, flops_per_token
+from lmforge.model.gpt import param_count_from_config
 from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.float8 import gap_warning
@@ -184,6 +186,8 @@ class Trainer:
         self.launch = 0  # this launch's number in the run (launches/launch-NNN.yaml; rank 0 reads it)
         self.ledger: Optional[GoodputLedger] = None  # rank 0's time ledger of this launch (fit)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
+        self.summary = RunSummary()  # a sink on rank 0: what the end summary reports (metrics/run_summary.py)
+        self.wandb_where = ""  # the start block's W&B line (_make_logger)
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _write_run_files(self) -> None:
@@ -215,7 +219,7 @@ class Trainer:
     def _make_logger(self) -> MetricsLogger:
         if self.rank != 0:
             return MetricsLogger([], rank=self.rank)
-        sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step)]
+        sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step), self.summary]
         if self.cfg.logging.jsonl:
             sinks.append(JsonlSink(self.paths.metrics))
         wandb_sink = make_wandb_sink(
@@ -225,10 +229,32 @@ class Trainer:
             run_id=self.wandb_run_id,
             group=self.cfg.run.sweep_name,
         )
+        self.wandb_where = wandb_line(None)
         if wandb_sink is not None:
             self.wandb_run_id = wandb_sink.run_id  # persisted in every checkpoint's sidecar
+            self.wandb_where = wandb_sink.location()
             sinks.append(wandb_sink)
         return MetricsLogger(sinks, rank=0)
+
+    def start_info(self, resumed: Optional[int]) -> StartInfo:
+        """What the console's start block says (metrics/run_summary.py)."""
+        cfg = self.cfg
+        return StartInfo(
+            run_dir=str(self.paths.root),
+            launch=self.launch,
+            resumed_from=resumed,
+            model=cfg.model.name,
+            parameters=param_count_from_config(cfg.model),
+            precision=self.engine.precision,
+            device=str(self.device),
+            world_size=self.world.world_size,
+            backend=self.world.backend,
+            mesh=dict(zip(DIM_NAMES, self.engine.dims.shape)),
+            max_steps=cfg.train.max_steps,
+            last_step=min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps),
+            tokens_per_step=self.plan.tokens_per_step,
+            wandb=self.wandb_where,
+        )
 
     def sidecar(self) -> dict:
         return {
@@ -324,6 +350,9 @@ class Trainer:
         self.checkpoints.on_commit = lambda step, path, write_s: log.event(
             "checkpoint_commit", step=step, write_s=write_s, path=str(path)
         )
+        talk = self.rank == 0 and self.cfg.logging.console != "none"  # the start block and the summary
+        if talk:
+            print("\n".join(start_block(self.start_info(resumed))), flush=True)
         if resumed is not None:  # the console's one line of it: "[event] resume ... resumed from step N path=..."
             log.event("resume", step=resumed, cause=f"resumed from step {resumed}", path=str(self.resume_point.path))
         cfg = self.cfg
@@ -423,11 +452,22 @@ class Trainer:
             self.data.close()
             faults.close()
             log.close()
+            if talk and ending in ("done", "stopped"):
+                lines = self.summary.lines(
+                    start_step=resumed or 0,
+                    end_step=self.step,
+                    max_steps=cfg.train.max_steps,
+                    wall_s=time.time() - process_start_time(),
+                )
+                print("\n".join(lines), flush=True)
             self.close_ledger(ending, final_save_s)
             if self.rank == 0:
                 set_tree(self.paths.wandb)  # W&B's files (written by its own process) take the run's modes
         if ending == "stopped" and self.rank == 0:
             print(self.stopped_line(), flush=True)  # the last line: how to go on (after the goodput line)
+        elif ending == "done" and self.rank == 0:
+            newest = latest(self.checkpoints.root) if cfg.checkpoint.enabled else None
+            print(next_steps_line(str(self.paths.root), newest and str(newest), self.step), flush=True)
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
