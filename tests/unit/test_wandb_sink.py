@@ -12,6 +12,7 @@ from harness import free_port
 
 from lmforge.config.errors import ActionableError
 from lmforge.config.logging import WandbConfig
+from lmforge.metrics.series import EventCounter
 from lmforge.metrics.wandb_sink import WandbSink, make_wandb_sink, resolve_mode
 
 
@@ -275,7 +276,7 @@ def test_logging_at_the_trainer_step_loses_the_redone_rows(tmp_path, monkeypatch
 
     class StepSink(WandbSink):  # the rows of WandbSink, at step=<trainer step> as W&B's own step
         def __init__(self):
-            self.run, self.mode, self._event_counts = run, "offline", {}
+            self.run, self.mode, self._events = run, "offline", EventCounter()
 
         def _log(self, row, record):
             run.log(row, step=int(record["step"]))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
+from lmforge.config.errors import ConfigError
 from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
 
@@ -37,6 +39,9 @@ class LoggingConfig:
     """Write <run>/metrics.jsonl."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases sink (``logging.wandb.*``)."""
+    tensorboard: bool = False
+    """Also write the W&B series as TensorBoard event files in <run>/tensorboard (needs the tensorboard package:
+    pip install 'lmforge[tensorboard]')."""
 
 
 @dataclass
@@ -47,3 +52,14 @@ class MetricsConfig:
     """Gather per-rank step times every N steps for straggler detection; 0 = off."""
     straggler_threshold: float = 1.5
     """A rank whose mean compute time exceeds this many times the median over ranks is a straggler."""
+
+
+def check_sink_packages(cfg: LoggingConfig) -> None:
+    """A sink asked for whose package is missing is refused before anything starts (W&B's mode ``auto`` is not:
+    it logs nothing and says so, metrics/wandb_sink.py)."""
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "logging.tensorboard",
+            "is true but the tensorboard package is not installed",
+            "pip install 'lmforge[tensorboard]' (or pip install tensorboard), or set logging.tensorboard=false",
+        )

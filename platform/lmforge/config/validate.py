@@ -26,6 +26,7 @@ from lmforge.config.deepspeed import check as check_deepspeed
 from lmforge.config.deepspeed import check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
+from lmforge.config.logging import check_sink_packages
 from lmforge.config.moe_checks import check_moe
 from lmforge.config.parallelism import pipeline_chunks, pp_layers_override, suggested_pp_layers
 from lmforge.config.paths import check_paths
@@ -92,6 +93,7 @@ def check_values(cfg: RootConfig) -> None:
     check_choices(cfg)  # every Annotated[str, Literal[...]] field of the schema
     check_ranges(cfg)  # every Annotated[int | float, Range(...)] field of the schema
     check_retired(cfg.cluster)  # cluster.assumed_mfu: replaced by the step model
+    check_sink_packages(cfg.logging)  # logging.tensorboard needs the tensorboard package
 
 
 def check_model(cfg: RootConfig) -> None:

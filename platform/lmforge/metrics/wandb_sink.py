@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.config.logging import WandbConfig
 from lmforge.metrics.run_summary import wandb_line
+from lmforge.metrics.series import EventCounter, record_row
 from lmforge.runtime.env_vars import environment
 from lmforge.runtime.secrets import redact, redact_text
 
@@ -179,7 +180,7 @@ class WandbSink:
             if message:
                 say(message)
         self.mode = mode
-        self._event_counts: dict = {}
+        self._events = EventCounter()
         wandb_dir.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(
             console="off",
@@ -230,15 +231,7 @@ class WandbSink:
         return wandb_line("offline", offline_dir=str(Path(self.run.dir).parent))  # run.dir is <sync dir>/files
 
     def log(self, record: dict) -> None:
-        kind = record.get("kind", "train")
-        row = {}
-        for key, value in record.items():
-            if key in ("kind", "time", "step") or not isinstance(value, (int, float)) or isinstance(value, bool):
-                continue
-            if key in ("tokens_seen", "flops_seen") or key.startswith(("val/", "eval/", "tokens/")):
-                row[key] = value
-            else:
-                row[f"{kind}/{key}"] = value
+        row = record_row(record)  # metrics/series.py: the names TensorBoard gets too
         if row:
             self._log(row, record)
 
@@ -249,20 +242,15 @@ class WandbSink:
         self.run.log(row)
 
     def event(self, record: dict) -> None:
+        # Checkpoint events: their numbers (checkpoint/*). Fault and lifecycle events (restart, requeue, preemption
+        # checkpoint, skipped step, straggler, watchdog): a counter series per event (metrics/series.py) and, when
+        # the run is online, a W&B alert naming rank, step and cause.
         name = str(record.get("event", ""))
+        row = self._events.row(record)
+        if row:
+            self._log(row, record)
         if name.startswith("checkpoint"):
-            row = {
-                f"checkpoint/{k}": v
-                for k, v in record.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time", "rank")
-            }
-            if row:
-                self._log(row, record)
             return
-        # Fault and lifecycle events (restart, requeue, preemption checkpoint, skipped step, straggler, watchdog):
-        # a counter series per event and, when the run is online, a W&B alert naming rank, step and cause.
-        self._event_counts[name] = self._event_counts.get(name, 0) + 1
-        self._log({f"events/{name}": self._event_counts[name]}, record)
         if self.mode == "online":
             text = f"rank {record.get('rank')} step {record.get('step')}: {record.get('cause', '')}"
             try:

@@ -225,6 +225,11 @@ class RunPaths:
         return self.root / "wandb"
 
     @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files (``logging.tensorboard=true``; metrics/tensorboard_sink.py)."""
+        return self.root / "tensorboard"
+
+    @property
     def heartbeats(self) -> Path:
         return self.root / "heartbeats"
 

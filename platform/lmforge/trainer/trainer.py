@@ -51,6 +51,7 @@ from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import IntervalMeter, device_synchronizer
 from lmforge.metrics.run_summary import RunSummary, StartInfo, next_steps_line, start_block, wandb_line
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
+from lmforge.metrics.tensorboard_sink import TensorBoardSink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import document_flops_per_token, flops_per_token
 from lmforge.model.gpt import param_count_from_config
@@ -222,6 +223,11 @@ class Trainer:
         sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step), self.summary]
         if self.cfg.logging.jsonl:
             sinks.append(JsonlSink(self.paths.metrics))
+        if self.cfg.logging.tensorboard:
+            config_yaml = OmegaConf.to_yaml(OmegaConf.create(config_dict(self.cfg)))
+            sinks.append(
+                TensorBoardSink(make_dir(self.paths.tensorboard), start_step=self.step, config_yaml=config_yaml)
+            )
         wandb_sink = make_wandb_sink(
             self.cfg.logging.wandb,
             self.paths.wandb,
@@ -462,7 +468,8 @@ class Trainer:
                 print("\n".join(lines), flush=True)
             self.close_ledger(ending, final_save_s)
             if self.rank == 0:
-                set_tree(self.paths.wandb)  # W&B's files (written by its own process) take the run's modes
+                for folder in (self.paths.wandb, self.paths.tensorboard):  # written by W&B's and TensorBoard's
+                    set_tree(folder)  # own writers: they take the run's modes
         if ending == "stopped" and self.rank == 0:
             print(self.stopped_line(), flush=True)  # the last line: how to go on (after the goodput line)
         elif ending == "done" and self.rank == 0:
