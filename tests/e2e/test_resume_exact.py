@@ -188,6 +188,45 @@ def test_wandb_offline_run_continues_with_same_id(runs):
         assert item["tokens_seen"] == jsonl[step]["tokens_seen"] and item["flops_seen"] == jsonl[step]["flops_seen"]
 
 
+@pytest.mark.timeout(120)
+def test_wandb_holds_each_launchs_run_info_the_planners_prediction_and_goodput(runs):
+    """Per launch: the layout, size and versions in the run config and summary (``run_info``); beside every
+    measured interval the planner's prediction as its own series; at the launch's end the run's goodput so far,
+    equal to the ``goodput`` records of metrics.jsonl."""
+    run = runs / "split"
+    goodput = records(run, "goodput")
+    assert [g["step"] for g in goodput] == [3, N] and [g["launches"] for g in goodput] == [1, 2]
+    predictions = {r["step"]: r["predicted_step_time_s"] for r in records(run, "train") if "step_time_s" in r}
+    assert predictions and len(set(predictions.values())) == 1  # planned once: the same config and device
+    for launch, part in enumerate(sorted((run / "wandb").glob("offline-run-*"))):
+        recs = leet(part)
+        (info,) = [
+            r["config"]["update"]["run_info"] for r in recs if "run_info" in r.get("config", {}).get("update", {})
+        ]
+        summary = [
+            r["summary"]["update"]["run_info"] for r in recs if "run_info" in r.get("summary", {}).get("update", {})
+        ]
+        assert summary == [info] and info["resumed_from"] == (None, 3)[launch] and info["launch"] == launch
+        assert (info["model"], info["world_size"], info["mesh"], info["torch"]) == (
+            "tiny",
+            1,
+            "single",
+            torch_version(),
+        )
+        assert info["tokens_planned"] == N * 8 * 64 and info["nodes"] and info["parameters"] > 0
+        items = [r["history"]["item"] for r in recs if r.get("type") == "history"]
+        logged = {i["trainer/step"]: i["train/predicted_step_time_s"] for i in items if "train/step_time_s" in i}
+        assert logged and all(predictions[step] == value for step, value in logged.items())
+        (end,) = [i for i in items if "goodput/fraction" in i]
+        assert (end["trainer/step"], end["goodput/fraction"]) == (goodput[launch]["step"], goodput[launch]["fraction"])
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 @pytest.mark.timeout(60)
 def test_no_planted_secret_in_any_file(runs):
     files = [p for p in runs.rglob("*") if p.is_file()]  # run dirs, W&B runs and logs (symlinks followed), stdout

@@ -3,7 +3,15 @@ run's own block and summary are checked against its files in tests/e2e/test_smok
 
 from __future__ import annotations
 
-from lmforge.metrics.run_summary import RunSummary, StartInfo, count, next_steps_line, start_block, wandb_line
+from lmforge.metrics.run_summary import (
+    RunSummary,
+    StartInfo,
+    count,
+    next_steps_line,
+    run_info,
+    start_block,
+    wandb_line,
+)
 
 
 def info(**changes) -> StartInfo:
@@ -87,3 +95,10 @@ def test_the_last_line_says_how_to_generate_and_train_further():
         "train further: the same command with train.max_steps above 300 (train.resume=auto resumes from step 300)"
     )
     assert next_steps_line("runs/r", None, 300).startswith("lmforge: no checkpoint saved")
+
+
+def test_run_info_holds_the_block_as_values_with_versions_and_nodes():
+    values = run_info(info(), {"torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3"}, ["n[001-002]"])
+    assert values["mesh"] == "dp_replicate 2 x dp_shard 4 x tp 2" and values["mesh/tp"] == 2
+    assert values["tokens_planned"] == 1000 * 1_048_576 and values["parameters"] == 1_176_000_000
+    assert (values["torch"], values["nccl"], values["nodes"]) == ("2.13.0", "2.27.3", ["n[001-002]"])

@@ -247,6 +247,19 @@ def write_goodput(run_dir: Path) -> dict:
     return report
 
 
+def goodput_record(report: dict, step: int) -> dict:
+    """The run's accounting so far as a metrics record (``kind: "goodput"``), logged at the end of every launch:
+    the dashboards' ``goodput/fraction``, ``goodput/wall_s`` and ``goodput/<cause>_s`` series (metrics/series.py)."""
+    return {
+        "kind": "goodput",
+        "step": step,
+        "fraction": report["goodput"],
+        "wall_s": report["wall_s"],
+        "launches": report["launches"],
+        **{f"{cause}_s": seconds for cause, seconds in report["seconds"].items()},
+    }
+
+
 def summary_line(report: dict) -> str:
     """The one line a launch prints last: goodput and the largest losses."""
     wall = report["wall_s"]

@@ -62,12 +62,38 @@ def wandb_line(mode: Optional[str], url: Optional[str] = None, offline_dir: Opti
     return "off (logging.wandb.mode, or WANDB_MODE=disabled)"
 
 
+def mesh_text(mesh: Mapping[str, int]) -> str:
+    """The mesh's dimensions above 1 (``dp_shard 4 x tp 2``), or ``single``."""
+    return " x ".join(f"{name} {size}" for name, size in mesh.items() if size > 1) or "single"
+
+
+def run_info(info: StartInfo, toolchain: Mapping[str, Optional[str]], nodes: List[str]) -> dict:
+    """What a dashboard keeps about the launch (W&B's config and summary under ``run_info``): the start block's
+    facts as values, the versions the numbers depend on and the nodes it ran on."""
+    return {
+        "model": info.model,
+        "parameters": info.parameters,
+        "precision": info.precision,
+        "device": info.device,
+        "world_size": info.world_size,
+        "backend": info.backend,
+        "mesh": mesh_text(info.mesh),
+        **{f"mesh/{name}": size for name, size in info.mesh.items()},
+        "tokens_per_step": info.tokens_per_step,
+        "tokens_planned": info.max_steps * info.tokens_per_step,
+        "launch": info.launch,
+        "resumed_from": info.resumed_from,
+        **dict(toolchain),
+        "nodes": list(nodes),
+    }
+
+
 def start_block(info: StartInfo) -> List[str]:
     """The lines a launch prints before its first step."""
     start = 0 if info.resumed_from is None else info.resumed_from
     how = "fresh start" if info.resumed_from is None else f"resumed from step {info.resumed_from}"
     processes = f"{info.world_size} process{'es' if info.world_size != 1 else ''}"
-    dims = " x ".join(f"{name} {size}" for name, size in info.mesh.items() if size > 1) or "single"
+    dims = mesh_text(info.mesh)
     stop = f", stopping at step {info.last_step}" if info.last_step < info.max_steps else ""
     total = info.max_steps * info.tokens_per_step
     return [

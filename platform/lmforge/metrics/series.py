@@ -1,6 +1,7 @@
 """The series names every dashboard sink shares (W&B and TensorBoard): one record -> one row of named numbers.
 
-- A train record's numbers go under ``train/<key>`` (an ``fp8_check`` record's under ``fp8_check/<key>``); the
+- A train record's numbers go under ``train/<key>`` (an ``fp8_check`` record's under ``fp8_check/<key>``, the
+  goodput record each launch logs at its end under ``goodput/<key>``: fraction, wall_s, <cause>_s); the
   x-axes ``tokens_seen`` and ``flops_seen``, the validation losses ``val/<source>/*``, the downstream task scores
   ``eval/<task>/*`` and the per-source token counts ``tokens/<source>`` keep their own names.
 - A checkpoint event's numbers go under ``checkpoint/<key>`` (save stall, write time); every other event (restart,

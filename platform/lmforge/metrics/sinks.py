@@ -12,6 +12,8 @@ from typing import Any, Optional, Protocol
 from lmforge.runtime.file_modes import open_append
 from lmforge.runtime.secrets import redact
 
+NOT_ON_CONSOLE = ("goodput",)  # records the console shows in a line of their own (fault/goodput.py's summary_line)
+
 
 class Sink(Protocol):
     def log(self, record: dict) -> None: ...
@@ -95,6 +97,8 @@ class PlainConsoleSink:
         self.stream = stream or sys.stdout
 
     def log(self, record: dict) -> None:
+        if record.get("kind") in NOT_ON_CONSOLE:
+            return
         if record.get("kind") == "eval":
             print(eval_line(record), file=self.stream, flush=True)
         else:
@@ -125,6 +129,8 @@ class RichConsoleSink:
         self.progress.start()
 
     def log(self, record: dict) -> None:
+        if record.get("kind") in NOT_ON_CONSOLE:
+            return
         if record.get("kind") == "eval":
             self.progress.console.print(eval_line(record, digits=3), markup=False, highlight=False, soft_wrap=True)
             return

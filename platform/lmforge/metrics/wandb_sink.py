@@ -230,6 +230,12 @@ class WandbSink:
             return wandb_line("online", url=self.run.url)
         return wandb_line("offline", offline_dir=str(Path(self.run.dir).parent))  # run.dir is <sync dir>/files
 
+    def describe(self, info: dict) -> None:
+        """The launch's layout, size, plan and versions (``run_summary.run_info``) in the run's config and summary
+        under ``run_info``; a resumed launch's values replace the earlier launch's."""
+        self.run.config.update({"run_info": redact(info)}, allow_val_change=True)
+        self.run.summary["run_info"] = redact(info)
+
     def log(self, record: dict) -> None:
         row = record_row(record)  # metrics/series.py: the names TensorBoard gets too
         if row:

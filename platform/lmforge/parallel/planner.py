@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
@@ -492,6 +492,42 @@ def warn_if_over_memory(cfg: RootConfig, total_bytes: int, kind: str, emit: Call
         f"are usable on this {kind}; run `lmforge plan` with these overrides for fixes"
     )
     return True
+
+
+def run_prediction(cfg: RootConfig, device, world_size: int, peak: float) -> Dict[str, float]:
+    """The planner's figures for a run on the device it starts on, as metrics fields (the trainer logs them beside
+    what it measures): step time, tokens/s, MFU and peak memory per device. ``peak``: the trainer's own peak
+    TFLOP/s (on the CPU, the measured GEMM rate; on a GPU the device table's). Raises ConfigError when the device
+    has no entry in the tables."""
+    kind = cuda_kind(device) if getattr(device, "type", "cpu") == "cuda" else "cpu"
+    plan = make_plan(_with(cfg, cluster__device=kind), world_size, peak=peak if kind == "cpu" else None)
+    return {
+        "predicted_step_time_s": plan.step_time_s,
+        "predicted_tokens_per_s": plan.tokens_per_s,
+        "predicted_mfu": plan.expected_mfu,
+        "predicted_peak_memory_gib": gib(plan.memory.total),
+    }
+
+
+def prediction_gap(record: dict, tolerance: float = 0.25) -> Optional[str]:
+    """What a GPU run warns once about: measured step time or peak memory more than ``tolerance`` away from the
+    prediction in a train record (None: within it, or nothing to compare)."""
+    gaps = []
+    for measured, predicted, what in (
+        ("step_time_s", "predicted_step_time_s", "step time"),
+        ("peak_memory_gib", "predicted_peak_memory_gib", "peak memory"),
+    ):
+        m, p = record.get(measured), record.get(predicted)
+        if m and p and abs(m / p - 1) > tolerance:
+            gaps.append(f"{what} {m:.3g} measured vs {p:.3g} predicted ({m / p:.2f}x)")
+    if not gaps:
+        return None
+    return (
+        f"the planner's prediction is off by more than {tolerance:.0%} at step {record.get('step')}: "
+        + "; ".join(gaps)
+        + ". `lmforge plan` with this run's overrides shows where it puts the time; cluster.gemm_tflops or a "
+        "`lmforge comm bench` file gives it this machine's measured rates"
+    )
 
 
 def startup_memory_check(cfg: RootConfig, device, rank: int) -> None:

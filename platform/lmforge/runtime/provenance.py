@@ -75,6 +75,24 @@ def package_versions() -> dict[str, Optional[str]]:
     return out
 
 
+def toolchain() -> dict[str, Optional[str]]:
+    """The versions a run's speed and numerics depend on: Python, torch, CUDA and NCCL (None without CUDA)."""
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+        except (AttributeError, RuntimeError):  # a build without NCCL
+            nccl = None
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl}
+
+
+def node_list() -> list[str]:
+    """The job's nodes: Slurm's node list when under Slurm (compressed, as ``SLURM_JOB_NODELIST`` has it), else this
+    host."""
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    return [nodes] if nodes else [socket.gethostname()]
+
+
 def device_names() -> list[str]:
     if torch.cuda.is_available():
         return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

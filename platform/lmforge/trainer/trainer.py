@@ -35,6 +35,7 @@ from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe
 from lmforge.comm.vote import LaggedVote
+from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_dict
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
@@ -43,13 +44,20 @@ from lmforge.data.sources import default_cache_dir
 from lmforge.data.stream_size import stream_sizes
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
-from lmforge.fault.goodput import GoodputError, summary_line, write_goodput
+from lmforge.fault.goodput import GoodputError, goodput_record, summary_line, write_goodput
 from lmforge.fault.goodput_ledger import GoodputLedger, process_start_time
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import IntervalMeter, device_synchronizer
-from lmforge.metrics.run_summary import RunSummary, StartInfo, next_steps_line, start_block, wandb_line
+from lmforge.metrics.run_summary import (
+    RunSummary,
+    StartInfo,
+    next_steps_line,
+    run_info,
+    start_block,
+    wandb_line,
+)
 from lmforge.metrics.sinks import JsonlSink, make_console_sink
 from lmforge.metrics.tensorboard_sink import TensorBoardSink
 from lmforge.metrics.wandb_sink import make_wandb_sink
@@ -59,7 +67,7 @@ from lmforge.optim.schedule import lr_multiplier
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.float8 import gap_warning
 from lmforge.parallel.mesh import DIM_NAMES
-from lmforge.parallel.planner import startup_memory_check
+from lmforge.parallel.planner import prediction_gap, run_prediction, startup_memory_check
 from lmforge.runtime import env_vars, host_memory, provenance
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.dist import barrier, is_distributed
@@ -177,6 +185,8 @@ class Trainer:
             device_synchronizer(self.device),
             refresh_peak=refresh,
         )
+        self.prediction = self._predict(peak, say)  # the planner's figures, logged beside the measured ones
+        self.prediction_warned = self.device.type != "cuda"  # a GPU run warns once when they differ by > 25%
         self.step = 0
         self.wandb_run_id: Optional[str] = None
         self.preemption = PreemptionFlag().install()
@@ -189,8 +199,18 @@ class Trainer:
         self._pending_source_tokens = [0] * len(self.mixture.sources)
         self.summary = RunSummary()  # a sink on rank 0: what the end summary reports (metrics/run_summary.py)
         self.wandb_where = ""  # the start block's W&B line (_make_logger)
+        self.wandb_sink = None  # rank 0's W&B sink, when W&B logs (_make_logger)
 
     # ---- helpers -----------------------------------------------------------------------------------
+    def _predict(self, peak: float, say) -> dict:
+        """``parallel.planner.run_prediction`` for this run, or nothing (said in one line) where the planner's
+        tables do not know the device."""
+        try:
+            return run_prediction(self.cfg, self.device, self.world.world_size, peak)
+        except ConfigError as exc:
+            say(f"lmforge: note: no planner prediction to log beside the measurements: {exc}")
+            return {}
+
     def _write_run_files(self) -> None:
         """``config.yaml`` on a fresh start (or a run directory that has none), never over the config of a run
         that is resumed; this launch's record (``launches/``) always; ``provenance.json``. A ``DONE`` marker is
@@ -235,7 +255,7 @@ class Trainer:
             run_id=self.wandb_run_id,
             group=self.cfg.run.sweep_name,
         )
-        self.wandb_where = wandb_line(None)
+        self.wandb_where, self.wandb_sink = wandb_line(None), wandb_sink
         if wandb_sink is not None:
             self.wandb_run_id = wandb_sink.run_id  # persisted in every checkpoint's sidecar
             self.wandb_where = wandb_sink.location()
@@ -357,8 +377,12 @@ class Trainer:
             "checkpoint_commit", step=step, write_s=write_s, path=str(path)
         )
         talk = self.rank == 0 and self.cfg.logging.console != "none"  # the start block and the summary
-        if talk:
-            print("\n".join(start_block(self.start_info(resumed))), flush=True)
+        if self.rank == 0:
+            start = self.start_info(resumed)
+            if talk:
+                print("\n".join(start_block(start)), flush=True)
+            if self.wandb_sink is not None:
+                self.wandb_sink.describe(run_info(start, provenance.toolchain(), provenance.node_list()))
         if resumed is not None:  # the console's one line of it: "[event] resume ... resumed from step N path=..."
             log.event("resume", step=resumed, cause=f"resumed from step {resumed}", path=str(self.resume_point.path))
         cfg = self.cfg
@@ -457,7 +481,6 @@ class Trainer:
         finally:
             self.data.close()
             faults.close()
-            log.close()
             if talk and ending in ("done", "stopped"):
                 lines = self.summary.lines(
                     start_step=resumed or 0,
@@ -466,7 +489,12 @@ class Trainer:
                     wall_s=time.time() - process_start_time(),
                 )
                 print("\n".join(lines), flush=True)
-            self.close_ledger(ending, final_save_s)
+            report = self.close_ledger(ending, final_save_s)
+            try:
+                if report is not None:  # goodput/* series in W&B and TensorBoard, a record in metrics.jsonl
+                    log.log(goodput_record(report, self.step))
+            finally:
+                log.close()
             if self.rank == 0:
                 for folder in (self.paths.wandb, self.paths.tensorboard):  # written by W&B's and TensorBoard's
                     set_tree(folder)  # own writers: they take the run's modes
@@ -478,15 +506,19 @@ class Trainer:
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
-    def close_ledger(self, ending: str, final_save_s: float) -> None:
-        """The launch's end record, then (rank 0) ``goodput.json`` over every launch so far and its one line."""
+    def close_ledger(self, ending: str, final_save_s: float) -> Optional[dict]:
+        """The launch's end record, then (rank 0) ``goodput.json`` over every launch so far and its one line; returns
+        the report (None on other ranks, or when it could not be written)."""
         self.ledger.end(self.step, ending, final_save_s)
         if self.rank != 0:
-            return
+            return None
         try:
-            print(summary_line(write_goodput(self.paths.root)), flush=True)
+            report = write_goodput(self.paths.root)
         except (GoodputError, OSError, ValueError, KeyError) as exc:  # the accounting never fails a run
             print(f"lmforge: warning: goodput.json not written: {exc}", flush=True)
+            return None
+        print(summary_line(report), flush=True)
+        return report
 
     def stopped_line(self) -> str:
         """What a launch that stopped before ``train.max_steps`` (``train.stop_at_step``) prints last: how to go on."""
@@ -547,8 +579,22 @@ class Trainer:
             **fault_metrics,
             **{k: float(v) for k, v in (result.moe or {}).items()},
         }  # MoE expert load (model/moe.py)
+        if throughput:  # the planner's figures beside the measured ones (an interval was measured)
+            record.update(self.prediction)
+            self._warn_prediction_gap(record)
         self.history.append(record)
         self.logger.log(record)
+
+    def _warn_prediction_gap(self, record: dict) -> None:
+        """Once per launch, on a GPU, from the second logged interval on (the first holds warm-up and compilation):
+        measured step time or memory more than 25% away from the planner's prediction."""
+        if self.prediction_warned or self.step <= self.cfg.logging.every_steps:
+            return
+        gap = prediction_gap(record)
+        if gap is not None:
+            self.prediction_warned = True
+            if self.rank == 0:
+                print(f"lmforge: warning: {gap}", flush=True)
 
     def log_fp8_check(self, values: dict) -> None:
         """The float8 numerics check's record (``kind: fp8_check``) and, beyond train.fp8.check_tolerance, a warning
