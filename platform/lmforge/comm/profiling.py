@@ -1,5 +1,9 @@
 """The trainer's overlap probe: every ``metrics.profile_every`` steps, profile one step and log its overlap.
 
+``metrics.profile_every=null`` (the default) profiles every ``AUTO_PROFILE_EVERY`` steps on runs of more than one
+process, so every multi-rank run measures its overlap; each rank keeps the traces of the ``KEEP_TRACES`` newest
+profiled steps. The trainer leaves a profiled step out of throughput, MFU and goodput.
+
     probe = OverlapProbe(cfg.metrics.profile_every, paths.traces, device)
     with probe.step(step, logger):          # a no-op except on profiled steps
         result = engine.train_step(batches, lr)
@@ -24,6 +28,19 @@ from lmforge.comm.wandb_tables import log_overlap, wandb_run_of
 from lmforge.runtime.file_modes import make_dir, set_file
 
 STEP_ANNOTATION = "lmforge.step"
+# metrics.profile_every=null on a run of more than one process: one profiled step in this many costs about 0.5% of
+# the training time on the CPU, where the profiler records every operator (benchmarks/overlap_probe.py,
+# docs/collectives.md); a GPU profile records kernels and costs less.
+AUTO_PROFILE_EVERY = 500
+KEEP_TRACES = 3  # the newest profiled steps whose traces each rank keeps (older ones are deleted)
+
+
+def profile_interval(setting: Optional[int], world_size: int) -> int:
+    """``metrics.profile_every`` as the probe uses it: null (auto) is ``AUTO_PROFILE_EVERY`` with more than one
+    process and off in one (nothing to overlap); 0 is off; N is every N steps."""
+    if setting is None:
+        return AUTO_PROFILE_EVERY if world_size > 1 else 0
+    return setting
 
 
 class OverlapProbe:
@@ -57,6 +74,7 @@ class OverlapProbe:
         path = self.traces_dir / f"step{step:07d}-rank{rank}.json"
         prof.export_chrome_trace(str(path))
         set_file(path)  # the profiler's file takes the run's modes (runtime/file_modes.py)
+        prune_traces(self.traces_dir, rank, KEEP_TRACES)
         stats = analyze_trace(path, STEP_ANNOTATION, rank)
         gathered: List[Optional[dict]] = [stats.to_json()]
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -75,3 +93,13 @@ def _from_json(data: dict) -> OverlapStats:
     data = dict(data)
     kinds = {k: KindStats(**v) for k, v in data.pop("per_kind").items()}
     return OverlapStats(per_kind=kinds, **data)
+
+
+def prune_traces(traces_dir: Path, rank: int, keep: int) -> List[Path]:
+    """Delete this rank's traces but the ``keep`` newest steps' (a long run keeps a few, not one per interval);
+    returns the deleted paths."""
+    mine = sorted(traces_dir.glob(f"step*-rank{rank}.json"))  # step numbers are zero-padded: sorted by step
+    gone = mine[:-keep] if keep > 0 else mine
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone

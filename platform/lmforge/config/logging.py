@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
 from lmforge.config.errors import ConfigError
-from lmforge.config.ranges import NonNegativeInt, PositiveInt
+from lmforge.config.ranges import NonNegativeInt, PositiveInt, Range
 
 
 @dataclass
@@ -46,8 +46,9 @@ class LoggingConfig:
 
 @dataclass
 class MetricsConfig:
-    profile_every: NonNegativeInt = 0
-    """Profile one step every N steps to measure communication/compute overlap; 0 = off."""
+    profile_every: Annotated[Optional[int], Range(0, fix="e.g. 500, or 0 (off), or null (auto)")] = None
+    """Profile one step every N steps to measure communication/compute overlap (comm/profiling.py); 0 = off;
+    null = auto: every 500 steps on runs of more than one process, off in one process (no collectives)."""
     straggler_every: NonNegativeInt = 50
     """Gather per-rank step times every N steps for straggler detection; 0 = off."""
     straggler_threshold: float = 1.5

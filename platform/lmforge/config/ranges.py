@@ -74,5 +74,5 @@ def check_ranges(obj: Any) -> None:
         value: Any = obj
         for part in key.split("."):
             value = getattr(value, part)
-        if not allowed.holds(value):
+        if value is not None and not allowed.holds(value):  # None: an Optional key's "auto"
             raise ConfigError(key, f"must be {allowed}, got {value}", allowed.fix)

@@ -45,6 +45,7 @@ class IntervalMeter:
     _data_wait: float = field(default=0.0, init=False)
     _excluded: float = field(default=0.0, init=False)
     _step_flops: list = field(default_factory=list, init=False)  # per-step FLOPs per token, when reported
+    _profiled: int = field(default=0, init=False)  # steps left out of the interval (profiled: ``excluded``)
 
     def start(self) -> None:
         """Open the first interval (before the first step of this launch)."""
@@ -60,6 +61,13 @@ class IntervalMeter:
         self._data_wait += data_wait_s
         if flops_per_token is not None:
             self._step_flops.append(flops_per_token)
+
+    def step_left_out(self) -> None:
+        """A step that ran inside ``excluded()`` (the overlap probe's profiled step): neither its time nor its tokens
+        count; the interval's record says how many (``profiled_steps``)."""
+        if self._mark is None:
+            self.start()
+        self._profiled += 1
 
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:
@@ -92,6 +100,7 @@ class IntervalMeter:
             self.refresh_peak = None
             now = self.clock()  # the measurement is not the next interval's training time
         record = {
+            **({"profiled_steps": self._profiled} if self._profiled else {}),
             "step_time_s": seconds / steps,
             "data_wait_s": self._data_wait / steps,
             "interval_steps": steps,
@@ -101,7 +110,7 @@ class IntervalMeter:
             "tflops_per_device": tflops_dev,
             "mfu": tflops_dev / self.peak_tflops_per_device if self.peak_tflops_per_device > 0 else 0.0,
         }
-        self._mark, self._steps, self._data_wait, self._excluded = now, 0, 0.0, 0.0
+        self._mark, self._steps, self._data_wait, self._excluded, self._profiled = now, 0, 0.0, 0.0, 0
         self._step_flops = []
         return record
 

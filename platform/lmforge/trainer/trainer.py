@@ -15,6 +15,7 @@ step is named for what it does and every collective is marked "collective:":
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -33,7 +34,7 @@ from lmforge.checkpoint.manager import CheckpointManager
 from lmforge.checkpoint.weights import load_model_weights
 from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
-from lmforge.comm.profiling import OverlapProbe
+from lmforge.comm.profiling import OverlapProbe, profile_interval
 from lmforge.comm.vote import LaggedVote
 from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_dict
@@ -193,7 +194,8 @@ class Trainer:
         self.faults: Optional[FaultHooks] = None  # started by fit()
         self.stop_vote: Optional[LaggedVote] = None  # "did any rank get a preemption signal?" (fit)
         self.history: List[dict] = []
-        self.overlap = OverlapProbe(cfg.metrics.profile_every, self.paths.traces, self.device)
+        every = profile_interval(cfg.metrics.profile_every, self.world.world_size)  # null: auto, by world size
+        self.overlap = OverlapProbe(every, self.paths.traces, self.device)
         self.launch = 0  # this launch's number in the run (launches/launch-NNN.yaml; rank 0 reads it)
         self.ledger: Optional[GoodputLedger] = None  # rank 0's time ledger of this launch (fit)
         self._pending_source_tokens = [0] * len(self.mixture.sources)
@@ -418,11 +420,16 @@ class Trainer:
                 t_data = time.perf_counter() - t0
                 lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
                 guard = faults.before_step(self.step)  # watchdog beat, before-step drills; the loss guard (None: off)
-                with self.overlap.step(self.step + 1, log):
-                    # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
-                    result = self.engine.train_step(batches, lr, guard=guard)
+                profiled = self.overlap.due(self.step + 1)  # a profiled step counts in no throughput or MFU
+                with self.meter.excluded() if profiled else contextlib.nullcontext():
+                    with self.overlap.step(self.step + 1, log):
+                        # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
+                        result = self.engine.train_step(batches, lr, guard=guard)
                 self.step += 1
-                self.meter.step_done(t_data, self._document_flops(batches))
+                if profiled:
+                    self.meter.step_left_out()
+                else:
+                    self.meter.step_done(t_data, self._document_flops(batches))
                 if result.fp8 is not None:  # train.fp8.check_every: float8 vs bf16 loss on a fixed batch
                     self.log_fp8_check(result.fp8)
                 # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
