@@ -20,6 +20,7 @@ USAGE = """usage: lmforge VERB ...  (one console entry point for every tool)
   scaling   fit ...                           Chinchilla Approach 2/3 fits, predictions, plots
   config    show [KEY|GROUP] [hydra overrides]   each key: value, default, choices, meaning, which file set it
   goodput   RUN_OR_SWEEP_DIR [--json]          where the wall time went: goodput, time lost by cause
+  wandb     workspace --project P [--out FILE]   a W&B workspace of lmforge's panels (wandb-workspaces)
 
 Run `lmforge VERB --help` for the options of each."""
 
@@ -117,6 +118,13 @@ def _config(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _wandb(argv: Sequence[str]) -> int:
+    # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
+    from lmforge.metrics.wandb_workspace import main
+
+    return main(list(argv))
+
+
 def _goodput(argv: Sequence[str]) -> int:
     # deferred: a verb's module loads only when it runs (`lmforge --help` imports none)
     from lmforge.fault.goodput_cli import main
@@ -138,6 +146,7 @@ VERBS: Dict[str, Callable[[Sequence[str]], int]] = {
     "ckpt": _ckpt,
     "config": _config,
     "goodput": _goodput,
+    "wandb": _wandb,
 }
 
 

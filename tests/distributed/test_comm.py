@@ -55,6 +55,7 @@ def ddp_runs(tmp_path_factory, data_cache):
                 "comm.preflight_max_bytes=65536",
                 "comm.preflight_iters=2",
                 "comm.preflight_floor_gbps=0.0001",
+                "logging.wandb.mode=offline",
             ],
             "run_dir": str(root / "overlap_True"),
             "wandb_dir": str(root / "wandb"),
@@ -217,3 +218,26 @@ def test_wandb_offline_read_back_has_overlap_and_bandwidth(ddp_runs):
     overlap_table = json.loads((wb_run / "files" / summary["comm/overlap_table"]["path"]).read_text())
     assert overlap_table["columns"] == ["rank", "collective", "total_ms", "exposed_ms", "overlap_fraction"]
     assert {(row[0], row[1]) for row in overlap_table["data"]} >= {(0, "all_reduce"), (1, "all_reduce"), (0, "all")}
+
+
+@pytest.mark.timeout(400)
+def test_the_trainers_own_wandb_run_has_every_communication_panels_series(ddp_runs):
+    """The overlap record through the real W&B sink keeps its comm/* names (metrics/series.py), so every panel of
+    the workspace's multi-rank sections (`lmforge wandb workspace`) plots a series this 2-rank run logged."""
+    from lmforge.metrics.wandb_workspace import MULTI_RANK, panel_series, unmatched
+
+    (wb_run,) = (ddp_runs[True] / "wandb").glob("offline-run-*")
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(wb_run)],
+        check=True,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    ).stdout
+    items = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = [r["history"]["item"] for r in items if r.get("type") == "history"]
+    names = {k for row in rows for k in row}
+    assert unmatched(panel_series(MULTI_RANK), names) == [], sorted(names)
+    logged = {r["step"]: r["comm/overlap_fraction"] for r in records(ddp_runs[True], "overlap")}
+    shown = {row["trainer/step"]: row["comm/overlap_fraction"] for row in rows if "comm/overlap_fraction" in row}
+    assert shown == logged and sorted(shown) == [2, 4]

@@ -95,6 +95,29 @@ def test_smoke_console_opens_with_its_block_and_closes_with_the_summary(smoke_ru
 
 
 @pytest.mark.timeout(1200)
+def test_the_wandb_workspace_plots_series_the_smoke_runs_offline_wandb_run_logged(smoke_run):
+    """Every panel of `lmforge wandb workspace` but the multi-rank and downstream-task ones (the smoke run has one
+    process and no eval.tasks; tests/distributed/test_comm.py reads the overlap series back from a 2-rank run)
+    plots a series W&B's own reader finds in the smoke run's offline run; the run config and summary hold run_info."""
+    from lmforge.metrics.wandb_workspace import MULTI_RANK, PANELS, panel_series, unmatched
+
+    (offline,) = (smoke_run / "wandb").glob("offline-run-*")
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(offline)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    recs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    names = {k for r in recs if r.get("type") == "history" for k in r["history"]["item"]}
+    sections = [s for s in PANELS if s not in MULTI_RANK + ("Evaluation",)]
+    assert unmatched(panel_series(sections), names) == [], sorted(names)
+    info = next(r["config"]["update"]["run_info"] for r in recs if "run_info" in r.get("config", {}).get("update", {}))
+    assert (info["model"], info["world_size"], info["tokens_planned"]) == ("smoke", 1, 300 * info["tokens_per_step"])
+
+
+@pytest.mark.timeout(1200)
 def test_smoke_heldout_loss_beats_unigram_entropy(smoke_run, data_cache):
     """A real language-model signal: held-out loss below the entropy of each source's unigram distribution."""
     final = records(smoke_run, "eval")[-1]

@@ -3,7 +3,8 @@
 - A train record's numbers go under ``train/<key>`` (an ``fp8_check`` record's under ``fp8_check/<key>``, the
   goodput record each launch logs at its end under ``goodput/<key>``: fraction, wall_s, <cause>_s); the
   x-axes ``tokens_seen`` and ``flops_seen``, the validation losses ``val/<source>/*``, the downstream task scores
-  ``eval/<task>/*`` and the per-source token counts ``tokens/<source>`` keep their own names.
+  ``eval/<task>/*``, the per-source token counts ``tokens/<source>`` and the overlap probe's ``comm/*`` keep their
+  own names.
 - A checkpoint event's numbers go under ``checkpoint/<key>`` (save stall, write time); every other event (restart,
   requeue, preemption checkpoint, skipped step, straggler, watchdog) is a counter ``events/<name>``: how many of
   them this launch has logged.
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Dict
 
 OWN_NAMES = ("tokens_seen", "flops_seen")
-OWN_PREFIXES = ("val/", "eval/", "tokens/")
+OWN_PREFIXES = ("val/", "eval/", "tokens/", "comm/")  # comm/: the overlap probe's record (comm/profiling.py)
 NOT_SERIES = ("kind", "time", "step")
 
 

@@ -45,6 +45,11 @@ STEP_METRIC = "trainer/step"
 WANDB_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
 
 
+def server_host(env: Mapping[str, str]) -> str:
+    """The W&B server's host name (``WANDB_BASE_URL``, default api.wandb.ai): what ~/.netrc is looked up for."""
+    return urlparse(env.get("WANDB_BASE_URL") or DEFAULT_BASE_URL).hostname or "api.wandb.ai"
+
+
 def api_key_present(env: Mapping[str, str], host: str) -> bool:
     """Whether W&B would find credentials: the key or identity-token variable, a ~/.netrc entry for ``host``, or
     an ``api_key`` in W&B's settings file. Only presence is checked; the value is never read into lmforge."""
@@ -107,7 +112,7 @@ def resolve_mode(
     env = environment() if env is None else env
     sync = f"Sync later with `wandb sync {sync_path}`"
     base_url = env.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
-    host = urlparse(base_url).hostname or "api.wandb.ai"
+    host = server_host(env)
     asked = f"logging.wandb.mode={requested}"
     if requested == "auto":
         from_env = mode_from_env(env)
