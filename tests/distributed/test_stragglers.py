@@ -4,7 +4,8 @@ Rank 2 does 1 s of extra compute before every step (``fault.drill.slow_s``). Its
 gradient reduction (DDP) or the first all-gather (FSDP2), so every rank's *wall* step time is the same (the old
 rule could never fire); the ranks' compute times (loop top to the first blocking collective: the last local
 gradient under DDP, the root forward pre-hook under FSDP2) tell rank 2 apart, and only rank 2 is named. The same
-DDP run without the slow rank names nobody. The three trainings share one launch of the ranks (train_entries).
+DDP run without the slow rank names nobody (at a threshold above what sharing 2 cores between 4 ranks does by
+itself). The three trainings share one launch of the ranks (train_entries).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from harness import run_ranks
 
 pytestmark = pytest.mark.distributed
 
-THRESHOLD = 2.0
+# 4 ranks share 2 cores here: time-slicing alone leaves two ranks' compute windows 2-3x the others' (measured:
+# 0.033 s against a median of 0.014 s in an even run under load), while the drill's 1 s of extra work stands 20x and
+# more above its peers. A production threshold (1.5 by default) assumes a device per rank.
+THRESHOLD = 5.0
 
 
 LAYOUTS = {  # layout overrides, where the compute window ends
