@@ -28,9 +28,9 @@ from lmforge.comm.wandb_tables import log_overlap, wandb_run_of
 from lmforge.runtime.file_modes import make_dir, set_file
 
 STEP_ANNOTATION = "lmforge.step"
-# metrics.profile_every=null on a run of more than one process: one profiled step in this many costs about 0.5% of
-# the training time on the CPU, where the profiler records every operator (benchmarks/overlap_probe.py,
-# docs/collectives.md); a GPU profile records kernels and costs less.
+# metrics.profile_every=null on a run of more than one process: one profiled step in this many costs 0.13% of the
+# training time of model=tiny on the CPU and 0.02% of the smoke model's, where the profiler records every operator
+# (benchmarks/overlap_probe.py, docs/collectives.md "Cost"); a GPU profile records kernels.
 AUTO_PROFILE_EVERY = 500
 KEEP_TRACES = 3  # the newest profiled steps whose traces each rank keeps (older ones are deleted)
 
