@@ -42,3 +42,20 @@ def test_a_profiled_step_counts_in_no_throughput_and_is_marked():
     now[0] += 2.0
     meter.step_done()
     assert "profiled_steps" not in meter.measure()  # the next interval had none
+
+
+def test_the_console_shows_a_profiled_steps_overlap_in_one_line_and_no_bare_step_lines():
+    import io
+
+    from lmforge.metrics.sinks import PlainConsoleSink
+
+    out = io.StringIO()
+    sink = PlainConsoleSink(out)
+    sink.log(
+        {"kind": "overlap", "step": 500, "comm/overlap_fraction": 0.531, "comm/exposed_ms": 42.8, "comm/total_ms": 91.2}
+    )
+    sink.log({"kind": "goodput", "step": 500, "fraction": 0.9})  # fault/goodput.py prints its own line
+    sink.log({"kind": "comm_bench", "step": 0, "comm_bench/all_reduce/busbw_gbps": 1.0})  # the preflight's table
+    assert out.getvalue().splitlines() == [
+        "overlap step 500: fraction 0.53, exposed 42.8 ms of 91.2 ms communication (profiled step, left out of tokens/s)"
+    ]

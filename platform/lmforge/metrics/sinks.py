@@ -12,7 +12,8 @@ from typing import Any, Optional, Protocol
 from lmforge.runtime.file_modes import open_append
 from lmforge.runtime.secrets import redact
 
-NOT_ON_CONSOLE = ("goodput",)  # records the console shows in a line of their own (fault/goodput.py's summary_line)
+# Records the console shows elsewhere: goodput in fault/goodput.py's summary line, the comm preflight as its table.
+NOT_ON_CONSOLE = ("goodput", "comm_bench")
 
 
 class Sink(Protocol):
@@ -92,15 +93,37 @@ def eval_line(record: dict, digits: int = 4) -> str:
     return f"eval step {record['step']}: " + " ".join(vals)
 
 
+def overlap_line(record: dict) -> str:
+    """The console's line for the overlap probe's record (``kind: "overlap"``, comm/profiling.py)."""
+    fraction = record.get("comm/overlap_fraction")
+    shown = f"{fraction:.2f}" if fraction is not None else "n/a"
+    return (
+        f"overlap step {record.get('step')}: fraction {shown}, exposed {record.get('comm/exposed_ms', 0.0):.1f} ms "
+        f"of {record.get('comm/total_ms', 0.0):.1f} ms communication (profiled step, left out of tokens/s)"
+    )
+
+
+def console_line(record: dict, digits: int = 4) -> Optional[str]:
+    """A non-train record's console line (None: not shown there; train records are the progress line)."""
+    kind = record.get("kind")
+    if kind in NOT_ON_CONSOLE:
+        return None
+    if kind == "eval":
+        return eval_line(record, digits)
+    if kind == "overlap":
+        return overlap_line(record)
+    return None
+
+
 class PlainConsoleSink:
     def __init__(self, stream=None):
         self.stream = stream or sys.stdout
 
     def log(self, record: dict) -> None:
-        if record.get("kind") in NOT_ON_CONSOLE:
-            return
-        if record.get("kind") == "eval":
-            print(eval_line(record), file=self.stream, flush=True)
+        if record.get("kind") in NOT_ON_CONSOLE + ("eval", "overlap"):
+            line = console_line(record)
+            if line is not None:
+                print(line, file=self.stream, flush=True)
         else:
             print(_fmt(record), file=self.stream, flush=True)
 
@@ -129,10 +152,10 @@ class RichConsoleSink:
         self.progress.start()
 
     def log(self, record: dict) -> None:
-        if record.get("kind") in NOT_ON_CONSOLE:
-            return
-        if record.get("kind") == "eval":
-            self.progress.console.print(eval_line(record, digits=3), markup=False, highlight=False, soft_wrap=True)
+        if record.get("kind") in NOT_ON_CONSOLE + ("eval", "overlap"):
+            line = console_line(record, digits=3)
+            if line is not None:
+                self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         info = (
             f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | "
