@@ -17,8 +17,8 @@ from lmforge.config.validate import validate
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
-# One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields]); a train
-# example's "fp8" entry holds train.fp8 fields.
+# One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields[, optim
+# fields]]); a train example's "fp8" entry holds train.fp8 fields.
 EXAMPLES = [
     ({"recompute_modules": ["mlp"]}, {}),
     ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
@@ -46,10 +46,12 @@ EXAMPLES = [
     ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"recipe": "rowwise", "enable_fsdp_float8_all_gather": True}}),
     ({}, {}, {"precision": "fp8", "fp8": {"enable_fsdp_float8_all_gather": True}}),
     ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"check_every": 5, "enable_fsdp_float8_all_gather": True}}),
+    ({}, {}, {}, {"schedule": "cosine", "decay_shape": "1-sqrt"}),
+    ({}, {}, {"max_steps": 100}, {"schedule": "wsd", "warmup_steps": 10, "decay_steps": 91}),
 ]
 
 
-def example_config(par: dict, model: dict, train: Optional[dict] = None) -> RootConfig:
+def example_config(par: dict, model: dict, train: Optional[dict] = None, optim: Optional[dict] = None) -> RootConfig:
     base = RootConfig()
     train = dict(train or {})
     fp8 = replace(base.train.fp8, **train.pop("fp8", {}))
@@ -58,6 +60,7 @@ def example_config(par: dict, model: dict, train: Optional[dict] = None) -> Root
         parallelism=replace(base.parallelism, **par),
         model=replace(base.model, **model),
         train=replace(base.train, fp8=fp8, **train),
+        optim=replace(base.optim, **(optim or {})),
     )
 
 

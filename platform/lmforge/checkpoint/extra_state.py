@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from lmforge.config.optim import OptimConfig
 
-_SCHEDULE_KEYS = ("schedule", "lr", "warmup_steps", "min_lr_ratio", "decay_fraction")
+_SCHEDULE_KEYS = ("schedule", "lr", "warmup_steps", "min_lr_ratio", "decay_fraction", "decay_steps", "decay_shape")
 
 
 def scheduler_state(cfg: OptimConfig, max_steps: int, step: int, next_lr: float) -> dict:

@@ -271,7 +271,27 @@ FLOAT8: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8
+SCHEDULE: Tuple[Refused, ...] = (
+    Refused(
+        "`decay_steps` or `decay_shape` set without `schedule=wsd`",
+        "optim.schedule",
+        lambda c: c.optim.schedule != "wsd" and (c.optim.decay_steps > 0 or c.optim.decay_shape != "linear"),
+        lambda c: f"only the wsd schedule reads optim.decay_steps and optim.decay_shape (this run: {c.optim.schedule})",
+        "set optim.schedule=wsd, or leave decay_steps and decay_shape unset",
+    ),
+    Refused(
+        "a wsd decay longer than the run after its warmup",
+        "optim.decay_steps",
+        lambda c: c.optim.schedule == "wsd" and c.optim.decay_steps > c.train.max_steps - c.optim.warmup_steps,
+        lambda c: (
+            f"{c.optim.decay_steps} decay steps do not fit in train.max_steps={c.train.max_steps} after "
+            f"{c.optim.warmup_steps} warmup steps"
+        ),
+        "lower optim.decay_steps or optim.warmup_steps, or raise train.max_steps",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE
 
 
 def check_combinations(cfg: RootConfig) -> None:

@@ -31,6 +31,12 @@ class OptimConfig:
     warmup_steps: NonNegativeInt = 100
     """Linear warmup steps from 0 to lr."""
     decay_fraction: float = 0.2
-    """wsd: the fraction of max_steps spent in the final decay."""
+    """wsd: the fraction of max_steps spent in the final decay (when decay_steps is 0)."""
+    decay_steps: NonNegativeInt = 0
+    """wsd: the final decay's length in steps; 0 = decay_fraction of train.max_steps. A cooldown branch resumes a
+    stable run's checkpoint at step s (train.resume=<its step dir>) with train.max_steps=s+decay_steps."""
+    decay_shape: Annotated[str, Literal["linear", "1-sqrt", "cosine"]] = "linear"
+    """wsd: the decay's shape from lr to the floor: linear, 1-sqrt (1 - sqrt(progress), Hagele et al. 2024's best
+    cooldown), or cosine (a half cosine)."""
     fused: Optional[bool] = None
     """Fused AdamW kernel; null = fused where the device supports it (CUDA, CPU), foreach elsewhere."""

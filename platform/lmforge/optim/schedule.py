@@ -2,7 +2,11 @@
 lr*min_lr_ratio):
 
 - cosine:   linear warmup to lr over W steps, then cosine to the floor at max_steps.
-- wsd:      warmup, stable at lr, then linear decay to the floor over the last decay_fraction of steps.
+- wsd:      warmup, stable at lr, then a decay to the floor over the last decay_steps steps (or decay_fraction
+            of max_steps), linear, 1-sqrt or cosine in shape (Hagele et al. 2024, "Scaling Laws and Compute-Optimal
+            Training Beyond Fixed Training Durations"). Until the decay the multiplier does not depend on
+            max_steps, so a cooldown branch (a stable run's checkpoint at step s, resumed with max_steps=s+decay_steps)
+            takes exactly the steps a run planned for s+decay_steps from the start would.
 - constant: warmup, then lr.
 """
 
@@ -26,9 +30,24 @@ def lr_multiplier(step: int, cfg: OptimConfig, max_steps: int) -> float:
         progress = min(1.0, (step - warm) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     # wsd
-    decay_steps = max(1, int(round(cfg.decay_fraction * max_steps)))
+    decay_steps = wsd_decay_steps(cfg, max_steps)
     decay_start = max_steps - decay_steps
     if step < decay_start:
         return 1.0
     progress = min(1.0, (step - decay_start + 1) / decay_steps)
-    return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * DECAY_SHAPES[cfg.decay_shape](progress)
+
+
+# wsd's decay: the share of (lr - floor) left at progress p in (0, 1] of the decay
+DECAY_SHAPES = {
+    "linear": lambda p: 1.0 - p,
+    "1-sqrt": lambda p: 1.0 - math.sqrt(p),
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+}
+
+
+def wsd_decay_steps(cfg: OptimConfig, max_steps: int) -> int:
+    """wsd's decay length: ``optim.decay_steps``, or ``decay_fraction`` of ``max_steps`` (at least one step)."""
+    if cfg.decay_steps > 0:
+        return cfg.decay_steps
+    return max(1, int(round(cfg.decay_fraction * max_steps)))
