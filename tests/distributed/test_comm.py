@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import run_ranks
+from wandb_read import history, leet
 
 from lmforge.comm.bench import OPS, bus_factor, load_result
 from lmforge.comm.overlap import aggregate, analyze_trace
@@ -227,15 +228,7 @@ def test_the_trainers_own_wandb_run_has_every_communication_panels_series(ddp_ru
     from lmforge.metrics.wandb_workspace import MULTI_RANK, panel_series, unmatched
 
     (wb_run,) = (ddp_runs[True] / "wandb").glob("offline-run-*")
-    out = subprocess.run(
-        [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(wb_run)],
-        check=True,
-        timeout=60,
-        capture_output=True,
-        text=True,
-    ).stdout
-    items = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    rows = [r["history"]["item"] for r in items if r.get("type") == "history"]
+    rows = history(leet(wb_run))
     names = {k for row in rows for k in row}
     assert unmatched(panel_series(MULTI_RANK), names) == [], sorted(names)
     logged = {r["step"]: r["comm/overlap_fraction"] for r in records(ddp_runs[True], "overlap")}

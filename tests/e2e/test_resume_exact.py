@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from wandb_read import leet, updates
 
 N = 6
 FIELDS_TRAIN = (
@@ -152,17 +153,6 @@ def test_metrics_jsonl_has_every_field(runs):
     assert commits == [2, 3, 4, 6]
 
 
-def leet(run_dir: Path) -> list:
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-
-
 @pytest.mark.timeout(120)
 def test_wandb_offline_run_continues_with_same_id(runs):
     run = runs / "split"
@@ -200,12 +190,8 @@ def test_wandb_holds_each_launchs_run_info_the_planners_prediction_and_goodput(r
     assert predictions and len(set(predictions.values())) == 1  # planned once: the same config and device
     for launch, part in enumerate(sorted((run / "wandb").glob("offline-run-*"))):
         recs = leet(part)
-        (info,) = [
-            r["config"]["update"]["run_info"] for r in recs if "run_info" in r.get("config", {}).get("update", {})
-        ]
-        summary = [
-            r["summary"]["update"]["run_info"] for r in recs if "run_info" in r.get("summary", {}).get("update", {})
-        ]
+        (info,) = updates(recs, "config", "run_info")
+        summary = updates(recs, "summary", "run_info")
         assert summary == [info] and info["resumed_from"] == (None, 3)[launch] and info["launch"] == launch
         assert (info["model"], info["world_size"], info["mesh"], info["torch"]) == (
             "tiny",

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from wandb_read import history, leet, updates
 
 
 def records(run: Path, kind: str) -> list[dict]:
@@ -102,18 +103,11 @@ def test_the_wandb_workspace_plots_series_the_smoke_runs_offline_wandb_run_logge
     from lmforge.metrics.wandb_workspace import MULTI_RANK, PANELS, panel_series, unmatched
 
     (offline,) = (smoke_run / "wandb").glob("offline-run-*")
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(offline)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    recs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    names = {k for r in recs if r.get("type") == "history" for k in r["history"]["item"]}
+    recs = leet(offline)
+    names = {k for row in history(recs) for k in row}
     sections = [s for s in PANELS if s not in MULTI_RANK + ("Evaluation",)]
     assert unmatched(panel_series(sections), names) == [], sorted(names)
-    info = next(r["config"]["update"]["run_info"] for r in recs if "run_info" in r.get("config", {}).get("update", {}))
+    (info,) = updates(recs, "config", "run_info")
     assert (info["model"], info["world_size"], info["tokens_planned"]) == ("smoke", 1, 300 * info["tokens_per_step"])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_wandb_sink import leet
+from wandb_read import leet
 
 from lmforge.cli import main as lmforge
 from lmforge.scaling.laws import CHINCHILLA_LAW as LAW

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from harness import free_port
+from wandb_read import history, leet
 
 from lmforge.config.errors import ActionableError
 from lmforge.config.logging import WandbConfig
@@ -116,22 +117,6 @@ def test_fault_events_reach_wandb_as_counted_series(tmp_path, monkeypatch):
     skipped = [h["events/skipped_step"] for h in history if "events/skipped_step" in h]
     stragglers = [h["events/straggler"] for h in history if "events/straggler" in h]
     assert skipped[-1] == 2 and stragglers == [1], history
-
-
-def leet(run_dir: Path) -> list:
-    """W&B's own reader of an offline run's transaction log: one JSON record per line."""
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-
-
-def history(records: list) -> list:
-    return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
 def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path):
