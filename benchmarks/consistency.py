@@ -16,9 +16,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import Case, run_suite
-from lmforge.config.compose import compose
-from lmforge.config.validate import validate
+from benchmarks.harness import Case, one_process_engine, run_suite
 from lmforge.runtime.hardware import pin_threads
 
 
@@ -31,29 +29,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
-    from lmforge.comm.process_group import init_process_group
     from lmforge.fault.consistency import ReplicaCheck, named_state
-    from lmforge.parallel.native_engine import NativeEngine
 
     threads = pin_threads(args.threads)
-    overrides = [
-        f"model={args.model}",
-        f"train.micro_batch_size={args.batch}",
-        f"train.global_batch_size={args.batch}",
-        f"train.device={args.device}",
-    ]
-    if args.seq_len:
-        overrides.append(f"model.seq_len={args.seq_len}")
-    cfg = validate(compose(overrides), world_size=1)
-    device = torch.device(args.device)
-    init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device)
-    x = torch.randint(0, cfg.model.vocab_size, (args.batch, cfg.model.seq_len), device=device)
-
-    class MB:
-        tokens = x
-        targets = x
-        positions = None  # no document masking (lmforge.data.loader.MicroBatch)
+    cfg, device, engine, MB = one_process_engine(args.model, args.batch, args.device, args.seq_len)
 
     engine.train_step([MB], 1e-4)  # AdamW state exists before the check is timed
     check = ReplicaCheck(1000, engine.inner, engine.optimizer, dist.group.WORLD, device)

@@ -127,3 +127,33 @@ def add_host_malloc_flag(ap) -> None:
         default="retain",
         help="train.host_malloc for this process (default retain, as a CPU run)",
     )
+
+
+def one_process_engine(model: str, batch: int, device_name: str, seq_len: int = 0):
+    """A one-process (gloo, a group of one) native engine of ``model`` at ``batch`` sequences per step, and the
+    micro batch of random tokens its steps take: ``(cfg, device, engine, micro_batch)``."""
+    from lmforge.comm.process_group import init_process_group
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.parallel.native_engine import NativeEngine
+
+    overrides = [
+        f"model={model}",
+        f"train.micro_batch_size={batch}",
+        f"train.global_batch_size={batch}",
+        f"train.device={device_name}",
+    ]
+    if seq_len:
+        overrides.append(f"model.seq_len={seq_len}")
+    cfg = validate(compose(overrides), world_size=1)
+    device = torch.device(device_name)
+    init_process_group(cfg.comm, device)
+    engine = NativeEngine(cfg, device)
+    x = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.seq_len), device=device)
+
+    class MicroBatch:  # lmforge.data.loader.MicroBatch's fields the engine reads
+        tokens = x
+        targets = x
+        positions = None  # no document masking
+
+    return cfg, device, engine, MicroBatch

@@ -19,9 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import Case, run_suite
-from lmforge.config.compose import compose
-from lmforge.config.validate import validate
+from benchmarks.harness import Case, one_process_engine, run_suite
 from lmforge.runtime.hardware import pin_threads
 
 
@@ -33,28 +31,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
-    from lmforge.comm.process_group import init_process_group
     from lmforge.comm.profiling import AUTO_PROFILE_EVERY, OverlapProbe
     from lmforge.metrics.logger import MetricsLogger
-    from lmforge.parallel.native_engine import NativeEngine
 
     threads = pin_threads(args.threads)
-    overrides = [
-        f"model={args.model}",
-        f"train.micro_batch_size={args.batch}",
-        f"train.global_batch_size={args.batch}",
-        f"train.device={args.device}",
-    ]
-    cfg = validate(compose(overrides), world_size=1)
-    device = torch.device(args.device)
-    init_process_group(cfg.comm, device)
-    engine = NativeEngine(cfg, device)
-    x = torch.randint(0, cfg.model.vocab_size, (args.batch, cfg.model.seq_len), device=device)
-
-    class MB:
-        tokens = x
-        targets = x
-        positions = None  # no document masking (lmforge.data.loader.MicroBatch)
+    cfg, device, engine, MB = one_process_engine(args.model, args.batch, args.device)
 
     traces = Path(tempfile.mkdtemp(prefix="overlap-probe-"))
     probe, logger, steps = OverlapProbe(1, traces, device), MetricsLogger([]), iter(range(1, 10**9))
