@@ -60,7 +60,7 @@ def test_a_resumed_stopping_single_process_launch_says_so():
             wandb=wandb_line("offline", offline_dir="runs/r/wandb/offline-run-1-ab12"),
         )
     )
-    assert lines[0] == "lmforge: run runs/r (launch 2, resumed from step 400)"
+    assert lines[0] == "lmforge: run runs/r (launch 2, continues at step 400)"
     assert lines[2] == "lmforge: layout 1 process (gloo), mesh: single"
     assert lines[3].endswith("tokens (200 to go, stopping at step 600)")
     assert lines[4] == (

@@ -91,7 +91,7 @@ def run_info(info: StartInfo, toolchain: Mapping[str, Optional[str]], nodes: Lis
 def start_block(info: StartInfo) -> List[str]:
     """The lines a launch prints before its first step."""
     start = 0 if info.resumed_from is None else info.resumed_from
-    how = "fresh start" if info.resumed_from is None else f"resumed from step {info.resumed_from}"
+    how = "fresh start" if info.resumed_from is None else f"continues at step {info.resumed_from}"
     processes = f"{info.world_size} process{'es' if info.world_size != 1 else ''}"
     dims = mesh_text(info.mesh)
     stop = f", stopping at step {info.last_step}" if info.last_step < info.max_steps else ""
