@@ -103,14 +103,11 @@ def overlap_line(record: dict) -> str:
     )
 
 
-def console_line(record: dict, digits: int = 4) -> Optional[str]:
-    """A non-train record's console line (None: not shown there; train records are the progress line)."""
-    kind = record.get("kind")
-    if kind in NOT_ON_CONSOLE:
-        return None
-    if kind == "eval":
+def own_line(record: dict, digits: int = 4) -> Optional[str]:
+    """The line of a record the console shows apart from the step lines (eval, overlap); None for the others."""
+    if record.get("kind") == "eval":
         return eval_line(record, digits)
-    if kind == "overlap":
+    if record.get("kind") == "overlap":
         return overlap_line(record)
     return None
 
@@ -120,12 +117,10 @@ class PlainConsoleSink:
         self.stream = stream or sys.stdout
 
     def log(self, record: dict) -> None:
-        if record.get("kind") in NOT_ON_CONSOLE + ("eval", "overlap"):
-            line = console_line(record)
-            if line is not None:
-                print(line, file=self.stream, flush=True)
-        else:
-            print(_fmt(record), file=self.stream, flush=True)
+        if record.get("kind") in NOT_ON_CONSOLE:
+            return
+        line = own_line(record)
+        print(line if line is not None else _fmt(record), file=self.stream, flush=True)
 
     def event(self, record: dict) -> None:
         print(f"[event] {event_line(record, with_rank=True)}", file=self.stream, flush=True)
@@ -152,10 +147,11 @@ class RichConsoleSink:
         self.progress.start()
 
     def log(self, record: dict) -> None:
-        if record.get("kind") in NOT_ON_CONSOLE + ("eval", "overlap"):
-            line = console_line(record, digits=3)
-            if line is not None:
-                self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if record.get("kind") in NOT_ON_CONSOLE:
+            return
+        line = own_line(record, digits=3)
+        if line is not None:
+            self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         info = (
             f"loss {record.get('loss', float('nan')):.4f} | {record.get('tokens_per_s', 0):,.0f} tok/s | "

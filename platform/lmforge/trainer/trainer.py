@@ -186,7 +186,9 @@ class Trainer:
             device_synchronizer(self.device),
             refresh_peak=refresh,
         )
-        self.prediction = self._predict(peak, say)  # the planner's figures, logged beside the measured ones
+        # the planner's figures, logged beside the measured ones (rank 0 logs; its memory model builds the GPT on
+        # the meta device, a second of start-up the other ranks skip)
+        self.prediction = self._predict(peak, say) if self.rank == 0 else {}
         self.prediction_warned = self.device.type != "cuda"  # a GPU run warns once when they differ by > 25%
         self.step = 0
         self.wandb_run_id: Optional[str] = None
@@ -469,7 +471,7 @@ class Trainer:
                     t_save = time.perf_counter()
                     self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
                     ledger.add_save(time.perf_counter() - t_save)  # the loop's stall (sync: the whole save)
-                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=self.overlap.due(self.step))
+                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=profiled)
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
