@@ -44,3 +44,16 @@ def test_rich_console_eval_line_is_one_unwrapped_line(capsys):
         "eval step 300: val/books/loss=3.215 val/books/bpb=1.199 austen_word_order_acc=0.995 "
         "austen_word_order_acc_norm=0.990 stdlib_next_line_acc=0.230 stdlib_next_line_acc_norm=0.240"
     ) in lines
+
+
+def test_fp8_check_records_get_their_own_line_not_a_progress_update_with_no_loss(capsys):
+    check = {"kind": "fp8_check", "step": 40, "fp8/loss": 3.5012, "fp8/bf16_loss": 3.4987, "fp8/loss_gap": 0.0025}
+    stream = io.StringIO()
+    PlainConsoleSink(stream).log(check)
+    assert stream.getvalue() == "fp8 check step 40: loss 3.5012 against bf16 3.4987 (gap +0.0025)\n"
+    sink = RichConsoleSink(total_steps=100)
+    sink.log(check)
+    completed = sink.progress.tasks[0].completed
+    sink.close()
+    assert "fp8 check step 40: loss 3.501 against bf16 3.499 (gap +0.003)" in capsys.readouterr().out.splitlines()
+    assert completed == 0  # the bar did not move to the check's step with a NaN loss

@@ -6,6 +6,7 @@ from __future__ import annotations
 from lmforge.metrics.run_summary import (
     RunSummary,
     StartInfo,
+    continue_hint,
     count,
     next_steps_line,
     run_info,
@@ -95,6 +96,16 @@ def test_the_last_line_says_how_to_generate_and_train_further():
         "train further: the same command with train.max_steps above 300 (train.resume=auto resumes from step 300)"
     )
     assert next_steps_line("runs/r", None, 300).startswith("lmforge: no checkpoint saved")
+
+
+def test_a_launch_that_named_its_checkpoint_is_told_to_resume_auto_instead():
+    # a cooldown branch starts from its stable run's checkpoint: repeating that path would start there again
+    line = next_steps_line("runs/b", "runs/b/checkpoints/step-00000400", 400, resume="runs/s/checkpoints/step-300")
+    assert line.endswith(
+        "(with train.resume=auto instead of train.resume=runs/s/checkpoints/step-300: "
+        "train.resume=auto resumes from step 400)"
+    )
+    assert continue_hint("auto", 7) == continue_hint("none", 7) == "train.resume=auto resumes from step 7"
 
 
 def test_run_info_holds_the_block_as_values_with_versions_and_nodes():

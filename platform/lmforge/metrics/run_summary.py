@@ -173,11 +173,20 @@ class RunSummary:
         return out
 
 
-def next_steps_line(run_dir: str, checkpoint: Optional[str], step: int) -> str:
+def continue_hint(resume: str, step: int) -> str:
+    """How a later launch picks this one up: ``train.resume=auto`` finds the run's newest checkpoint. A launch that
+    named a checkpoint (a cooldown branch resumes its stable run's) must drop that path, or it starts there again."""
+    auto = f"train.resume=auto resumes from step {step}"
+    if resume in ("auto", "none"):
+        return auto
+    return f"with train.resume=auto instead of train.resume={resume}: {auto}"
+
+
+def next_steps_line(run_dir: str, checkpoint: Optional[str], step: int, *, resume: str = "auto") -> str:
     """A finished launch's last line: its newest checkpoint, how to generate from it and how to train further."""
     if checkpoint is None:
         return "lmforge: no checkpoint saved (checkpoint.enabled=false or checkpoint.save_final=false)"
     return (
         f"lmforge: last checkpoint {checkpoint}. Generate: lmforge generate {run_dir} --prompt TEXT; train further: "
-        f"the same command with train.max_steps above {step} (train.resume=auto resumes from step {step})"
+        f"the same command with train.max_steps above {step} ({continue_hint(resume, step)})"
     )

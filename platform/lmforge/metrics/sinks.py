@@ -103,12 +103,24 @@ def overlap_line(record: dict) -> str:
     )
 
 
+def fp8_check_line(record: dict, digits: int = 4) -> str:
+    """The console's line for the float8 numerics check (``kind: "fp8_check"``, parallel/float8.py)."""
+    return (
+        f"fp8 check step {record.get('step')}: loss {record.get('fp8/loss', float('nan')):.{digits}f} against bf16 "
+        f"{record.get('fp8/bf16_loss', float('nan')):.{digits}f} (gap {record.get('fp8/loss_gap', float('nan')):+.{digits}f})"
+    )
+
+
 def own_line(record: dict, digits: int = 4) -> Optional[str]:
-    """The line of a record the console shows apart from the step lines (eval, overlap); None for the others."""
-    if record.get("kind") == "eval":
+    """The line of a record the console shows apart from the step lines (eval, overlap, fp8 check); None for the
+    others."""
+    kind = record.get("kind")
+    if kind == "eval":
         return eval_line(record, digits)
-    if record.get("kind") == "overlap":
+    if kind == "overlap":
         return overlap_line(record)
+    if kind == "fp8_check":
+        return fp8_check_line(record, digits)
     return None
 
 

@@ -54,6 +54,7 @@ from lmforge.metrics.meter import IntervalMeter, device_synchronizer
 from lmforge.metrics.run_summary import (
     RunSummary,
     StartInfo,
+    continue_hint,
     next_steps_line,
     run_info,
     start_block,
@@ -511,7 +512,10 @@ class Trainer:
             print(self.stopped_line(), flush=True)  # the last line: how to go on (after the goodput line)
         elif ending == "done" and self.rank == 0:
             newest = latest(self.checkpoints.root) if cfg.checkpoint.enabled else None
-            print(next_steps_line(str(self.paths.root), newest and str(newest), self.step), flush=True)
+            print(
+                next_steps_line(str(self.paths.root), newest and str(newest), self.step, resume=cfg.train.resume),
+                flush=True,
+            )
         return self.history
 
     # ---- the loop's named steps --------------------------------------------------------------------------
@@ -538,7 +542,7 @@ class Trainer:
             return f"{stopped}; checkpoint.enabled=false: nothing saved to continue from"
         return (
             f"{stopped}; checkpoint {step_dir(self.checkpoints.root, step)}. To continue: the same command without "
-            f"train.stop_at_step (train.resume=auto resumes from step {step})"
+            f"train.stop_at_step ({continue_hint(cfg.train.resume, step)})"
         )
 
     def stop_on_fault(self) -> None:
