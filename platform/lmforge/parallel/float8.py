@@ -12,8 +12,9 @@ an MoE router gate; not those whose name contains a ``train.fp8.filter_fqns`` en
 multiples of 16 (the float8 GEMM's requirement); with ``train.fp8.shape_filter`` only those above torchao's
 per-recipe size thresholds. MoE routed experts (grouped GEMMs, not ``nn.Linear``) stay in bf16.
 
-``enable_fsdp_float8_all_gather`` (tensorwise): FSDP2 gathers the float8 weights; ``after_optimizer_step``
-precomputes their scales in one all-reduce. ``high_precision_linears`` runs the converted model with plain
+``enable_fsdp_float8_all_gather`` (tensorwise): FSDP2 gathers the float8 weights (their bytes as uint8, so gloo
+too); ``after_optimizer_step`` precomputes their scales in one all-reduce. ``float8_tp_style``: torchao's float8 TP
+styles for ``parallel/tensor_parallel.py``. ``high_precision_linears`` runs the converted model with plain
 bf16 linears on the same weights, for the numerics check (``Float8Check``).
 """
 

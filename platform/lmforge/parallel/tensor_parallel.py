@@ -36,6 +36,10 @@ bf16 autocast the shard is cast before the gather (the values each linear's own 
 half the bytes, the three input gradients are summed in bf16). Under activation checkpointing (or any other
 saved-tensor hook) and inside a compiled graph the hook stands aside: checkpointing already recomputes the gather,
 and the compiler decides what its graph saves.
+
+``train.precision=fp8``: the linears are torchao ``Float8Linear`` by then (parallel/float8.py); under the
+tensorwise recipe without sequence parallelism the converted ones get torchao's float8 TP styles
+(``float8.float8_tp_style``), otherwise the plain styles above, each ``Float8Linear`` casting what it reads.
 """
 
 from __future__ import annotations
