@@ -116,8 +116,9 @@ def convert_to_float8(model: nn.Module, fp8: Float8Config, *, device: torch.devi
 
 def float8_tp_style(style, module: nn.Module):
     """torchao's float8 counterpart of the TP ``style`` planned for ``module`` (a ``ColwiseParallel`` or
-    ``RowwiseParallel`` with the same layouts): the module's input cast to float8 before its redistribution and its
-    output gradient cast in backward, so TP moves float8 activations. Only for a converted linear under the
+    ``RowwiseParallel`` with the same layouts): the module's input cast to float8 before its redistribution (with
+    lmforge's layouts there is none: the collectives stay the bf16 plan's) and its output gradient cast to float8
+    before the linear's backward. Only for a converted linear under the
     tensorwise recipe (torchao's float8 TP styles assume one scale per tensor); otherwise ``style`` itself (a
     rowwise ``Float8Linear`` runs on the plain styles' DTensors, casting per row after the redistribution)."""
     ao = _import_torchao()
