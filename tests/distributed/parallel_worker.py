@@ -165,6 +165,51 @@ def shift_positions_by_micro_batches(pipeline, shift: int) -> None:
     pipeline.train_step = shifted
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def probe_float8(engine) -> Dict[str, set]:
+    """What the first block's wq (a Float8Linear) computes with at each forward: its weight (after FSDP's
+    all-gather: float8 data under the float8 all-gather) and its input (after the TP style's input hook: float8 under
+    torchao's float8 TP styles), as 'type:dtype'."""
+    seen: Dict[str, set] = {"weight": set(), "input": set()}
+
+    def describe(t: torch.Tensor) -> str:
+        local = _local(t)
+        return f"{type(local).__name__}:{getattr(local, '_data', local).dtype}"
+
+    def record(module, inputs):
+        seen["weight"].add(describe(module.weight))
+        seen["input"].add(describe(inputs[0]))
+
+    engine.inner.get_submodule("layers.0.attention.wq").register_forward_pre_hook(record)
+    return seen
+
+
+def precomputed_scales(engine) -> int:
+    """How many converted weights hold a scale precomputed for the next float8 all-gather."""
+    return sum(getattr(_local(p), "_precomputed_scale", None) is not None for p in engine.inner.parameters())
+
+
+def scale_from_local_shards(engine) -> None:
+    """After torchao's one all-reduce of the weights' amaxes, overwrite every precomputed scale with one from this
+    rank's shard alone: the gathered float8 weight then mixes shards cast with different scales under one."""
+    from lmforge.parallel import native_engine
+
+    precompute = native_engine.after_optimizer_step
+
+    def local_scales(model, fp8):
+        precompute(model, fp8)
+        for p in model.parameters():
+            local = _local(p)
+            if getattr(local, "_precomputed_scale", None) is not None:
+                amax = local._tensor.abs().max().clamp(min=1e-12).to(torch.float64)
+                local._precomputed_scale = (torch.finfo(torch.float8_e4m3fn).max / amax).to(torch.float32)
+
+    native_engine.after_optimizer_step = local_scales
+
+
 def run_case(
     overrides: List[str],
     samples: List[List[int]],
@@ -178,6 +223,8 @@ def run_case(
     later_stage_positions_shift: int = 0,
     reshard_blocks_after_forward: bool = False,
     regather_each_micro_batch: bool = False,
+    fp8_probe: bool = False,
+    fp8_local_scales: bool = False,
 ) -> dict:
     from lmforge.config.validate import check_batch
     from lmforge.data.loader import BatchStream
@@ -208,6 +255,9 @@ def run_case(
 
         assert engine.defer_fsdp_sync and not cfg.parallelism.reshard_after_forward
         engine._grad_sync = lambda last: set_fsdp_gradient_sync(engine.parts, enabled=last) or contextlib.nullcontext()
+    seen_fp8 = probe_float8(engine) if fp8_probe else None
+    if fp8_local_scales:  # negative control of the float8 all-gather: each rank's weight scales from its own shard
+        scale_from_local_shards(engine)
     data = FixedSamples(samples, eod)
     stream = BatchStream(
         data,
@@ -274,6 +324,8 @@ def run_case(
             canonical_name(n): b.tolist() for n, b in engine.inner.named_buffers() if n.endswith("expert_bias")
         },
     }
+    if seen_fp8 is not None:
+        out["fp8_probe"] = {**{k: sorted(v) for k, v in seen_fp8.items()}, "precomputed": precomputed_scales(engine)}
     if save_to:
         from lmforge.checkpoint.manager import CheckpointManager
         from lmforge.config.checkpoint import CheckpointConfig

@@ -42,3 +42,33 @@ def docmask_pipeline_cases(samples) -> dict:
             "later_stage_positions_shift": 1,
         },
     }
+
+
+# train.precision=fp8 (parallel/float8.py) on the tiny model: torchao's shape filter would keep every linear of it
+# in bf16, so all 28 block linears are converted (the head never is).
+FP8 = ["train.precision=fp8", "train.fp8.shape_filter=false"]
+FP8_ALL_GATHER = FP8 + ["train.fp8.enable_fsdp_float8_all_gather=true"]
+
+
+def fp8_fsdp_cases() -> dict:
+    """FSDP2 over 2 ranks in fp8: the weights gathered in fp32 and cast by each Float8Linear, or gathered in float8
+    (torchao's float8 all-gather, scales precomputed after each optimizer step); negative control: every rank's
+    precomputed scales taken from its own shard instead of the all-reduced amax."""
+    return {
+        "fp8_fsdp": {"overrides": ["parallelism=fsdp"] + FP8, "fp8_probe": True},
+        "fp8_fsdp_float8_gather": {"overrides": ["parallelism=fsdp"] + FP8_ALL_GATHER, "fp8_probe": True},
+        "fp8_fsdp_float8_gather_shard_scales": {
+            "overrides": ["parallelism=fsdp"] + FP8_ALL_GATHER,
+            "fp8_local_scales": True,
+        },
+    }
+
+
+def fp8_tp_cases() -> dict:
+    """fp8 with tensor parallelism over 2 ranks: tensorwise with torchao's float8 TP styles, tensorwise under
+    sequence parallelism (plain styles, bf16 all-gather), rowwise (plain styles)."""
+    return {
+        "fp8_tp2": {"overrides": ["parallelism=tp2"] + FP8, "fp8_probe": True},
+        "fp8_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + FP8, "fp8_probe": True},
+        "fp8_tp2_rowwise": {"overrides": ["parallelism=tp2", "train.fp8.recipe=rowwise"] + FP8, "fp8_probe": True},
+    }

@@ -249,3 +249,68 @@ def test_sequence_parallel_plan_saves_shards_and_regathers_them_in_backward(tmp_
     torch.testing.assert_close(x.grad, x_plain.grad)
     torch.testing.assert_close(block.attention.wq.weight.grad.full_tensor(), plain.attention.wq.weight.grad)
     torch.testing.assert_close(block.feed_forward.w1.weight.grad.full_tensor(), plain.feed_forward.w1.weight.grad)
+
+
+def float8_block_saved(cfg: ModelConfig, recipe: str, batch: int) -> dict:
+    """What one real CPU block with every linear converted to torchao ``Float8Linear`` (``recipe``) saves for
+    backward under the fp8 run's bf16 autocast and bf16 residual stream: {storage: bytes}, parameters excluded.
+    torchao's float8 casts do not run on the meta device, so the block is tiny and real."""
+    from lmforge.config.train import Float8Config
+    from lmforge.parallel.float8 import convert_to_float8, float8_modules
+
+    torch.manual_seed(0)
+    block, rope = Block(cfg), RotaryTables(cfg)
+    names = convert_to_float8(
+        block, Float8Config(recipe=recipe, shape_filter=False), device=torch.device("cpu"), compiled=True
+    )
+    assert len(names) == 7 and len(list(float8_modules(block))) == 7
+    own = {t.untyped_storage()._cdata for t in (*block.parameters(), rope.cos, rope.sin)}
+    counted = SavedStorages(own)
+    x = torch.randn(batch, cfg.seq_len, cfg.d_model).to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(counted.pack, lambda t: t):
+        out = block(x, rope.cos, rope.sin)
+    assert out.requires_grad and out.dtype == torch.bfloat16
+    return counted.seen
+
+
+FP8_BLOCK = model("fp8", 256, 1, 4, 2, 128)
+
+
+def planned_fp8_rows(precision: str, batch: int) -> dict:
+    """The planner's per-tensor rows for one block of ``FP8_BLOCK`` on the CPU (composite RMSNorm): {name: bytes}."""
+    from lmforge.config.schema import RootConfig
+    from lmforge.config.train import TrainConfig
+    from lmforge.parallel.memory_estimate import activation_shape, block_precision
+
+    cfg = RootConfig(model=FP8_BLOCK, train=TrainConfig(precision=precision))
+    shape = activation_shape(cfg, batch, precision, rms_norm_kernel="composite")
+    rows = block_saved_tensors(FP8_BLOCK, block_precision(shape), rms_norm_kernel="composite")
+    tokens = batch * FP8_BLOCK.seq_len
+    return {r.name: r.bytes(tokens=tokens, positions=FP8_BLOCK.seq_len, tp=1, sp=False) for r in rows}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_planned_fp8_rows_match_what_a_float8_block_saves(recipe):
+    """Every planned row of ``train.precision=fp8`` is one storage torchao's float8 block saves (bf16 linear inputs,
+    not float8 ones; the fp32 norm copies and statistics), and the planned block within TOLERANCE of the saved
+    bytes. RoPE's per-position table casts (cos and sin, cast once for q and once for k: 4 small storages where the
+    table counts 2) are compared in the total only."""
+    batch = 2
+    saved = float8_block_saved(FP8_BLOCK, recipe, batch)
+    planned = planned_fp8_rows("fp8", batch)
+    rope_cast = FP8_BLOCK.seq_len * (FP8_BLOCK.d_model // FP8_BLOCK.n_heads) * 2  # one bf16 cos or sin table
+    saved_rows = sorted(b for b in saved.values() if b != rope_cast)
+    assert saved_rows == sorted(b for name, b in planned.items() if name != "attention.rope_tables")
+    total_saved, total_planned = sum(saved.values()), sum(planned.values())
+    assert abs(total_planned / total_saved - 1) <= TOLERANCE, f"planned {total_planned} vs saved {total_saved}"
+
+
+@pytest.mark.timeout(60)
+def test_negative_control_fp8_planned_at_fp32_activations_misses_the_saved_bytes():
+    """The rows fp8 was planned with before (fp32 activations, as ``train.precision=fp32``) overcount what the
+    float8 block saves far beyond TOLERANCE, and their per-tensor sizes differ."""
+    saved = float8_block_saved(FP8_BLOCK, "tensorwise", 2)
+    fp32_rows = planned_fp8_rows("fp32", 2)
+    assert sum(fp32_rows.values()) / sum(saved.values()) - 1 > 10 * TOLERANCE
+    assert sorted(fp32_rows.values()) != sorted(saved.values())

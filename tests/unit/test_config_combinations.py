@@ -42,7 +42,6 @@ EXAMPLES = [
     ({"dp_shard": 2, "param_dtype": "bf16"}, {}, {"precision": "bf16-mixed", "fp32_residual": True}),
     ({}, {}, {"precision": "bf16-mixed", "fp8": {"check_every": 10}}),
     ({"engine": "deepspeed"}, {}, {"precision": "fp8"}),
-    ({"tp": 2}, {}, {"precision": "fp8"}),
     ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"recipe": "rowwise", "enable_fsdp_float8_all_gather": True}}),
     ({}, {}, {"precision": "fp8", "fp8": {"enable_fsdp_float8_all_gather": True}}),
     ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"check_every": 5, "enable_fsdp_float8_all_gather": True}}),

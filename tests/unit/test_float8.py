@@ -16,6 +16,9 @@ import torchao.float8.float8_linear as ao_linear
 import yaml
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 from torchao.float8.float8_training_tensor import GemmInputRole, hp_tensor_and_scale_to_float8
 
 from lmforge.checkpoint.state_io import DcpStateIO
@@ -28,6 +31,7 @@ from lmforge.parallel.float8 import (
     convert_to_float8,
     float8_fqns,
     float8_modules,
+    float8_tp_style,
     gap_metrics,
     gap_warning,
     high_precision_linears,
@@ -228,3 +232,25 @@ def test_a_checkpoint_moves_between_fp8_and_bf16_mixed(tmp_path, saved, loaded):
     assert list(a) == list(b)
     assert all(a[k].dtype == b[k].dtype == torch.float32 and torch.equal(a[k], b[k]) for k in a)
     assert any(True for _ in float8_modules(source if saved == "fp8" else target))
+
+
+def test_tensor_parallel_styles_of_converted_linears():
+    """tensorwise: a converted linear's Colwise / RowwiseParallel becomes torchao's float8 style with the same layouts
+    (what tensor_parallel.apply_tensor_parallel plans without sequence parallelism); rowwise, an unconverted linear or
+    another style keeps the planned style."""
+
+    def converted(recipe: str) -> nn.Module:
+        model = nn.Sequential(nn.Linear(32, 32, bias=False))
+        convert_to_float8(model, Float8Config(recipe=recipe, shape_filter=False), device=CPU, compiled=True)
+        return model[0]
+
+    colwise, rowwise = ColwiseParallel(), RowwiseParallel(output_layouts=Shard(1))
+    tensorwise = converted("tensorwise")
+    col8, row8 = float8_tp_style(colwise, tensorwise), float8_tp_style(rowwise, tensorwise)
+    assert type(col8) is Float8ColwiseParallel and type(row8) is Float8RowwiseParallel
+    assert (col8.input_layouts, col8.output_layouts, col8.use_local_output) == ((Replicate(),), (Shard(-1),), True)
+    assert (row8.input_layouts, row8.output_layouts) == ((Shard(-1),), (Shard(1),))
+    assert float8_tp_style(colwise, converted("rowwise")) is colwise
+    assert float8_tp_style(colwise, nn.Linear(32, 32)) is colwise
+    norm_style = SequenceParallel()
+    assert float8_tp_style(norm_style, tensorwise) is norm_style

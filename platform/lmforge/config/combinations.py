@@ -235,16 +235,6 @@ FLOAT8: Tuple[Refused, ...] = (
         "use parallelism.engine=native for fp8, or train.precision=bf16-mixed with deepspeed",
     ),
     Refused(
-        "`train.precision=fp8` with `tp > 1`",
-        "train.precision",
-        lambda c: _fp8(c) and c.parallelism.tp > 1,
-        lambda c: (
-            f"fp8 with tensor parallelism (tp={c.parallelism.tp}) is not supported: the TP plan uses torch's "
-            "Colwise/RowwiseParallel, not torchao's float8 TP styles"
-        ),
-        "set parallelism.tp=1 (FSDP/HSDP, pp and cp compose with fp8) or train.precision=bf16-mixed",
-    ),
-    Refused(
         "`train.fp8.enable_fsdp_float8_all_gather=true` with `train.fp8.recipe=rowwise`",
         "train.fp8.enable_fsdp_float8_all_gather",
         lambda c: _fp8(c) and c.train.fp8.enable_fsdp_float8_all_gather and c.train.fp8.recipe == "rowwise",

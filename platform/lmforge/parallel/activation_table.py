@@ -32,6 +32,14 @@ so without sequence parallelism the norm output is kept once per linear reading 
 w1/w3, 1 for a GELU w1); under sequence parallelism the shard is cast once before the all-gather
 (``parallel/tensor_parallel.py``), so one copy.
 
+Under ``fp8`` (torchao's ``Float8Linear``, tensorwise and rowwise alike) a converted linear saves for backward its
+input in the compute dtype (it casts the input to the autocast dtype itself, as ``F.linear`` does under autocast)
+and its fp32 weight (a parameter, not counted); the float8 casts of input and weight are made again in backward,
+not kept. So the rows are ``bf16-mixed``'s, with one exception measured on the CPU: the composite RMSNorm returns
+the residual dtype, so with a bf16 residual stream the linears reading it keep one shared copy of the norm output
+(torchao's cast is a no-op on it). ``tests/unit/test_activation_table.py`` counts a converted block's saved
+tensors against these rows.
+
 Sequence parallelism: the norms run on the rank's sequence shard, and each linear after them keeps only that shard
 of its (all-gathered) input, gathering it again in backward (``tensor_parallel.SequenceGatheredInput``), so every
 row is divided by tp. ``linear_inputs="gathered"`` counts the norm outputs the way a plain all-gather before the
@@ -90,6 +98,7 @@ class BlockPrecision:
     residual: int
     compute: int
     autocast: bool = False
+    float8: bool = False  # train.precision=fp8: the blocks' linears are torchao Float8Linear (parallel/float8.py)
 
 
 def _norm_rows(prefix: str, m: ModelConfig, p: BlockPrecision, rms_norm_kernel: str) -> Tuple[SavedTensor, ...]:
@@ -112,10 +121,14 @@ def _norm_rows(prefix: str, m: ModelConfig, p: BlockPrecision, rms_norm_kernel: 
     )
 
 
-def _linear_input(name: str, m: ModelConfig, p: BlockPrecision, readers: int, linear_inputs: str) -> SavedTensor:
+def _linear_input(
+    name: str, m: ModelConfig, p: BlockPrecision, readers: int, linear_inputs: str, rms_norm_kernel: str
+) -> SavedTensor:
     """A norm output read by ``readers`` linears; under sequence parallelism ``sp_split`` says whether each linear
     keeps the shard (``shard``) or the all-gathered sequence (``gathered``)."""
     copies = readers if (p.autocast and linear_inputs == "gathered") else 1
+    if p.float8 and rms_norm_kernel == "composite" and p.residual == p.compute:
+        copies = 1  # the norm output is already in the compute dtype: each Float8Linear's cast returns it as is
     return SavedTensor(name, m.d_model * copies, p.compute, False, linear_inputs == "shard")
 
 
@@ -137,14 +150,14 @@ def block_saved_tensors(
     gated = m.mlp == "swiglu"
     rows = [
         *_norm_rows("attention_norm", m, p, rms_norm_kernel),
-        _linear_input("attention_norm.output", m, p, 3, linear_inputs),
+        _linear_input("attention_norm.output", m, p, 3, linear_inputs, rms_norm_kernel),
         SavedTensor("attention.q", d, e, True, False),
         SavedTensor("attention.k", dkv, e, True, False),
         SavedTensor("attention.v", dkv, e, True, False),
         SavedTensor("attention.output", d, e, True, False),
         SavedTensor("attention.lse", m.n_heads, FP32, True, False),
         *_norm_rows("ffn_norm", m, p, rms_norm_kernel),
-        _linear_input("ffn_norm.output", m, p, 2 if gated else 1, linear_inputs),
+        _linear_input("ffn_norm.output", m, p, 2 if gated else 1, linear_inputs, rms_norm_kernel),
         SavedTensor("feed_forward.w1_out", f, e, True, False),
     ]
     if gated:

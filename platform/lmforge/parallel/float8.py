@@ -12,8 +12,9 @@ an MoE router gate; not those whose name contains a ``train.fp8.filter_fqns`` en
 multiples of 16 (the float8 GEMM's requirement); with ``train.fp8.shape_filter`` only those above torchao's
 per-recipe size thresholds. MoE routed experts (grouped GEMMs, not ``nn.Linear``) stay in bf16.
 
-``enable_fsdp_float8_all_gather`` (tensorwise): FSDP2 gathers the float8 weights; ``after_optimizer_step``
-precomputes their scales in one all-reduce. ``high_precision_linears`` runs the converted model with plain
+``enable_fsdp_float8_all_gather`` (tensorwise): FSDP2 gathers the float8 weights (their bytes as uint8, so gloo
+too); ``after_optimizer_step`` precomputes their scales in one all-reduce. ``float8_tp_style``: torchao's float8 TP
+styles for ``parallel/tensor_parallel.py``. ``high_precision_linears`` runs the converted model with plain
 bf16 linears on the same weights, for the numerics check (``Float8Check``).
 """
 
@@ -26,6 +27,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from lmforge.config.errors import ActionableError
 from lmforge.config.train import Float8Config
@@ -110,6 +112,34 @@ def convert_to_float8(model: nn.Module, fp8: Float8Config, *, device: torch.devi
                 "slower than bf16-mixed; set parallelism.compile=true",
             )
     return names
+
+
+def float8_tp_style(style, module: nn.Module):
+    """torchao's float8 counterpart of the TP ``style`` planned for ``module`` (a ``ColwiseParallel`` or
+    ``RowwiseParallel`` with the same layouts): the module's input cast to float8 before its redistribution (with
+    lmforge's layouts there is none: the collectives stay the bf16 plan's) and its output gradient cast to float8
+    before the linear's backward. Only for a converted linear under the
+    tensorwise recipe (torchao's float8 TP styles assume one scale per tensor); otherwise ``style`` itself (a
+    rowwise ``Float8Linear`` runs on the plain styles' DTensors, casting per row after the redistribution)."""
+    ao = _import_torchao()
+    if (
+        not isinstance(module, ao.float8_linear.Float8Linear)
+        or module.config.cast_config_input.scaling_granularity is not ao.ScalingGranularity.TENSORWISE
+    ):
+        return style
+    from torchao.float8.float8_tensor_parallel import (  # deferred: torchao is optional (train.precision=fp8 only)
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+    )
+
+    kind = {ColwiseParallel: Float8ColwiseParallel, RowwiseParallel: Float8RowwiseParallel}.get(type(style))
+    if kind is None:
+        return style
+    return kind(
+        input_layouts=style.input_layouts[0],
+        output_layouts=style.output_layouts[0],
+        use_local_output=style.use_local_output,
+    )
 
 
 def warn_once(key: str, message: str) -> None:

@@ -43,6 +43,8 @@ every block's unsharded gradient (reduce dtype) is kept from the first micro bat
 reduce-scatter after the last one, instead of two blocks' in flight; without ``reshard_after_forward`` the blocks
 then stay gathered from the step's first forward to its last backward (the ``distributed_optimizer`` preset:
 Megatron's distributed optimizer). ``fsdp_working_bytes`` counts both. ``bf16-mixed`` autocast caches a bf16 copy of every matmul weight during forward.
+``fp8`` plans its activations as ``bf16-mixed``'s (torchao's ``Float8Linear`` keeps its bf16 input, not a float8
+one: ``activation_table.py``); its float8 weight casts are transient and not cached.
 
 Expert parallelism (``parallelism.ep``): the routed experts' weights [E, ...] are split E/ep over the ep ranks and
 FSDP-sharded over the dp_shard / ep ranks holding the same experts (replicated over dp_replicate) (parallel/expert_parallel.py).
@@ -114,9 +116,11 @@ def dtypes_for(cfg: RootConfig, precision: str) -> Dtypes:
     p = cfg.parallelism
     param = 2 if precision == "bf16" else 4
     fsdp_bf16 = fsdp_degree(p) > 1 and p.param_dtype == "bf16"
-    compute = 2 if (precision in ("bf16", "bf16-mixed") or fsdp_bf16) else 4
-    # bf16-mixed: a bf16 residual stream unless train.fp32_residual (refused with FSDP bf16 parameters)
-    residual = 4 if (precision == "bf16-mixed" and cfg.train.fp32_residual and not fsdp_bf16) else compute
+    # fp8 computes outside its float8 GEMMs in bf16 under autocast, and its linears' outputs are bf16
+    compute = 2 if (precision in ("bf16", "bf16-mixed", "fp8") or fsdp_bf16) else 4
+    # bf16-mixed / fp8: a bf16 residual stream unless train.fp32_residual (refused with FSDP bf16 parameters)
+    mixed = precision in ("bf16-mixed", "fp8")
+    residual = 4 if (mixed and cfg.train.fp32_residual and not fsdp_bf16) else compute
     fsdp_param = dtype_bytes(p.param_dtype) if precision != "bf16" else 2
     fsdp_reduce = dtype_bytes(p.reduce_dtype) if precision != "bf16" else 2
     return Dtypes(param, compute, residual, fsdp_param, fsdp_reduce)
@@ -263,11 +267,12 @@ class ActivationShape:
     gathered_kv_tokens: int = 0  # cp all-gather: other ranks' tokens whose K/V each block keeps for backward
     positions: int = 0  # sequence positions per micro batch on this rank (seq_len / cp); 0: as many as tokens
     autocast: bool = False  # bf16 autocast: norms in fp32, each linear casts its own input
+    float8: bool = False  # train.precision=fp8: torchao Float8Linear in the blocks (activation_table.py)
     rms_norm_kernel: str = "fused"  # CUDA's fused RMSNorm; "composite" on CPU (activation_table.RMS_NORM_KERNELS)
 
 
 def block_precision(s: ActivationShape) -> BlockPrecision:
-    return BlockPrecision(residual=s.dt.residual, compute=s.dt.compute, autocast=s.autocast)
+    return BlockPrecision(residual=s.dt.residual, compute=s.dt.compute, autocast=s.autocast, float8=s.float8)
 
 
 def _rows_bytes(rows, s: ActivationShape) -> int:
@@ -336,7 +341,7 @@ def activation_shape(
     p = cfg.parallelism
     local = micro_batch_size * cfg.model.seq_len // p.cp
     gathered = local * (p.cp - 1) if p.cp > 1 and p.cp_kv_exchange == "allgather" else 0
-    autocast = precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
+    autocast = precision in ("bf16-mixed", "fp8") and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
     return ActivationShape(
         tokens=local,
         tp=p.tp,
@@ -345,6 +350,7 @@ def activation_shape(
         gathered_kv_tokens=gathered,
         positions=cfg.model.seq_len // p.cp,
         autocast=autocast,
+        float8=precision == "fp8",
         rms_norm_kernel=rms_norm_kernel,
     )
 

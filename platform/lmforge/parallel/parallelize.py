@@ -89,10 +89,11 @@ def parallelize(
         with torch.device("meta"):
             model = rank_part(model.cfg, stages, mesh["pp"].get_local_rank())
         model.document_attention = attention
-    if resolve_precision(cfg.train.precision, device) == "fp8":
+    fp8 = resolve_precision(cfg.train.precision, device) == "fp8"
+    if fp8:
         convert_to_float8(model, cfg.train.fp8, device=device, compiled=p.compile)
     if p.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel)
+        apply_tensor_parallel(model, mesh["tp"], p.sequence_parallel, float8=fp8)
     context = apply_context_parallel(model, mesh, p.cp_kv_exchange) if p.cp > 1 else None
     if p.ep > 1:
         apply_expert_parallel(model, mesh)

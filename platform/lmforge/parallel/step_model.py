@@ -325,7 +325,7 @@ def stage_time(cfg: RootConfig, spec: DeviceSpec, micro: int, precision: str, pp
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     dtype = compute_dtype(cfg, precision)
-    e = 2 if precision == "fp8" else dt.compute  # fp8: bf16-mixed activations, float8 GEMMs in the Linears
+    e = dt.compute  # activation bytes (fp8: bf16-mixed's, memory_estimate.dtypes_for), float8 GEMMs in the Linears
     linear_dtype = "fp8" if precision == "fp8" else dtype
     moe_ids = set(moe_layer_ids(m))
     owned = [layer for layer in range(m.n_layers) if layer_owner(cfg, layer) == pp_rank]

@@ -36,6 +36,10 @@ bf16 autocast the shard is cast before the gather (the values each linear's own 
 half the bytes, the three input gradients are summed in bf16). Under activation checkpointing (or any other
 saved-tensor hook) and inside a compiled graph the hook stands aside: checkpointing already recomputes the gather,
 and the compiler decides what its graph saves.
+
+``train.precision=fp8``: the linears are torchao ``Float8Linear`` by then (parallel/float8.py); under the
+tensorwise recipe without sequence parallelism the converted ones get torchao's float8 TP styles
+(``float8.float8_tp_style``), otherwise the plain styles above, each ``Float8Linear`` casting what it reads.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from lmforge.model.moe import MoEFeedForward
+from lmforge.parallel.float8 import float8_tp_style
 
 
 def block_plan(sequence_parallel: bool, moe: bool = False, shared_experts: bool = False) -> dict:
@@ -120,15 +125,23 @@ def outer_plan(model: nn.Module, sequence_parallel: bool) -> dict:
     return plan
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Shard ``model`` (a GPT or the part of it one pipeline rank holds) over ``tp_mesh`` in place."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, float8: bool = False) -> None:
+    """Shard ``model`` (a GPT or the part of it one pipeline rank holds) over ``tp_mesh`` in place; ``float8``
+    (``train.precision=fp8``) without sequence parallelism: the converted linears get torchao's float8 TP styles
+    (``float8.float8_tp_style``). Under sequence parallelism they keep the plain styles: the shard is gathered in
+    bf16 by ``SequenceGatheredInput`` (its shard kept for backward) and each ``Float8Linear`` casts what it reads;
+    torchao's styles there move float8 tensors through DTensor collectives, which gloo cannot (no float8 dtypes:
+    'Invalid scalar type')."""
     if tp_mesh.size() == 1:
         return
     parallelize_module(model, tp_mesh, outer_plan(model, sequence_parallel))
     for block in model.layers.values():
         ffn = block.feed_forward
         moe = isinstance(ffn, MoEFeedForward)
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel, moe, moe and ffn.shared is not None))
+        plan = block_plan(sequence_parallel, moe, moe and ffn.shared is not None)
+        if float8 and not sequence_parallel:
+            plan = {name: float8_tp_style(style, block.get_submodule(name)) for name, style in plan.items()}
+        parallelize_module(block, tp_mesh, plan)
 
 
 class VocabParallelOutput(ParallelStyle):
