@@ -83,12 +83,20 @@ def test_one_stable_run_per_size_and_one_branch_per_point_with_its_flops(tmp_pat
     assert sweep.total_flops() == pytest.approx(expected_total, rel=1e-12)
     assert sweep.total_flops() < 0.8 * sweep.from_scratch_flops
     ratio = sweep.total_flops() / sweep.from_scratch_flops
-    assert flops_summary(sweep).endswith(f"({ratio:.1%} of from scratch, {1 - ratio:.1%} saved)")
+    assert flops_summary(sweep).endswith(f"({ratio:.1%} of from scratch, {1 - ratio:.1%} saved)")  # all shared
     # The sweep file keeps the layout and the provenance.
     write_sweep(sweep, tmp_path / "wsd")
     back = load_sweep(tmp_path / "wsd")
     assert back.to_json() == json.loads(json.dumps(sweep.to_json()))
     assert (tmp_path / "wsd" / "hydra" / "sweep_point" / f"{sweep.stable_runs[0].id}.yaml").is_file()
+
+
+def test_the_summary_names_sizes_used_at_one_budget_only(tmp_path):
+    sweep = branch_design(plan("wsd", [4e9, 8e9], FAMILY, rules(), str(tmp_path)), rules())
+    sweep.stable_runs[0].branches = sweep.stable_runs[0].branches[:1]
+    assert flops_summary(sweep).splitlines()[1] == (
+        f"1 of 5 stable runs serve one budget only and save nothing ({sweep.stable_runs[0].id})"
+    )
 
 
 def test_a_branch_that_cannot_decay_after_the_warmup_is_refused(tmp_path):

@@ -217,7 +217,14 @@ def flops_summary(sweep: Sweep) -> str:
     """One line: the design's FLOPs from scratch against stable runs plus branches."""
     total = sweep.total_flops()
     scratch = sweep.from_scratch_flops
-    return (
+    line = (
         f"FLOPs: {scratch:.3g} with every point from scratch; {total:.3g} as {len(sweep.stable_runs)} stable runs + "
         f"{len(sweep.points)} cooldown branches ({total / scratch:.1%} of from scratch, {1 - total / scratch:.1%} saved)"
     )
+    single = [r.id for r in sweep.stable_runs if len(r.branches) == 1]
+    if single:  # a size the design uses at one budget only: its stable run plus one branch is a run from scratch
+        line += (
+            f"\n{len(single)} of {len(sweep.stable_runs)} stable runs serve one budget only and save nothing "
+            f"({', '.join(single)})"
+        )
+    return line
