@@ -52,6 +52,19 @@ def test_retention_on_disk_and_pins_survive(tmp_path):
     assert not list(tmp_path.glob(".tmp-step-*"))
 
 
+def test_at_steps_checkpoints_outlive_keep_last(tmp_path):
+    """The starts of cooldown branches (checkpoint.at_steps) stay however many newer saves follow."""
+    model = torch.nn.Linear(4, 4)
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=1, at_steps=[2, 5]))
+    for step in range(1, 8):
+        mgr.save(step, model, None, {"world_size": 1})
+    assert [step_of(p) for p in complete_checkpoints(tmp_path)] == [2, 5, 7]
+    control = CheckpointManager(tmp_path / "control", CheckpointConfig(keep_last=1))
+    for step in range(1, 8):
+        control.save(step, model, None, {"world_size": 1})
+    assert [step_of(p) for p in complete_checkpoints(tmp_path / "control")] == [7]
+
+
 def test_partial_save_is_never_resolved(tmp_path):
     model = torch.nn.Linear(4, 4)
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_last=3))

@@ -47,10 +47,17 @@ EXAMPLES = [
     ({"dp_shard": 2}, {}, {"precision": "fp8", "fp8": {"check_every": 5, "enable_fsdp_float8_all_gather": True}}),
     ({}, {}, {}, {"schedule": "cosine", "decay_shape": "1-sqrt"}),
     ({}, {}, {"max_steps": 100}, {"schedule": "wsd", "warmup_steps": 10, "decay_steps": 91}),
+    ({}, {}, {"max_steps": 100}, {}, {"at_steps": [40, 101]}),
 ]
 
 
-def example_config(par: dict, model: dict, train: Optional[dict] = None, optim: Optional[dict] = None) -> RootConfig:
+def example_config(
+    par: dict,
+    model: dict,
+    train: Optional[dict] = None,
+    optim: Optional[dict] = None,
+    checkpoint: Optional[dict] = None,
+) -> RootConfig:
     base = RootConfig()
     train = dict(train or {})
     fp8 = replace(base.train.fp8, **train.pop("fp8", {}))
@@ -60,6 +67,7 @@ def example_config(par: dict, model: dict, train: Optional[dict] = None, optim: 
         model=replace(base.model, **model),
         train=replace(base.train, fp8=fp8, **train),
         optim=replace(base.optim, **(optim or {})),
+        checkpoint=replace(base.checkpoint, **(checkpoint or {})),
     )
 
 

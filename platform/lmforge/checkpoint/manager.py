@@ -217,13 +217,13 @@ class CheckpointManager:
         barrier()
 
     def apply_retention(self) -> List[Path]:
-        """Keep the newest ``keep_last``, every ``keep_every``-th step, and anything pinned. Returns deleted.
+        """Keep the newest ``keep_last``, every ``keep_every``-th step, ``at_steps`` and anything pinned. Returns deleted.
 
         Also finishes re-saves a crash interrupted (rank 0, after a commit): an aside copy ``.old-step-N`` with
         no ``step-N`` is renamed back, one whose ``step-N`` is complete again is deleted."""
         restore_asides(self.root)
         done = {step_of(p): p for p in complete_checkpoints(self.root)}
-        pinned = [s for s, p in done.items() if retention.is_pinned(p)]
+        pinned = [s for s, p in done.items() if retention.is_pinned(p) or s in self.cfg.at_steps]
         _, delete = retention.plan_retention(done, self.cfg.keep_last, self.cfg.keep_every, pinned)
         for step in sorted(delete):
             shutil.rmtree(done[step], ignore_errors=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, List, Literal
 
 from lmforge.config.ranges import NonNegativeInt, PositiveInt
 
@@ -20,6 +20,8 @@ class CheckpointConfig:
     """Newest checkpoints kept; older ones are deleted (pinned ones stay)."""
     keep_every: NonNegativeInt = 0
     """Also keep every N-th step forever; 0 = none."""
+    at_steps: List[int] = field(default_factory=list)
+    """Also save after each of these steps and keep those checkpoints (the starts of WSD cooldown branches)."""
     async_mode: Annotated[str, Literal["none", "thread", "process"]] = "none"
     """Write checkpoints in the background: none (the step waits), a thread, or a process."""
     save_final: bool = True

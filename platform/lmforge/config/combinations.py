@@ -281,7 +281,23 @@ SCHEDULE: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8 + SCHEDULE
+CHECKPOINT: Tuple[Refused, ...] = (
+    Refused(
+        "`checkpoint.at_steps` with a step outside 1..`train.max_steps`, or with `checkpoint.enabled=false`",
+        "checkpoint.at_steps",
+        lambda c: (
+            bool(c.checkpoint.at_steps)
+            and (not c.checkpoint.enabled or not all(1 <= s <= c.train.max_steps for s in c.checkpoint.at_steps))
+        ),
+        lambda c: (
+            f"steps {list(c.checkpoint.at_steps)} would not all be saved (train.max_steps={c.train.max_steps}, "
+            f"checkpoint.enabled={str(c.checkpoint.enabled).lower()})"
+        ),
+        "list steps in 1..train.max_steps and set checkpoint.enabled=true, or leave checkpoint.at_steps empty",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT
 
 
 def check_combinations(cfg: RootConfig) -> None:

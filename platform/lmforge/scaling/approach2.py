@@ -159,7 +159,7 @@ def budget_bins(obs: Observations, bins: int) -> np.ndarray:
 
 def binned(obs: Observations, bins: int) -> Observations:
     """The table with each run's budget replaced by its log-spaced bin's label (``true_budget`` keeps its own)."""
-    return Observations(budget_bins(obs, bins), obs.n, obs.d, obs.loss, list(obs.ids), obs.true_budget)
+    return Observations(budget_bins(obs, bins), obs.n, obs.d, obs.loss, list(obs.ids), obs.true_budget, obs.groups)
 
 
 def fit_power_law(c: np.ndarray, y: np.ndarray) -> PowerLaw:

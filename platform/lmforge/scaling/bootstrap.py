@@ -20,6 +20,10 @@ Methods (each replicate refits the whole table; percentile intervals at ``level`
 - ``runs``: runs drawn with replacement across the whole table (the pairs bootstrap).
 - ``budget-blocks``: whole log-spaced budget bins drawn with replacement (keeps whatever is correlated
   within a range of budgets, e.g. one learning-rate rule or one data order; needs >= 3 bins).
+- ``stable-runs``: whole clusters drawn with replacement (a cluster bootstrap): the cooldown branches of one
+  stable run (``sweep plan --wsd-branches``; the ``stable_run`` column) share its trajectory up to their branch
+  points, so their losses are not independent draws. The default (``auto``) for both approaches whenever the
+  table names stable runs; needs >= 3 of them.
 - ``residual``: the point fit's log-loss residuals, inflated by sqrt(n / (n - p)) for the p fitted
   parameters, drawn with replacement and added back to the fitted values (fixed design; assumes the law's
   form is right and the noise exchangeable).
@@ -43,7 +47,8 @@ from lmforge.scaling.data import Observations
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.laws import Law
 
-METHODS = ("auto", "within-budget", "runs", "budget-blocks", "residual")
+METHODS = ("auto", "within-budget", "runs", "budget-blocks", "stable-runs", "residual")
+MIN_CLUSTERS = 3
 ISOFLOP, SCATTERED = "isoflop-grid", "scattered"
 MIN_SIZES_PER_PROFILE = 3
 
@@ -87,7 +92,9 @@ def design_of(obs: Observations) -> str:
     return ISOFLOP if float(np.median(counts)) >= MIN_SIZES_PER_PROFILE else SCATTERED
 
 
-def default_method(design: str, approach: str) -> str:
+def default_method(design: str, approach: str, obs: Optional[Observations] = None) -> str:
+    if obs is not None and obs.clustered():
+        return "stable-runs"
     return "runs" if design == SCATTERED and approach == "3" else "within-budget"
 
 
@@ -121,6 +128,13 @@ def check_method(obs: Observations, method: str, bins: int) -> None:
             "every budget of this table holds one run, so resampling "
             "within budgets redraws each run onto itself and every interval would have zero width",
             "use --bootstrap-method auto (runs for a scattered table) or runs/residual",
+        )
+    if method == "stable-runs" and (obs.groups is None or len(set(obs.groups)) < MIN_CLUSTERS):
+        raise ScalingError(
+            "--bootstrap-method stable-runs",
+            f"the table names {0 if obs.groups is None else len(set(obs.groups))} stable run(s) (column stable_run); "
+            f"a cluster bootstrap needs at least {MIN_CLUSTERS}",
+            "collect a wsd-branches sweep with more sizes, or use --bootstrap-method auto",
         )
     if method == "budget-blocks" and len(set(budget_bins(obs, bins).tolist())) < 3:
         raise ScalingError(
@@ -158,6 +172,8 @@ def _approach3_draws(
             idx = rng.integers(0, n, size=n)
         elif method == "within-budget":
             idx = _within_budget_idx(obs, rng)
+        elif method == "stable-runs":
+            idx = _block_idx(np.asarray(obs.groups), rng)
         else:
             idx = _block_idx(labels, rng)
         np.add.at(weights[r], idx, 1.0)
@@ -187,7 +203,7 @@ def bootstrap_approach3_many(
     ln_n, ln_d, ys, ws, theta0, meta = [], [], [], [], [], []
     for obs, law, s in zip(tables, point_laws, seeds):
         design = design_of(obs)
-        m = default_method(design, "3") if method == "auto" else method
+        m = default_method(design, "3", obs) if method == "auto" else method
         check_method(obs, m, bins)
         y, w = _approach3_draws(obs, m, replicates, law, bins, np.random.default_rng(s))
         pad = width - len(obs)
@@ -261,7 +277,7 @@ def bootstrap(
     design = design_of(obs)
     if design == SCATTERED:
         obs = binned(obs, bins)
-    method = default_method(design, approach) if method == "auto" else method
+    method = default_method(design, approach, obs) if method == "auto" else method
     check_method(obs, method, bins)
     rng = np.random.default_rng(seed)
     samples: Dict[str, List[float]] = {}
@@ -306,10 +322,12 @@ def _approach2_resample(obs: Observations, method: str, point2, bins: int, rng: 
         return obs.subset(rng.integers(0, len(obs), size=len(obs)))
     if method == "budget-blocks":
         return obs.subset(_block_idx(obs.budget, rng))
+    if method == "stable-runs":
+        return obs.subset(_block_idx(np.asarray(obs.groups), rng))
     fitted = np.empty(len(obs))
     for m in point2.minima:  # residual: around each profile's own fitted parabola
         sel = obs.budget == m.budget
         fitted[sel] = m.predict(obs, sel)
     resid = (np.log(obs.loss) - np.log(fitted)) * np.sqrt(len(obs) / max(1, len(obs) - 3 * len(point2.minima)))
     loss = fitted * np.exp(resid[rng.integers(0, len(obs), size=len(obs))])
-    return Observations(obs.budget, obs.n, obs.d, loss, list(obs.ids), true_budget=obs.true_budget)
+    return Observations(obs.budget, obs.n, obs.d, loss, list(obs.ids), true_budget=obs.true_budget, groups=obs.groups)

@@ -1,6 +1,6 @@
 """``lmforge sweep plan|run|status|collect`` and ``lmforge scaling fit``.
 
-lmforge sweep plan --preset tiny_cpu --name demo [--budgets 1e10,3e10] [--run-root runs] [-- OVERRIDES]
+lmforge sweep plan --preset tiny_cpu --name demo [--budgets 1e10,3e10] [--run-root runs] [--wsd-branches] [-- OVERRIDES]
 lmforge sweep run runs/demo [--launcher local|hydra|slurm-array] [--jobs 2] [--dry-run]
 lmforge sweep status runs/demo
 lmforge sweep collect runs/demo                       # -> runs/demo/results.csv
@@ -102,6 +102,13 @@ def cmd_plan(argv: Sequence[str]) -> int:
     ap.add_argument("--run-root", default=None, help="parent of run directories (default: runs)")
     ap.add_argument("--out", default=None, help="where sweep.json goes (default: <run-root>/<name>)")
     ap.add_argument("--no-validate", action="store_true", help="skip composing each point's config")
+    ap.add_argument(
+        "--wsd-branches",
+        action="store_true",
+        default=None,
+        help="lay the design out as one stable WSD run per size plus a cooldown branch per point "
+        "(Hagele et al. 2024; --rule decay_fraction=0.2 --rule decay_shape=1-sqrt)",
+    )
     args = ap.parse_args(argv)
     preset = load_preset(args.preset) if args.preset else {}
     name = args.name or preset.get("name")
@@ -127,6 +134,11 @@ def cmd_plan(argv: Sequence[str]) -> int:
             f"data.tokenizer={_embedded_tokenizer(int(preset['embedded_tokenizer_vocab']), run_root, overrides)}"
         )
     sweep = plan(name, budgets, fam, rules, run_root, overrides)
+    if args.wsd_branches or (args.wsd_branches is None and preset.get("wsd_branches")):
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+        from lmforge.scaling.branches import branch_design
+
+        sweep = branch_design(sweep, rules)
     if not args.no_validate:
         validate_points(sweep)
     out = Path(args.out) if args.out else Path(sweep.run_root) / name
@@ -134,8 +146,13 @@ def cmd_plan(argv: Sequence[str]) -> int:
     if preset.get("targets"):
         (out / "targets.txt").write_text(",".join(f"{float(t):g}" for t in preset["targets"]) + "\n")
     print(summary_table(sweep))
-    total = sum(p.planned_flops for p in sweep.points)
-    print(f"\n{len(sweep.points)} runs, {total:.3g} FLOPs in total. Sweep file: {path}")
+    total = sweep.total_flops()
+    print(f"\n{len(sweep.units())} runs, {total:.3g} FLOPs in total. Sweep file: {path}")
+    if sweep.stable_runs:
+        # deferred: a subcommand's module loads only when it runs (`--help` stays light)
+        from lmforge.scaling.branches import flops_summary
+
+        print(flops_summary(sweep))
     for line in optimum_check(sweep):
         print(line)
     estimate = time_estimate(sweep)
@@ -373,7 +390,8 @@ def cmd_fit(argv: Sequence[str]) -> int:
         "--bootstrap-method",
         default="auto",
         choices=METHODS,
-        help="auto: within-budget on an IsoFLOP grid, runs (Approach 3) on a scattered table",
+        help="auto: stable-runs (a cluster bootstrap) when the table names stable runs, else within-budget on an "
+        "IsoFLOP grid, runs (Approach 3) on a scattered table",
     )
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--huber-delta", type=float, default=1e-3, help="<= 0: plain least squares")

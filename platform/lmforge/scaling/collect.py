@@ -12,7 +12,10 @@ realised (final step, tokens_seen, flops_seen, flops_error = flops_seen / budget
   ``lmforge scaling fit --metric-col NAME`` (the downstream link).
 
 Only runs with a DONE marker are collected (an unfinished run's loss is not its final loss); the rest are
-reported. ``collect_wandb`` reads the same numbers from W&B's public API when online (see docs).
+reported. A cooldown branch (``sweep plan --wsd-branches``) is a point whose row also names its provenance:
+``stable_run`` (the fit's bootstrap resamples by it: branches of one stable run are not independent),
+``stable_run_dir``, ``branch_start``, ``decay_steps``, ``resumed_from`` (the checkpoint its first launch
+resumed) and ``run_flops`` (what the branch itself trained). ``collect_wandb`` reads the same numbers from W&B's public API when online (see docs).
 """
 
 from __future__ import annotations
@@ -126,7 +129,22 @@ def summarise_run(records: List[dict], weights: Dict[str, float], smooth_fractio
     return out
 
 
-def point_row(p: Point, smooth_fraction: float = 0.1) -> dict:
+def branch_provenance(p: Point, sweep: Optional[Sweep]) -> dict:
+    """Where a cooldown branch came from: the plan's stable run, start step and decay, and the checkpoint its
+    first launch actually resumed (``launches/launch-000.yaml``)."""
+    import yaml  # deferred: a sweep file loads without yaml
+
+    first = RunPaths(Path(p.run_dir)).launches / "launch-000.yaml"
+    record = yaml.safe_load(first.read_text()) if first.is_file() else {}
+    out = {"stable_run": p.stable_run, "branch_start": p.branch_start, "decay_steps": p.decay_steps}
+    if sweep is not None:
+        out["stable_run_dir"] = sweep.stable(p.stable_run).run_dir
+    out["resumed_from"] = (record or {}).get("resumed_from") or ""
+    out["run_flops"] = p.run_flops
+    return out
+
+
+def point_row(p: Point, smooth_fraction: float = 0.1, sweep: Optional[Sweep] = None) -> dict:
     paths = RunPaths(Path(p.run_dir))
     row = {
         "id": p.id,
@@ -145,6 +163,8 @@ def point_row(p: Point, smooth_fraction: float = 0.1) -> dict:
         "planned_flops": p.planned_flops,
         "run_dir": p.run_dir,
     }
+    if p.stable_run:
+        row.update(branch_provenance(p, sweep))
     row.update(summarise_run(read_metrics(paths.metrics), source_weights(paths), smooth_fraction))
     flops = _float(row.get("flops_seen"))
     row["flops_error"] = flops / p.budget - 1 if math.isfinite(flops) else float("nan")
@@ -158,7 +178,7 @@ def collect(sweep: Sweep, smooth_fraction: float = 0.1) -> Tuple[List[dict], Lis
         if point_status(p) != DONE:
             missing.append(p.id)
             continue
-        rows.append(point_row(p, smooth_fraction))
+        rows.append(point_row(p, smooth_fraction, sweep))
     return rows, missing
 
 

@@ -24,6 +24,9 @@ class Observations:
     ids: List[str] = field(default_factory=list)
     # Each run's own budget when ``budget`` holds a group label (Approach 2's log-spaced budget bins).
     true_budget: Optional[np.ndarray] = None
+    # Each run's cluster when runs share a trajectory (cooldown branches of one stable run: ``stable_run``), else
+    # None; the bootstrap then resamples whole clusters.
+    groups: Optional[List[str]] = None
 
     def __post_init__(self) -> None:
         self.budget = np.asarray(self.budget, dtype=float)
@@ -34,6 +37,9 @@ class Observations:
         if not self.ids:
             self.ids = [f"row{i}" for i in range(len(self.loss))]
         sizes = {len(self.budget), len(self.n), len(self.d), len(self.loss), len(self.ids), len(self.true_budget)}
+        if self.groups is not None:
+            self.groups = [str(g) for g in self.groups]
+            sizes.add(len(self.groups))
         if len(sizes) != 1:
             raise ScalingError(
                 "observations", f"columns have different lengths {sorted(sizes)}", "pass equal-length columns"
@@ -51,7 +57,12 @@ class Observations:
             self.loss[idx],
             [self.ids[i] for i in idx],
             self.true_budget[idx],
+            [self.groups[i] for i in idx] if self.groups is not None else None,
         )
+
+    def clustered(self) -> bool:
+        """True when some cluster (stable run) holds more than one run."""
+        return self.groups is not None and len(set(self.groups)) < len(self.groups)
 
     def budgets(self) -> List[float]:
         return sorted(set(self.budget.tolist()))
@@ -113,12 +124,14 @@ def observations_from_rows(
         except ValueError:
             return float("nan")
 
+    branched = any(r.get("stable_run") for r in rows)  # cooldown branches: clustered by their stable run
     return Observations(
         [num(r, "budget") for r in rows],
         [num(r, n_key) for r in rows],
         [num(r, "tokens") for r in rows],
         [num(r, loss_key) for r in rows],
         [str(r["id"]) for r in rows],
+        groups=[str(r.get("stable_run") or r["id"]) for r in rows] if branched else None,
     )
 
 

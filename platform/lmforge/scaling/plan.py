@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from lmforge.config.errors import ConfigError
+from lmforge.optim.schedule import DECAY_SHAPES
 from lmforge.runtime.rundir import escape_reason
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.shapes import Shape, ShapeFamily
@@ -59,6 +60,10 @@ class Rules:
     log_points: int = 50
     budget_tolerance: float = 0.05
     seed: int = 1234
+    # wsd-branches designs (``sweep plan --wsd-branches``): each branch decays over this fraction of its own steps
+    # (optim.decay_steps = round(decay_fraction * train.max_steps)), shaped like optim.decay_shape.
+    decay_fraction: float = 0.2
+    decay_shape: str = "1-sqrt"
     # Planning aids only (they change no run): the tokens per parameter at which the optimum is expected
     # (Hoffmann et al.: ~20), and a throughput model for the time estimate (0: no estimate): training FLOPs
     # per second of one worker, fixed seconds per run (start-up, evaluations), and parallel workers.
@@ -85,6 +90,14 @@ class Rules:
                 raise ScalingError(f"rules.{key}", f"must be >= 1, got {getattr(self, key)}", "set a positive value")
         if not 0 <= self.warmup_fraction < 1:
             raise ScalingError("rules.warmup_fraction", f"must be in [0, 1), got {self.warmup_fraction}", "e.g. 0.05")
+        if not 0 < self.decay_fraction < 1:
+            raise ScalingError(
+                "rules.decay_fraction", f"must be in (0, 1), got {self.decay_fraction}", "e.g. 0.2 (Hagele et al.)"
+            )
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ScalingError(
+                "rules.decay_shape", f"'{self.decay_shape}' is not a decay shape", f"use {', '.join(DECAY_SHAPES)}"
+            )
         return self
 
     def tokens_per_step(self, budget: float) -> float:
@@ -119,6 +132,45 @@ class Point:
     sweep_point: str
     run_dir: str
     overrides: List[str] = field(default_factory=list)
+    # A wsd-branches design: the stable run whose checkpoint this point's cooldown branch resumes, that step, and
+    # the branch's decay (optim.decay_steps = max_steps - branch_start); empty/0 for a run trained from scratch.
+    stable_run: str = ""
+    branch_start: int = 0
+    decay_steps: int = 0
+    run_flops: float = 0.0
+    """FLOPs this run trains itself: planned_flops from scratch, the decay's share for a branch."""
+
+
+@dataclass
+class StableRun:
+    """One model size's stable phase (warmup, then the peak rate held) in a wsd-branches design: it trains to its
+    last branch start (``max_steps``; train.stop_at_step) and keeps a checkpoint at every branch start
+    (checkpoint.at_steps); it is done when those checkpoints are complete. It is not a point."""
+
+    id: str
+    n_layers: int
+    d_model: int
+    n_params: int
+    n_flops: float
+    flops_per_token: int
+    max_steps: int
+    global_batch_size: int
+    lr: float
+    warmup_steps: int
+    planned_tokens: int
+    branch_starts: List[int]
+    branches: List[str]
+    run_flops: float
+    sweep_point: str
+    run_dir: str
+    overrides: List[str] = field(default_factory=list)
+
+    @property
+    def planned_flops(self) -> float:
+        return self.run_flops
+
+
+FROM_SCRATCH, WSD_BRANCHES = "from-scratch", "wsd-branches"
 
 
 @dataclass
@@ -131,6 +183,10 @@ class Sweep:
     common_overrides: List[str]
     points: List[Point]
     version: int = 1
+    design: str = FROM_SCRATCH
+    stable_runs: List[StableRun] = field(default_factory=list)
+    from_scratch_flops: float = 0.0
+    """The FLOPs of training every point from scratch (the design's cost without branches)."""
 
     def to_json(self) -> Dict:
         return asdict(self)
@@ -139,15 +195,27 @@ class Sweep:
     def from_json(data: Dict) -> "Sweep":
         data = dict(data)
         data["points"] = [Point(**p) for p in data["points"]]
+        data["stable_runs"] = [StableRun(**r) for r in data.get("stable_runs", [])]
         return Sweep(**data)
 
-    def point(self, pid: str) -> Point:
-        for p in self.points:
+    def units(self) -> List[Any]:
+        """Every run to train, stable runs first (their branches resume them): Slurm array indices refer to this."""
+        return [*self.stable_runs, *self.points]
+
+    def point(self, pid: str) -> Any:
+        for p in self.units():
             if p.id == pid:
                 return p
         raise ScalingError(
-            f"sweep '{self.name}'", f"has no point '{pid}'", f"points: {', '.join(p.id for p in self.points)}"
+            f"sweep '{self.name}'", f"has no point '{pid}'", f"points: {', '.join(p.id for p in self.units())}"
         )
+
+    def stable(self, sid: str) -> StableRun:
+        return next(r for r in self.stable_runs if r.id == sid)
+
+    def total_flops(self) -> float:
+        """The FLOPs the sweep trains: every run's own share (a branch only its decay)."""
+        return float(sum(u.run_flops or u.planned_flops for u in self.units()))
 
 
 def budget_label(c: float) -> str:
@@ -298,9 +366,14 @@ def plan(
                     sweep_point,
                     str(Path(root) / sweep_point),
                     overrides,
+                    run_flops=planned,
                 )
             )
-    return Sweep(name, root, sorted(float(b) for b in budgets), family.as_dict(), asdict(rules), list(common), points)
+    budgets_sorted = sorted(float(b) for b in budgets)
+    total = float(sum(p.planned_flops for p in points))
+    return Sweep(
+        name, root, budgets_sorted, family.as_dict(), asdict(rules), list(common), points, 1, FROM_SCRATCH, [], total
+    )
 
 
 def validate_points(sweep: Sweep) -> None:
@@ -322,7 +395,7 @@ def validate_points(sweep: Sweep) -> None:
             f"its common overrides do not compose ({e})",
             "fix the preset's overrides or the ones after --",
         ) from None
-    for p in sweep.points:
+    for p in sweep.units():
         own = [o for o in p.overrides if o not in sweep.common_overrides]
         cfg = OmegaConf.merge(base, OmegaConf.from_dotlist(own))
         try:
@@ -348,13 +421,13 @@ def write_sweep(sweep: Sweep, out_dir: Path) -> Path:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(sweep.to_json(), indent=1))
     tmp.replace(path)
-    lines = [" ".join(shlex.quote(o) for o in p.overrides) for p in sweep.points]
+    lines = [" ".join(shlex.quote(o) for o in p.overrides) for p in sweep.units()]
     (out_dir / "overrides.txt").write_text("\n".join(lines) + "\n")
     group = out_dir / "hydra" / "sweep_point"
     group.mkdir(parents=True, exist_ok=True)
     from omegaconf import OmegaConf
 
-    for p in sweep.points:
+    for p in sweep.units():
         own = [o for o in p.overrides if o not in sweep.common_overrides]
         cfg = OmegaConf.from_dotlist(own)
         (group / f"{p.id}.yaml").write_text(
@@ -406,7 +479,7 @@ def time_estimate(sweep: Sweep) -> Optional[str]:
         return None
     jobs = max(1, int(sweep.rules.get("jobs", 1)))
     per_run = float(sweep.rules.get("seconds_per_run", 0.0))
-    work = [p.planned_flops / rate + per_run for p in sorted(sweep.points, key=lambda p: -p.planned_flops)]
+    work = sorted((u.run_flops or u.planned_flops) / rate + per_run for u in sweep.units())[::-1]
     lanes = [0.0] * jobs
     for w in work:  # largest first onto the least-loaded worker
         lanes[lanes.index(min(lanes))] += w
@@ -417,11 +490,20 @@ def time_estimate(sweep: Sweep) -> Optional[str]:
 
 
 def summary_table(sweep: Sweep) -> str:
+    branched = bool(sweep.stable_runs)
     head = f"{'point':<24} {'N(flops)':>10} {'params':>10} {'tokens':>10} {'tok/N':>7} {'steps':>6} {'batch':>5} {'lr':>8} {'FLOPs err':>9}"
+    if branched:
+        head += f" {'stable run':<18} {'start':>6} {'decay':>6}"
     rows = [head, "-" * len(head)]
     for p in sweep.points:
-        rows.append(
+        row = (
             f"{p.id:<24} {p.n_flops:>10.3g} {p.n_params:>10.3g} {p.tokens:>10.3g} {p.tokens_per_param:>7.1f} "
             f"{p.max_steps:>6d} {p.global_batch_size:>5d} {p.lr:>8.2e} {p.budget_error:>+9.2%}"
+        )
+        rows.append(row + (f" {p.stable_run:<18} {p.branch_start:>6d} {p.decay_steps:>6d}" if branched else ""))
+    for r in sweep.stable_runs:
+        rows.append(
+            f"{r.id:<24} {r.n_flops:>10.3g} {r.n_params:>10.3g} {'':>10} {'':>7} {r.max_steps:>6d} "
+            f"{r.global_batch_size:>5d} {r.lr:>8.2e} {'':>9} checkpoints at {','.join(map(str, r.branch_starts))}"
         )
     return "\n".join(rows)

@@ -9,6 +9,11 @@ Launchers:
 - ``slurm-array``: ``sbatch --array=<pending indices> slurm/sweep_array.sh <sweep.json>``; the array script runs
   ``python -m lmforge.scaling.worker <sweep.json> --index $SLURM_ARRAY_TASK_ID``.
 
+A wsd-branches design (``sweep plan --wsd-branches``) trains each stable run before its cooldown branches: locally
+a stable run and its branches form one chain in one worker; Hydra runs two multiruns (stable runs, then
+branches); on Slurm each stable run's branches are an array that depends on that stable run's array task
+(``--dependency=afterok:<job>_<task>``).
+
 ``--dry-run`` prints the commands without running them. Points whose run directory holds DONE are skipped
 (re-running a sweep resumes it); unfinished points resume from their checkpoints (train.resume=auto).
 """
@@ -20,20 +25,20 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from lmforge.fault.verdict import deciding
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.errors import ScalingError
-from lmforge.scaling.plan import SWEEP_FILE, Point, Sweep
-from lmforge.scaling.worker import failure_path
+from lmforge.scaling.plan import SWEEP_FILE, Point, StableRun, Sweep
+from lmforge.scaling.worker import failure_path, is_done
 
 DONE, FAILED, STARTED, PENDING = "done", "failed", "started", "pending"
 
 
-def point_status(p: Point) -> str:
+def point_status(p: Union[Point, StableRun]) -> str:
     paths = RunPaths(Path(p.run_dir))
-    if paths.done_marker.exists():
+    if is_done(p):
         return DONE
     if failure_path(paths).exists():
         return FAILED
@@ -43,14 +48,17 @@ def point_status(p: Point) -> str:
 
 
 def status(sweep: Sweep) -> Dict[str, str]:
-    return {p.id: point_status(p) for p in sweep.points}
+    return {p.id: point_status(p) for p in sweep.units()}
 
 
 def status_report(sweep: Sweep) -> str:
     st = status(sweep)
     counts = {k: sum(1 for v in st.values() if v == k) for k in (DONE, FAILED, STARTED, PENDING)}
-    lines = [f"sweep {sweep.name}: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
-    for p in sweep.points:
+    runs = (
+        f" ({len(sweep.stable_runs)} stable runs, {len(sweep.points)} cooldown branches)" if sweep.stable_runs else ""
+    )
+    lines = [f"sweep {sweep.name}{runs}: " + ", ".join(f"{v} {k}" for k, v in counts.items())]
+    for p in sweep.units():
         if st[p.id] == FAILED:
             stopped = deciding(Path(p.run_dir))
             if stopped is not None:
@@ -63,8 +71,35 @@ def status_report(sweep: Sweep) -> str:
     return "\n".join(lines)
 
 
-def _todo(sweep: Sweep) -> List[Point]:
-    return [p for p in sweep.points if point_status(p) != DONE]
+def _todo(sweep: Sweep) -> List[Union[Point, StableRun]]:
+    """Unfinished runs, stable runs first (their branches resume them)."""
+    return [p for p in sweep.units() if point_status(p) != DONE]
+
+
+def _cost(unit: Union[Point, StableRun]) -> float:
+    return unit.run_flops or unit.planned_flops
+
+
+def chains(sweep: Sweep) -> List[List[Union[Point, StableRun]]]:
+    """Per stable run: itself (unless done), then its unfinished branches, the dearest chain first; a chain runs
+    in one worker, in order, so a branch starts only after its stable run wrote the checkpoint it resumes."""
+    todo = {u.id for u in _todo(sweep)}
+    out = []
+    for r in sweep.stable_runs:
+        chain = [r] * (r.id in todo) + [p for p in sweep.points if p.stable_run == r.id and p.id in todo]
+        if chain:
+            out.append(chain)
+    return sorted(out, key=lambda c: -sum(_cost(u) for u in c))
+
+
+def _lanes(groups: List[List[Union[Point, StableRun]]], jobs: int) -> List[List[Union[Point, StableRun]]]:
+    lanes: List[List[Union[Point, StableRun]]] = [[] for _ in range(max(1, jobs))]
+    load = [0.0] * len(lanes)
+    for g in groups:  # dearest first onto the least-loaded worker
+        i = load.index(min(load))
+        lanes[i] += g
+        load[i] += sum(_cost(u) for u in g)
+    return lanes
 
 
 def _sweep_file(sweep_dir: Path) -> Path:
@@ -72,11 +107,12 @@ def _sweep_file(sweep_dir: Path) -> Path:
 
 
 def local_commands(sweep: Sweep, sweep_dir: Path, jobs: int = 1, isolate: bool = False) -> List[List[str]]:
-    todo = sorted(_todo(sweep), key=lambda p: -p.planned_flops)  # largest first balances the workers
-    if isolate:
-        groups = [[p] for p in todo]
+    """Worker commands; with ``isolate`` one per run, to be run one after another (stable runs first)."""
+    if sweep.stable_runs:
+        groups = [[u] for u in _todo(sweep)] if isolate else _lanes(chains(sweep), jobs)
     else:
-        groups = [todo[i :: max(1, jobs)] for i in range(max(1, jobs))]
+        todo = sorted(_todo(sweep), key=lambda p: -p.planned_flops)  # largest first balances the workers
+        groups = [[p] for p in todo] if isolate else [todo[i :: max(1, jobs)] for i in range(max(1, jobs))]
     return [
         [
             sys.executable,
@@ -91,10 +127,23 @@ def local_commands(sweep: Sweep, sweep_dir: Path, jobs: int = 1, isolate: bool =
     ]
 
 
-def hydra_command(
+def hydra_commands(
     sweep: Sweep, sweep_dir: Path, launcher: str = "basic", launcher_args: Sequence[str] = ()
-) -> List[str]:
+) -> List[List[str]]:
+    """One multirun, or two for a wsd-branches design: the stable runs, then (once they finished) the branches."""
     todo = _todo(sweep)
+    phases = [[u for u in todo if isinstance(u, StableRun)], [u for u in todo if isinstance(u, Point)]]
+    return [hydra_command(sweep, sweep_dir, launcher, launcher_args, units) for units in phases if units]
+
+
+def hydra_command(
+    sweep: Sweep,
+    sweep_dir: Path,
+    launcher: str = "basic",
+    launcher_args: Sequence[str] = (),
+    units: Optional[Sequence[Union[Point, StableRun]]] = None,
+) -> List[str]:
+    todo = _todo(sweep) if units is None else list(units)
     if launcher not in ("basic", "submitit_local", "submitit_slurm"):
         raise ScalingError(
             "sweep run --hydra-launcher",
@@ -117,17 +166,63 @@ def hydra_command(
     return cmd + [f"hydra.launcher.{a}" if not a.startswith("hydra.") else a for a in launcher_args]
 
 
-def slurm_array_command(sweep: Sweep, sweep_dir: Path, script: Path, sbatch_args: Sequence[str] = ()) -> List[str]:
-    index = {p.id: i for i, p in enumerate(sweep.points)}
-    todo = [str(index[p.id]) for p in _todo(sweep)]
+def slurm_array_command(
+    sweep: Sweep,
+    sweep_dir: Path,
+    script: Path,
+    sbatch_args: Sequence[str] = (),
+    units: Optional[Sequence[Union[Point, StableRun]]] = None,
+    head: Sequence[str] = (),
+) -> List[str]:
+    index = {p.id: i for i, p in enumerate(sweep.units())}
+    todo = [str(index[p.id]) for p in (_todo(sweep) if units is None else units)]
     return [
         "sbatch",
+        *head,
         f"--array={','.join(todo)}",
         f"--job-name=sweep-{sweep.name}",
         *sbatch_args,
         str(script),
         str(_sweep_file(sweep_dir)),
     ]
+
+
+STABLE_JOB = "$STABLE_JOB"  # the stable runs' array job id, filled in from `sbatch --parsable` when submitted
+
+
+def slurm_array_commands(
+    sweep: Sweep, sweep_dir: Path, script: Path, sbatch_args: Sequence[str] = ()
+) -> List[List[str]]:
+    """The sbatch lines; for a wsd-branches design, first the stable runs' array (``--parsable``: its job id is
+    read back), then per stable run an array of its branches with ``--dependency=afterok:<job>_<task>``, so a
+    branch waits for its own stable run only (a stable run already done: no dependency)."""
+    if not sweep.stable_runs:
+        return [slurm_array_command(sweep, sweep_dir, script, sbatch_args)]
+    todo = {u.id for u in _todo(sweep)}
+    index = {u.id: i for i, u in enumerate(sweep.units())}
+    pending = [r for r in sweep.stable_runs if r.id in todo]
+    cmds = [slurm_array_command(sweep, sweep_dir, script, sbatch_args, pending, ["--parsable"])] if pending else []
+    for r in sweep.stable_runs:
+        branches = [p for p in sweep.points if p.stable_run == r.id and p.id in todo]
+        if branches:
+            after = [f"--dependency=afterok:{STABLE_JOB}_{index[r.id]}"] if r.id in todo else []
+            cmds.append(slurm_array_command(sweep, sweep_dir, script, sbatch_args, branches, after))
+    return cmds
+
+
+def _submit(cmds: List[List[str]], env: Dict[str, str], log) -> int:
+    """Submit the sbatch lines in order, the stable runs' job id substituted into the branches' dependencies."""
+    job = None
+    for c in cmds:
+        c = [a.replace(STABLE_JOB, job) if job else a for a in c]
+        proc = subprocess.run(c, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            log(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip()}")
+            return proc.returncode
+        if "--parsable" in c:
+            job = proc.stdout.strip().split(";")[0]
+        log(proc.stdout.strip())
+    return 0
 
 
 def run_sweep(
@@ -149,7 +244,7 @@ def run_sweep(
     if launcher == "local":
         cmds = local_commands(sweep, sweep_dir, jobs, isolate)
     elif launcher == "hydra":
-        cmds = [hydra_command(sweep, sweep_dir, hydra_launcher, launcher_args)]
+        cmds = hydra_commands(sweep, sweep_dir, hydra_launcher, launcher_args)
     elif launcher == "slurm-array":
         script = Path(slurm_script) if slurm_script else Path("slurm/sweep_array.sh")
         if not script.is_file() and not dry_run:
@@ -159,7 +254,7 @@ def run_sweep(
                 "pass --slurm-script PATH; it must run `python -m lmforge.scaling.worker SWEEP_JSON "
                 "--index $SLURM_ARRAY_TASK_ID`",
             )
-        cmds = [slurm_array_command(sweep, sweep_dir, script, launcher_args)]
+        cmds = slurm_array_commands(sweep, sweep_dir, script, launcher_args)
     else:
         raise ScalingError("sweep run --launcher", f"'{launcher}' is not a launcher", "use local, hydra or slurm-array")
     if dry_run:
@@ -167,8 +262,12 @@ def run_sweep(
             log(" ".join(shlex.quote(x) for x in c))
         return 0
     env = dict(os.environ)
-    if launcher == "local" and len(cmds) > 1 and isolate:
-        for c in cmds:  # one process per point, one after another
+    if launcher == "slurm-array" and sweep.stable_runs:
+        rc = _submit(cmds, env, log)
+        if rc:
+            return rc
+    elif (launcher == "local" and len(cmds) > 1 and isolate) or launcher == "hydra":
+        for c in cmds:  # one process per point (or per hydra phase: stable runs, then branches), in order
             subprocess.run(c, env=env)
     else:
         procs = [subprocess.Popen(c, env=env) for c in cmds]

@@ -465,8 +465,10 @@ class Trainer:
                     raise Preempted()
                 if (
                     cfg.checkpoint.enabled
-                    and cfg.checkpoint.every_steps
-                    and self.step % cfg.checkpoint.every_steps == 0
+                    and (
+                        (cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0)
+                        or self.step in cfg.checkpoint.at_steps
+                    )
                     and self.step < last_step
                 ):
                     t_save = time.perf_counter()
