@@ -25,6 +25,8 @@ SUITES = {
     "comm_overlap": "benchmarks.comm_overlap",
     "deepspeed_vs_fsdp": "benchmarks.deepspeed_vs_fsdp",
     "consistency": "benchmarks.consistency",
+    "scale_growth": "benchmarks.scale_growth",
+    "scale_data": "benchmarks.scale_data",
 }
 SUITE_HELP = {
     "step": "engine vs bare loop, eager/compiled, % of the same-run GEMM",
@@ -35,6 +37,8 @@ SUITE_HELP = {
     "comm_overlap": "DDP bucketed overlap vs all-reduce after backward",
     "deepspeed_vs_fsdp": "ZeRO-3 vs FSDP2 tokens/s and memory",
     "consistency": "replica consistency check vs a gpt_125m step",
+    "scale_growth": "checkpoint, store, gather, memory, collective costs at world 1-32",
+    "scale_data": "data prepare, index build, loader start-up CPU-s by corpus size",
 }
 DEFAULT = ["step", "data_loader"]
 
