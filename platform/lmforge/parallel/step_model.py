@@ -88,6 +88,10 @@ ELEMENTWISE_F = {"swiglu": 3, "gelu": 2}
 LOSS_BYTES_PER_LOGIT = 16
 # AdamW + gradient-norm pass: read p, g, m, v, write p, m, v, read g again: 8 x the parameter bytes.
 OPTIMIZER_BYTES_PER_PARAM_BYTE = 8
+# Float8 linears with dynamic tensorwise scaling (torchao Float8Linear): each of input, weight and output gradient
+# is read for its amax and read again and written in float8 (2 + 2 + 1 bytes per element), and its transposed float8
+# copy for the other GEMM that reads it is written from it (1 + 1).
+FP8_CAST_BYTES = (5, 2)
 # DDP buckets (``parallelism.ddp_bucket_cap_mb``'s default is 25 MB); the last one cannot overlap.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -219,11 +223,18 @@ class _Pass:
 
 
 def _linear(spec: DeviceSpec, out: _Pass, n: int, k: int, width: int, dtype: str, e: int, count: int = 1) -> None:
-    """A Linear of ``k`` -> ``width`` on ``n`` tokens: forward, input-gradient and weight-gradient GEMMs."""
-    out.fwd_gemm += count * gemm_time(spec, n, k, width, dtype=dtype, bytes_per=e)
+    """A Linear of ``k`` -> ``width`` on ``n`` tokens: forward, input-gradient and weight-gradient GEMMs (float8:
+    plus the dynamic scaling and casts of input and weight in forward, of the output gradient and the transposed
+    copies in backward, ``FP8_CAST_BYTES``)."""
+    g = 1 if dtype == "fp8" else e
+    out.fwd_gemm += count * gemm_time(spec, n, k, width, dtype=dtype, bytes_per=g)
     out.bwd_gemm += count * (
-        gemm_time(spec, n, width, k, dtype=dtype, bytes_per=e) + gemm_time(spec, k, n, width, dtype=dtype, bytes_per=e)
+        gemm_time(spec, n, width, k, dtype=dtype, bytes_per=g) + gemm_time(spec, k, n, width, dtype=dtype, bytes_per=g)
     )
+    if dtype == "fp8":
+        amax_cast, transpose = FP8_CAST_BYTES
+        out.fwd_gemm += count * memory_time(spec, amax_cast * (n * k + k * width))
+        out.bwd_gemm += count * memory_time(spec, amax_cast * n * width + transpose * (n * k + k * width + n * width))
 
 
 def block_pass(
