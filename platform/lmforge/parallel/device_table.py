@@ -73,6 +73,8 @@ class DeviceSpec:
     measured_tflops: float = 0.0  # a measured GEMM rate (replaces peak * gemm_peak_fraction when > 0)
     in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
     fp8_gemm_peak_fraction: float = 0.0  # sustained share of the fp8 peak on large float8 GEMMs (0: no fp8)
+    op_overhead_s: float = 0.0  # host time to dispatch one ATen op (0: not counted)
+    host_async: bool = True  # the host dispatches ahead of the device (GPU): only host time beyond the kernels shows
 
     def gemm_rate(self, dtype: str) -> float:
         """Sustained FLOP/s of a large GEMM in ``dtype``."""
@@ -123,6 +125,11 @@ LINKS: Dict[str, LinkSpec] = {
 # published_runs.csv; ``python -m benchmarks.planner_validation --fit``), held out: every other source.
 IN_STEP_EFFICIENCY = 0.83
 
+# Host time per dispatched op on a GPU: eager PyTorch's frontend, dispatcher and autograd plus the kernel launch,
+# "roughly 5 to 20 microseconds" per launch (factryze.ai, Tensor Core Throughput at Scale); the lower middle of that
+# range. The host runs ahead of the GPU, so it shows only where the kernels are shorter (small models).
+HOST_OP_OVERHEAD_GPU_S = 10e-6
+
 # Float8 GEMMs (``torch._scaled_mm``, cuBLAS, tensorwise scales) sustain a smaller share of their doubled peak than
 # bf16 GEMMs do: the share that reproduces torchao's H100 microbenchmark of a whole Float8Linear (forward and both
 # backward GEMMs, dynamic scaling and casts included) against bf16 at M, K, N = 4096, 8192, 16384, a speedup of 1.39
@@ -157,8 +164,11 @@ _GPUS = {
 GPU_KINDS = tuple(sorted(set(_GPUS) | {a for a, k in KIND_ALIASES.items() if k in _GPUS}))
 
 
-def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 0.0, cpu_gbps: float = 0.0):
-    """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate."""
+def device_spec(
+    kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 0.0, cpu_gbps: float = 0.0, cpu_op_s: float = 0.0
+):
+    """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate (and, for the
+    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``)."""
     kind = KIND_ALIASES.get(kind, kind)
     if kind == "cpu":
         cores = os.cpu_count() or 1
@@ -172,8 +182,10 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
             attention_fraction=(0.5, 0.5),
             intra_link="loopback",
             inter_link="loopback",
-            kernel_overhead_s=20e-6,
+            kernel_overhead_s=0.0,
             measured_tflops=cpu_tflops,
+            op_overhead_s=cpu_op_s,
+            host_async=False,
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]
@@ -183,6 +195,7 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
             hbm_gbps=hbm,
             gemm_peak_fraction=fraction,
             in_step_efficiency=IN_STEP_EFFICIENCY,
+            op_overhead_s=HOST_OP_OVERHEAD_GPU_S,
             **arch,
         )
     else:
