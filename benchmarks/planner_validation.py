@@ -1,6 +1,6 @@
 """The planner's predicted tokens/s per GPU beside published runs (``lmforge/parallel/published_runs.csv``).
 
-    python -m benchmarks.planner_validation [--all] [--fit] [--json PATH]
+    python -m benchmarks.planner_validation [--all] [--fit] [--json PATH] [--markdown]
 
 Every row of the table is mapped to a config (``published_runs.to_root_config``), validated with the trainer's
 own ``validate()`` at the row's GPU count, and planned by ``lmforge.parallel.planner.make_plan`` on the row's
@@ -210,6 +210,21 @@ def print_table(rows: List[dict]) -> None:
     )
 
 
+def print_markdown(rows: List[dict]) -> None:
+    """The table of docs/planner.md: one line per row, calibration rows marked, skipped rows with the reason."""
+    print("| row | layout | published tokens/s/GPU | predicted | error | split |")
+    print("|---|---|---:|---:|---:|---|")
+    for r in rows:
+        split = "calibration" if r["source"] in CALIBRATION else "held out"
+        if "skipped" in r:
+            print(f"| `{r['id']}` | | {r['published']:,.0f} | | | not planned: {r['skipped']} |")
+            continue
+        print(
+            f"| `{r['id']}` | {r['layout']} | {r['published']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} "
+            f"| {split} |"
+        )
+
+
 def print_ranking(rows: List[dict]) -> None:
     print()
     for g in rank_groups(rows):
@@ -234,6 +249,7 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="keep the fp8 rows (planned as bf16)")
     ap.add_argument("--fit", action="store_true", help="refit the in-step efficiency on the calibration sources")
     ap.add_argument("--json", default="", help="also write the rows as JSON to this path")
+    ap.add_argument("--markdown", action="store_true", help="also print the per-row table as markdown")
     args = ap.parse_args()
     efficiency = IN_STEP_EFFICIENCY
     if args.fit:
@@ -242,6 +258,8 @@ def main() -> None:
     rows = evaluate(keep_fp8=args.all, efficiency=efficiency)
     print(f"in-step efficiency {efficiency:.2f}")
     print_table(rows)
+    if args.markdown:
+        print_markdown(rows)
     print_ranking(rows if args.all else evaluate(keep_fp8=True, efficiency=efficiency, sources=RANKED_SOURCES))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -1,17 +1,17 @@
 """The step model's single-rank compute and gloo communication predictions beside measurements on this CPU.
 
-    python -m benchmarks.step_model_cpu [--models tiny bench_small gpt_125m] [--batch 0] [--repeats 3]
-                                        [--no-comm] [--json PATH]
+    python -m benchmarks.step_model_cpu [--models tiny bench_small gpt_125m] [--batch 0] [--repeats 5]
+                                        [--threads 1] [--no-comm] [--json PATH]
 
-This CPU's own rates are measured first: a square fp32 ``torch.mm`` (2048^3, the median of 5 calls) is the
-GEMM rate, a 64 MiB tensor copy (read + write bytes) the memory bandwidth, and the host time per dispatched op
-(``host_overhead.measure_op_overhead``). The device table's ``cpu`` entry is built from them
-(``device_table.device_spec('cpu', cpu_tflops=..., cpu_gbps=..., cpu_op_s=...)``: no in-step efficiency) and
-``planner.make_plan`` predicts one step of each model at its micro batch (one rank, fp32). The measurement is the
-median of ``--repeats`` timed steps (after one warm-up step) of a plain PyTorch loop over the same ``GPT``
-(forward, ``cross_entropy_loss``, backward, gradient clipping, fused AdamW), the loop of ``benchmarks/step.py``.
-Printed per model: predicted and measured step time, their ratio, the prediction's host-dispatch part and its
-GEMM share.
+Each of ``--repeats`` timed steps (after one warm-up step) of a plain PyTorch loop over the same ``GPT`` (forward,
+``cross_entropy_loss``, backward, gradient clipping, fused AdamW; the loop of ``benchmarks/step.py``) is paired
+with this CPU's rates measured right before it, as a shared host's load drifts within seconds: a square fp32
+``torch.mm`` (2048^3, the median of 5 calls) is the GEMM rate, a 64 MiB tensor copy (read + write bytes) the
+memory bandwidth, ``host_overhead.measure_op_overhead`` the host time per dispatched op and
+``host_overhead.measure_softmax_rate`` the log-softmax rate. The device table's ``cpu`` entry is built from them
+(``device_table.device_spec('cpu', ...)``: no in-step efficiency) and ``planner.make_plan`` predicts the step
+(one rank, fp32). Printed per model, for the pair at the median of predicted / measured: both step times, their
+ratio, the prediction's host-dispatch seconds, its GEMM share and the rates of that moment.
 
 Communication: ``lmforge comm bench`` on 2 gloo ranks (torchrun, ``comm=cpu_gloo``) beside the step model's
 collective time for the same op and size over the ``loopback`` link (``step_model.Group``).
@@ -36,7 +36,7 @@ from lmforge.comm.bench import load_result
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.parallel.device_table import LINKS, device_spec
-from lmforge.parallel.host_overhead import measure_op_overhead
+from lmforge.parallel.host_overhead import measure_op_overhead, measure_softmax_rate
 from lmforge.parallel.planner import make_plan
 from lmforge.parallel.step_model import Group
 
@@ -70,45 +70,51 @@ def copy_gbps(mib: int = 64, calls: int = 5) -> float:
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
-def measure_step(cfg, batch: int, repeats: int) -> float:
+def measured_spec(quiet: bool = False):
+    """The ``cpu`` device entry from this CPU's rates measured now: GEMM, copy bandwidth, host time per op and the
+    log-softmax rate."""
+    tflops, gbps, op_s, softmax = gemm_tflops(), copy_gbps(), measure_op_overhead(), measure_softmax_rate()
+    if not quiet:
+        print(
+            f"cpu        {torch.get_num_threads()} threads: GEMM {tflops * 1e3:.1f} GFLOP/s (fp32 2048^3), copy "
+            f"{gbps:.1f} GB/s, {op_s * 1e6:.1f} us per dispatched op, log-softmax {softmax / 1e9:.2f} G logits/s"
+        )
+    return device_spec("cpu", cpu_tflops=tflops, cpu_gbps=gbps, cpu_op_s=op_s, cpu_softmax_rate=softmax)
+
+
+def paired_steps(cfg, batch: int, repeats: int) -> list:
+    """``repeats`` pairs of (the plan from the rates measured right before, the measured step): on a shared host
+    the load drifts within seconds, so each step is held against the rates of its own moment."""
     step = bare_loop(cfg, batch)
     step()  # warm-up
-    times = []
+    pairs = []
     for _ in range(repeats):
+        spec = measured_spec(quiet=True)
+        plan = make_plan(cfg, 1, peak=spec.measured_tflops, device=spec)
         t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measured_spec():
-    """The ``cpu`` device entry from this CPU's rates measured now: GEMM, copy bandwidth, host time per op."""
-    tflops, gbps, op_s = gemm_tflops(), copy_gbps(), measure_op_overhead()
-    print(
-        f"cpu        {torch.get_num_threads()} threads: GEMM {tflops * 1e3:.1f} GFLOP/s (fp32 2048^3), copy {gbps:.1f} "
-        f"GB/s, {op_s * 1e6:.1f} us per dispatched op"
-    )
-    return device_spec("cpu", cpu_tflops=tflops, cpu_gbps=gbps, cpu_op_s=op_s)
+        pairs.append((plan, spec, time.perf_counter() - t0))
+    return pairs
 
 
 def compute_rows(models, batch_arg: int, repeats: int) -> list:
-    """Per model: the rates measured right before its steps (a shared machine's load drifts), the prediction
-    from them and the measured step."""
+    """Per model: the median over its paired steps of predicted / measured, and the pair at that median."""
+    print(
+        f"{'model':<12}{'batch':>6}{'predicted s':>13}{'measured s':>12}{'pred/meas':>11}{'host s':>9}{'GEMM':>6}"
+        f"{'GFLOP/s':>9}{'us/op':>7}"
+    )
     rows = []
     for name in models:
-        spec = measured_spec()
-        print(
-            f"{'model':<12}{'batch':>6}{'predicted s':>13}{'measured s':>12}{'pred/meas':>11}{'host s':>9}{'GEMM':>7}"
-        )
         batch = batch_arg or DEFAULT_BATCH.get(name, 1)
         overrides = base_overrides(name, batch) + ["cluster.device=cpu", "train.precision=fp32"]
         cfg = validate(compose(overrides), world_size=1)
-        plan = make_plan(cfg, 1, peak=spec.measured_tflops, device=spec)
-        measured = measure_step(cfg, batch, repeats)
+        pairs = sorted(paired_steps(cfg, batch, repeats), key=lambda p: p[0].step_time_s / p[2])
+        plan, spec, measured = pairs[len(pairs) // 2]
         predicted = plan.step_time_s
         print(
             f"{name:<12}{batch:>6}{predicted:>13.4f}{measured:>12.4f}{predicted / measured:>11.2f}"
-            f"{plan.step.host_s:>9.4f}{plan.step.gemm_share:>7.0%}",
+            f"{plan.step.host_s:>9.4f}{plan.step.gemm_share:>6.0%}{spec.measured_tflops * 1e3:>9.1f}"
+            f"{spec.op_overhead_s * 1e6:>7.1f}",
             flush=True,
         )
         rows.append(
@@ -118,11 +124,13 @@ def compute_rows(models, batch_arg: int, repeats: int) -> list:
                 "predicted_s": predicted,
                 "measured_s": measured,
                 "ratio": predicted / measured,
+                "ratios": [p.step_time_s / m for p, _, m in pairs],
                 "host_s": plan.step.host_s,
                 "gemm_share": plan.step.gemm_share,
                 "gemm_gflops": spec.measured_tflops * 1e3,
                 "copy_gbps": spec.hbm_gbps,
                 "op_overhead_us": spec.op_overhead_s * 1e6,
+                "softmax_glogits_per_s": spec.softmax_rate / 1e9,
             }
         )
     return rows
@@ -153,7 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["tiny", "bench_small", "gpt_125m"])
     ap.add_argument("--batch", type=int, default=0, help="micro batch (0: DEFAULT_BATCH per model)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: no thread barriers on a loaded host)")
     ap.add_argument("--no-comm", action="store_true", help="skip the 2-rank gloo comm bench")
     ap.add_argument("--json", default=str(RESULTS), help="results JSON ('' for none)")

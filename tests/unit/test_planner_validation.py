@@ -14,6 +14,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the benchmarks package, as tests/unit/test_benchmarks_run.py does
 
 from benchmarks import planner_validation as pv  # noqa: E402
+from lmforge.parallel.layout_search import in_search_space  # noqa: E402
+from lmforge.parallel.published_runs import to_root_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +66,12 @@ def test_layouts_published_side_by_side_are_ranked_as_measured():
 def test_kendall_tau_counts_concordant_pairs():
     assert pv.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert pv.kendall_tau([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(4 / 6)
+
+
+def test_the_ranked_layouts_are_inside_the_search_space():
+    runs = {r.id: r for r in pv.load_published_runs()}
+    for ids in pv.RANKED_GROUPS.values():
+        for i in ids:
+            assert in_search_space(to_root_config(runs[i]).cfg, runs[i].gpus), i
+    # negative control: 35 pipeline stages (Narayanan et al.'s 530B) is not a layout the search enumerates
+    assert not in_search_space(to_root_config(runs["narayanan21_t1_530b"]).cfg, 2520)

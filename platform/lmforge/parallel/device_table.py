@@ -74,6 +74,7 @@ class DeviceSpec:
     in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
     fp8_gemm_peak_fraction: float = 0.0  # sustained share of the fp8 peak on large float8 GEMMs (0: no fp8)
     op_overhead_s: float = 0.0  # host time to dispatch one ATen op (0: not counted)
+    softmax_rate: float = 0.0  # logits per second through one (log-)softmax pass, where exp binds (CPU); 0: bytes
     host_async: bool = True  # the host dispatches ahead of the device (GPU): only host time beyond the kernels shows
 
     def gemm_rate(self, dtype: str) -> float:
@@ -165,10 +166,17 @@ GPU_KINDS = tuple(sorted(set(_GPUS) | {a for a, k in KIND_ALIASES.items() if k i
 
 
 def device_spec(
-    kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 0.0, cpu_gbps: float = 0.0, cpu_op_s: float = 0.0
+    kind: str,
+    *,
+    measured_tflops: float = 0.0,
+    cpu_tflops: float = 0.0,
+    cpu_gbps: float = 0.0,
+    cpu_op_s: float = 0.0,
+    cpu_softmax_rate: float = 0.0,
 ):
     """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate (and, for the
-    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``)."""
+    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``, and for the
+    loss its measured log-softmax rate, ``host_overhead.measure_softmax_rate``: a CPU's exp, not its memory, binds)."""
     kind = KIND_ALIASES.get(kind, kind)
     if kind == "cpu":
         cores = os.cpu_count() or 1
@@ -186,6 +194,7 @@ def device_spec(
             measured_tflops=cpu_tflops,
             op_overhead_s=cpu_op_s,
             host_async=False,
+            softmax_rate=cpu_softmax_rate,
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]

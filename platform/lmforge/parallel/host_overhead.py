@@ -9,6 +9,8 @@ passes through the Python frontend, the dispatcher and autograd before its kerne
   dispatched (views included: each is a dispatch), and ``OPTIMIZER_OPS`` the fused AdamW step and the gradient
   clip. A block's count does not depend on its sizes, so
   it is taken once per shape family (cached).
+- **the loss on a CPU** is bound by the exp of every logit rather than by its bytes: ``measure_softmax_rate``
+  times ``log_softmax`` (logits per second), one pass forward and one backward (``step_model.head_pass``).
 - **seconds per op** on a CPU are measured on the machine (``measure_op_overhead``: a chain of small element-wise
   ops with autograd, forward and backward, timed and divided by the ops it dispatched, counted the same way),
   as the GEMM rate is; on a GPU the host dispatches asynchronously and only the part of it that exceeds the
@@ -114,3 +116,16 @@ def measure_op_overhead(chain: int = 200, repeats: int = 5) -> float:
         run()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / counter.ops
+
+
+def measure_softmax_rate(rows: int = 512, vocab: int = 8192, repeats: int = 5) -> float:
+    """Logits per second through ``log_softmax`` on this machine (fp32): on a CPU the exp of every logit, not the
+    bytes, sets the loss's time. Median of ``repeats``."""
+    x = torch.randn(rows, vocab)
+    torch.log_softmax(x, -1)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.log_softmax(x, -1)
+        times.append(time.perf_counter() - t0)
+    return x.numel() / statistics.median(times)

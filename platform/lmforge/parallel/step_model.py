@@ -294,7 +294,10 @@ def head_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, dtype: str, e: i
     n = micro * m.seq_len // p.cp
     out = _Pass()
     _linear(spec, out, n, m.d_model, m.vocab_size // p.tp, dtype, e)
-    out.fwd_elementwise = memory_time(spec, n * m.vocab_size // p.tp * LOSS_BYTES_PER_LOGIT / 2)
+    logits = n * m.vocab_size // p.tp
+    out.fwd_elementwise = memory_time(spec, logits * LOSS_BYTES_PER_LOGIT / 2)
+    if spec.softmax_rate > 0:  # one exp pass forward (log-softmax), one backward (softmax), where exp binds
+        out.fwd_elementwise = max(out.fwd_elementwise, logits / spec.softmax_rate)
     out.bwd_elementwise = out.fwd_elementwise
     return out
 
