@@ -34,6 +34,11 @@ rate). NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5 900 GB/s per direction (NV
 200 Gb/s, NDR 400 Gb/s, RoCE 200 and 400 Gb/s per NIC, one NIC per GPU (the DGX A100/H100/B200 rail layout).
 A device's default inter-node link is its DGX system's: HDR for A100, NDR for H100, H200, B200.
 
+**fp8**: float8 GEMMs sustain ``FP8_GEMM_PEAK_FRACTION`` of the fp8 peak (from torchao's Float8Linear
+microbenchmark). **Power limits**: ``power_capped`` runs a Hopper part at a lower board power (its clock
+interpolated between the H100 NVL and SXM datasheets). **Host time per op**: ``HOST_OP_OVERHEAD_GPU_S`` on GPUs,
+measured on a CPU (``host_overhead``).
+
 **In-step efficiency** (``IN_STEP_EFFICIENCY``): the share of those rates that kernels keep inside a training
 step; the one parameter fitted to training runs, on a calibration subset of the published runs only (see
 ``lmforge.parallel.step_model``).

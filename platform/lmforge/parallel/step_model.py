@@ -16,8 +16,10 @@
 - **recompute**: ``full`` runs every block's forward again before its backward; ``selective`` re-runs only the
   element-wise ops (matmul and attention outputs are kept); ``modules`` the parts ``recompute_modules`` names
   (attention core, MLP, norms); all of it for the checkpointed blocks only (``parallelism.recompute_layers``).
-- **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate; attention, element-wise work and
-  the head in bf16.
+- **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate, plus the bytes of their dynamic
+  scaling and casts (``FP8_CAST_BYTES``); attention, element-wise work and the head in bf16.
+- **host dispatch** (``host_time``): the step's ATen ops (``host_overhead``) times the device's host time per op,
+  all of it on a CPU, what exceeds the device's work on a GPU (its host runs ahead).
 - **pipeline**: the step is ``m`` micro batches on the slowest stage plus the bubble of the schedule,
   ``(pp - 1) / v`` stage-micro-batch times (v virtual stages of an interleaved schedule, a third of that for
   the zero-bubble schedules, Qi et al. 2023), and the point-to-point sends of activations between stages
