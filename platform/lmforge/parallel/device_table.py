@@ -34,6 +34,11 @@ rate). NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5 900 GB/s per direction (NV
 200 Gb/s, NDR 400 Gb/s, RoCE 200 and 400 Gb/s per NIC, one NIC per GPU (the DGX A100/H100/B200 rail layout).
 A device's default inter-node link is its DGX system's: HDR for A100, NDR for H100, H200, B200.
 
+**fp8**: float8 GEMMs sustain ``FP8_GEMM_PEAK_FRACTION`` of the fp8 peak (from torchao's Float8Linear
+microbenchmark). **Power limits**: ``power_capped`` runs a Hopper part at a lower board power (its clock
+interpolated between the H100 NVL and SXM datasheets). **Host time per op**: ``HOST_OP_OVERHEAD_GPU_S`` on GPUs,
+measured on a CPU (``host_overhead``).
+
 **In-step efficiency** (``IN_STEP_EFFICIENCY``): the share of those rates that kernels keep inside a training
 step; the one parameter fitted to training runs, on a calibration subset of the published runs only (see
 ``lmforge.parallel.step_model``).
@@ -72,12 +77,24 @@ class DeviceSpec:
     kernel_overhead_s: float = 4e-6  # launch + tail per kernel
     measured_tflops: float = 0.0  # a measured GEMM rate (replaces peak * gemm_peak_fraction when > 0)
     in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
+    fp8_gemm_peak_fraction: float = 0.0  # sustained share of the fp8 peak on large float8 GEMMs (0: no fp8)
+    op_overhead_s: float = 0.0  # host time to dispatch one ATen op (0: not counted)
+    softmax_rate: float = 0.0  # logits per second through one (log-)softmax pass, where exp binds (CPU); 0: bytes
+    host_async: bool = True  # the host dispatches ahead of the device (GPU): only host time beyond the kernels shows
 
     def gemm_rate(self, dtype: str) -> float:
         """Sustained FLOP/s of a large GEMM in ``dtype``."""
         if self.measured_tflops > 0:
-            return self.measured_tflops * 1e12
+            return self.measured_tflops * 1e12 * (self._fp8_gain() if dtype == "fp8" else 1.0)
+        if dtype == "fp8" and self.fp8_gemm_peak_fraction > 0:
+            return self.peak(dtype) * self.fp8_gemm_peak_fraction
         return self.peak(dtype) * self.gemm_peak_fraction
+
+    def _fp8_gain(self) -> float:
+        """A float8 GEMM's sustained rate relative to a bf16 one (scales a measured bf16 rate)."""
+        if self.fp8_gemm_peak_fraction <= 0 or self.peak("bf16") <= 0:
+            return 1.0
+        return self.peak("fp8") * self.fp8_gemm_peak_fraction / (self.peak("bf16") * self.gemm_peak_fraction)
 
     def peak(self, dtype: str) -> float:
         table = self.peak_tflops
@@ -114,9 +131,28 @@ LINKS: Dict[str, LinkSpec] = {
 # published_runs.csv; ``python -m benchmarks.planner_validation --fit``), held out: every other source.
 IN_STEP_EFFICIENCY = 0.83
 
+# Host time per dispatched op on a GPU: eager PyTorch's frontend, dispatcher and autograd plus the kernel launch,
+# "roughly 5 to 20 microseconds" per launch (factryze.ai, Tensor Core Throughput at Scale); the lower middle of that
+# range. The host runs ahead of the GPU, so it shows only where the kernels are shorter (small models).
+HOST_OP_OVERHEAD_GPU_S = 10e-6
+
+# Float8 GEMMs (``torch._scaled_mm``, cuBLAS, tensorwise scales) sustain a smaller share of their doubled peak than
+# bf16 GEMMs do: the share that reproduces torchao's H100 microbenchmark of a whole Float8Linear (forward and both
+# backward GEMMs, dynamic scaling and casts included) against bf16 at M, K, N = 4096, 8192, 16384, a speedup of 1.39
+# (torchao/float8/README.md, "Performance"), with ``step_model.FP8_CAST_BYTES`` for the casts
+# (``tests/unit/test_step_model.py`` checks the derivation).
+FP8_GEMM_PEAK_FRACTION = 0.66
+
 _AMPERE = dict(sms=108, tile=(128, 128), attention_fraction=(0.60, 0.45), intra_link="nvlink3", inter_link="ib_hdr")
-_HOPPER = dict(sms=132, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink4", inter_link="ib_ndr")
-_BLACKWELL = dict(sms=148, tile=(128, 256), attention_fraction=(0.35, 0.30), intra_link="nvlink5", inter_link="ib_ndr")
+_HOPPER = dict(
+    sms=132,
+    tile=(128, 256),
+    attention_fraction=(0.35, 0.30),
+    intra_link="nvlink4",
+    inter_link="ib_ndr",
+    fp8_gemm_peak_fraction=FP8_GEMM_PEAK_FRACTION,
+)
+_BLACKWELL = dict(_HOPPER, sms=148, intra_link="nvlink5")
 
 # kind -> (HBM GB/s, architecture parameters, large-GEMM share of the peak)
 _GPUS = {
@@ -134,8 +170,18 @@ _GPUS = {
 GPU_KINDS = tuple(sorted(set(_GPUS) | {a for a, k in KIND_ALIASES.items() if k in _GPUS}))
 
 
-def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 0.0, cpu_gbps: float = 0.0):
-    """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate."""
+def device_spec(
+    kind: str,
+    *,
+    measured_tflops: float = 0.0,
+    cpu_tflops: float = 0.0,
+    cpu_gbps: float = 0.0,
+    cpu_op_s: float = 0.0,
+    cpu_softmax_rate: float = 0.0,
+):
+    """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate (and, for the
+    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``, and for the
+    loss its measured log-softmax rate, ``host_overhead.measure_softmax_rate``: a CPU's exp, not its memory, binds)."""
     kind = KIND_ALIASES.get(kind, kind)
     if kind == "cpu":
         cores = os.cpu_count() or 1
@@ -149,8 +195,11 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
             attention_fraction=(0.5, 0.5),
             intra_link="loopback",
             inter_link="loopback",
-            kernel_overhead_s=20e-6,
+            kernel_overhead_s=0.0,
             measured_tflops=cpu_tflops,
+            op_overhead_s=cpu_op_s,
+            host_async=False,
+            softmax_rate=cpu_softmax_rate,
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]
@@ -160,6 +209,7 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
             hbm_gbps=hbm,
             gemm_peak_fraction=fraction,
             in_step_efficiency=IN_STEP_EFFICIENCY,
+            op_overhead_s=HOST_OP_OVERHEAD_GPU_S,
             **arch,
         )
     else:
@@ -171,6 +221,21 @@ def device_spec(kind: str, *, measured_tflops: float = 0.0, cpu_tflops: float = 
     if measured_tflops > 0:
         spec = replace(spec, measured_tflops=measured_tflops)
     return spec
+
+
+# Hopper's sustained tensor clock under a board power limit: the H100 NVL (350-400 W) and the H100 SXM (700 W)
+# datasheets print 835.5 and 989.4 dense bf16 TFLOP/s for the same 132-SM die; between the two the clock is
+# interpolated linearly in watts (``power_capped``).
+HOPPER_POWER_POINTS = ((400.0, 835.5 / 989.4), (700.0, 1.0))
+
+
+def power_capped(spec: DeviceSpec, watts: float, hbm_gbps: float = 0.0) -> DeviceSpec:
+    """``spec`` (a 700 W Hopper part) run at a ``watts`` board power limit: every peak scaled by the clock the
+    datasheets give at that power (``HOPPER_POWER_POINTS``), and, when given, another memory bandwidth."""
+    (w0, s0), (w1, s1) = HOPPER_POWER_POINTS
+    scale = s0 + (s1 - s0) * (min(max(watts, w0), w1) - w0) / (w1 - w0)
+    peaks = {k: v * scale for k, v in spec.peak_tflops.items()}
+    return replace(spec, peak_tflops=peaks, hbm_gbps=hbm_gbps or spec.hbm_gbps)
 
 
 def link_spec(name: str) -> LinkSpec:

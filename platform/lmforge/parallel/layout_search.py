@@ -4,9 +4,10 @@
 ``cluster.nodes * cluster.gpus_per_node``):
 
 - tp (powers of two up to a node, dividing the head counts; sequence parallelism on with tp > 1),
-- pp (powers of two dividing the layers; only for an untied model, as lmforge's pipeline requires) with the
-  schedules 1F1B, Interleaved1F1B (2 virtual stages) and ZBVZeroBubble,
-- cp (1, and 2 and 4 from 8k-token sequences),
+- pp (powers of two up to the layers, an uneven split by ``suggested_pp_layers`` where they do not divide; only
+  for an untied model, as lmforge's pipeline requires) with the schedules 1F1B, Interleaved1F1B (2 virtual
+  stages) and ZBVZeroBubble,
+- cp (1, and from 8k-token sequences the powers of two up to a node),
 - the data-parallel rest as FSDP (``dp_shard``), HSDP (FSDP within a node, replicas across) or DDP replicas,
 - activation checkpointing none / selective / full,
 - micro batch sizes (powers of two dividing the per-replica batch).
@@ -31,6 +32,7 @@ from lmforge.config.deepspeed import check_native
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.errors import ConfigError
 from lmforge.config.moe_checks import check_moe
+from lmforge.config.parallelism import pp_layers_override, suggested_pp_layers
 from lmforge.config.schema import RootConfig
 from lmforge.config.validate import check_batch, check_parallel_layout
 from lmforge.config.validated import Validated
@@ -55,32 +57,55 @@ def _powers(limit: int) -> List[int]:
     return out
 
 
+def tp_choices(cfg: RootConfig, world: int) -> List[int]:
+    """Powers of two up to a node that divide the query and key/value heads."""
+    m, kv = cfg.model, kv_heads(cfg.model)
+    return [tp for tp in _powers(min(cfg.cluster.gpus_per_node, world)) if not (m.n_heads % tp or kv % tp)]
+
+
+def cp_choices(cfg: RootConfig) -> List[int]:
+    """1, and from 8k-token sequences the powers of two up to a node that split the sequence into 2 x cp equal
+    chunks (the load-balanced causal split)."""
+    seq = cfg.model.seq_len
+    if seq < 8192:
+        return [1]
+    return [cp for cp in _powers(cfg.cluster.gpus_per_node) if seq % (2 * cp) == 0]
+
+
+def pp_choices(cfg: RootConfig, world: int) -> List[int]:
+    """Powers of two with at least one block per stage (an uneven split gets ``suggested_pp_layers``); only for an
+    untied model, as lmforge's pipeline requires."""
+    m = cfg.model
+    return [pp for pp in _powers(world) if pp <= m.n_layers and (pp == 1 or not m.tie_embeddings)]
+
+
+def schedule_choices(cfg: RootConfig, pp: int) -> List[tuple]:
+    """(schedule, virtual stages, reshard after forward): 1F1B; with pp > 1 also Interleaved1F1B and ZBVZeroBubble
+    at 2 chunks per rank when every chunk keeps a block."""
+    out = [("1F1B", 1, True)]
+    if pp > 1 and cfg.model.n_layers >= 2 * pp:
+        out += [("Interleaved1F1B", 2, True), ("ZBVZeroBubble", 2, False)]
+    return out
+
+
 def _structures(cfg: RootConfig, world: int) -> Iterator[dict]:
     """Layout fields without micro batch or checkpointing."""
-    m, per_node = cfg.model, cfg.cluster.gpus_per_node
-    kv = kv_heads(m)
-    for tp in _powers(min(per_node, world)):
-        if m.n_heads % tp or kv % tp:
-            continue
-        for cp in (1, 2, 4) if m.seq_len >= 8192 else (1,):
-            for pp in _powers(world // (tp * cp)):
-                if m.n_layers % pp or (pp > 1 and m.tie_embeddings):
-                    continue
+    per_node = cfg.cluster.gpus_per_node
+    for tp in tp_choices(cfg, world):
+        for cp in cp_choices(cfg):
+            for pp in pp_choices(cfg, world // (tp * cp)):
                 dp = world // (tp * cp * pp)
                 if dp * tp * cp * pp != world:
                     continue
-                schedules = [("1F1B", 1, True)]
-                if pp > 1:
-                    if m.n_layers % (2 * pp) == 0:
-                        schedules.append(("Interleaved1F1B", 2, True))
-                        schedules.append(("ZBVZeroBubble", 2, False))
                 inner = max(1, per_node // (tp * cp))
                 shardings = [("fsdp", 1, dp)]
                 if 1 < inner < dp and dp % inner == 0:
                     shardings.append(("hsdp", dp // inner, inner))
                 if dp > 1 and cp == 1:
                     shardings.append(("ddp", dp, 1))
-                for sched, v, reshard in schedules:
+                for sched, v, reshard in schedule_choices(cfg, pp):
+                    chunks = pp * v
+                    uneven = cfg.model.n_layers % chunks != 0
                     for _, rep, shard in shardings:
                         yield dict(
                             tp=tp,
@@ -90,9 +115,32 @@ def _structures(cfg: RootConfig, world: int) -> Iterator[dict]:
                             dp_shard=shard,
                             pp_schedule=sched,
                             pp_virtual_stages=v,
+                            pp_layers=suggested_pp_layers(cfg.model.n_layers, chunks) if uneven else None,
                             reshard_after_forward=reshard or shard * cp == 1,
                             sequence_parallel=tp > 1,
                         )
+
+
+def micro_choices(batch: int, dp: int) -> List[int]:
+    """The four largest powers of two that divide the per-replica batch."""
+    return [mb for mb in _powers(batch // dp) if (batch // dp) % mb == 0][::-1][:4]
+
+
+LAYOUT_KEYS = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "pp_schedule", "pp_virtual_stages")
+
+
+def in_search_space(cfg: RootConfig, world: int) -> bool:
+    """Whether ``search_layouts`` enumerates ``cfg``'s layout (its degrees, schedule and virtual stages, its
+    checkpointing mode and micro batch) for its model, global batch and cluster."""
+    p = cfg.parallelism
+    own = {k: getattr(p, k) for k in LAYOUT_KEYS}
+    for par in _structures(cfg, world):
+        if {k: par[k] for k in LAYOUT_KEYS} != own:
+            continue
+        dp = par["dp_replicate"] * par["dp_shard"]
+        micros = micro_choices(cfg.train.global_batch_size, dp)
+        return p.activation_checkpointing in AC_ORDER and cfg.train.micro_batch_size in micros
+    return False
 
 
 def overrides_text(par: dict, micro: int, ac: str) -> str:
@@ -103,6 +151,8 @@ def overrides_text(par: dict, micro: int, ac: str) -> str:
             f"parallelism.pp_schedule={par['pp_schedule']}",
             f"parallelism.pp_virtual_stages={par['pp_virtual_stages']}",
         ]
+    if par.get("pp_layers"):
+        text.append(pp_layers_override(par["pp_layers"]))
     if par["tp"] > 1:
         text.append("parallelism.sequence_parallel=true")
     if not par["reshard_after_forward"]:
@@ -154,7 +204,7 @@ def search_layouts(cfg: RootConfig, world: Optional[int] = None, top: int = 5) -
         dp = par["dp_replicate"] * par["dp_shard"]
         if batch % dp:
             continue
-        micros = [mb for mb in _powers(batch // dp) if (batch // dp) % mb == 0][::-1][:4]
+        micros = micro_choices(batch, dp)
         for ac in AC_ORDER:
             for micro in micros:
                 plan = _try(cfg, world, par, micro, ac, usable)

@@ -84,7 +84,7 @@ def usable_bytes(total: int, kind: str) -> int:
 
 
 def peak_tflops(kind: str, precision: str) -> float:
-    dtype = "bf16" if precision in ("bf16", "bf16-mixed") else "fp32"
+    dtype = "bf16" if precision in ("bf16", "bf16-mixed", "fp8") else "fp32"  # fp8: MFU against the bf16 peak
     if kind == "cpu":
         import torch
 

@@ -26,6 +26,7 @@ from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import ParallelismConfig, suggested_pp_layers
 from lmforge.config.schema import RootConfig
 from lmforge.config.train import TrainConfig
+from lmforge.parallel.device_table import DeviceSpec, device_spec, power_capped
 
 PUBLISHED_RUNS_CSV = Path(__file__).with_name("published_runs.csv")
 
@@ -42,6 +43,10 @@ HARDWARE_KINDS: Dict[str, tuple] = {
     "H100-96GB (HBM2e, 500 W)": ("h100_sxm", 96.0),
     "H200-141GB": ("h200", None),
 }
+# Hardware run below its datasheet power, and the memory bandwidth it has: (board watts, HBM GB/s). Meta's Grand
+# Teton H100s with 96 GB of HBM2e at 500 W (the torchtitan benchmarks): the clock ``device_table.power_capped`` gives
+# at 500 W, and six HBM2e stacks at the per-stack rate of the H100 PCIe's five (2,000 GB/s over 80 GB): 2,400 GB/s.
+HARDWARE_POWER: Dict[str, tuple] = {"H100-96GB (HBM2e, 500 W)": (500.0, 2400.0)}
 
 
 @dataclass(frozen=True)
@@ -271,11 +276,21 @@ class RunMapping:
     unsupported: List[str] = field(default_factory=list)
 
 
+def device_for(run: PublishedRun) -> DeviceSpec:
+    """The step model's device for the row's hardware (``HARDWARE_POWER``: at its power limit and bandwidth)."""
+    kind, _ = HARDWARE_KINDS[run.hardware]
+    spec = device_spec(kind)
+    if run.hardware in HARDWARE_POWER:
+        watts, hbm = HARDWARE_POWER[run.hardware]
+        spec = power_capped(spec, watts, hbm)
+    return spec
+
+
 def unsupported_features(run: PublishedRun) -> List[str]:
     """What of the row lmforge cannot plan as published (empty: every feature is modelled)."""
     out = []
-    if run.precision == "fp8":
-        out.append("fp8 linears (planned as bf16-mixed)")
+    if run.precision == "fp8" and run.tp > 1:
+        out.append("fp8 linears with tp > 1, which lmforge refuses (planned as bf16-mixed)")
     if run.pp > 1 and run.virtual_stages is None:
         out.append("pipeline virtual stages not published")
     if run.pp > 1 and run.micro_batch is None:
@@ -367,7 +382,8 @@ def to_root_config(run: PublishedRun) -> RunMapping:
         assumptions.append(f"global batch not published: micro x dp = {batch}")
     if run.precision == "fp16":
         assumptions.append("fp16 mixed precision planned as bf16-mixed (the same bytes)")
-    train = TrainConfig(micro_batch_size=micro, global_batch_size=batch, precision="bf16-mixed")
+    precision = "fp8" if run.precision == "fp8" and run.tp == 1 else "bf16-mixed"
+    train = TrainConfig(micro_batch_size=micro, global_batch_size=batch, precision=precision)
     kind, memory = HARDWARE_KINDS[run.hardware]
     per_node = min(8, run.gpus)
     cluster = ClusterConfig(

@@ -16,8 +16,10 @@
 - **recompute**: ``full`` runs every block's forward again before its backward; ``selective`` re-runs only the
   element-wise ops (matmul and attention outputs are kept); ``modules`` the parts ``recompute_modules`` names
   (attention core, MLP, norms); all of it for the checkpointed blocks only (``parallelism.recompute_layers``).
-- **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate; attention, element-wise work and
-  the head in bf16.
+- **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate, plus the bytes of their dynamic
+  scaling and casts (``FP8_CAST_BYTES``); attention, element-wise work and the head in bf16.
+- **host dispatch** (``host_time``): the step's ATen ops (``host_overhead``) times the device's host time per op,
+  all of it on a CPU, what exceeds the device's work on a GPU (its host runs ahead).
 - **pipeline**: the step is ``m`` micro batches on the slowest stage plus the bubble of the schedule,
   ``(pp - 1) / v`` stage-micro-batch times (v virtual stages of an interleaved schedule, a third of that for
   the zero-bubble schedules, Qi et al. 2023), and the point-to-point sends of activations between stages
@@ -88,6 +90,10 @@ ELEMENTWISE_F = {"swiglu": 3, "gelu": 2}
 LOSS_BYTES_PER_LOGIT = 16
 # AdamW + gradient-norm pass: read p, g, m, v, write p, m, v, read g again: 8 x the parameter bytes.
 OPTIMIZER_BYTES_PER_PARAM_BYTE = 8
+# Float8 linears with dynamic tensorwise scaling (torchao Float8Linear): each of input, weight and output gradient
+# is read for its amax and read again and written in float8 (2 + 2 + 1 bytes per element), and its transposed float8
+# copy for the other GEMM that reads it is written from it (1 + 1).
+FP8_CAST_BYTES = (5, 2)
 # DDP buckets (``parallelism.ddp_bucket_cap_mb``'s default is 25 MB); the last one cannot overlap.
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -176,6 +182,7 @@ class StepTime:
     cp_comm_s: float  # exposed context-parallel K/V exchange
     ep_comm_s: float  # expert all-to-all
     optimizer_s: float
+    host_s: float = 0.0  # host dispatch of the step's ops not hidden under the device's work
     groups: List[Group] = field(default_factory=list)
     gemm_share: float = 0.0  # share of compute in GEMMs (the rest: attention core, element-wise)
 
@@ -193,6 +200,7 @@ class StepTime:
             ("exposed CP exchange", self.cp_comm_s),
             ("EP all-to-all", self.ep_comm_s),
             ("optimizer", self.optimizer_s),
+            ("host dispatch", self.host_s),
         ]
 
 
@@ -219,11 +227,18 @@ class _Pass:
 
 
 def _linear(spec: DeviceSpec, out: _Pass, n: int, k: int, width: int, dtype: str, e: int, count: int = 1) -> None:
-    """A Linear of ``k`` -> ``width`` on ``n`` tokens: forward, input-gradient and weight-gradient GEMMs."""
-    out.fwd_gemm += count * gemm_time(spec, n, k, width, dtype=dtype, bytes_per=e)
+    """A Linear of ``k`` -> ``width`` on ``n`` tokens: forward, input-gradient and weight-gradient GEMMs (float8:
+    plus the dynamic scaling and casts of input and weight in forward, of the output gradient and the transposed
+    copies in backward, ``FP8_CAST_BYTES``)."""
+    g = 1 if dtype == "fp8" else e
+    out.fwd_gemm += count * gemm_time(spec, n, k, width, dtype=dtype, bytes_per=g)
     out.bwd_gemm += count * (
-        gemm_time(spec, n, width, k, dtype=dtype, bytes_per=e) + gemm_time(spec, k, n, width, dtype=dtype, bytes_per=e)
+        gemm_time(spec, n, width, k, dtype=dtype, bytes_per=g) + gemm_time(spec, k, n, width, dtype=dtype, bytes_per=g)
     )
+    if dtype == "fp8":
+        amax_cast, transpose = FP8_CAST_BYTES
+        out.fwd_gemm += count * memory_time(spec, amax_cast * (n * k + k * width))
+        out.bwd_gemm += count * memory_time(spec, amax_cast * n * width + transpose * (n * k + k * width + n * width))
 
 
 def block_pass(
@@ -281,7 +296,10 @@ def head_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, dtype: str, e: i
     n = micro * m.seq_len // p.cp
     out = _Pass()
     _linear(spec, out, n, m.d_model, m.vocab_size // p.tp, dtype, e)
-    out.fwd_elementwise = memory_time(spec, n * m.vocab_size // p.tp * LOSS_BYTES_PER_LOGIT / 2)
+    logits = n * m.vocab_size // p.tp
+    out.fwd_elementwise = memory_time(spec, logits * LOSS_BYTES_PER_LOGIT / 2)
+    if spec.softmax_rate > 0:  # one exp pass forward (log-softmax), one backward (softmax), where exp binds
+        out.fwd_elementwise = max(out.fwd_elementwise, logits / spec.softmax_rate)
     out.bwd_elementwise = out.fwd_elementwise
     return out
 
@@ -475,6 +493,8 @@ def predict_step(
 
     st = state_bytes(cfg, precision)
     optimizer = memory_time(spec, st.numel * dt.param * OPTIMIZER_BYTES_PER_PARAM_BYTE) + spec.kernel_overhead_s * 4
+    device_s = compute + bubble + tp_comm + pp_comm + dp_exposed + cp_comm + ep_comm + optimizer
+    host = host_time(cfg, spec, micro, n_micro, slow.layers, device_s)
     share = (slow.gemm / per_micro) if per_micro > 0 else 0.0
     return StepTime(
         compute_s=compute,
@@ -487,9 +507,32 @@ def predict_step(
         cp_comm_s=cp_comm,
         ep_comm_s=ep_comm,
         optimizer_s=optimizer,
+        host_s=host,
         groups=[groups[d] for d in names],
         gemm_share=share,
     )
+
+
+# At most this many ops per block and per head (forward + backward; ``host_overhead`` counts 206-277 per block and
+# 56-633 for embedding, head and loss on the presets): below ``device_s`` the host is hidden and nothing is counted.
+MAX_OPS_PER_BLOCK, MAX_OPS_HEAD = 400, 1000
+
+
+def host_time(cfg: RootConfig, spec: DeviceSpec, micro: int, n_micro: int, layers: int, device_s: float) -> float:
+    """Host dispatch of one step's ops on the busiest rank (``host_overhead``): all of it where the host waits
+    for each op (CPU), what exceeds the device's work where it runs ahead (GPU)."""
+    if spec.op_overhead_s <= 0:
+        return 0.0
+    bound = (n_micro * (layers * MAX_OPS_PER_BLOCK + MAX_OPS_HEAD) + 1000) * spec.op_overhead_s
+    if spec.host_async and bound <= device_s:
+        return 0.0
+    # deferred: counting builds the model on the meta device, only where the host time can show
+    from lmforge.parallel.host_overhead import OPTIMIZER_OPS, ops_per_micro_batch
+
+    block, rest = ops_per_micro_batch(cfg, micro)
+    ops = n_micro * (layers * block + rest) + OPTIMIZER_OPS
+    host = ops * spec.op_overhead_s
+    return max(0.0, host - device_s) if spec.host_async else host
 
 
 def _pp_stride(cfg: RootConfig) -> int:
