@@ -1,6 +1,6 @@
 """The planner's predicted tokens/s per GPU beside published runs (``lmforge/parallel/published_runs.csv``).
 
-    python -m benchmarks.planner_validation [--all] [--fit] [--json PATH] [--markdown]
+    python -m benchmarks.planner_validation [--fit] [--json PATH] [--markdown]
 
 Every row of the table is mapped to a config (``published_runs.to_root_config``), validated with the trainer's
 own ``validate()`` at the row's GPU count, and planned by ``lmforge.parallel.planner.make_plan`` on the row's
@@ -8,9 +8,8 @@ device (``published_runs.device_for``: the datasheet part, or a power-capped one
 and predicted tokens/s per GPU, the error ``predicted / published - 1``, the predicted MFU and where the step
 goes, and the constant-MFU model the step model replaced (``constant_mfu_tokens_per_gpu``, the negative control
 of ``tests/unit/test_planner_validation.py``). A row is left out of the figures (and says why) when its mapping
-names a feature that changes throughput and that lmforge cannot plan (fp8 linears with tp > 1, which lmforge
-refuses; expert parallelism without an MoE shape) or when it does not validate. ``--all`` keeps the fp8 rows with
-tp > 1 (planned as bf16, so predicted too slow by design).
+names a feature that changes throughput and that lmforge cannot plan (expert parallelism without an MoE shape) or
+when it does not validate. fp8 rows are planned with float8 linears, tensor parallelism included.
 
 ``RANKED_GROUPS``: where a source publishes several layouts of one model on one cluster, the predicted order
 against the measured one (Kendall tau) and the measured throughput of the predicted best against the measured best.
@@ -37,15 +36,14 @@ from lmforge.parallel.planner import make_plan
 from lmforge.parallel.published_runs import device_for, load_published_runs, to_root_config, tokens_per_s_per_gpu
 
 # Features of a mapping that change throughput and that the step model cannot plan as published.
-THROUGHPUT_FEATURES = ("fp8 linears with tp > 1", "expert parallelism")
+THROUGHPUT_FEATURES = ("expert parallelism",)
 # The sources the in-step efficiency is fitted on; every other source is held out.
 CALIBRATION = ("narayanan21", "mpt")
 # The targets on the held-out rows: median |error| of tokens/s per GPU, and the share within +-25%.
 TARGET_MEDIAN, TARGET_WITHIN_25 = 0.15, 0.80
 # The utilization the planner assumed before the step model (``cluster.assumed_mfu``), with 4/3 for full recompute.
 CONSTANT_MFU = 0.40
-# Several layouts of one model on one cluster, published side by side (rows planned with their fp8 linears as bf16
-# where lmforge refuses fp8 with tp > 1: the order, not the level, is compared).
+# Several layouts of one model on one cluster, published side by side.
 RANKED_GROUPS = {
     "torchtitan 2024 Table 2: Llama 3.1 8B, 8 GPUs, FSDP x CP 1-8": (
         "torchtitan24_t2_8b_cp1",
@@ -73,7 +71,7 @@ def source_of(run) -> str:
     return run.id.split("_")[0]
 
 
-def evaluate(keep_fp8: bool = False, efficiency: float = IN_STEP_EFFICIENCY, sources=None) -> List[dict]:
+def evaluate(efficiency: float = IN_STEP_EFFICIENCY, sources=None) -> List[dict]:
     rows = []
     for run in load_published_runs():
         if sources is not None and source_of(run) not in sources:
@@ -86,8 +84,6 @@ def evaluate(keep_fp8: bool = False, efficiency: float = IN_STEP_EFFICIENCY, sou
             rows.append({**out, "skipped": str(e)})
             continue
         blocking = [u for u in mapping.unsupported if any(f in u for f in THROUGHPUT_FEATURES)]
-        if keep_fp8:
-            blocking = [u for u in blocking if "fp8" not in u]
         if published is None or blocking:
             rows.append({**out, "skipped": "; ".join(blocking) or "no published throughput"})
             continue
@@ -234,11 +230,11 @@ def print_ranking(rows: List[dict]) -> None:
         )
 
 
-def fit_efficiency(keep_fp8: bool = False) -> float:
+def fit_efficiency() -> float:
     """The in-step efficiency minimising the calibration rows' median |error| (grid 0.40-1.00 by 0.01)."""
     best = None
     for i in range(40, 101):
-        f = figures(evaluate(keep_fp8, efficiency=i / 100, sources=CALIBRATION))
+        f = figures(evaluate(efficiency=i / 100, sources=CALIBRATION))
         if f and (best is None or f["median_abs_error"] < best[0]):
             best = (f["median_abs_error"], i / 100)
     return best[1]
@@ -246,21 +242,20 @@ def fit_efficiency(keep_fp8: bool = False) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--all", action="store_true", help="keep the fp8 rows (planned as bf16)")
     ap.add_argument("--fit", action="store_true", help="refit the in-step efficiency on the calibration sources")
     ap.add_argument("--json", default="", help="also write the rows as JSON to this path")
     ap.add_argument("--markdown", action="store_true", help="also print the per-row table as markdown")
     args = ap.parse_args()
     efficiency = IN_STEP_EFFICIENCY
     if args.fit:
-        efficiency = fit_efficiency(args.all)
+        efficiency = fit_efficiency()
         print(f"in-step efficiency fitted on {', '.join(CALIBRATION)}: {efficiency:.2f} (table: {IN_STEP_EFFICIENCY})")
-    rows = evaluate(keep_fp8=args.all, efficiency=efficiency)
+    rows = evaluate(efficiency=efficiency)
     print(f"in-step efficiency {efficiency:.2f}")
     print_table(rows)
     if args.markdown:
         print_markdown(rows)
-    print_ranking(rows if args.all else evaluate(keep_fp8=True, efficiency=efficiency, sources=RANKED_SOURCES))
+    print_ranking(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=1)

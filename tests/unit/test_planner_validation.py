@@ -44,13 +44,13 @@ def test_constant_mfu_model_fails_the_same_targets(held_out_rows):
 
 def test_what_the_figures_leave_out_is_named(held_out_rows):
     skipped = {r["id"]: r["skipped"] for r in held_out_rows if "skipped" in r}
-    assert skipped["torchtitan24_t4_70b_2d"] == "fp8 linears with tp > 1, which lmforge refuses (planned as bf16-mixed)"
-    assert all("fp8" in why for why in skipped.values())
+    assert not skipped, skipped  # every held-out row is planned, its fp8 linears (tp > 1 included) as fp8
+    assert next(r for r in held_out_rows if r["id"] == "torchtitan24_t4_70b_2d")["layout"].endswith(" fp8")
     assert not any(r["source"] in pv.CALIBRATION for r in held_out_rows)
 
 
 def test_layouts_published_side_by_side_are_ranked_as_measured():
-    rows = pv.evaluate(keep_fp8=True, sources=pv.RANKED_SOURCES)
+    rows = pv.evaluate(sources=pv.RANKED_SOURCES)
     groups = pv.rank_groups(rows)
     assert [g["group"] for g in groups] == list(pv.RANKED_GROUPS)
     for g in groups:

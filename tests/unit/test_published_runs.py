@@ -121,8 +121,8 @@ def test_rows_lmforge_now_models_map_to_its_layouts():
     fp8 = to_root_config(BY_ID["torchtitan24_t1_8b_fsdp_compile_fp8"])
     assert fp8.cfg.train.precision == "fp8" and not any("fp8" in u for u in fp8.unsupported)
     fp8_tp = to_root_config(BY_ID["torchtitan24_t4_70b_2d"])
-    assert fp8_tp.cfg.train.precision == "bf16-mixed"
-    assert fp8_tp.unsupported[0] == "fp8 linears with tp > 1, which lmforge refuses (planned as bf16-mixed)"
+    assert fp8_tp.cfg.train.precision == "fp8" and fp8_tp.cfg.parallelism.tp == 8  # float8 TP styles
+    assert not any("fp8" in u for u in fp8_tp.unsupported)
 
 
 def test_malformed_rows_are_refused(tmp_path):

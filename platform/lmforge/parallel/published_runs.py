@@ -289,8 +289,6 @@ def device_for(run: PublishedRun) -> DeviceSpec:
 def unsupported_features(run: PublishedRun) -> List[str]:
     """What of the row lmforge cannot plan as published (empty: every feature is modelled)."""
     out = []
-    if run.precision == "fp8" and run.tp > 1:
-        out.append("fp8 linears with tp > 1, which lmforge refuses (planned as bf16-mixed)")
     if run.pp > 1 and run.virtual_stages is None:
         out.append("pipeline virtual stages not published")
     if run.pp > 1 and run.micro_batch is None:
@@ -382,7 +380,7 @@ def to_root_config(run: PublishedRun) -> RunMapping:
         assumptions.append(f"global batch not published: micro x dp = {batch}")
     if run.precision == "fp16":
         assumptions.append("fp16 mixed precision planned as bf16-mixed (the same bytes)")
-    precision = "fp8" if run.precision == "fp8" and run.tp == 1 else "bf16-mixed"
+    precision = "fp8" if run.precision == "fp8" else "bf16-mixed"
     train = TrainConfig(micro_batch_size=micro, global_batch_size=batch, precision=precision)
     kind, memory = HARDWARE_KINDS[run.hardware]
     per_node = min(8, run.gpus)
