@@ -15,8 +15,12 @@
 #     it is forwarded to the workers, which finish the step, checkpoint and stop; the job requeues itself;
 #   * after the run, lmforge.launch.jobctl decides finish / requeue / stop (retry budget
 #     cluster.max_requeues for crashes; a deterministic failure, e.g. a config error or a divergence, is never
-#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`.
-#     A requeued job keeps its job id, hence its run directory (runs/slurm-<jobid>), and resumes.
+#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`, leaving the
+#     nodes at fault (unhealthy in Slurm, or a repeated straggler) out of the next run (ExcNodeList, set while the
+#     job is pending; optionally fewer nodes: cluster.min_nodes). A requeued job keeps its job id, hence its run
+#     directory (runs/slurm-<jobid>), and resumes.
+#   * node failure: Slurm requeues the job itself and ends this script (its TERM is logged as such, not as a
+#     preemption); the next run's prepare step records that attempt in <run>/requeues.json.
 #
 # Resources: #SBATCH lines cannot be computed from the config, so the lines below hold only what every job
 # needs (one task per node: the torchrun agent); the rest comes from the sbatch command line, which

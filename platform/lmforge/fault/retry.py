@@ -167,39 +167,45 @@ def record(
     return decision
 
 
-def record_unrecorded_end(
-    run_dir: Path, *, restart: int, nodes: List[str], unhealthy: Mapping[str, str]
+def record_slurm_requeue(
+    run_dir: Path,
+    *,
+    run: int,
+    nodes: List[str],
+    unhealthy: Mapping[str, str],
+    exit_code: Optional[int] = None,
+    recorded_at: str = "",
 ) -> Optional[dict]:
-    """At the start of run ``restart + 1`` of a requeued job: record the run before it when nothing did. Slurm
-    requeues a job by itself after a node failure (or an operator's ``scontrol requeue``) and kills the batch script
-    before ``jobctl after`` runs. ``nodes``: where that run trained (its ranks' heartbeats); ``unhealthy``: node ->
-    state for the nodes Slurm reports down. A node failure spends one retry of ``cluster.max_requeues``. Returns the
-    entry written (None when the run was recorded)."""
+    """Record run ``run`` (0-based ``SLURM_RESTART_COUNT``) of the job as requeued by Slurm itself, when nothing
+    recorded it yet. Slurm requeues a job after a node failure (or an operator's ``scontrol requeue``) and ends the
+    batch script; ``jobctl after`` records it when it still runs, else the next run's prepare step does.
+    ``nodes``: where that run trained; ``unhealthy``: node -> state for the nodes Slurm reports down. A node failure
+    spends one retry of ``cluster.max_requeues``. Returns the entry written (None when the run was recorded)."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
-    job, prev = slurm_job_id(), restart - 1
-    if any(h.get("job") == job and h.get("slurm_restart") == prev for h in state["history"]):
+    job = slurm_job_id()
+    if any(h.get("job") == job and h.get("slurm_restart") == run for h in state["history"]):
         return None
     lost = {n: s for n, s in sorted(unhealthy.items()) if n in nodes}
     step = last_step(run_dir)
     if lost:
         kind = "node_failure"
         reason = (
-            f"node failure: {', '.join(f'{n} is {s}' for n, s in lost.items())}; Slurm requeued run {prev + 1} "
-            f"before its batch script decided; resuming from step {step}"
+            f"node failure: {', '.join(f'{n} is {s}' for n, s in lost.items())}; Slurm requeued run {run + 1} "
+            f"itself; resuming from step {step}"
         )
         state["failures"] += 1
     else:
         kind = "slurm_requeue"
         reason = (
-            f"Slurm requeued run {prev + 1} before its batch script decided (a node failure on a node back up since, "
-            f"or scontrol requeue); resuming from step {step}"
+            f"Slurm requeued run {run + 1} itself (a node failure on a node back up since, or scontrol requeue); "
+            f"resuming from step {step}"
         )
     entry = {
         "time": time.time(),
         "job": job,
-        "slurm_restart": prev,
-        "exit_code": None,
+        "slurm_restart": run,
+        "exit_code": exit_code,
         "signalled": True,
         "action": "requeue",
         "kind": kind,
@@ -209,7 +215,7 @@ def record_unrecorded_end(
         "excluded": [],
         "exclusion_reasons": {},
         "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
-        "recorded_at": f"start of run {restart + 1}",
+        "recorded_at": recorded_at or f"start of run {run + 2}",
     }
     state["history"].append(entry)
     _save_state(run_dir, state)
@@ -217,7 +223,7 @@ def record_unrecorded_end(
         "requeue",
         step,
         reason,
-        exit_code=None,
+        exit_code=exit_code,
         decision=kind,
         excluded=[],
         lost_nodes=sorted(lost),

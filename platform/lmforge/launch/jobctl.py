@@ -29,15 +29,15 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lmforge.config.errors import ConfigError
 from lmforge.fault import bad_nodes
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.retry import annotate_last, last_step, record, record_unrecorded_end
+from lmforge.fault.retry import annotate_last, last_step, record, record_slurm_requeue
 from lmforge.fault.verdict import archive
-from lmforge.launch.allocation import check_allocation, nodes_override, run_name_override
-from lmforge.launch.node_exclusion import requeue_excluding
+from lmforge.launch.allocation import NODES_KEY, check_allocation, explicit_nodes, nodes_override, run_name_override
+from lmforge.launch.node_exclusion import requeue_excluding, requeued_by_slurm
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.env_vars import environment, read, slurm_job_id, slurm_restart_count
@@ -166,7 +166,7 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     restart = slurm_restart_count()
     if restart > 0:  # a run Slurm requeued by itself (node failure) left no record: write it now
         previous = heartbeat_hosts(run_dir)
-        record_unrecorded_end(run_dir, restart=restart, nodes=previous, unhealthy=unhealthy_nodes(previous))
+        record_slurm_requeue(run_dir, run=restart - 1, nodes=previous, unhealthy=unhealthy_nodes(previous))
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
     from lmforge.data.index_build import build_for  # deferred: imports numpy; this module imports without it
 
@@ -221,6 +221,8 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     reasons = (
         bad_nodes.at_fault(run_dir, nodes, unhealthy_nodes(nodes), cfg.fault.exclude_straggler_flags) if job else {}
     )
+    if job and requeued_by_slurm(job):  # a node failure: Slurm requeued this run itself and is ending it
+        return after_slurm_requeue(run_dir, job, exit_code, nodes, reasons)
     decision = record(
         run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes, exclusions=reasons
     )
@@ -236,19 +238,75 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     print(f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action, flush=True)
     if decision.action == "requeue" and requeue and job:
         sys.stdout.flush()
+        total = len(nodes) or cfg.cluster.nodes
+        shrink, why_not = shrunk_node_count(overrides, environment(), total, len(reasons), cfg.cluster.min_nodes)
+        if why_not:
+            print(f"lmforge: the next run keeps {total} nodes: {why_not}", file=sys.stderr, flush=True)
         # Slurm ends this batch script at once; this process finishes the exclusion first (node_exclusion).
-        requeue_and_exclude(run_dir, job, reasons)
+        requeue_and_exclude(run_dir, job, reasons, shrink)
     return 0
 
 
-def requeue_and_exclude(run_dir: Path, job: str, reasons: Mapping[str, str]) -> None:
-    """``scontrol requeue`` with ``reasons``' nodes excluded from the next run; the outcome in one line on stderr,
-    in ``<run>/excluded_nodes.json`` and in the requeue's ``requeues.json`` entry."""
-    outcome = requeue_excluding(job, sorted(reasons))
+def after_slurm_requeue(run_dir: Path, job: str, exit_code: int, nodes: List[str], reasons: Mapping[str, str]) -> int:
+    """The run's end when Slurm already requeued the job (node failure): record it, requeue nothing; the nodes at
+    fault are still excluded (the job is pending: Slurm takes ExcNodeList now)."""
+    entry = record_slurm_requeue(
+        run_dir,
+        run=slurm_restart_count(),
+        nodes=nodes,
+        unhealthy=unhealthy_nodes(nodes),
+        exit_code=exit_code,
+        recorded_at=f"end of run {slurm_restart_count() + 1}",
+    )
+    if entry is not None:
+        print(f"lmforge: requeue: {entry['reason']}", file=sys.stderr, flush=True)
+        annotate_last(run_dir, excluded=sorted(reasons), exclusion_reasons=dict(reasons))
+    print("requeue", flush=True)
+    sys.stdout.flush()
+    requeue_and_exclude(run_dir, job, reasons, requeue=False)
+    return 0
+
+
+def shrunk_node_count(
+    overrides: Sequence[str], env: Mapping[str, str], total: int, excluded: int, min_nodes: int
+) -> Tuple[Optional[int], str]:
+    """The next run's node count when ``excluded`` nodes leave a ``total``-node job and ``cluster.min_nodes`` allows
+    fewer (None: keep ``total``), and, when a shrink was allowed but cannot be done, why (one line)."""
+    target = max(min_nodes, total - excluded)
+    if not excluded or min_nodes <= 0 or target >= total:
+        return None, ""
+    added = set(env.get("LMFORGE_JOB_OVERRIDES", "").split())  # what prepare appended (cluster.nodes=<allocation>)
+    given = explicit_nodes([o for o in overrides if o not in added])
+    if given is not None:
+        return None, f"cluster.nodes={given} is fixed on the command line (drop it to let the job shrink)"
+    kept = [o for o in overrides if not NODES_KEY.match(o)]
+    try:
+        from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+        from lmforge.config.validate import (
+            planned_world_size,  # deferred: imports omegaconf; this module imports without it
+            validate,  # deferred: imports omegaconf; this module imports without it
+        )
+
+        smaller = compose(kept + [f"cluster.nodes={target}"])
+        validate(smaller, world_size=planned_world_size(smaller))
+    except ConfigError as e:
+        return None, f"the layout is not valid on {target} nodes ({e})"
+    return target, ""
+
+
+def requeue_and_exclude(
+    run_dir: Path, job: str, reasons: Mapping[str, str], shrink: Optional[int] = None, requeue: bool = True
+) -> None:
+    """``scontrol requeue`` (unless Slurm did: ``requeue=False``) with ``reasons``' nodes excluded from the next run
+    (and ``shrink`` nodes asked for); the outcome in one line on stderr, in ``<run>/excluded_nodes.json`` and in the
+    requeue's ``requeues.json`` entry."""
+    if not requeue and not reasons:
+        return
+    outcome = requeue_excluding(job, sorted(reasons), shrink if reasons else None, requeue=requeue)
     if reasons:
         restart = slurm_restart_count()
         bad_nodes.save(run_dir, reasons, job=job, slurm_restart=restart, applied=outcome.applied, error=outcome.error)
-        annotate_last(run_dir, exclusion_applied=outcome.applied, exclusion_error=outcome.error)
+        annotate_last(run_dir, exclusion_applied=outcome.applied, exclusion_error=outcome.error, next_nodes=shrink)
     nodes = ",".join(sorted(reasons))
     if not outcome.requeued:
         print(f"lmforge: the job was not requeued: {outcome.error}", file=sys.stderr, flush=True)
@@ -261,7 +319,12 @@ def requeue_and_exclude(run_dir: Path, job: str, reasons: Mapping[str, str]) -> 
     elif reasons:
         print(
             f"lmforge: excluded {nodes} from job {job}'s next run (Slurm ExcNodeList={','.join(outcome.exc_nodes)}; "
-            f"recorded in {run_dir / bad_nodes.EXCLUSIONS_FILE})",
+            f"recorded in {run_dir / bad_nodes.EXCLUSIONS_FILE})"
+            + (
+                f"; the next run asks for {shrink} node{'s' * (shrink > 1)} (an elastic shrink, cluster.min_nodes)"
+                if shrink
+                else ""
+            ),
             file=sys.stderr,
             flush=True,
         )

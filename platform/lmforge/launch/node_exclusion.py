@@ -6,7 +6,8 @@ once every process of the ended run is gone; this function runs inside that run 
 the job cannot start before the update below lands. The order is therefore: ignore SIGTERM (Slurm signals the
 run's processes on requeue; it sends SIGKILL only after KillWait), ``scontrol requeue``, then ``scontrol update``
 with ExcNodeList = the job's excluded nodes plus the new ones (and ReqNodeList without them, when the job named
-its nodes: otherwise the job could never start), then read the job back to check Slurm holds the exclusion.
+its nodes: otherwise the job could never start; NumNodes when the job shrinks), then read the job back to check
+Slurm holds the exclusion.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
+
+from lmforge.runtime.env_vars import slurm_restart_count
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,24 @@ def job_node_fields(job: str) -> Dict[str, List[str]]:
     return {k: hostnames(fields.get(k, "")) for k in ("ExcNodeList", "ReqNodeList")}
 
 
-def requeue_excluding(job: str, bad: Sequence[str]) -> Outcome:
-    """``scontrol requeue`` the job, then exclude ``bad`` from its next run (see the module docstring)."""
+def requeued_by_slurm(job: str) -> str:
+    """Why Slurm has already requeued or ended this run ('' when it has not): after a node failure Slurm requeues
+    the job at once (``Restarts`` above this run's ``SLURM_RESTART_COUNT``; ``JobState`` COMPLETING)."""
+    out = _scontrol(["-o", "show", "job", job]).stdout
+    restarts = re.search(r"\bRestarts=(\d+)", out)
+    if restarts and int(restarts.group(1)) > slurm_restart_count():
+        return f"Slurm counts restart {restarts.group(1)}"
+    return ""
+
+
+def requeue_excluding(job: str, bad: Sequence[str], num_nodes: Optional[int] = None, requeue: bool = True) -> Outcome:
+    """``scontrol requeue`` the job, then exclude ``bad`` from its next run (see the module docstring); with
+    ``num_nodes``, the next run also asks for that many nodes (an elastic shrink); ``requeue=False`` when Slurm
+    already requeued it (a node failure)."""
     if bad:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the update before this run's processes end
     before = job_node_fields(job) if bad else {"ExcNodeList": [], "ReqNodeList": []}
-    proc = _scontrol(["requeue", job])
+    proc = _scontrol(["requeue", job]) if requeue else subprocess.CompletedProcess([], 0, "", "")
     if proc.returncode != 0:
         return Outcome(False, False, f"scontrol requeue {job}: {_error(proc)}", before["ExcNodeList"])
     if not bad:
@@ -64,6 +79,8 @@ def requeue_excluding(job: str, bad: Sequence[str]) -> Outcome:
     args = ["update", f"JobId={job}", f"ExcNodeList={','.join(exc)}"]
     if set(before["ReqNodeList"]) & set(bad):
         args.append(f"ReqNodeList={','.join(n for n in before['ReqNodeList'] if n not in bad)}")
+    if num_nodes is not None:
+        args.append(f"NumNodes={num_nodes}")
     proc = _scontrol(args)
     now = job_node_fields(job)["ExcNodeList"]
     if proc.returncode != 0:
