@@ -34,7 +34,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from lmforge.config.errors import ConfigError
 from lmforge.fault import bad_nodes
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.retry import annotate_last, last_step, record, record_slurm_requeue
+from lmforge.fault.retry import annotate_last, last_step, load_state, record, record_slurm_requeue
 from lmforge.fault.verdict import archive
 from lmforge.launch.allocation import NODES_KEY, check_allocation, explicit_nodes, nodes_override, run_name_override
 from lmforge.launch.node_exclusion import requeue_excluding, requeued_by_slurm
@@ -173,6 +173,7 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     if restart > 0:
         nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
+        check_shrink(run_dir, len(nodes))
         left_out = sorted(bad_nodes.excluded(run_dir))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             "requeued",
@@ -185,6 +186,19 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
         )
     print_exports(env)
     return 0
+
+
+def check_shrink(run_dir: Path, nodes: int) -> None:
+    """Say in one line when the last requeue asked Slurm for fewer nodes (cluster.min_nodes) and this run got others."""
+    history = load_state(run_dir)["history"]
+    asked = history[-1].get("next_nodes") if history else None
+    if asked and nodes and asked != nodes:
+        print(
+            f"lmforge: the last requeue asked Slurm for {asked} nodes, this run has {nodes} (SLURM_JOB_NODELIST); "
+            "it trains with the layout of its own node count",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def heartbeat_hosts(run_dir: Path) -> List[str]:

@@ -6,8 +6,8 @@ once every process of the ended run is gone; this function runs inside that run 
 the job cannot start before the update below lands. The order is therefore: ignore SIGTERM (Slurm signals the
 run's processes on requeue; it sends SIGKILL only after KillWait), ``scontrol requeue``, then ``scontrol update``
 with ExcNodeList = the job's excluded nodes plus the new ones (and ReqNodeList without them, when the job named
-its nodes: otherwise the job could never start; NumNodes when the job shrinks), then read the job back to check
-Slurm holds the exclusion.
+its nodes: otherwise the job could never start; NumNodes and NumTasks when the job shrinks), then read the job
+back to check Slurm holds the exclusion.
 """
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ def job_node_fields(job: str) -> Dict[str, List[str]]:
     return {k: hostnames(fields.get(k, "")) for k in ("ExcNodeList", "ReqNodeList")}
 
 
+def tasks_for(job: str, num_nodes: int) -> List[str]:
+    """``NumTasks=`` for ``num_nodes`` nodes at the job's tasks per node (train.sh: one); without it Slurm keeps the
+    old task count, which no longer fits the nodes ("never runnable")."""
+    out = _scontrol(["-o", "show", "job", job]).stdout
+    nodes, tasks = re.search(r"\bNumNodes=(\d+)", out), re.search(r"\bNumTasks=(\d+)", out)
+    if not (nodes and tasks) or int(nodes.group(1)) == 0:
+        return []
+    return [f"NumTasks={num_nodes * max(1, int(tasks.group(1)) // int(nodes.group(1)))}"]
+
+
 def requeued_by_slurm(job: str) -> str:
     """Why Slurm has already requeued or ended this run ('' when it has not): after a node failure Slurm requeues
     the job at once (``Restarts`` above this run's ``SLURM_RESTART_COUNT``; ``JobState`` COMPLETING)."""
@@ -80,7 +90,8 @@ def requeue_excluding(job: str, bad: Sequence[str], num_nodes: Optional[int] = N
     if set(before["ReqNodeList"]) & set(bad):
         args.append(f"ReqNodeList={','.join(n for n in before['ReqNodeList'] if n not in bad)}")
     if num_nodes is not None:
-        args.append(f"NumNodes={num_nodes}")
+        args.append(f"NumNodes={num_nodes}-{num_nodes}")  # min-max: a bare count lowers only the minimum
+        args += tasks_for(job, num_nodes)
     proc = _scontrol(args)
     now = job_node_fields(job)["ExcNodeList"]
     if proc.returncode != 0:
