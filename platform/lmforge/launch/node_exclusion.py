@@ -53,14 +53,13 @@ def job_node_fields(job: str) -> Dict[str, List[str]]:
     return {k: hostnames(fields.get(k, "")) for k in ("ExcNodeList", "ReqNodeList")}
 
 
-def tasks_for(job: str, num_nodes: int) -> List[str]:
-    """``NumTasks=`` for ``num_nodes`` nodes at the job's tasks per node (train.sh: one); without it Slurm keeps the
-    old task count, which no longer fits the nodes ("never runnable")."""
+def tasks_per_node(job: str) -> int:
+    """The job's tasks per node (NumTasks / NumNodes of the running job; train.sh: one); 0 when unknown."""
     out = _scontrol(["-o", "show", "job", job]).stdout
     nodes, tasks = re.search(r"\bNumNodes=(\d+)", out), re.search(r"\bNumTasks=(\d+)", out)
     if not (nodes and tasks) or int(nodes.group(1)) == 0:
-        return []
-    return [f"NumTasks={num_nodes * max(1, int(tasks.group(1)) // int(nodes.group(1)))}"]
+        return 0
+    return max(1, int(tasks.group(1)) // int(nodes.group(1)))
 
 
 def requeued_by_slurm(job: str) -> str:
@@ -80,6 +79,7 @@ def requeue_excluding(job: str, bad: Sequence[str], num_nodes: Optional[int] = N
     if bad:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the update before this run's processes end
     before = job_node_fields(job) if bad else {"ExcNodeList": [], "ReqNodeList": []}
+    per_node = tasks_per_node(job) if num_nodes is not None else 0  # read while the job runs: exact
     proc = _scontrol(["requeue", job]) if requeue else subprocess.CompletedProcess([], 0, "", "")
     if proc.returncode != 0:
         return Outcome(False, False, f"scontrol requeue {job}: {_error(proc)}", before["ExcNodeList"])
@@ -91,7 +91,8 @@ def requeue_excluding(job: str, bad: Sequence[str], num_nodes: Optional[int] = N
         args.append(f"ReqNodeList={','.join(n for n in before['ReqNodeList'] if n not in bad)}")
     if num_nodes is not None:
         args.append(f"NumNodes={num_nodes}-{num_nodes}")  # min-max: a bare count lowers only the minimum
-        args += tasks_for(job, num_nodes)
+        if per_node:  # without it Slurm keeps the old task count, which no longer fits ("never runnable")
+            args.append(f"NumTasks={num_nodes * per_node}")
     proc = _scontrol(args)
     now = job_node_fields(job)["ExcNodeList"]
     if proc.returncode != 0:
