@@ -7,7 +7,7 @@ global batch 8: no accumulation) with a checkpoint at step 4; ``shrunk`` is that
 batch 2 x accumulation 2 x DP 2); ``fresh`` is a new dp2 run started from the same step-4 checkpoint
 (``train.resume=<checkpoint>``). Steps 5-8 of ``shrunk`` equal ``fresh``'s bit for bit (same ranks, same
 arithmetic), and equal the uninterrupted DP-4 run's within parity tolerance (the gradient of the same 8 samples,
-summed in another order); each step reads the same sample ids as the DP-4 step.
+summed in another order; other samples would move the loss by orders of magnitude more).
 """
 
 from __future__ import annotations
