@@ -15,8 +15,12 @@
 #     it is forwarded to the workers, which finish the step, checkpoint and stop; the job requeues itself;
 #   * after the run, lmforge.launch.jobctl decides finish / requeue / stop (retry budget
 #     cluster.max_requeues for crashes; a deterministic failure, e.g. a config error or a divergence, is never
-#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`.
-#     A requeued job keeps its job id, hence its run directory (runs/slurm-<jobid>), and resumes.
+#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`, leaving the
+#     nodes at fault (unhealthy in Slurm, or a repeated straggler) out of the next run (ExcNodeList, set while the
+#     job is pending; optionally fewer nodes: cluster.min_nodes). A requeued job keeps its job id, hence its run
+#     directory (runs/slurm-<jobid>), and resumes.
+#   * node failure: Slurm requeues the job itself and ends this script (its TERM is logged as such, not as a
+#     preemption); the next run's prepare step records that attempt in <run>/requeues.json.
 #
 # Resources: #SBATCH lines cannot be computed from the config, so the lines below hold only what every job
 # needs (one task per node: the torchrun agent); the rest comes from the sbatch command line, which
@@ -69,14 +73,36 @@ echo "lmforge: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT head=$head_node
 
 PREEMPTED=0
 SRUN_PID=
-forward_preemption() {
+forward_preemption() {  # $1: the signal's name
   [ "$PREEMPTED" = 1 ] && return 0
+  if [ "$1" = TERM ] && why=$(slurm_ending_run); then
+    # Not a request to checkpoint: Slurm already ended this run (a node of the job failed, or scontrol requeue /
+    # scancel), and kills what is left of it in KillWait seconds. The next run resumes from the last checkpoint.
+    echo "lmforge: TERM at ${EPOCHREALTIME}: Slurm is ending this run ($why); not a preemption, no checkpoint" >&2
+    return 0
+  fi
   PREEMPTED=1
-  echo "lmforge: preemption signal at ${EPOCHREALTIME}; asking the workers to checkpoint" >&2
+  echo "lmforge: preemption signal ($1) at ${EPOCHREALTIME}; asking the workers to checkpoint" >&2
   # To every process of the job's steps (not this script): the workers checkpoint, the agents ignore USR1.
   scancel --signal=USR1 "$SLURM_JOB_ID" 2>/dev/null || true
 }
-trap forward_preemption USR1 TERM
+# Prints why when Slurm has already ended this run: the job is no longer RUNNING, or Slurm counted a restart this
+# run has not made (a requeue after a node failure increments Restarts at once).
+slurm_ending_run() {
+  local info state restarts
+  info=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
+  state=$(grep -o 'JobState=[A-Z_]*' <<< "$info"); state=${state#JobState=}
+  restarts=$(grep -o 'Restarts=[0-9]*' <<< "$info"); restarts=${restarts#Restarts=}
+  if [ -n "$state" ] && [ "$state" != RUNNING ]; then
+    echo "job state $state, Slurm restarts ${restarts:-?}"
+  elif [ "${restarts:-0}" -gt "${SLURM_RESTART_COUNT:-0}" ]; then
+    echo "requeued by Slurm: restart ${restarts}"
+  else
+    return 1
+  fi
+}
+trap 'forward_preemption USR1' USR1
+trap 'forward_preemption TERM' TERM
 
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 --export=ALL "$LMFORGE_REPO/slurm/agent.sh" "$@" &
 SRUN_PID=$!

@@ -326,6 +326,20 @@ def test_node_failure_requeues_on_other_nodes_and_completes(slurm_cluster, concu
         requeued = [e for e in events(run_dir) if e["event"] == "requeued"]
         assert requeued and victim not in requeued[0]["nodes"], requeued
         assert train_losses(run_dir) == local_reference
+        # The batch script's TERM was Slurm ending the run, not a preemption. Slurm requeued the job itself: its
+        # batch script records that when it outlives Slurm's kill, else the next run's prepare step does (which one
+        # depends on timing); either way the node that failed is named and a retry is spent.
+        assert "lmforge: TERM at " in text and "Slurm is ending this run (" in text, text[-4000:]
+        assert "preemption signal" not in text, text[-4000:]
+        state = json.loads((run_dir / "requeues.json").read_text())
+        lost = state["history"][0]
+        assert (lost["action"], lost["kind"], lost["slurm_restart"]) == ("requeue", "node_failure", 0), lost
+        assert lost["recorded_at"] in ("end of run 1", "start of run 2"), lost
+        assert "the job was not requeued" not in text, text[-4000:]
+        assert list(lost["lost_nodes"]) == [victim] and victim in lost["nodes"], lost
+        assert lost["reason"].startswith(f"node failure: {victim} is "), lost
+        assert state["failures"] == 1 and len(state["history"]) == 2, state  # then the run's own "done"
+        assert [e["decision"] for e in events(run_dir) if e["event"] == "requeue"] == ["node_failure"]
     finally:
         slurm_cluster.start_slurmd(victim)  # the node returns
     slurm_cluster.wait_idle(4, timeout=90)

@@ -58,6 +58,11 @@ class ClusterConfig:
     save."""
     max_requeues: int = 3
     """Relaunch budget of one job (Slurm requeues, lmforge launch restarts) after preemption or a failure."""
+    min_nodes: NonNegativeInt = 0
+    """Slurm: a requeue that excludes nodes at fault asks for that many fewer nodes for the next run, down to this
+    many, when the layout is valid at the smaller count; the layout must follow the node count (e.g.
+    parallelism.dp_replicate=${cluster.nodes}: fewer data-parallel replicas, the same global batch with more
+    accumulation). 0 = never: the next run waits for as many healthy nodes."""
 
 
 def check_retired(cluster: ClusterConfig) -> None:

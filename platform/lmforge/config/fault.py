@@ -43,6 +43,8 @@ class DrillConfig:
     """The rank slow_s slows down."""
     slow_s: float = 0.0
     """Extra compute seconds rank slow_rank does before every step (a straggler); 0 = off."""
+    slow_host: str = ""
+    """When set, slow_s slows every rank on the host of this name instead of rank slow_rank (a slow node)."""
     bitflip_step: NonNegativeInt = 0
     """Right after this step rank bitflip_rank flips bit bitflip_bit of the first element of its local part of
     parameter bitflip_param: silent data corruption, which fault.consistency_every must catch; 0 = off."""
@@ -80,6 +82,9 @@ class FaultConfig:
     """Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
     state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it.
     0 = off."""
+    exclude_straggler_flags: NonNegativeInt = 3
+    """On a Slurm requeue, a node the straggler detector flagged this many times in the run that ended is left out
+    of the job's next run (with the nodes Slurm reports unhealthy; lmforge.fault.bad_nodes); 0 = never."""
     max_restarts: int = 3
     """torchrun --max_restarts: in-job restarts (lmforge launch and slurm/train.sh)."""
     drill: DrillConfig = field(default_factory=DrillConfig)

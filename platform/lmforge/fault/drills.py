@@ -6,8 +6,8 @@
 * crash: this rank raises an exception (``DrillCrash``) after the step, on the first ``crash_times`` attempts
   that reach it (0: every attempt: a crash that recurs, for the repeated-crash rule, fault/verdict.py);
 * step_sleep_s: a pause after every step, so an operator (or a test) can act while the run is going;
-* slow_s: rank ``slow_rank`` does ``slow_s`` seconds of extra compute (small matmuls) before every step, a
-  straggler for the straggler detector to find;
+* slow_s: rank ``slow_rank`` (or every rank on host ``slow_host``: a slow node) does ``slow_s`` seconds of extra
+  compute (small matmuls) before every step, a straggler for the straggler detector to find;
 * bitflip: one bit of one parameter flipped in place on one rank (silent data corruption, caught by the replica
   consistency check of fault/consistency.py).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -58,7 +59,7 @@ class Drills:
 
     def before_step(self, step: int) -> None:
         cfg = self.cfg
-        if cfg.slow_s > 0 and self.rank == cfg.slow_rank:
+        if cfg.slow_s > 0 and (socket.gethostname() == cfg.slow_host if cfg.slow_host else self.rank == cfg.slow_rank):
             work = torch.ones(64, 64)
             deadline = time.perf_counter() + cfg.slow_s
             while time.perf_counter() < deadline:

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 from lmforge.checkpoint.layout import latest, step_of
 from lmforge.fault import verdict as verdicts
@@ -124,12 +124,15 @@ def record(
     max_failures: int,
     max_preemptions: int = 100,
     nodes: Optional[List[str]] = None,
-    excluded: Optional[List[str]] = None,
+    exclusions: Optional[Mapping[str, str]] = None,
 ) -> Decision:
-    """Classify the end of one job run, update ``requeues.json`` and emit the matching event."""
+    """Classify the end of one job run, update ``requeues.json`` and emit the matching event. ``exclusions``
+    (node -> why it is at fault) are recorded with a requeue: the nodes the next run is to leave out."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
     decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions)
+    exclusions = dict(exclusions or {}) if decision.action == "requeue" else {}
+    excluded = sorted(exclusions)
     if decision.action == "requeue":
         state["preemptions" if decision.kind == "preempted" else "failures"] += 1
     entry = {
@@ -142,7 +145,8 @@ def record(
         "kind": decision.kind,
         "reason": decision.reason,
         "nodes": nodes or [],
-        "excluded": excluded or [],
+        "excluded": excluded,
+        "exclusion_reasons": exclusions,
         "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
     }
     state["history"].append(entry)
@@ -156,11 +160,85 @@ def record(
             decision.reason,
             exit_code=exit_code,
             decision=decision.kind,
-            excluded=excluded or [],
+            excluded=excluded,
             failures=state["failures"],
             preemptions=state["preemptions"],
         )
     return decision
+
+
+def record_slurm_requeue(
+    run_dir: Path,
+    *,
+    run: int,
+    nodes: List[str],
+    unhealthy: Mapping[str, str],
+    exit_code: Optional[int] = None,
+    recorded_at: str = "",
+) -> Optional[dict]:
+    """Record run ``run`` (0-based ``SLURM_RESTART_COUNT``) of the job as requeued by Slurm itself, when nothing
+    recorded it yet. Slurm requeues a job after a node failure (or an operator's ``scontrol requeue``) and ends the
+    batch script; ``jobctl after`` records it when it still runs, else the next run's prepare step does.
+    ``nodes``: where that run trained; ``unhealthy``: node -> state for the nodes Slurm reports down. A node failure
+    spends one retry of ``cluster.max_requeues``. Returns the entry written (None when the run was recorded)."""
+    run_dir = Path(run_dir)
+    state = load_state(run_dir)
+    job = slurm_job_id()
+    if any(h.get("job") == job and h.get("slurm_restart") == run for h in state["history"]):
+        return None
+    lost = {n: s for n, s in sorted(unhealthy.items()) if n in nodes}
+    step = last_step(run_dir)
+    if lost:
+        kind = "node_failure"
+        reason = (
+            f"node failure: {', '.join(f'{n} is {s}' for n, s in lost.items())}; Slurm requeued run {run + 1} "
+            f"itself; resuming from step {step}"
+        )
+        state["failures"] += 1
+    else:
+        kind = "slurm_requeue"
+        reason = (
+            f"Slurm requeued run {run + 1} itself (a node failure on a node back up since, or scontrol requeue); "
+            f"resuming from step {step}"
+        )
+    entry = {
+        "time": time.time(),
+        "job": job,
+        "slurm_restart": run,
+        "exit_code": exit_code,
+        "signalled": True,
+        "action": "requeue",
+        "kind": kind,
+        "reason": reason,
+        "nodes": sorted(nodes),
+        "lost_nodes": lost,
+        "excluded": [],
+        "exclusion_reasons": {},
+        "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
+        "recorded_at": recorded_at or f"start of run {run + 2}",
+    }
+    state["history"].append(entry)
+    _save_state(run_dir, state)
+    FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
+        "requeue",
+        step,
+        reason,
+        exit_code=exit_code,
+        decision=kind,
+        excluded=[],
+        lost_nodes=sorted(lost),
+        failures=state["failures"],
+        preemptions=state["preemptions"],
+    )
+    return entry
+
+
+def annotate_last(run_dir: Path, **fields) -> None:
+    """Add ``fields`` to the newest ``requeues.json`` entry (what happened after the decision: the exclusion)."""
+    state = load_state(run_dir)
+    if state["history"]:
+        state["history"][-1].update(fields)
+        _save_state(run_dir, state)
 
 
 def last_step(run_dir: Path) -> int:

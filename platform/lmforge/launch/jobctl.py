@@ -13,29 +13,34 @@ prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?;
     (SLURM_RESTART_COUNT > 0); moves the previous attempt's verdicts to
     history
 python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
-    decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), excludes failed
-    nodes of this allocation from the next one, and requeues the job (``scontrol requeue``); prints the
-    decision: ``done``, ``requeue`` or ``stop <exit code>`` (the code the batch script exits with)
+    decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), prints the decision
+    (``done``, ``requeue`` or ``stop <exit code>``, the code the batch script exits with) and on ``requeue``
+    requeues the job with the nodes at fault of this allocation (lmforge.fault.bad_nodes: unhealthy in Slurm, or
+    flagged as a straggler fault.exclude_straggler_flags times) excluded from its next run
+    (lmforge.launch.node_exclusion), recorded in <run>/excluded_nodes.json and requeues.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lmforge.config.errors import ConfigError
+from lmforge.fault import bad_nodes
 from lmforge.fault.events import FaultEvents
-from lmforge.fault.retry import last_step, record
+from lmforge.fault.retry import annotate_last, last_step, load_state, record, record_slurm_requeue
 from lmforge.fault.verdict import archive
-from lmforge.launch.allocation import check_allocation, nodes_override, run_name_override
+from lmforge.launch.allocation import NODES_KEY, check_allocation, explicit_nodes, nodes_override, run_name_override
+from lmforge.launch.node_exclusion import requeue_excluding, requeued_by_slurm
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.device_contract import check as check_device_contract
-from lmforge.runtime.env_vars import environment, read, read_int, slurm_job_id, slurm_restart_count
+from lmforge.runtime.env_vars import environment, read, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
 
 BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")
@@ -81,17 +86,17 @@ def expand_nodelist(nodelist: str) -> List[str]:
     return out.stdout.split() if out.returncode == 0 else [nodelist]
 
 
-def failed_nodes(nodes: Sequence[str]) -> List[str]:
-    """Nodes of ``nodes`` that Slurm reports down, drained, failing or not responding."""
+def unhealthy_nodes(nodes: Sequence[str]) -> Dict[str, str]:
+    """node -> state, for the nodes of ``nodes`` that Slurm reports down, drained, failing or not responding."""
     if not nodes:
-        return []
+        return {}
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T", "-n", ",".join(nodes)], capture_output=True, text=True)
-    bad = []
+    bad = {}
     for line in out.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and (parts[1].rstrip("*~#!%$@^-").lower() in BAD_NODE_STATES or parts[1].endswith("*")):
-            bad.append(parts[0])
-    return sorted(set(bad))
+            bad[parts[0]] = parts[1]
+    return bad
 
 
 def check_job(overrides: Sequence[str], env: Mapping[str, str]):
@@ -158,22 +163,53 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
     run_dir = Path(env["LMFORGE_RUN_DIR"])
     RunPaths(run_dir).make()
 
+    restart = slurm_restart_count()
+    if restart > 0:  # a run Slurm requeued by itself (node failure) left no record: write it now
+        previous = heartbeat_hosts(run_dir)
+        record_slurm_requeue(run_dir, run=restart - 1, nodes=previous, unhealthy=unhealthy_nodes(previous))
     archive(run_dir)  # a new job attempt: only its own verdicts decide it
     from lmforge.data.index_build import build_for  # deferred: imports numpy; this module imports without it
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
-    restart = slurm_restart_count()
     if restart > 0:
         nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
+        check_shrink(run_dir, len(nodes))
+        left_out = sorted(bad_nodes.excluded(run_dir))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             "requeued",
             last_step(run_dir),
-            f"job {slurm_job_id()} run {restart + 1} starts on {','.join(nodes)}",
+            f"job {slurm_job_id()} run {restart + 1} starts on {','.join(nodes)}"
+            + (f" (excluded: {','.join(left_out)})" if left_out else ""),
             slurm_restart=restart,
             nodes=nodes,
+            excluded=left_out,
         )
     print_exports(env)
     return 0
+
+
+def check_shrink(run_dir: Path, nodes: int) -> None:
+    """Say in one line when the last requeue asked Slurm for fewer nodes (cluster.min_nodes) and this run got others."""
+    history = load_state(run_dir)["history"]
+    asked = history[-1].get("next_nodes") if history else None
+    if asked and nodes and asked != nodes:
+        print(
+            f"lmforge: the last requeue asked Slurm for {asked} nodes, this run has {nodes} (SLURM_JOB_NODELIST); "
+            "it trains with the layout of its own node count",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def heartbeat_hosts(run_dir: Path) -> List[str]:
+    """The nodes the last run's ranks trained on (``<run>/heartbeats/rank*.json``), as Slurm names nodes."""
+    hosts = set()
+    for path in RunPaths(run_dir).heartbeats.glob("rank*.json"):
+        try:
+            hosts.add(bad_nodes.short_host(str(json.loads(path.read_text())["host"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(hosts)
 
 
 def print_exports(env: Mapping[str, str]) -> None:
@@ -195,29 +231,117 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
     nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
-    decision = record(run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes)
-    excluded: List[str] = []
     job = slurm_job_id()
-    if decision.action == "requeue" and decision.kind == "failure" and job:
-        excluded = failed_nodes(nodes)
-        total = read_int("SLURM_JOB_NUM_NODES", len(nodes))
-        if excluded and len(excluded) < total + 1:
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(excluded)}"],
-                capture_output=True,
-                text=True,
-            )
+    reasons = (
+        bad_nodes.at_fault(run_dir, nodes, unhealthy_nodes(nodes), cfg.fault.exclude_straggler_flags) if job else {}
+    )
+    if job and requeued_by_slurm(job):  # a node failure: Slurm requeued this run itself and is ending it
+        return after_slurm_requeue(run_dir, job, exit_code, nodes, reasons)
+    decision = record(
+        run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes, exclusions=reasons
+    )
+    if decision.action != "requeue":
+        reasons = {}
+    why = "; ".join(f"{n}: {r}" for n, r in sorted(reasons.items()))
     print(
-        f"lmforge: {decision.action}: {decision.reason}" + (f"; excluding {','.join(excluded)}" if excluded else ""),
+        f"lmforge: {decision.action}: {decision.reason}"
+        + (f"; excluding {','.join(sorted(reasons))} ({why})" if reasons else ""),
         file=sys.stderr,
         flush=True,
     )
     print(f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action, flush=True)
     if decision.action == "requeue" and requeue and job:
         sys.stdout.flush()
-        # Slurm ends this batch script at once: everything above is already on disk.
-        subprocess.run(["scontrol", "requeue", job])
+        total = len(nodes) or cfg.cluster.nodes
+        shrink, why_not = shrunk_node_count(overrides, environment(), total, len(reasons), cfg.cluster.min_nodes)
+        if why_not:
+            print(f"lmforge: the next run keeps {total} nodes: {why_not}", file=sys.stderr, flush=True)
+        # Slurm ends this batch script at once; this process finishes the exclusion first (node_exclusion).
+        requeue_and_exclude(run_dir, job, reasons, shrink)
     return 0
+
+
+def after_slurm_requeue(run_dir: Path, job: str, exit_code: int, nodes: List[str], reasons: Mapping[str, str]) -> int:
+    """The run's end when Slurm already requeued the job (node failure): record it, requeue nothing; the nodes at
+    fault are still excluded (the job is pending: Slurm takes ExcNodeList now)."""
+    entry = record_slurm_requeue(
+        run_dir,
+        run=slurm_restart_count(),
+        nodes=nodes,
+        unhealthy=unhealthy_nodes(nodes),
+        exit_code=exit_code,
+        recorded_at=f"end of run {slurm_restart_count() + 1}",
+    )
+    if entry is not None:
+        print(f"lmforge: requeue: {entry['reason']}", file=sys.stderr, flush=True)
+        annotate_last(run_dir, excluded=sorted(reasons), exclusion_reasons=dict(reasons))
+    print("requeue", flush=True)
+    sys.stdout.flush()
+    requeue_and_exclude(run_dir, job, reasons, requeue=False)
+    return 0
+
+
+def shrunk_node_count(
+    overrides: Sequence[str], env: Mapping[str, str], total: int, excluded: int, min_nodes: int
+) -> Tuple[Optional[int], str]:
+    """The next run's node count when ``excluded`` nodes leave a ``total``-node job and ``cluster.min_nodes`` allows
+    fewer (None: keep ``total``), and, when a shrink was allowed but cannot be done, why (one line)."""
+    target = max(min_nodes, total - excluded)
+    if not excluded or min_nodes <= 0 or target >= total:
+        return None, ""
+    added = set(env.get("LMFORGE_JOB_OVERRIDES", "").split())  # what prepare appended (cluster.nodes=<allocation>)
+    given = explicit_nodes([o for o in overrides if o not in added])
+    if given is not None:
+        return None, f"cluster.nodes={given} is fixed on the command line (drop it to let the job shrink)"
+    kept = [o for o in overrides if not NODES_KEY.match(o)]
+    try:
+        from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
+        from lmforge.config.validate import (
+            planned_world_size,  # deferred: imports omegaconf; this module imports without it
+            validate,  # deferred: imports omegaconf; this module imports without it
+        )
+
+        smaller = compose(kept + [f"cluster.nodes={target}"])
+        validate(smaller, world_size=planned_world_size(smaller))
+    except ConfigError as e:
+        return None, f"the layout is not valid on {target} nodes ({e})"
+    return target, ""
+
+
+def requeue_and_exclude(
+    run_dir: Path, job: str, reasons: Mapping[str, str], shrink: Optional[int] = None, requeue: bool = True
+) -> None:
+    """``scontrol requeue`` (unless Slurm did: ``requeue=False``) with ``reasons``' nodes excluded from the next run
+    (and ``shrink`` nodes asked for); the outcome in one line on stderr, in ``<run>/excluded_nodes.json`` and in the
+    requeue's ``requeues.json`` entry."""
+    if not requeue and not reasons:
+        return
+    outcome = requeue_excluding(job, sorted(reasons), shrink if reasons else None, requeue=requeue)
+    if reasons:
+        restart = slurm_restart_count()
+        bad_nodes.save(run_dir, reasons, job=job, slurm_restart=restart, applied=outcome.applied, error=outcome.error)
+        annotate_last(run_dir, exclusion_applied=outcome.applied, exclusion_error=outcome.error, next_nodes=shrink)
+    nodes = ",".join(sorted(reasons))
+    if not outcome.requeued:
+        print(f"lmforge: the job was not requeued: {outcome.error}", file=sys.stderr, flush=True)
+    elif reasons and not outcome.applied:
+        print(
+            f"lmforge: could not exclude {nodes} from job {job}'s next run ({outcome.error}); it may run there again",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif reasons:
+        print(
+            f"lmforge: excluded {nodes} from job {job}'s next run (Slurm ExcNodeList={','.join(outcome.exc_nodes)}; "
+            f"recorded in {run_dir / bad_nodes.EXCLUSIONS_FILE})"
+            + (
+                f"; the next run asks for {shrink} node{'s' * (shrink > 1)} (an elastic shrink, cluster.min_nodes)"
+                if shrink
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -56,6 +56,7 @@ VARIABLES: Dict[str, str] = {
     "HOME": "the user's home (the default .netrc)",
     # lmforge's own
     "LMFORGE_RUN_DIR": "the run directory a launcher watches for verdicts (set by slurm/train.sh, lmforge launch)",
+    "LMFORGE_JOB_OVERRIDES": "what slurm/train.sh appends to a job's overrides (jobctl prepare: cluster.nodes, run.name)",
     "LMFORGE_RUN_ID": "the run id chosen for this run (set by rundir.resolve_run_dir, read by its children)",
     "LMFORGE_CONF_DIR": "the conf/ tree (default: the checkout's)",
     "LMFORGE_REPO": "the lmforge checkout (Slurm scripts)",
