@@ -116,3 +116,15 @@ def test_op_sac_rows_miss_their_figure_with_every_matmul_kept():
         plan = make_plan(validate(every, world_size=run.gpus), world_size=run.gpus)
         assert _error(plan, run) > MEMORY_TOLERANCE, run.id
         assert plan.memory.total - _plan(run).memory.total == _op_sac_recomputed_bytes(run)
+
+
+def test_the_tightest_rows_fit_by_the_op_sac_policy():
+    """Negative control for the fit test: torchtitan's async-TP 8B rows (FSDP 8 x TP 8, local batch 12) fit with
+    torchtitan's op SAC (selective_matmuls=alternate) and not when every matmul output is kept (wo's and w2's as
+    the rank's full-width partial sums before their reduce-scatter)."""
+    for run in [r for r in RUNS if r.id.startswith("torchtitan25_asynctp_8b_")]:
+        cfg = to_root_config(run).cfg
+        every = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, selective_matmuls="all"))
+        plan = make_plan(validate(every, world_size=run.gpus), world_size=run.gpus)
+        assert _plan(run).fits and not plan.fits, run.id
+        assert plan.memory.total - _plan(run).memory.total == _op_sac_recomputed_bytes(run)
