@@ -264,6 +264,13 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
     cases = {
         "tp2": {"overrides": ["parallelism=tp2"]},
         "tp2_sp_ac": {"overrides": ["parallelism=tp2_sp", "parallelism.activation_checkpointing=selective"]},
+        "tp2_sp_ac_alternate": {  # torchtitan's op SAC: wk, wo, w3 recomputed from their saved inputs
+            "overrides": [
+                "parallelism=tp2_sp",
+                "parallelism.activation_checkpointing=selective",
+                "parallelism.selective_matmuls=alternate",
+            ]
+        },
         "tp2_sp_tied": {"overrides": ["parallelism=tp2_sp", "model.tie_embeddings=true"]},
         "tp2_sp_modules": {  # every part a block can recompute, its sequence-parallel all-gathers redone in backward
             "overrides": [
@@ -282,8 +289,8 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
     return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three fp8 cases)
 
 
-@pytest.mark.timeout(460)
-@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac", "tp2_sp_modules"])
+@pytest.mark.timeout(520)
+@pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac", "tp2_sp_ac_alternate", "tp2_sp_modules"])
 def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     runs = tensor_parallel_runs
     assert_parity(case, runs, reference)

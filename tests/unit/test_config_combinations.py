@@ -23,6 +23,7 @@ EXAMPLES = [
     ({"recompute_modules": ["mlp"]}, {}),
     ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
     ({"recompute_layers": 2}, {}),
+    ({"selective_matmuls": "alternate"}, {}),
     ({"activation_checkpointing": "modules", "cp": 2}, {}),
     ({"sequence_parallel": True}, {}),
     ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),

@@ -14,6 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from lmforge.config.model import ModelConfig
 from lmforge.config.schema import RootConfig
+from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import GPT, cross_entropy_loss, num_parameters
 from lmforge.parallel.activation_checkpoint import apply_activation_checkpointing
 from lmforge.parallel.memory_estimate import activation_shape, saved_activation_bytes
@@ -78,10 +79,10 @@ def checkpointed(model: torch.nn.Module, blocks: dict, mode: str) -> torch.nn.Mo
     return model
 
 
-def estimate(cfg: ModelConfig, batch: int, mode: str) -> int:
+def estimate(cfg: ModelConfig, batch: int, mode: str, matmuls: str = "all") -> int:
     root = RootConfig(model=cfg)
     shape = activation_shape(root, batch, "fp32", rms_norm_kernel="composite")  # CPU: the composite RMSNorm
-    return saved_activation_bytes(cfg, shape, mode, cfg.n_layers)
+    return saved_activation_bytes(cfg, shape, mode, cfg.n_layers, matmuls=matmuls)
 
 
 @pytest.mark.timeout(300)
@@ -114,3 +115,37 @@ def test_activation_estimate_gelu_layernorm_mha(mode):
     measured = profiled_forward_bytes(model, MODEL_GELU, batch=2)
     est = estimate(MODEL_GELU, 2, mode)
     assert abs(est / measured - 1) <= ACT_TOLERANCE, f"planner {est} vs profiler {measured} bytes"
+
+
+MODEL_SWIGLU = ModelConfig(
+    name="planner_swiglu", vocab_size=4096, d_model=256, n_layers=3, n_heads=4, n_kv_heads=2, seq_len=128,
+    tie_embeddings=False,
+)  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cfg", [MODEL_SWIGLU, MODEL_GELU], ids=["swiglu-gqa", "gelu-mha"])
+def test_alternate_matmuls_keep_less_by_the_recomputed_outputs(cfg):
+    """selective_matmuls=alternate (torchtitan's op policy) against the profiler: the planner's estimate holds,
+    and what it saves over keeping every matmul is exactly the even matmuls' outputs (wk, wo and w3 in a SwiGLU
+    block, wk, wo and w2 in a GELU one), fp32 here; the gradients equal those of no checkpointing."""
+    measured = {}
+    grads = {}
+    for mode, matmuls in (("none", "all"), ("selective", "all"), ("selective", "alternate")):
+        model = build(cfg)
+        apply_activation_checkpointing(model, mode, selective_matmuls=matmuls)
+        measured[matmuls if mode == "selective" else mode] = profiled_forward_bytes(model, cfg, batch=2)
+        if mode == "none" or matmuls == "alternate":
+            gen = torch.Generator().manual_seed(2)
+            tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=gen)
+            cross_entropy_loss(model(tokens), tokens).backward()
+            grads[mode] = [p.grad for p in model.parameters()]
+    est = estimate(cfg, 2, "selective", "alternate")
+    assert abs(est / measured["alternate"] - 1) <= ACT_TOLERANCE, f"planner {est} vs {measured['alternate']} bytes"
+    hd = cfg.d_model // cfg.n_heads
+    last = cfg.d_model if cfg.mlp == "gelu" else ffn_hidden_dim(cfg)  # w2's output or w3's
+    recomputed = 2 * cfg.seq_len * cfg.n_layers * 4 * ((cfg.n_kv_heads or cfg.n_heads) * hd + cfg.d_model + last)
+    assert abs((measured["all"] - measured["alternate"]) / recomputed - 1) <= ACT_TOLERANCE
+    assert measured["alternate"] < measured["all"] < measured["none"]
+    for a, b in zip(grads["selective"], grads["none"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -144,3 +144,24 @@ def test_power_capped_hopper_scales_every_peak_between_the_datasheet_points():
     half = power_capped(H100, 550, hbm_gbps=2400)
     assert half.peak("fp8") / H100.peak("fp8") == pytest.approx((1 + 835.5 / 989.4) / 2)
     assert half.hbm_gbps == 2400 and power_capped(H100, 550).hbm_gbps == H100.hbm_gbps
+
+
+def test_alternate_selective_recomputes_the_even_matmuls_forward_gemms():
+    """selective_matmuls=alternate recomputes wk's, wo's and w3's forward GEMMs besides the element-wise ops."""
+    from lmforge.config.compose import compose
+    from lmforge.config.validate import validate
+    from lmforge.model.feed_forward import ffn_hidden_dim
+    from lmforge.parallel.step_model import block_pass, block_recompute
+
+    def cfg(matmuls: str):
+        overrides = ["model=gpt_1b", "parallelism.activation_checkpointing=selective"]
+        return validate(compose([*overrides, f"parallelism.selective_matmuls={matmuls}"])).cfg
+
+    every, alternate = cfg("all"), cfg("alternate")
+    b = block_pass(every, H100, 1, moe=False, dtype="bf16", e=2, r=2)
+    m, n = every.model, every.model.seq_len
+    kv = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
+    widths = ((m.d_model, kv), (m.d_model, m.d_model), (m.d_model, ffn_hidden_dim(m)))  # wk, wo, w3
+    even = sum(gemm_time(H100, n, k, w, dtype="bf16", bytes_per=2) for k, w in widths)
+    assert block_recompute(every, b) == b.fwd_elementwise
+    assert block_recompute(alternate, b) == pytest.approx(b.fwd_elementwise + even)

@@ -108,6 +108,16 @@ REFUSED: Tuple[Refused, ...] = (
         "set parallelism.activation_checkpointing=full (or selective, modules), or recompute_layers=0",
     ),
     Refused(
+        "`selective_matmuls=alternate` without `activation_checkpointing=selective`",
+        "parallelism.selective_matmuls",
+        lambda c: c.parallelism.selective_matmuls != "all" and c.parallelism.activation_checkpointing != "selective",
+        lambda c: (
+            f"only activation_checkpointing=selective reads it (this run: {c.parallelism.activation_checkpointing}), "
+            "so it would be silently ignored"
+        ),
+        "set parallelism.activation_checkpointing=selective, or leave selective_matmuls unset",
+    ),
+    Refused(
         "`recompute_modules` with `attention_core` and `cp > 1` or `data.document_masking=true`",
         "parallelism.recompute_modules",
         lambda c: _recomputes_attention_core(c) and (c.parallelism.cp > 1 or c.data.document_masking),

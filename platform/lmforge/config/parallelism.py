@@ -61,6 +61,10 @@ class ParallelismConfig:
     activation_checkpointing: Annotated[str, Literal["none", "full", "selective", "modules"]] = "none"
     """Recompute activations in backward: none, every block (full), the cheap ops (selective), or the parts of
     each block that recompute_modules names (modules)."""
+    selective_matmuls: Annotated[str, Literal["all", "alternate"]] = "all"
+    """With activation_checkpointing=selective, which matmul outputs of a block are kept for backward: all, or
+    alternate (the 1st, 3rd, 5th... matmul of each block kept, the others recomputed: torchtitan's op-level SAC
+    policy; wk, wo and w3 recomputed in a SwiGLU block, wk, wo and w2 in a GELU one)."""
     recompute_modules: List[str] = field(default_factory=lambda: list(DEFAULT_RECOMPUTE_MODULES))
     """With activation_checkpointing=modules, the parts of a block recomputed in backward (Megatron's
     --recompute-modules): attention_core (the attention kernel: keeps its q, k, v, drops its output and

@@ -3,7 +3,9 @@
 - ``full``: every chosen block recomputes its forward during backward (stores only block inputs).
 - ``selective``: op-level selective checkpointing: outputs of matmuls and attention are kept, cheap
   element-wise ops (norms, activations, RoPE) are recomputed, trading a little compute for most of the
-  activation memory of the element-wise chain (torchtitan's ``op`` policy).
+  activation memory of the element-wise chain. ``parallelism.selective_matmuls=alternate`` keeps only the odd
+  matmuls of each block (1st, 3rd, ...: wq, wv, w1, w2 of a SwiGLU block) and recomputes the others (wk, wo, w3)
+  from their saved inputs: torchtitan's ``op`` policy, counted per block forward and per recompute.
 - ``modules``: only the parts of a block that ``parallelism.recompute_modules`` names are recomputed
   (Megatron's ``--recompute-modules``): ``attention_core`` (the attention kernel: its q, k, v stay saved, its
   output and log-sum-exp are recomputed), ``mlp`` (the feed-forward, dense or MoE: only its input is saved),
@@ -35,8 +37,36 @@ _SAVE_OPS = {
 }
 
 
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}  # a block's linears
+SELECTIVE_MATMULS = ("all", "alternate")
+
+
 def _policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _alternate_matmuls_context():
+    """Selective contexts for one block forward that keep the odd matmuls' outputs and recompute the even ones;
+    the forward and the recompute count their matmuls separately, so both pick the same ones."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in _MATMULS:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return _policy(ctx, op)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def selective_context(matmuls: str) -> Callable:
+    """The ``context_fn`` of a selectively checkpointed block (``parallelism.selective_matmuls``)."""
+    if matmuls not in SELECTIVE_MATMULS:
+        raise ValueError(f"selective_matmuls={matmuls!r}: expected one of {SELECTIVE_MATMULS}")
+    if matmuls == "alternate":
+        return _alternate_matmuls_context
+    return functools.partial(create_selective_checkpoint_contexts, _policy)
 
 
 def recomputed(fn: Callable) -> Callable:
@@ -75,9 +105,11 @@ def apply_activation_checkpointing(
     modules: Sequence[str] = ("attention_core",),
     first_k: int = 0,
     stage_layers: Optional[Sequence[Sequence[str]]] = None,
+    selective_matmuls: str = "all",
 ) -> List[str]:
     """Checkpoint ``model``'s blocks under ``mode`` (see the module docstring); returns the block names it wrapped.
-    ``stage_layers``: the block names of each pipeline stage this model part holds, for ``first_k``."""
+    ``stage_layers``: the block names of each pipeline stage this model part holds, for ``first_k``;
+    ``selective_matmuls``: which matmul outputs ``selective`` keeps (``all`` or ``alternate``)."""
     if mode == "none":
         return []
     chosen = chosen_blocks(list(model.layers.keys()), stage_layers, first_k)
@@ -91,6 +123,6 @@ def apply_activation_checkpointing(
             model.layers[name] = checkpoint_wrapper(
                 block,
                 preserve_rng_state=False,
-                context_fn=functools.partial(create_selective_checkpoint_contexts, _policy),
+                context_fn=selective_context(selective_matmuls),
             )
     return chosen

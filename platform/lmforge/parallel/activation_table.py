@@ -54,7 +54,9 @@ only the fp32 log-sum-exp). With tp and sequence parallelism: 32 * s * b * h / t
 Selective checkpointing (``parallel/activation_checkpoint.py``: matmul and SDPA outputs saved, element-wise ops
 recomputed) keeps, besides the block input: the outputs of wq, wk, wv (d + 2 dkv, tp), of wo and w2 (d each, the
 rank's partial sums before their all-reduce / reduce-scatter: not divided), of w1 (and w3) (F each, tp) and of SDPA
-(d and a * 4 bytes, tp). Full checkpointing keeps the block input. ``modules`` keeps the rows above less those of
+(d and a * 4 bytes, tp); with ``selective_matmuls="alternate"`` (torchtitan's op policy) the even matmuls' outputs
+are recomputed instead: wk, wo and w3 in a SwiGLU block, wk, wo and w2 in a GELU one. Full checkpointing keeps the
+block input. ``modules`` keeps the rows above less those of
 the parts it recomputes (``RECOMPUTED_ROWS``).
 """
 
@@ -171,8 +173,10 @@ def block_saved_tensors(
     return tuple(rows)
 
 
-def selective_saved_tensors(m: ModelConfig, p: BlockPrecision) -> Tuple[SavedTensor, ...]:
-    """What selective checkpointing keeps besides the block input: every matmul's and SDPA's outputs."""
+def selective_saved_tensors(m: ModelConfig, p: BlockPrecision, matmuls: str = "all") -> Tuple[SavedTensor, ...]:
+    """What selective checkpointing keeps besides the block input: every matmul's and SDPA's outputs, or with
+    ``matmuls="alternate"`` SDPA's and the odd matmuls' (the block's matmuls in order: wq, wk, wv, wo, w1, [w3,]
+    w2)."""
     d, dkv, f, e = m.d_model, kv_heads(m) * (m.d_model // m.n_heads), ffn_hidden_dim(m), p.compute
     rows = [
         SavedTensor("attention.wq_out", d, e, True, False),
@@ -186,6 +190,10 @@ def selective_saved_tensors(m: ModelConfig, p: BlockPrecision) -> Tuple[SavedTen
     if m.mlp == "swiglu":
         rows.append(SavedTensor("feed_forward.w3_out", f, e, True, False))
     rows.append(SavedTensor("feed_forward.w2_out", d, e, False, False))
+    if matmuls == "alternate":
+        order = [r.name for r in rows if r.name.endswith("_out")]
+        recomputed = set(order[1::2])
+        rows = [r for r in rows if r.name not in recomputed]
     return tuple(rows)
 
 

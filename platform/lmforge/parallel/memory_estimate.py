@@ -24,7 +24,8 @@ Activations are counted per micro batch from the table of tensors one block save
       MLP:            SwiGLU w1 out, silu out, w3 out, product; GELU w1 out, gelu out (E)       (/tp)
       16-bit GELU/LayerNorm/MHA block: 32*N*d bytes + statistics (Korthikanti et al. 2022 less dropout)
     full checkpointing:     the block input only, plus one block's activations while it is recomputed
-    selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed)
+    selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed);
+                            selective_matmuls=alternate: of the odd matmuls only (wq, wv, w1, w2 of SwiGLU)
     head (last stage):      final norm's rows + its output and the logits N * vocab in the compute dtype (all
                             that model/loss.py's chunked cross-entropy keeps); their gradient in the compute
                             dtype exists transiently at the start of backward.
@@ -279,18 +280,21 @@ def _rows_bytes(rows, s: ActivationShape) -> int:
     return table_bytes(rows, tokens=s.tokens, positions=s.positions or s.tokens, tp=s.tp, sp=s.sp)
 
 
-def layer_activation_bytes(m: ModelConfig, s: ActivationShape, mode: str, modules: Sequence[str] = ()) -> int:
+def layer_activation_bytes(
+    m: ModelConfig, s: ActivationShape, mode: str, modules: Sequence[str] = (), matmuls: str = "all"
+) -> int:
     """Bytes one block keeps for backward for one micro batch, under checkpointing ``mode``: the rows of
     ``parallel/activation_table.py`` (``none``: every tensor the block saves; ``selective``: the block input and
-    the matmul / SDPA outputs; ``full``: the block input; ``modules``: every tensor less those of the recomputed
-    ``modules``), plus the other cp ranks' K/V under the cp all-gather."""
+    the SDPA and matmul outputs, every matmul's or the odd ones' (``matmuls``); ``full``: the block input;
+    ``modules``: every tensor less those of the recomputed ``modules``), plus the other cp ranks' K/V under the
+    cp all-gather."""
     p = block_precision(s)
     kept = _rows_bytes((block_input(m, p),), s)
     if mode == "full":
         return kept
     gathered_kv = 2 * s.gathered_kv_tokens * kv_heads(m) * (m.d_model // m.n_heads) * s.dt.compute // s.tp
     if mode == "selective":
-        return kept + _rows_bytes(selective_saved_tensors(m, p), s) + gathered_kv
+        return kept + _rows_bytes(selective_saved_tensors(m, p, matmuls), s) + gathered_kv
     rows = block_saved_tensors(m, p, sp=s.sp, rms_norm_kernel=s.rms_norm_kernel)
     if mode == "modules":
         rows = modules_saved_tensors(rows, tuple(modules))
@@ -319,12 +323,13 @@ def saved_activation_bytes(
     *,
     modules: Sequence[str] = (),
     checkpointed: Optional[int] = None,
+    matmuls: str = "all",
 ) -> int:
     """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward;
     ``checkpointed``: how many of them ``mode`` applies to (``parallelism.recompute_layers``; None: all), the rest
-    keep everything."""
+    keep everything; ``matmuls``: the matmul outputs ``selective`` keeps (``parallelism.selective_matmuls``)."""
     n_ck = layers if checkpointed is None else min(layers, checkpointed)
-    kept = n_ck * layer_activation_bytes(m, s, mode, modules)
+    kept = n_ck * layer_activation_bytes(m, s, mode, modules, matmuls)
     if n_ck < layers:
         kept += (layers - n_ck) * layer_activation_bytes(m, s, "none")
     if last:
@@ -451,7 +456,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
     head = head_activation_bytes(m, shape) * head_microbatches_in_flight(cfg, n_micro) if st.last else 0
     by_mode = {}
     for mode in AC_MODES:
-        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False)
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False, matmuls=p.selective_matmuls)
         working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + head + working
     configured = by_mode.get(p.activation_checkpointing)
@@ -465,6 +470,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
             last=False,
             modules=p.recompute_modules,
             checkpointed=checkpointed_blocks(cfg, pp_rank),
+            matmuls=p.selective_matmuls,
         )
         working = layer_activation_bytes(m, shape, "none") if p.activation_checkpointing != "none" else 0
         configured = int(math.ceil(in_flight * kept)) + head + working

@@ -105,6 +105,7 @@ def parallelize(
         p.activation_checkpointing,
         modules=p.recompute_modules,
         first_k=p.recompute_layers,
+        selective_matmuls=p.selective_matmuls,
         stage_layers=None
         if stages is None
         else [stages.layers[s] for s in stages.local_stages(mesh["pp"].get_local_rank())],

@@ -299,8 +299,6 @@ def unsupported_features(run: PublishedRun) -> List[str]:
         out.append("tied embeddings with pp > 1 (planned untied)")
     if run.ep > 1:
         out.append("expert parallelism (no MoE shape in the table)")
-    if _torchtitan(run) and run.recompute_mode == "selective":
-        out.append("torchtitan's op SAC, every second matmul recomputed (planned as selective: every matmul kept)")
     if _torchtitan(run) and run.tp > 1:
         out.append("loss parallel, vocab-sharded cross-entropy (planned with the logits gathered)")
     return out
@@ -308,9 +306,9 @@ def unsupported_features(run: PublishedRun) -> List[str]:
 
 def _torchtitan(run: PublishedRun) -> bool:
     """A torchtitan run: its ``selective`` is the op-level SAC policy that saves every second matmul's output
-    (``_save_list`` and ``mm_count % 2`` in its parallelize module) and, with tp > 1, its loss is computed on
-    vocab-sharded logits (``disable_loss_parallel`` defaults to false); lmforge's ``selective`` saves every matmul
-    output and its output head gathers the logits (``parallel/tensor_parallel.VocabParallelOutput``)."""
+    (``_save_list`` and ``mm_count % 2`` in its parallelize module: lmforge's ``selective_matmuls=alternate``) and,
+    with tp > 1, its loss is computed on vocab-sharded logits (``disable_loss_parallel`` defaults to false);
+    lmforge's output head gathers the logits (``parallel/tensor_parallel.VocabParallelOutput``)."""
     return "github.com/pytorch/torchtitan/" in run.url
 
 
@@ -366,6 +364,7 @@ def to_root_config(run: PublishedRun) -> RunMapping:
         cp=run.cp,
         sequence_parallel=run.sequence_parallel == "y" and run.tp > 1,
         activation_checkpointing=mode,
+        selective_matmuls="alternate" if mode == "selective" and _torchtitan(run) else "all",
         pp_schedule="Interleaved1F1B" if vs > 1 else "1F1B",
         pp_virtual_stages=vs,
         param_dtype="bf16" if (shard and run.precision in ("bf16", "fp8")) or distributed else "fp32",

@@ -14,7 +14,8 @@
   above is divided by the device's ``in_step_efficiency`` (``device_table.IN_STEP_EFFICIENCY`` on GPUs, the one
   fitted parameter of the model; 1 on CPU, where the measured GEMM rate is already in-process).
 - **recompute**: ``full`` runs every block's forward again before its backward; ``selective`` re-runs only the
-  element-wise ops (matmul and attention outputs are kept); ``modules`` the parts ``recompute_modules`` names
+  element-wise ops (matmul and attention outputs are kept; with ``selective_matmuls=alternate`` also the even
+  matmuls' forward GEMMs); ``modules`` the parts ``recompute_modules`` names
   (attention core, MLP, norms); all of it for the checkpointed blocks only (``parallelism.recompute_layers``).
 - **fp8** (``train.precision=fp8``): the blocks' Linears at the device's fp8 rate, plus the bytes of their dynamic
   scaling and casts (``FP8_CAST_BYTES``); attention, element-wise work and the head in bf16.
@@ -216,6 +217,7 @@ class _Pass:
     bwd_elementwise: float = 0.0
     fwd_mlp: float = 0.0  # the MLP's share of the forward (its GEMMs and activation), for modules recompute
     fwd_norms: float = 0.0  # the norms' share of the forward element-wise bytes
+    fwd_even_gemm: float = 0.0  # the forward GEMMs selective_matmuls=alternate recomputes (wk, wo, w3 / w2)
 
     @property
     def forward(self) -> float:
@@ -256,6 +258,9 @@ def block_pass(
     _linear(spec, out, n, d, (d + 2 * d_kv) // tp, dtype, e)  # wq, wk, wv
     _linear(spec, out, n, d // tp, d, dtype, e)  # wo
     mats = 3 if m.mlp == "swiglu" else 2
+    out.fwd_even_gemm = gemm_time(spec, n, d, d_kv // tp, dtype=dtype, bytes_per=e) + gemm_time(
+        spec, n, d // tp, d, dtype=dtype, bytes_per=e
+    )  # wk, wo
     before_mlp = out.fwd_gemm
     if moe:
         mo = m.moe
@@ -273,6 +278,7 @@ def block_pass(
         f = ffn_hidden_dim(m)
         _linear(spec, out, n, d, f // tp, dtype, e, count=mats - 1)  # w1 (and w3)
         _linear(spec, out, n, f // tp, d, dtype, e)  # w2
+        out.fwd_even_gemm += gemm_time(spec, n, d, f // tp, dtype=dtype, bytes_per=e)  # w3 (SwiGLU) or w2 (GELU)
         f_local = f // tp
     # causal attention core: QK^T and AV over the lower triangle; a cp rank holds 1/cp of the queries (balanced)
     mlp_gemm = out.fwd_gemm - before_mlp
@@ -326,7 +332,7 @@ def block_recompute(cfg: RootConfig, b: _Pass) -> float:
     if mode == "full":
         return b.forward
     if mode == "selective":
-        return b.fwd_elementwise
+        return b.fwd_elementwise + (b.fwd_even_gemm if p.selective_matmuls == "alternate" else 0.0)
     if mode == "modules":  # the parts named by recompute_modules
         parts = set(p.recompute_modules)
         return (
