@@ -6,7 +6,8 @@
 #   sbatch --array=<pending indices> --job-name=sweep-demo slurm/sweep_worker.sh /abs/runs/demo/sweep.json
 #
 # Task i runs `python -m lmforge.scaling.worker SWEEP_JSON --index i` in this batch shell, one process (the
-# sweep's points are single-process runs). The contract of slurm/train.sh, for that one process:
+# sweep's points are single-process runs; $LMFORGE_PYTHON must be Python itself, or a wrapper that execs it, since
+# the preemption signal goes to that process). The contract of slurm/train.sh, for that one process:
 #   * preemption / time limit: Slurm sends USR1 `lead` seconds early (--signal=B:USR1@lead); it is forwarded to
 #     the worker, which finishes the step, checkpoints and exits 42 (lmforge.fault.exitcodes);
 #   * after the run, `lmforge.scaling.worker --after-exit-code` decides done / requeue / stop

@@ -4,7 +4,9 @@ waiting on it (``--dependency=afterok:<job>_<task>``), each task one ``slurm/swe
 One stable run is preempted (USR1 to its batch shell): the worker checkpoints, exits 42 and the array task is
 requeued and resumes; its branch starts only after the requeued run completed. ``sweep collect`` then gives every
 point. Negative control: the points-file script (``slurm/sweep_array.sh``), given the sweep file, refuses it in
-one line (before this worker script existed, the runner submitted that script and each task failed).
+one line (before this worker script existed, the runner submitted that script and each task failed); given the
+planner's overrides.txt line of a cooldown branch (shell-quoted overrides such as ``'~data.sources.code'``), it
+strips the quotes and trains that branch through train.sh with the worker's losses.
 
 Five one-layer sizes at one budget (the planner's minimum is five sizes a budget): 5 stable runs + 5 branches.
 """
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, events
+from conftest import REPO, events, train_losses
 
 from lmforge.cli import main as lmforge
 from lmforge.scaling.data import read_csv
@@ -65,7 +67,8 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
 ):
     runs, logs = tmp_path / "runs", tmp_path / "logs"
     logs.mkdir()
-    assert lmforge([*PLAN, "--run-root", str(runs)]) == 0
+    i = PLAN.index("--")
+    assert lmforge([*PLAN[:i], "--run-root", str(runs), *PLAN[i:]]) == 0
     sweep_dir = runs / "wsd"
     sweep = load_sweep(sweep_dir)
     units = sweep.units()
@@ -90,6 +93,19 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
     branch_jobs = re.findall(r"Submitted batch job (\d+)", out)
     assert len(branch_jobs) == 5 and "submitted; check progress with `lmforge sweep status`" in out, out
 
+    # The points-file script on the planner's overrides.txt line of the last branch (shell-quoted overrides such as
+    # '~data.sources.code'), in a run directory of its own, once its stable run's task is done.
+    branch = units[9]
+    line = (sweep_dir / "overrides.txt").read_text().splitlines()[9]
+    assert "'~data.sources.code'" in line and f"run.sweep_point=wsd/{branch.id} " in line
+    (tmp_path / "points.txt").write_text(line.replace(f"=wsd/{branch.id} ", f"=wsd/points-{branch.id} ") + "\n")
+    pf = slurm_cluster.sbatch(
+        [f"--dependency=afterok:{stable_job}_4", "--array=0", "-o", f"{logs}/pf-%A_%a.out", "-e",
+         f"{logs}/pf-%A_%a.err", str(REPO / "slurm" / "sweep_array.sh"), str(tmp_path / "points.txt")],
+        cwd=tmp_path,
+        env=job_env,
+    )  # fmt: skip
+
     info = slurm_cluster.wait_state(f"{old}_0", {"FAILED"}, timeout=60, fail_states=("COMPLETED", "CANCELLED"))
     assert info["ExitCode"] == "2:0"
     err = next(logs.glob("old-*.err")).read_text().strip().splitlines()
@@ -110,8 +126,8 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
     for i in range(5):
         done[i] = wait_task(slurm_cluster, f"{stable_job}_{i}", logs, 300, restarts=int(i == PREEMPTED))
     for r, job in zip(sweep.stable_runs, branch_jobs):
-        branch = next(p for p in sweep.points if p.stable_run == r.id)
-        b = wait_task(slurm_cluster, f"{job}_{units.index(branch)}", logs, 300)
+        own = next(p for p in sweep.points if p.stable_run == r.id)
+        b = wait_task(slurm_cluster, f"{job}_{units.index(own)}", logs, 300)
         # The branch array waited for its own stable run's task, through its requeue.
         assert b["StartTime"] >= done[units.index(r)]["EndTime"], (b, done[units.index(r)])
 
@@ -122,6 +138,11 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
     assert len(pre) == 1 and pre[0]["cause"] == "SIGUSR1", ev
     # The requeued task resumed in the same run directory from the preemption checkpoint.
     assert f"resumed from step {pre[0]['step']}" in (logs / f"{stable_job}_{PREEMPTED}.out").read_text()
+
+    wait_task(slurm_cluster, f"{pf}_0", logs, 300)
+    via_points = sweep_dir / f"points-{branch.id}"
+    assert (via_points / "DONE").exists(), job_logs(logs)
+    assert train_losses(via_points) == train_losses(Path(branch.run_dir))  # the worker's branch, step for step
 
     assert lmforge(["sweep", "status", str(sweep_dir)]) == 0
     assert lmforge(["sweep", "collect", str(sweep_dir)]) == 0

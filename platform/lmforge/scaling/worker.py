@@ -147,10 +147,10 @@ def run_point(sweep: Sweep, p: Union[Point, StableRun]) -> bool:
 
 def after(p: Union[Point, StableRun], exit_code: int, signalled: bool) -> str:
     """The array task's decision after its run: ``done``, ``requeue`` or ``stop <exit code>``."""
-    from lmforge.config.compose import compose  # deferred: imports omegaconf; this module imports without it
-
     if is_done(p):  # a stable run ends without DONE (exit 0): its branch-start checkpoints make it done
         return "done"
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; only a run not done needs it
+
     budget = compose(p.overrides).cluster.max_requeues
     decision = record(Path(p.run_dir), exit_code, signalled=signalled, max_failures=budget)
     print(f"[sweep] {p.id}: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)
