@@ -5,8 +5,9 @@ One stable run is preempted (USR1 to its batch shell): the worker checkpoints, e
 requeued and resumes; its branch starts only after the requeued run completed. ``sweep collect`` then gives every
 point. Negative control: the points-file script (``slurm/sweep_array.sh``), given the sweep file, refuses it in
 one line (before this worker script existed, the runner submitted that script and each task failed); given the
-planner's overrides.txt line of a cooldown branch (shell-quoted overrides such as ``'~data.sources.code'``), it
-strips the quotes and trains that branch through train.sh with the worker's losses.
+planner's overrides.txt line of a stable run (shell-quoted overrides such as ``'checkpoint.at_steps=[46]'``), it
+strips the quotes and trains that run through train.sh with the worker's losses, ending at its train.stop_at_step
+without a requeue.
 
 Five one-layer sizes at one budget (the planner's minimum is five sizes a budget): 5 stable runs + 5 branches.
 """
@@ -93,15 +94,16 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
     branch_jobs = re.findall(r"Submitted batch job (\d+)", out)
     assert len(branch_jobs) == 5 and "submitted; check progress with `lmforge sweep status`" in out, out
 
-    # The points-file script on the planner's overrides.txt line of the last branch (shell-quoted overrides such as
-    # '~data.sources.code'), in a run directory of its own, once its stable run's task is done.
-    branch = units[9]
-    line = (sweep_dir / "overrides.txt").read_text().splitlines()[9]
-    assert "'~data.sources.code'" in line and f"run.sweep_point=wsd/{branch.id} " in line
-    (tmp_path / "points.txt").write_text(line.replace(f"=wsd/{branch.id} ", f"=wsd/points-{branch.id} ") + "\n")
+    # The points-file script (train.sh) on the planner's overrides.txt line of the smallest stable run, in a run
+    # directory of its own: shell-quoted overrides ('~data.sources.code', 'checkpoint.at_steps=[46]') reach Hydra
+    # unquoted, and its clean stop at train.stop_at_step (no DONE) ends the job instead of requeuing it.
+    stable = units[4]
+    line = (sweep_dir / "overrides.txt").read_text().splitlines()[4]
+    assert "'checkpoint.at_steps=[46]'" in line and f"run.sweep_point=wsd/{stable.id} " in line
+    (tmp_path / "points.txt").write_text(line.replace(f"=wsd/{stable.id} ", f"=wsd/points-{stable.id} ") + "\n")
     pf = slurm_cluster.sbatch(
-        [f"--dependency=afterok:{stable_job}_4", "--array=0", "-o", f"{logs}/pf-%A_%a.out", "-e",
-         f"{logs}/pf-%A_%a.err", str(REPO / "slurm" / "sweep_array.sh"), str(tmp_path / "points.txt")],
+        ["--array=0", "-o", f"{logs}/pf-%A_%a.out", "-e", f"{logs}/pf-%A_%a.err", str(REPO / "slurm" / "sweep_array.sh"),
+         str(tmp_path / "points.txt")],
         cwd=tmp_path,
         env=job_env,
     )  # fmt: skip
@@ -139,10 +141,10 @@ def test_planned_wsd_sweep_runs_as_dependent_arrays_with_requeue_and_collects_ev
     # The requeued task resumed in the same run directory from the preemption checkpoint.
     assert f"resumed from step {pre[0]['step']}" in (logs / f"{stable_job}_{PREEMPTED}.out").read_text()
 
-    wait_task(slurm_cluster, f"{pf}_0", logs, 300)
-    via_points = sweep_dir / f"points-{branch.id}"
-    assert (via_points / "DONE").exists(), job_logs(logs)
-    assert train_losses(via_points) == train_losses(Path(branch.run_dir))  # the worker's branch, step for step
+    info = wait_task(slurm_cluster, f"{pf}_0", logs, 300)
+    via_points = sweep_dir / f"points-{stable.id}"
+    assert info["Restarts"] == "0" and (via_points / "checkpoints" / "step-00000046" / "COMPLETE").exists(), info
+    assert train_losses(via_points) == train_losses(Path(stable.run_dir))  # the worker's stable run, step for step
 
     assert lmforge(["sweep", "status", str(sweep_dir)]) == 0
     assert lmforge(["sweep", "collect", str(sweep_dir)]) == 0

@@ -195,7 +195,14 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
     nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
-    decision = record(run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes)
+    decision = record(
+        run_dir,
+        exit_code,
+        signalled=signalled,
+        max_failures=cfg.cluster.max_requeues,
+        nodes=nodes,
+        stop_at_step=cfg.train.stop_at_step,
+    )
     excluded: List[str] = []
     job = slurm_job_id()
     if decision.action == "requeue" and decision.kind == "failure" and job:
