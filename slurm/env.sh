@@ -1,5 +1,5 @@
-# Shared environment for lmforge's Slurm scripts (sourced by train.sh, agent.sh and sweep_array.sh); the part
-# every launcher shares is launchers/common.sh, sourced here.
+# Shared environment for lmforge's Slurm scripts (sourced by train.sh, agent.sh, sweep_array.sh and
+# sweep_worker.sh); the part every launcher shares is launchers/common.sh, sourced here.
 #
 #   LMFORGE_REPO    the lmforge checkout (default: the submit directory)
 #   LMFORGE_PYTHON  the Python with lmforge installed (default: $LMFORGE_REPO/.venv/bin/python, else python3)

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from lmforge.checkpoint.layout import COMPLETE, SIDECAR, step_dir
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.retry import load_state, record
 from lmforge.fault.straggler import find_stragglers, reference_times
@@ -116,3 +117,22 @@ def test_straggler_rule_ignores_excess_below_the_floor():
     # A 2 ms window doubled by scheduling noise is no straggler when steps take 0.5 s (floor 5% = 25 ms).
     assert find_stragglers([0.002, 0.002, 0.005, 0.002], 1.5, min_excess=0.025) == []
     assert find_stragglers([0.002, 0.002, 0.305, 0.002], 1.5, min_excess=0.025) == [2]
+
+
+def test_a_clean_stop_at_train_stop_at_step_with_its_checkpoint_is_done_not_a_preemption(tmp_path, monkeypatch):
+    """A sweep's stable run (train.stop_at_step) ends with exit 0 and no DONE: done once its checkpoint at that
+    step is complete; without the checkpoint, or when signalled, it is still a preemption to requeue."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run = tmp_path / "run"
+    assert record(run, 0, signalled=False, max_failures=2, stop_at_step=46).action == "requeue"  # no checkpoint
+    ckpt = step_dir(run / "checkpoints", 46)
+    ckpt.mkdir(parents=True)
+    (ckpt / COMPLETE).write_text("")
+    (ckpt / SIDECAR).write_text("{}")  # what makes a checkpoint complete (checkpoint/layout.py)
+    assert record(run, 0, signalled=True, max_failures=2, stop_at_step=46).kind == "preempted"
+    assert record(run, 0, signalled=False, max_failures=2).kind == "preempted"  # stop_at_step not given
+    done = record(run, 0, signalled=False, max_failures=2, stop_at_step=46)
+    assert (done.action, done.reason) == (
+        "done",
+        "the run stopped at train.stop_at_step=46 with its checkpoint (no DONE)",
+    )

@@ -132,7 +132,7 @@ def test_stable_runs_train_before_their_branches(tmp_path, capsys):
     assert f"+sweep_point={','.join(r.id for r in sweep.stable_runs)}" in first
     assert f"+sweep_point={','.join(p.id for p in sweep.points)}" in second
     # Slurm: the stable runs' array (its job id read back), then per stable run its branches after that task.
-    cmds = slurm_array_commands(sweep, out, tmp_path / "sweep_array.sh")
+    cmds = slurm_array_commands(sweep, out, tmp_path / "sweep_worker.sh")
     assert cmds[0][:3] == ["sbatch", "--parsable", "--array=0,1,2,3,4"]
     index = {u.id: i for i, u in enumerate(sweep.units())}
     for r, cmd in zip(sweep.stable_runs, cmds[1:]):
@@ -144,7 +144,7 @@ def test_stable_runs_train_before_their_branches(tmp_path, capsys):
     for s in done.branch_starts:
         complete(step_dir(RunPaths(tmp_path / "wsd" / done.id).checkpoints, s))
     assert stable_done(done) and status(sweep)[done.id] == DONE
-    cmds = slurm_array_commands(sweep, out, tmp_path / "sweep_array.sh")
+    cmds = slurm_array_commands(sweep, out, tmp_path / "sweep_worker.sh")
     assert (
         cmds[0][2] == "--array=1,2,3,4" and cmds[1][1] == f"--array={index[done.branches[0]]},{index[done.branches[1]]}"
     )

@@ -174,14 +174,16 @@ def test_run_commands_cover_only_unfinished_points(tmp_path, capsys):
     hyd = hydra_command(sweep, out, "submitit_slurm", ["partition=gpu", "timeout_min=60"])
     assert "--multirun" in hyd and f"+sweep_point={','.join(todo)}" in hyd and "hydra/launcher=submitit_slurm" in hyd
     assert "hydra.launcher.partition=gpu" in hyd and "hydra.sweep.subdir=${run.sweep_point}" in hyd
-    arr = slurm_array_command(sweep, out, tmp_path / "sweep_array.sh")
+    arr = slurm_array_command(sweep, out, tmp_path / "sweep_worker.sh")
     assert arr[1] == "--array=0,2,3,4" and arr[-1] == str(out / "sweep.json")
     # The same through the registered CLI verbs.
     from lmforge.cli import main as lmforge
 
     capsys.readouterr()
     assert lmforge(["sweep", "run", str(out), "--launcher", "slurm-array", "--dry-run"]) == 0
-    assert "sbatch --array=0,2,3,4 --job-name=sweep-cmd slurm/sweep_array.sh" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "sbatch --array=0,2,3,4 --job-name=sweep-cmd " in printed
+    assert f"slurm/sweep_worker.sh {out / 'sweep.json'}" in printed  # the worker array script, not sweep_array.sh
     assert lmforge(["sweep", "status", str(out)]) == 1
     report = capsys.readouterr().out
     assert "1 done, 1 failed, 0 started, 3 pending" in report and f"FAILED {failed.id}: RuntimeError: boom" in report

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-from lmforge.checkpoint.layout import latest, step_of
+from lmforge.checkpoint.layout import is_complete, latest, step_dir, step_of
 from lmforge.fault import verdict as verdicts
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import (
@@ -81,10 +81,20 @@ NEVER_RETRIED = {
 
 
 def classify(
-    run_dir: Path, exit_code: int, signalled: bool, state: dict, max_failures: int, max_preemptions: int
+    run_dir: Path,
+    exit_code: int,
+    signalled: bool,
+    state: dict,
+    max_failures: int,
+    max_preemptions: int,
+    stop_at_step: Optional[int] = None,
 ) -> Decision:
     if RunPaths(Path(run_dir)).done_marker.exists():
         return Decision("done", "done", "the run finished (DONE marker present)")
+    if stopped_as_planned(run_dir, exit_code, signalled, stop_at_step):
+        return Decision(
+            "done", "done", f"the run stopped at train.stop_at_step={stop_at_step} with its checkpoint (no DONE)"
+        )
     verdict = verdicts.deciding(run_dir)
     if verdict is not None:
         return Decision(
@@ -116,6 +126,14 @@ def classify(
     return Decision("requeue", "failure", f"exit {exit_code}: retry {state['failures'] + 1} of {max_failures}")
 
 
+def stopped_as_planned(run_dir: Path, exit_code: int, signalled: bool, stop_at_step: Optional[int]) -> bool:
+    """A run given ``train.stop_at_step`` (a sweep's stable run) ends cleanly there without DONE: done, not a
+    preemption, when it exited 0 unsignalled and its checkpoint at that step is complete."""
+    if not stop_at_step or exit_code != 0 or signalled:
+        return False
+    return is_complete(step_dir(RunPaths(Path(run_dir)).checkpoints, stop_at_step))
+
+
 def record(
     run_dir: Path,
     exit_code: int,
@@ -125,12 +143,14 @@ def record(
     max_preemptions: int = 100,
     nodes: Optional[List[str]] = None,
     exclusions: Optional[Mapping[str, str]] = None,
+    stop_at_step: Optional[int] = None,
 ) -> Decision:
     """Classify the end of one job run, update ``requeues.json`` and emit the matching event. ``exclusions``
-    (node -> why it is at fault) are recorded with a requeue: the nodes the next run is to leave out."""
+    (node -> why it is at fault) are recorded with a requeue: the nodes the next run is to leave out.
+    ``stop_at_step``: the run's ``train.stop_at_step``, where a clean exit is done."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
-    decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions)
+    decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions, stop_at_step)
     exclusions = dict(exclusions or {}) if decision.action == "requeue" else {}
     excluded = sorted(exclusions)
     if decision.action == "requeue":

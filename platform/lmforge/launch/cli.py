@@ -86,7 +86,7 @@ def _launch(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     if args.dry_run:  # the script line, then the torchrun line it runs (its own --dry-run)
         print(shlex.join(launch.command()[3:]), flush=True)
         return subprocess.run(launch.command(dry_run=True)).returncode
-    return local.run(launch, cfg.cluster.max_requeues, local.run_dir_of(cfg, launch.run_id))
+    return local.run(launch, cfg.cluster.max_requeues, local.run_dir_of(cfg, launch.run_id), cfg.train.stop_at_step)
 
 
 if __name__ == "__main__":

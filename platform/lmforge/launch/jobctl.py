@@ -238,7 +238,13 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     if job and requeued_by_slurm(job):  # a node failure: Slurm requeued this run itself and is ending it
         return after_slurm_requeue(run_dir, job, exit_code, nodes, reasons)
     decision = record(
-        run_dir, exit_code, signalled=signalled, max_failures=cfg.cluster.max_requeues, nodes=nodes, exclusions=reasons
+        run_dir,
+        exit_code,
+        signalled=signalled,
+        max_failures=cfg.cluster.max_requeues,
+        nodes=nodes,
+        exclusions=reasons,
+        stop_at_step=cfg.train.stop_at_step,
     )
     if decision.action != "requeue":
         reasons = {}

@@ -96,7 +96,7 @@ class LocalLaunch:
         ]
 
 
-def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
+def run(launch: LocalLaunch, max_requeues: int, run_dir: Path, stop_at_step: Optional[int] = None) -> int:
     """Run the script; relaunch on failure within the retry budget. Returns the final exit code."""
     stop = {"signal": 0}
     while True:
@@ -120,7 +120,7 @@ def run(launch: LocalLaunch, max_requeues: int, run_dir: Path) -> int:
                 file=sys.stderr,
             )
             return rc or 0
-        decision = record(run_dir, rc, signalled=False, max_failures=max_requeues)
+        decision = record(run_dir, rc, signalled=False, max_failures=max_requeues, stop_at_step=stop_at_step)
         if decision.action == "done":
             return 0
         print(f"lmforge launch: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)

@@ -182,7 +182,9 @@ def cmd_run(argv: Sequence[str]) -> int:
         metavar="ARG",
         help="hydra: hydra.launcher.KEY=VALUE; slurm-array: extra sbatch argument",
     )
-    ap.add_argument("--slurm-script", default=None, help="slurm-array: the array script (default slurm/sweep_array.sh)")
+    ap.add_argument(
+        "--slurm-script", default=None, help="slurm-array: the array script (default slurm/sweep_worker.sh)"
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = ap.parse_args(argv)
     sweep_dir = args.sweep if args.sweep.is_dir() else args.sweep.parent

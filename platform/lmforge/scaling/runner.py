@@ -6,8 +6,10 @@ Launchers:
 - ``hydra``: Hydra multirun of ``lmforge.train`` over the per-point config group the planner wrote
   (``<sweep dir>/hydra/sweep_point/<id>.yaml``), with ``--hydra-launcher basic|submitit_local|submitit_slurm``
   and extra ``hydra.launcher.*`` settings; run directories are pinned to the sweep's run dirs.
-- ``slurm-array``: ``sbatch --array=<pending indices> slurm/sweep_array.sh <sweep.json>``; the array script runs
-  ``python -m lmforge.scaling.worker <sweep.json> --index $SLURM_ARRAY_TASK_ID``.
+- ``slurm-array``: ``sbatch --array=<pending indices> slurm/sweep_worker.sh <sweep.json>``; the array script runs
+  ``python -m lmforge.scaling.worker <sweep.json> --index $SLURM_ARRAY_TASK_ID`` with train.sh's preemption
+  forwarding and requeue (exit 42 requeues that array task). The script is ``$LMFORGE_REPO/slurm/sweep_worker.sh``
+  (else ``slurm/sweep_worker.sh`` under the current directory) unless ``--slurm-script`` names another.
 
 A wsd-branches design (``sweep plan --wsd-branches``) trains each stable run before its cooldown branches: locally
 a stable run and its branches form one chain in one worker; Hydra runs two multiruns (stable runs, then
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 from lmforge.fault.verdict import deciding
+from lmforge.runtime.env_vars import read
 from lmforge.runtime.rundir import RunPaths
 from lmforge.scaling.errors import ScalingError
 from lmforge.scaling.plan import SWEEP_FILE, Point, StableRun, Sweep
@@ -225,6 +228,10 @@ def _submit(cmds: List[List[str]], env: Dict[str, str], log) -> int:
     return 0
 
 
+def default_slurm_script() -> Path:
+    return Path(read("LMFORGE_REPO", ".")) / "slurm" / "sweep_worker.sh"
+
+
 def run_sweep(
     sweep: Sweep,
     sweep_dir: Path,
@@ -246,7 +253,7 @@ def run_sweep(
     elif launcher == "hydra":
         cmds = hydra_commands(sweep, sweep_dir, hydra_launcher, launcher_args)
     elif launcher == "slurm-array":
-        script = Path(slurm_script) if slurm_script else Path("slurm/sweep_array.sh")
+        script = Path(slurm_script) if slurm_script else default_slurm_script()
         if not script.is_file() and not dry_run:
             raise ScalingError(
                 str(script),

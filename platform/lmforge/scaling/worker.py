@@ -2,6 +2,12 @@
 
     python -m lmforge.scaling.worker SWEEP_FILE [--points ID,ID,...]     # local launcher
     python -m lmforge.scaling.worker SWEEP_FILE --index $SLURM_ARRAY_TASK_ID   # one point per array task
+    python -m lmforge.scaling.worker SWEEP_FILE --index I --after-exit-code RC [--signalled]   # then: decide
+
+The last form is slurm/sweep_worker.sh's decision after its task's run (the array-task twin of ``jobctl after``):
+it prints ``done``, ``requeue`` or ``stop <exit code>``. A stable run whose branch-start checkpoints are all
+complete, or a point with DONE, is done; otherwise lmforge.fault.retry decides as for any Slurm job (a preemption,
+exit 42, requeues; a crash requeues within ``cluster.max_requeues``; a deterministic verdict stops).
 
 Stable runs and cooldown branches (``sweep plan --wsd-branches``) are runs like the points: a branch whose stable
 run has no complete checkpoint at its start step is not started (reported; the sweep's next run retries it).
@@ -28,6 +34,7 @@ from typing import List, Optional, Sequence, Union
 
 from lmforge.checkpoint.layout import is_complete, step_dir
 from lmforge.fault.hooks import Diverged
+from lmforge.fault.retry import record
 from lmforge.fault.verdict import archive, deciding, verdicts_dir
 from lmforge.runtime.file_modes import open_append, write_text
 from lmforge.runtime.rundir import RunPaths
@@ -138,6 +145,31 @@ def run_point(sweep: Sweep, p: Union[Point, StableRun]) -> bool:
     return True
 
 
+def after(p: Union[Point, StableRun], exit_code: int, signalled: bool) -> str:
+    """The array task's decision after its run: ``done``, ``requeue`` or ``stop <exit code>``."""
+    if is_done(p):  # a stable run ends without DONE (exit 0): its branch-start checkpoints make it done
+        return "done"
+    from lmforge.config.compose import compose  # deferred: imports omegaconf; only a run not done needs it
+
+    budget = compose(p.overrides).cluster.max_requeues
+    decision = record(Path(p.run_dir), exit_code, signalled=signalled, max_failures=budget)
+    print(f"[sweep] {p.id}: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)
+    return f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action
+
+
+def unit_at(sweep: Sweep, index: int) -> Union[Point, StableRun]:
+    units = sweep.units()
+    if not 0 <= index < len(units):
+        print(
+            f"[sweep] --index {index}: sweep {sweep.name} has runs 0..{len(units) - 1}; submit the array with "
+            "`lmforge sweep run --launcher slurm-array`, which numbers them",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
+    return units[index]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lmforge.scaling.worker", description=__doc__.splitlines()[0])
     ap.add_argument("sweep", type=Path)
@@ -145,10 +177,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument(
         "--index", type=int, default=None, help="run only the run at this index of stable runs + points (Slurm array)"
     )
+    ap.add_argument("--after-exit-code", type=int, default=None, help="with --index: decide after the run (Slurm)")
+    ap.add_argument("--signalled", action="store_true", help="with --after-exit-code: the task was preempted")
     args = ap.parse_args(argv)
     sweep = load_sweep(args.sweep)
+    if args.after_exit_code is not None:
+        if args.index is None:
+            ap.error("--after-exit-code needs --index")
+        print(after(unit_at(sweep, args.index), args.after_exit_code, args.signalled), flush=True)
+        return 0
     if args.index is not None:
-        points: List[Union[Point, StableRun]] = [sweep.units()[args.index]]
+        points: List[Union[Point, StableRun]] = [unit_at(sweep, args.index)]
     elif args.points:
         points = [sweep.point(pid) for pid in args.points.split(",") if pid]
     else:
