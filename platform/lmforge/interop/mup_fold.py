@@ -28,7 +28,7 @@ def fold_mup_multipliers(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, A
             "model.parametrization=mup with tied embeddings: the logit multiplier cannot be folded into a shared "
             "table. Fix: train with model.tie_embeddings=false"
         )
-    q_factor = mup.attention_scale(cfg) * math.sqrt(cfg.d_model // cfg.n_heads)
+    q_factor = _q_factor(cfg)
     out = dict(state)
     for name, t in state.items():
         if name.endswith(".attention.wq.weight"):
@@ -40,3 +40,16 @@ def fold_mup_multipliers(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, A
 
 def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
     return (t.float() * factor).to(t.dtype)  # in fp32, then the export's dtype
+
+
+def fold_note(cfg: ModelConfig) -> str:
+    """The export's one line saying what was folded."""
+    return (
+        f"muP multipliers folded into the weights: q_proj x {_q_factor(cfg):.6g} (attention scale), lm_head x "
+        f"{mup.output_multiplier(cfg):.6g} (logit multiplier): the HF model is a standard-parametrization one"
+    )
+
+
+def _q_factor(cfg: ModelConfig) -> float:
+    """µP's attention scale over the 1/sqrt(head_dim) the HF classes apply."""
+    return mup.attention_scale(cfg) * math.sqrt(cfg.d_model // cfg.n_heads)
