@@ -31,8 +31,8 @@ def parity_samples(data_cache) -> List[List[int]]:
 @pytest.fixture(scope="session")
 def references(parity_samples) -> dict:
     """Single-process runs of the parity harness (test_parallel_parity.py, test_context_parallel.py): untied
-    embeddings (tiny's default), tied embeddings, document-masked and a small MoE, PARITY_STEPS each."""
-    from distributed.parity_cases import MOE, docmask_case
+    embeddings (tiny's default), tied embeddings, document-masked, a small MoE and µP, PARITY_STEPS each."""
+    from distributed.parity_cases import MOE, MUP, docmask_case
     from harness import run_ranks
 
     cases = {
@@ -43,6 +43,7 @@ def references(parity_samples) -> dict:
         "bf16_init": {"overrides": ["train.precision=bf16"], "steps": 0},
         "fp32_init": {"overrides": [], "steps": 0},
         "moe": {"overrides": MOE},
+        "mup": {"overrides": MUP},
     }
     args = {"cases": cases, "samples": parity_samples, "steps": PARITY_STEPS}
     return run_ranks("distributed.parallel_worker:run_cases", 1, args, timeout=150)[0].value
