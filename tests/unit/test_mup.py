@@ -130,3 +130,10 @@ def test_the_attention_scale_goes_through_the_kernels_scale_argument(monkeypatch
     with torch.no_grad():
         built(replace(c, parametrization="sp"))(x)
     assert seen == [None] * c.n_layers  # SP: the kernel's own 1/sqrt(head_dim)
+
+
+def test_the_base_head_dim_fixes_the_attention_scale_when_heads_grow():
+    by_width = cfg(128)  # 4 heads of 32; base 32 wide, 4 heads of 8
+    assert mup.attention_scale(by_width) == math.sqrt(8) / 32
+    by_heads = cfg(128, n_heads=16, mup_base_head_dim=8)  # heads of 8 at every width: SP's 1/sqrt(8)
+    assert mup.attention_scale(by_heads) == pytest.approx(1 / math.sqrt(8))

@@ -14,8 +14,9 @@ read from its name alone (so every layout, shard and pipeline part agrees):
     vector     norms and other 1-D tensors       1 / 0                  lr      0
 
 plus two forward multipliers: logits * 1/m (the output head) and the attention scale
-sqrt(mup_base_width / n_heads) / head_dim (1/head_dim as Tensor Programs V prescribes, scaled to equal SP's
-1/sqrt(head_dim) at the base width). At m = 1 µP is SP except for the zero-initialised output head.
+sqrt(base head dim) / head_dim (1/head_dim as Tensor Programs V prescribes, scaled to equal SP's
+1/sqrt(head_dim) at the base shape; the base head dim is model.mup_base_head_dim, by default mup_base_width /
+n_heads). At m = 1 µP is SP except for the zero-initialised output head.
 
 Weight decay times m keeps AdamW's per-step shrink lr * wd of a hidden matrix independent of width (the
 "independent" decay Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
@@ -84,4 +85,10 @@ def attention_scale(cfg: ModelConfig) -> Optional[float]:
     if not is_mup(cfg):
         return None
     head_dim = cfg.d_model // cfg.n_heads
-    return math.sqrt(cfg.mup_base_width / cfg.n_heads) / head_dim
+    return math.sqrt(base_head_dim(cfg)) / head_dim
+
+
+def base_head_dim(cfg: ModelConfig) -> float:
+    """The base shape's head dimension: model.mup_base_head_dim, or mup_base_width / n_heads (the head count fixed
+    across widths)."""
+    return cfg.mup_base_head_dim if cfg.mup_base_head_dim is not None else cfg.mup_base_width / cfg.n_heads
