@@ -118,18 +118,20 @@ def optimum(curve: Dict[int, List[float]]) -> int:
     return min(curve, key=lambda e: sum(curve[e]) / len(curve[e]))
 
 
-def run(widths: List[int], exponents: List[int], seeds: List[int], steps: int, cache: Path, jobs: int) -> Dict:
+def run(
+    widths: List[int], exponents: List[int], seeds: List[int], steps: int, cache: Path, jobs: int, parametrizations
+) -> Dict:
     torch.set_num_threads(1)
     ensure_world()  # the mixture's index build runs megatron-core's rank-0 logic
     train, valid = data(steps, cache)
     results: Dict = {"parametrizations": {}}
     start = time.time()
-    tasks = [(par, w, e, s) for par in ("mup", "sp") for w in widths for e in exponents for s in seeds]
+    tasks = [(par, w, e, s) for par in parametrizations for w in widths for e in exponents for s in seeds]
     global _DATA
     _DATA = (widths[0], train, valid)
     with multiprocessing.get_context("fork").Pool(jobs) as pool:  # fork: the workers share the batches
         losses = dict(zip(tasks, pool.imap(_task, tasks)))
-    for par in ("mup", "sp"):
+    for par in parametrizations:
         per_width = {}
         for width in widths:
             curve = {e: [losses[(par, width, e, s)] for s in seeds] for e in exponents}
@@ -141,7 +143,7 @@ def run(widths: List[int], exponents: List[int], seeds: List[int], steps: int, c
             }
         opt = [per_width[str(w)]["optimum_exponent"] for w in widths]
         results["parametrizations"][par] = {"widths": per_width, "optimum_shift_grid_points": opt[-1] - opt[0]}
-    mup_shift = results["parametrizations"]["mup"]["optimum_shift_grid_points"]
+    mup_shift = results["parametrizations"].get("mup", {}).get("optimum_shift_grid_points", 0)
     results.update(
         {
             "benchmark": "mup_transfer",
@@ -201,9 +203,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=scratch_path("mup-transfer.json"))
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (one thread each)")
+    ap.add_argument("--parametrizations", nargs="+", default=["mup", "sp"], choices=["mup", "sp"])
     ap.add_argument("--cache", type=Path, default=scratch_path("mup-transfer-data"), help="tokenizer and index cache")
     args = ap.parse_args(argv)
-    results = run(args.widths, args.lr_exponents, args.seeds, args.steps, args.cache, args.jobs)
+    results = run(args.widths, args.lr_exponents, args.seeds, args.steps, args.cache, args.jobs, args.parametrizations)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.plot is not None:

@@ -319,8 +319,8 @@ def test_tensor_parallel_with_tied_embeddings_projects_on_the_sharded_table(tens
 def test_mup_tensor_parallel_parity(tensor_parallel_runs, references):
     """µP's groups are chosen by parameter name, so the sharded (DTensor) parameters get the same lr/wd multipliers;
     the vocab-parallel head applies the logit multiplier and every rank's attention the µP scale."""
-    # the zero-initialised readout: step 1's gradient is the head's alone (norm 0.26, still 5x max_norm 0.05)
-    assert_parity("mup_tp2_sp", tensor_parallel_runs, references["mup"], clip_margin=4)
+    # the logit multiplier 1/2 scales the gradients down: norm 0.44 at the lowest, still ~9x max_norm 0.05
+    assert_parity("mup_tp2_sp", tensor_parallel_runs, references["mup"], clip_margin=8)
     assert abs(references["mup"]["losses"][-1] - references["untied"]["losses"][-1]) > 1e-3  # µP trains differently
 
 

@@ -1,5 +1,5 @@
 """The µP coordinate check (Yang et al. 2022, "Tensor Programs V", Section 7 / Figure 5) on lmforge's GPT: widths 64
-to 1024 (4 heads, d_ff = 4 d, 2 layers), 3 seeds, 5 Adam steps on one batch of 4 x 16 random tokens at lr 1e-3 with
+to 1024 (4 heads, d_ff = 4 d, 2 layers), 3 seeds, 5 Adam steps on one batch of 4 x 16 random tokens at lr 2e-3 with
 model.mup_base_width=64. For each layer type (embedding output, attention block output, MLP block output, logits)
 the mean |x| after the steps and the mean |x_5 - x_0| (the update) are averaged over seeds and fitted against width
 in log-log: under µP every slope is within 0.1 of 0; under the standard parametrization (the negative control)
@@ -22,7 +22,7 @@ from lmforge.optim.adamw import build_optimizer, set_learning_rate
 
 WIDTHS = (64, 128, 256, 512, 1024)
 SEEDS = (0, 1, 2)
-STEPS, LR, BASE = 5, 1e-3, 64
+STEPS, LR, BASE = 5, 2e-3, 64
 LAYERS = ("embedding", "attention", "mlp", "logits")
 
 

@@ -44,19 +44,22 @@ def test_roles_come_from_names_alone():
     assert mup.param_role("layers.0.ffn_norm.weight", 1) == mup.VECTOR
 
 
-def test_init_scales_hidden_std_by_one_over_sqrt_width_and_zeroes_the_readout():
+def test_init_scales_hidden_std_by_one_over_sqrt_width_and_equals_sp_at_the_base_width():
     c = cfg(512)  # m = 16
     model = built(c)
     params = dict(model.named_parameters())
-    assert params["output.weight"].abs().max() == 0
+    assert params["output.weight"].std().item() == pytest.approx(c.init_std, rel=0.03)  # times 1/m in the forward
     assert params["tok_embeddings.weight"].std().item() == pytest.approx(c.init_std, rel=0.03)
     assert params["layers.0.attention.wq.weight"].std().item() == pytest.approx(c.init_std / 4, rel=0.03)
     residual = c.init_std / 4 / math.sqrt(2 * c.n_layers)
     assert params["layers.1.feed_forward.w2.weight"].std().item() == pytest.approx(residual, rel=0.03)
-    # at the base width µP's init is SP's, bit for bit, except the zero readout
+    # at the base width µP's init is SP's, bit for bit; wider, only the hidden matrices differ
     at_base = built(cfg(32)).state_dict()
     sp = built(replace(cfg(32), parametrization="sp")).state_dict()
-    assert [k for k in sp if not torch.equal(sp[k], at_base[k])] == ["output.weight"]
+    assert all(torch.equal(sp[k], at_base[k]) for k in sp)
+    wide_sp = built(replace(c, parametrization="sp")).state_dict()
+    differ = {k for k, v in model.state_dict().items() if not torch.equal(v, wide_sp[k])}
+    assert differ == {n for n, p in params.items() if mup.param_role(n, p.ndim) == mup.HIDDEN}
 
 
 def test_optimizer_groups_carry_lr_and_weight_decay_multipliers():

@@ -155,8 +155,8 @@ REFUSED: Tuple[Refused, ...] = (
         "model.tie_embeddings",
         lambda c: c.model.parametrization == "mup" and c.model.tie_embeddings,
         lambda c: (
-            "muP treats the embedding (N(0, init_std), width-independent) and the output head (zero init, logits "
-            "times base/width) as two parameters"
+            "muP treats the embedding (lr and init independent of width) and the output head (logits times "
+            "base/width, lr independent of width) as two parameters"
         ),
         "set model.tie_embeddings=false with model.parametrization=mup",
     ),

@@ -91,11 +91,11 @@ class ModelConfig:
     Parametrization of Yang et al. 2022 ("Tensor Programs V", the Adam table), relative to ``mup_base_width``
     with width multiplier m = d_model / mup_base_width: hidden matrices N(0, init_std / sqrt(m)) with learning
     rate lr / m and weight decay wd * m (lr * wd per step independent of width); embeddings and norms at lr;
-    the untied output head zero-initialised, its logits multiplied by 1 / m; attention scale
+    the untied output head N(0, init_std) with its logits multiplied by 1 / m; attention scale
     sqrt(mup_base_head_dim) / head_dim (1/head_dim, equal to SP's at the base shape). model/mup.py;
     needs tie_embeddings=false."""
     mup_base_width: PositiveInt = 256
-    """The d_model at which mup equals sp (besides the zero-initialised output head): the width whose tuned
+    """The d_model at which mup equals sp exactly: the width whose tuned
     learning rate and init transfer to every other width."""
     mup_base_head_dim: Annotated[Optional[int], POSITIVE] = None
     """mup's attention scale is sqrt(mup_base_head_dim) / head_dim (1/head_dim, SP's scale at the base shape).
