@@ -119,7 +119,14 @@ def optimum(curve: Dict[int, List[float]]) -> int:
 
 
 def run(
-    widths: List[int], exponents: List[int], seeds: List[int], steps: int, cache: Path, jobs: int, parametrizations
+    widths: List[int],
+    exponents: List[int],
+    seeds: List[int],
+    steps: int,
+    cache: Path,
+    jobs: int,
+    parametrizations: List[str],
+    base: int,
 ) -> Dict:
     torch.set_num_threads(1)
     ensure_world()  # the mixture's index build runs megatron-core's rank-0 logic
@@ -128,7 +135,7 @@ def run(
     start = time.time()
     tasks = [(par, w, e, s) for par in parametrizations for w in widths for e in exponents for s in seeds]
     global _DATA
-    _DATA = (widths[0], train, valid)
+    _DATA = (base, train, valid)
     with multiprocessing.get_context("fork").Pool(jobs) as pool:  # fork: the workers share the batches
         losses = dict(zip(tasks, pool.imap(_task, tasks)))
     for par in parametrizations:
@@ -148,7 +155,7 @@ def run(
         {
             "benchmark": "mup_transfer",
             "widths": widths,
-            "base_width": widths[0],
+            "base_width": base,
             "lr_grid": {"base": 2, "exponents": exponents},
             "seeds": seeds,
             "steps": steps,
@@ -197,6 +204,7 @@ def plot(results: Dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.mup_transfer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--base-width", type=int, default=None, help="model.mup_base_width (default: the first width)")
     ap.add_argument("--lr-exponents", type=int, nargs="+", default=list(range(-11, -3)))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=200)
@@ -206,7 +214,10 @@ def main(argv=None) -> int:
     ap.add_argument("--parametrizations", nargs="+", default=["mup", "sp"], choices=["mup", "sp"])
     ap.add_argument("--cache", type=Path, default=scratch_path("mup-transfer-data"), help="tokenizer and index cache")
     args = ap.parse_args(argv)
-    results = run(args.widths, args.lr_exponents, args.seeds, args.steps, args.cache, args.jobs, args.parametrizations)
+    base = args.base_width or args.widths[0]
+    results = run(
+        args.widths, args.lr_exponents, args.seeds, args.steps, args.cache, args.jobs, args.parametrizations, base
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.plot is not None:
