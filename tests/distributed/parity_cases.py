@@ -18,6 +18,10 @@ MOE = [
     "model.moe.capacity_factor=1.0",
 ]
 
+# µP (model/mup.py) at width multiplier 2 (tiny's d_model 64 over base 32): per-group lr/wd, hidden init, the
+# logit multiplier and the attention scale, all of which a layout must keep.
+MUP = ["model.parametrization=mup", "model.mup_base_width=32"]
+
 
 def stand_in_eod(samples) -> int:
     """The document end of the data.document_masking cases: the parity samples are one continuous text (no EOD),

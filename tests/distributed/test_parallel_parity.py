@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 import pytest
-from distributed.parity_cases import MOE, docmask_case, docmask_pipeline_cases, fp8_fsdp_cases, fp8_tp_cases
+from distributed.parity_cases import MOE, MUP, docmask_case, docmask_pipeline_cases, fp8_fsdp_cases, fp8_tp_cases
 from harness import run_ranks
 
 STEPS = 3  # conftest.PARITY_STEPS (the single-process references)
@@ -41,7 +41,9 @@ def _run(world: int, cases: Dict[str, dict], samples, timeout: int, worker: str 
 # with test_context_parallel.py.
 
 
-def assert_parity(name: str, per_rank: List[dict], ref: dict, norm_rtol: float = NORM_RTOL) -> None:
+def assert_parity(
+    name: str, per_rank: List[dict], ref: dict, norm_rtol: float = NORM_RTOL, clip_margin: float = 10
+) -> None:
     for out in per_rank:
         r = out[name]
         assert len(r["losses"]) == STEPS
@@ -49,7 +51,7 @@ def assert_parity(name: str, per_rank: List[dict], ref: dict, norm_rtol: float =
             assert abs(a - b) < TOL, f"{name} rank {r['rank']} step {step + 1}: loss {a} vs single {b}"
         for step, (a, b) in enumerate(zip(r["grad_norms"], ref["grad_norms"])):
             assert abs(a - b) < norm_rtol * b, f"{name} rank {r['rank']} step {step + 1}: grad norm {a} vs {b}"
-            assert b > 0.05 * 10, "max_norm must be well below the real gradient norm for clipping to bite"
+            assert b > 0.05 * clip_margin, "max_norm must be well below the real gradient norm for clipping to bite"
         assert abs(r["eval_loss"] - ref["eval_loss"]) < TOL, f"{name} rank {r['rank']}: eval loss"
     # Identical data consumption: the data-parallel ranks split the single run's samples exactly;
     # ranks with the same data-parallel rank (tp / pp peers) read the same samples.
@@ -285,11 +287,12 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
         "moe_tp2": {"overrides": ["parallelism=tp2"] + MOE},
         "moe_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MOE},
         **fp8_tp_cases(),
+        "mup_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MUP},
     }
-    return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three fp8 cases)
+    return _run(2, cases, parity_samples, timeout=420)  # (the fp8 and µP cases included)
 
 
-@pytest.mark.timeout(520)
+@pytest.mark.timeout(560)
 @pytest.mark.parametrize("case", ["tp2", "tp2_sp_ac", "tp2_sp_ac_alternate", "tp2_sp_modules"])
 def test_tensor_parallel_parity(tensor_parallel_runs, reference, case):
     runs = tensor_parallel_runs
@@ -319,6 +322,15 @@ def test_tensor_parallel_with_tied_embeddings_projects_on_the_sharded_table(tens
     assert_parity("tp2_sp_tied", runs, references["tied"], norm_rtol=2e-4)
     params = runs[0]["tp2_sp_tied"]["params"]
     assert OUT not in params and params[EMB]["placements"] == ["S(0)"] and params[EMB]["local"] == [4096, 64]
+
+
+@pytest.mark.timeout(560)  # may be the first to pay the tensor-parallel launch (and the references)
+def test_mup_tensor_parallel_parity(tensor_parallel_runs, references):
+    """µP's groups are chosen by parameter name, so the sharded (DTensor) parameters get the same lr/wd multipliers;
+    the vocab-parallel head applies the logit multiplier and every rank's attention the µP scale."""
+    # the logit multiplier 1/2 scales the gradients down: norm 0.44 at the lowest, still ~9x max_norm 0.05
+    assert_parity("mup_tp2_sp", tensor_parallel_runs, references["mup"], clip_margin=8)
+    assert abs(references["mup"]["losses"][-1] - references["untied"]["losses"][-1]) > 1e-3  # µP trains differently
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ LLAMA_70B = model("70b", 8192, 80, 64, 8, 4096)
 GPT3_175B = model("175b", 12288, 96, 96, 96, 2048, mlp="gelu", norm="layernorm")
 
 
-def flash_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+def flash_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> torch.Tensor:
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=scale)[0]
 
 
 def tp_local(block: Block, cfg: ModelConfig, tp: int) -> Block:

@@ -29,6 +29,7 @@ EXAMPLES = [
     ({"pp": 2, "pp_virtual_stages": 2, "pp_schedule": "1F1B"}, {}),
     ({"pp": 2, "pp_schedule": "ZBVZeroBubble"}, {}),
     ({"pp": 2}, {}),
+    ({}, {"parametrization": "mup"}),
     (
         {"pp": 2, "pp_schedule": "InterleavedZeroBubble", "pp_virtual_stages": 2, "compile": True},
         {"tie_embeddings": False},

@@ -14,6 +14,7 @@ from lmforge.config.validate import validate
 
 POSITIVE = {
     "model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "model.seq_len", "model.ffn_multiple_of",
+    "model.mup_base_width", "model.mup_base_head_dim",
     "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.cp", "parallelism.ep", "parallelism.tp",
     "parallelism.pp", "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size",
     "train.global_batch_size", "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -485,3 +485,32 @@ def test_import_prints_overrides_a_shell_and_hydra_read_back_as_the_same_model(t
     # negative control: the model printed as one Python dict, as plain str() gives, is no Hydra override
     with pytest.raises(ConfigError):
         compose([f"model.moe={asdict(cfg.moe)}"])
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_mup_export_folds_its_multipliers_into_the_weights(norm, tmp_path):
+    """µP's logit multiplier 1/m goes into lm_head, its attention scale (sqrt(base/heads)/head_dim instead of
+    1/sqrt(head_dim)) into q_proj (RoPE is linear in q): the plain HF class gives the same logits within 1e-5.
+    Negative control: the same weights exported as SP (nothing folded) give other logits."""
+    cfg = small(norm=norm, parametrization="mup", mup_base_width=16)  # m = 4, head_dim 16, base head dim 4
+    model = random_model(cfg)
+    save_checkpoint(model, tmp_path / "run")
+    notes = export_hf(tmp_path / "run", tmp_path / "hf", with_tokenizer=False).notes
+    assert "muP multipliers folded into the weights: q_proj x 0.5 (attention scale), lm_head x 0.25" in notes[-1]
+    ids = tokens(cfg.vocab_size)
+    _, theirs = hf_logits(tmp_path / "hf", ids)
+    with torch.no_grad():
+        ours = model(ids)
+    assert ours.abs().max() > 0.5
+    assert (ours - theirs).abs().max().item() < 1e-5
+    save_checkpoint(random_model(replace(cfg, parametrization="sp")), tmp_path / "sp")
+    export_hf(tmp_path / "sp", tmp_path / "hf-sp", with_tokenizer=False)
+    _, unfolded = hf_logits(tmp_path / "hf-sp", ids)
+    assert (ours - unfolded).abs().max().item() > 1e-2
+
+
+def test_mup_with_tied_embeddings_is_refused_by_the_export():
+    from lmforge.interop.mup_fold import fold_mup_multipliers
+
+    with pytest.raises(InteropError, match="model.parametrization=mup with tied embeddings.*Fix: train with"):
+        fold_mup_multipliers(small(parametrization="mup", tie_embeddings=True), {})

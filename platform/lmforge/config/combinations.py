@@ -161,6 +161,16 @@ REFUSED: Tuple[Refused, ...] = (
         "set model.tie_embeddings=false for pp > 1",
     ),
     Refused(
+        "`model.parametrization=mup` with `model.tie_embeddings=true`",
+        "model.tie_embeddings",
+        lambda c: c.model.parametrization == "mup" and c.model.tie_embeddings,
+        lambda c: (
+            "muP treats the embedding (lr and init independent of width) and the output head (logits times "
+            "base/width, lr independent of width) as two parameters"
+        ),
+        "set model.tie_embeddings=false with model.parametrization=mup",
+    ),
+    Refused(
         "`compile=true` with a zero-bubble schedule (`pp > 1`)",
         "parallelism.compile",
         lambda c: c.parallelism.compile and _zero_bubble(c),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, List, Literal, Optional
 
-from lmforge.config.ranges import PositiveInt
+from lmforge.config.ranges import POSITIVE, PositiveInt
 
 
 @dataclass
@@ -85,6 +85,22 @@ class ModelConfig:
     init_std: float = 0.02
     """Standard deviation of the normal init of every weight matrix; each residual branch's output projection
     is scaled by 1/sqrt(2*n_layers) (GPT-2 / nanoGPT convention)."""
+    parametrization: Annotated[str, Literal["sp", "mup"]] = "sp"
+    """How initialisation, learning rates and multipliers scale with width. sp: the standard parametrization
+    (every matrix N(0, init_std), one learning rate, attention scale 1/sqrt(head_dim)). mup: the Maximal Update
+    Parametrization of Yang et al. 2022 ("Tensor Programs V", the Adam table), relative to ``mup_base_width``
+    with width multiplier m = d_model / mup_base_width: hidden matrices N(0, init_std / sqrt(m)) with learning
+    rate lr / m and weight decay wd * m (lr * wd per step independent of width); embeddings and norms at lr;
+    the untied output head N(0, init_std) with its logits multiplied by 1 / m; attention scale
+    sqrt(mup_base_head_dim) / head_dim (1/head_dim, equal to SP's at the base shape). model/mup.py;
+    needs tie_embeddings=false."""
+    mup_base_width: PositiveInt = 256
+    """The d_model at which mup equals sp exactly: the width whose tuned
+    learning rate and init transfer to every other width."""
+    mup_base_head_dim: Annotated[Optional[int], POSITIVE] = None
+    """mup's attention scale is sqrt(mup_base_head_dim) / head_dim (1/head_dim, SP's scale at the base shape).
+    null = mup_base_width / n_heads: widths grow the head dimension at a fixed head count; set the head dim
+    itself when a sweep grows the head count at a fixed head dimension."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Mixture-of-Experts feed-forward (``model.moe.*``; experts 0 = dense)."""
 

@@ -100,8 +100,11 @@ class LayerCache:
     def __init__(self, cache: KVCache, name: str):
         self.cache, self.name = cache, name
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
-        """q: [B, T, H, D], k/v: [B, T, Hkv, D] of the new tokens (before RoPE) -> attention output [B, T, H*D]."""
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, scale: Optional[float] = None
+    ) -> torch.Tensor:
+        """q: [B, T, H, D], k/v: [B, T, Hkv, D] of the new tokens (before RoPE) -> attention output [B, T, H*D].
+        ``scale``: the softmax scale (None = 1/sqrt(D))."""
         start, end, cos, sin, mask = self.cache._step
         bsz, seqlen, _, head_dim = q.shape
         # apply_rope takes one [T, D] table for every row: rows of the batch laid end to end, one table row each.
@@ -114,5 +117,5 @@ class LayerCache:
         if n_rep > 1:
             k_all = k_all.repeat_interleave(n_rep, dim=1)
             v_all = v_all.repeat_interleave(n_rep, dim=1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k_all, v_all, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k_all, v_all, attn_mask=mask, scale=scale)
         return out.transpose(1, 2).reshape(bsz, seqlen, -1)

@@ -25,6 +25,7 @@ from lmforge.data.tokenizer import EOD_TOKEN, embedded_tokenizer_path, load_toke
 from lmforge.interop.errors import InteropError
 from lmforge.interop.mapping import family_for, hf_config, to_hf_state
 from lmforge.interop.moe_mapping import export_notes, refuse_router_bias
+from lmforge.interop.mup_fold import fold_note
 from lmforge.interop.safetensors_io import parse_size, write_checkpoint
 from lmforge.runtime.file_modes import set_tree
 
@@ -130,6 +131,8 @@ def export_hf(
     result = ExportResult(out_dir, ckpt, fam.architecture, notes=export_notes(cfg))
     if eod is None:
         result.notes.append("state.json records no tokenizer: bos/eos token ids left unset")
+    if cfg.parametrization == "mup":
+        result.notes.append(fold_note(cfg))
 
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     if tmp.exists():

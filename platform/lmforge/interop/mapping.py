@@ -35,6 +35,7 @@ from lmforge.interop.moe_mapping import (
     moe_layer_to_hf,
     moe_qkv_bias,
 )
+from lmforge.interop.mup_fold import fold_mup_multipliers
 from lmforge.model.feed_forward import ffn_hidden_dim
 from lmforge.model.gpt import GPT, kv_heads
 from lmforge.model.moe import is_moe_layer, moe_layer_ids
@@ -102,8 +103,10 @@ def _moe_layer(name: str, cfg: ModelConfig) -> Optional[int]:
 
 
 def to_hf_state(cfg: ModelConfig, state: Dict[str, Any]) -> Dict[str, Any]:
-    """lmforge state dict -> HF tensors: renamed one to one, MoE layers split per expert (moe_mapping)."""
+    """lmforge state dict -> HF tensors: µP's multipliers folded in (mup_fold), renamed one to one, MoE layers split
+    per expert (moe_mapping)."""
 
+    state = fold_mup_multipliers(cfg, state)
     out: Dict[str, Any] = {}
     moe: Dict[int, Dict[str, Any]] = {}
     for name, t in state.items():

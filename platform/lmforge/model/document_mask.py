@@ -84,7 +84,13 @@ def unpack_batch(x: torch.Tensor, bsz: int) -> torch.Tensor:
 
 
 def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, n_rep: int, kernel=None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    n_rep: int,
+    kernel=None,
+    scale: Optional[float] = None,
 ) -> torch.Tensor:
     """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] (rotated) -> [B, T, Hq * D]: causal attention within each document
     of the packed stream. ``kernel``: ``varlen_attn``'s signature (default torch's; the CPU test passes an SDPA
@@ -102,6 +108,7 @@ def varlen_attention(
         seqlen,
         window_size=(-1, 0),
         enable_gqa=n_rep > 1,
+        scale=scale,
     )
     return unpack_batch(out, bsz).flatten(2)
 
@@ -117,6 +124,7 @@ def segment_sdpa(
     *,
     window_size=(-1, 0),
     enable_gqa: bool = False,
+    scale: Optional[float] = None,
     **_,
 ) -> torch.Tensor:
     """``varlen_attn``'s contract (as :func:`varlen_attention` calls it) on any device: causal SDPA on each
@@ -133,7 +141,7 @@ def segment_sdpa(
     return torch.cat(
         [
             F.scaled_dot_product_attention(
-                *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True, enable_gqa=enable_gqa
+                *(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True, enable_gqa=enable_gqa, scale=scale
             ).transpose(0, 1)
             for a, b in zip(bounds, bounds[1:])
         ]
@@ -173,21 +181,24 @@ class DocumentMask:
             out.block_mask = create_block_mask(same_document_causal, bsz, None, seqlen, seqlen, device=positions.device)
         return out
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
-        """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] before RoPE -> [B, T, Hq * D] (rotated, masked attention)."""
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, scale: Optional[float] = None
+    ) -> torch.Tensor:
+        """q: [B, T, Hq, D], k/v: [B, T, Hkv, D] before RoPE -> [B, T, Hq * D] (rotated, masked attention);
+        ``scale``: the softmax scale (None = 1/sqrt(D))."""
         bsz, seqlen = q.shape[:2]
         q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
         if self.backend == "varlen":
-            return varlen_attention(q, k, v, self.cu_seqlens, n_rep)
+            return varlen_attention(q, k, v, self.cu_seqlens, n_rep, scale=scale)
         if self.backend == "sdpa":
             if n_rep > 1:
                 k = k.repeat_interleave(n_rep, dim=2)
                 v = v.repeat_interleave(n_rep, dim=2)
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
         else:
             from torch.nn.attention.flex_attention import flex_attention
 
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            out = flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=n_rep > 1)
+            out = flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=n_rep > 1, scale=scale)
         return out.transpose(1, 2).reshape(bsz, seqlen, -1)

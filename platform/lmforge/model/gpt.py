@@ -29,6 +29,7 @@ from lmforge.model.feed_forward import FeedForward, ffn_hidden_dim
 from lmforge.model.init import init_parameters
 from lmforge.model.loss import chunked_cross_entropy
 from lmforge.model.moe import MoEFeedForward, expert_hidden_dim, is_moe_layer, moe_layer_ids
+from lmforge.model.mup import attention_scale, output_multiplier
 from lmforge.model.rope import apply_rope, rope_tables  # noqa: F401 - part of this module's API
 
 
@@ -42,10 +43,11 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     return nn.LayerNorm(dim, eps=cfg.norm_eps)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
     """Causal attention over [B, H, T, D] q and [B, H_kv, T, D] k/v (the single-device kernel). Grouped-query:
-    SDPA's own grouped path (no repeat_interleave copies of K and V)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    SDPA's own grouped path (no repeat_interleave copies of K and V). ``scale``: the softmax scale (None =
+    1/sqrt(D); µP passes its own, model/mup.py)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1], scale=scale)
 
 
 class Attention(nn.Module):
@@ -56,6 +58,7 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_heads
         self.n_rep = cfg.n_heads // kv_heads(cfg)
+        self.scale = attention_scale(cfg)  # None = every kernel's 1/sqrt(head_dim); µP: model/mup.py
         self.wq = nn.Linear(cfg.d_model, cfg.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, kv_heads(cfg) * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, kv_heads(cfg) * self.head_dim, bias=False)
@@ -70,13 +73,13 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         if doc is not None:  # document masking (model/document_mask.py): per-document RoPE positions and mask
-            return self.wo(doc.attention(q, k, v, self.n_rep))
+            return self.wo(doc.attention(q, k, v, self.n_rep, scale=self.scale))
         if kv_cache is not None:  # decoding (lmforge.generation.kv_cache): RoPE at cached positions, cached K/V
-            return self.wo(kv_cache.attend(q, k, v, self.n_rep))
+            return self.wo(kv_cache.attend(q, k, v, self.n_rep, scale=self.scale))
         cos, sin = cos[:seqlen], sin[:seqlen]  # full-length tables (a sequence-parallel block gets T/tp inputs)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        out = self.attend(q, k, v)
+        out = self.attend(q, k, v, scale=self.scale)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 
@@ -116,11 +119,13 @@ class OutputHead(nn.Module):
     """logits = h @ W^T over the vocabulary. Untied, W is the head's own ``weight`` [vocab, d] (``output.weight``,
     initialised like ``nn.Linear``); tied (``model.tie_embeddings``), W is the embedding table, passed in by the
     caller, and the head holds no parameter. Tensor parallelism shards W by vocabulary rows either way
-    (``parallel/tensor_parallel.py``'s ``VocabParallelOutput``)."""
+    (``parallel/tensor_parallel.py``'s ``VocabParallelOutput``). µP multiplies the logits by base/width
+    (``multiplier``, model/mup.py; 1 under sp, where the product is skipped)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.tied = cfg.tie_embeddings
+        self.multiplier = output_multiplier(cfg)
         if self.tied:
             self.register_parameter("weight", None)
         else:
@@ -128,7 +133,8 @@ class OutputHead(nn.Module):
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's init (and its use of the RNG)
 
     def forward(self, h: torch.Tensor, embedding_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return F.linear(h, embedding_weight if self.tied else self.weight)
+        logits = F.linear(h, embedding_weight if self.tied else self.weight)
+        return logits if self.multiplier == 1.0 else logits * self.multiplier
 
 
 class DecoderStack(nn.Module):

@@ -6,7 +6,8 @@ weights are identical however the model is later split (pipeline stages keep glo
 
 Scheme (GPT-2 / nanoGPT style): every weight matrix ~ N(0, init_std); the output projection of each
 residual branch (``attention.wo``, ``feed_forward.w2``) ~ N(0, init_std / sqrt(2 * n_layers)); norm
-weights 1, norm biases 0.
+weights 1, norm biases 0. ``model.parametrization=mup`` rescales the std by the parameter's role
+(model/mup.py: hidden matrices / sqrt(width multiplier)).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from lmforge.config.model import ModelConfig
+from lmforge.model import mup
 
 RESIDUAL_OUTPUTS = (
     "attention.wo.weight",
@@ -49,6 +51,7 @@ def full_init_tensor(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) 
     std = cfg.init_std
     if name.endswith(RESIDUAL_OUTPUTS):
         std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    std = mup.init_std(name, len(shape), cfg, std)  # sp: unchanged; mup: by role (model/mup.py)
     gen = torch.Generator().manual_seed(param_seed(seed, name))
     return torch.empty(shape).normal_(0.0, std, generator=gen)
 

@@ -226,9 +226,9 @@ class RingAttention(torch.autograd.Function):
     ``docs`` ([B, T] document ids, or None): within each document only."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, layout: ContextLayout, docs: Optional[torch.Tensor] = None):
+    def forward(ctx, q, k, v, group, layout: ContextLayout, docs: Optional[torch.Tensor] = None, scale=None):
         ring = _Ring(group, layout.rank, layout.cp)
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         masks = ring_masks(layout, docs, q.device)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
@@ -276,7 +276,7 @@ class RingAttention(torch.autograd.Function):
             if pending is not None:
                 _Ring.wait(pending[1])
                 kv = outgoing = pending[0]
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -297,7 +297,9 @@ class _GatherSequence(torch.autograd.Function):
         return mine, None
 
 
-def allgather_attention(q, k, v, group, layout: ContextLayout, docs: Optional[torch.Tensor] = None) -> torch.Tensor:
+def allgather_attention(
+    q, k, v, group, layout: ContextLayout, docs: Optional[torch.Tensor] = None, scale: Optional[float] = None
+) -> torch.Tensor:
     """Exact causal attention of this rank's queries against the all-gathered K/V (n_kv heads) of the whole
     sequence; ``docs`` ([B, T] document ids, or None): within each document only."""
     kv = _GatherSequence.apply(pack_kv(k, v), group)  # [cp, 2, B, H_kv, 2c, D], rank order
@@ -310,7 +312,7 @@ def allgather_attention(q, k, v, group, layout: ContextLayout, docs: Optional[to
         k_doc = torch.cat([layout.shard(docs, rank=s) for s in range(layout.cp)], dim=1)
     mask = visible(layout.positions(device=q.device), k_pos, q_doc, k_doc)
     return torch.nn.functional.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
+        q, keys, values, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1], scale=scale
     )
 
 
@@ -356,12 +358,14 @@ class ContextDocumentMask:
         self.docs = document_ids(positions)
         self.exchange, self.group, self.layout = exchange, group, layout
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, scale: Optional[float] = None
+    ) -> torch.Tensor:
         """q: [B, 2c, Hq, D], k/v: [B, 2c, Hkv, D] before RoPE -> [B, 2c, Hq * D]."""
         bsz, seqlen = q.shape[:2]
         q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = self.exchange(q, k, v, self.group, self.layout, self.docs)
+        out = self.exchange(q, k, v, self.group, self.layout, self.docs, scale)
         return out.transpose(1, 2).reshape(bsz, seqlen, -1)
 
 
@@ -370,8 +374,8 @@ def context_attention(group: dist.ProcessGroup, layout: ContextLayout, exchange:
     [B, H, 2c, D]. K/V are exchanged at their n_kv heads, expanded to the query heads only where attended."""
     fn = EXCHANGES[exchange]
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return fn(q, k, v, group, layout)
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+        return fn(q, k, v, group, layout, None, scale)
 
     return attend
 

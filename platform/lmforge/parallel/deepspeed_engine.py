@@ -26,7 +26,7 @@ from lmforge.config.document_masking import check_document_masking
 from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
-from lmforge.optim.adamw import build_optimizer
+from lmforge.optim.adamw import build_optimizer, set_learning_rate
 from lmforge.parallel.contract import DEEPSPEED, StateLayout, StepGuard, StepResult
 from lmforge.parallel.deepspeed_config import build_config
 from lmforge.parallel.mesh import ParallelDims
@@ -65,7 +65,7 @@ class DeepSpeedEngine:
         check_document_masking(cfg.cfg, device.type)  # train.device=auto resolved: the backend's device check
         model.document_attention = cfg.data.document_attention  # used by batches with document positions
         model = parallelize(model, cfg.cfg, None, device).model  # activation checkpointing, materialize (fp32)
-        optimizer = build_optimizer(model, cfg.optim, device)
+        optimizer = build_optimizer(model, cfg.optim, device, cfg.model)
         self.ds, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
@@ -107,8 +107,7 @@ class DeepSpeedEngine:
                 f"{n} micro batches but DeepSpeed was configured for "
                 f"{self.ds.gradient_accumulation_steps()} (gradient_accumulation_steps)"
             )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         total = torch.zeros((), device=self.device)
         for mb in micro_batches:
             loss = self.forward_loss(mb.tokens, mb.targets, mb.positions)

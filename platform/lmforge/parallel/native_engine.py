@@ -18,7 +18,7 @@ from lmforge.config.validated import Validated
 from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
 from lmforge.model.moe import MoECollector, moe_layer_names
-from lmforge.optim.adamw import build_optimizer
+from lmforge.optim.adamw import build_optimizer, set_learning_rate
 from lmforge.parallel.contract import DCP, StateLayout, StepGuard, StepResult
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.float8 import after_optimizer_step, gap_metrics, high_precision_linears
@@ -65,7 +65,7 @@ class NativeEngine:
         self.pipeline = par.pipeline
         self.manual_grad_sync = par.manual_grad_sync
         self.context = par.context  # cp > 1: each rank's share of every sequence (parallel/context_parallel.py)
-        self.optimizer = build_optimizer(self.inner, cfg.optim, device)
+        self.optimizer = build_optimizer(self.inner, cfg.optim, device, cfg.model)
         # The MoE layers' router losses and loads (rows for every stage's layers); empty: dense.
         self.moe = MoECollector(self.inner, cfg.model.moe, moe_layer_names(cfg.model))
         if self.pipeline is not None and self.moe:
@@ -148,8 +148,7 @@ class NativeEngine:
             total /= self.loss_ranks
         grad_norm = clip_grad_norm(self.inner.parameters(), self.cfg.optim.grad_clip, self.pp_group)
         skip = guard.skip_tensor(total, grad_norm) if guard is not None else None
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         optimizer_step(self.optimizer, skip)
         self.optimizer.zero_grad(set_to_none=True)
         if self.fp8 is not None:
