@@ -60,7 +60,7 @@ class _LossFloor(torch.autograd.Function):
         return torch.full(shape, float(grad) / shape[0], dtype=dtype, device=device)
 
 
-def _attention_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _attention_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> torch.Tensor:
     b, h, t, d = q.shape
     kv = (k + v).unsqueeze(2)  # [B, H_kv, 1, T, D], broadcast over the query heads of each group
     return (q.view(b, k.shape[1], h // k.shape[1], t, d) + kv).view(b, h, t, d)
