@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchmarks.paths import scratch_path
+from lmforge.runtime.hardware import cpu_model
 
 FILE_MB = 64.0
 
@@ -160,14 +161,6 @@ def check_models(rows: List[Dict]) -> Dict[str, Dict]:
             "extrapolated_cpu_s": {f"{mb:g}MB": round(model(size(mb)), 1) for mb in EXTRAPOLATE_MB},
         }
     return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), to name the machine in the results."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main(argv=None) -> int:

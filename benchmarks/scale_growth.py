@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 from benchmarks.paths import scratch_path
+from lmforge.runtime.hardware import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAPOLATE = (1024, 16384)
@@ -227,14 +228,6 @@ def print_table(points: List[Dict], fits: Dict[str, Dict]) -> None:
             )
         print(row)
     print("load average (before, after): " + ", ".join(f"W={p['world']}: {p['load_average']}" for p in points))
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), to name the machine in the results."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main(argv=None) -> int:

@@ -179,7 +179,8 @@ def dtype_key(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's processor string."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -218,7 +219,7 @@ def _cpu_peak_cache(cache: Optional[Path]) -> Path:
 
 def _cpu_peak_key(dtype: torch.dtype) -> str:
     # v2: best-of-repeats on 2048^3 (v1 took the median of 1024^3 and could cache a value measured under load).
-    return f"v2|{_cpu_model()}|threads={torch.get_num_threads()}|{dtype_key(dtype)}|torch={torch.__version__}"
+    return f"v2|{cpu_model()}|threads={torch.get_num_threads()}|{dtype_key(dtype)}|torch={torch.__version__}"
 
 
 def _read_table(cache: Path) -> dict:
