@@ -15,9 +15,10 @@ from lmforge.checkpoint import commit as commit_mod
 from lmforge.checkpoint import fault_injection
 from lmforge.checkpoint.commit import STAGES
 from lmforge.checkpoint.layout import aside_dir, complete_checkpoints, latest, step_dir, tmp_dir
-from lmforge.checkpoint.manager import CheckpointManager, resolve_resume
+from lmforge.checkpoint.manager import CheckpointManager, ResumePoint, resolve_resume, resume_target
 from lmforge.config.checkpoint import CheckpointConfig
 from lmforge.runtime.rundir import RunPaths
+from lmforge.trainer.startup import continued_line
 
 
 class Crash(BaseException):
@@ -179,3 +180,24 @@ def test_resume_resolution_errors_come_from_one_function(tmp_path):
     (tmp_path / "step-00000007").mkdir()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         resolve_resume(tmp_path, str(tmp_path / "step-00000007"))
+
+
+def test_a_checkpoint_named_outside_the_run_is_where_it_starts_not_a_pin(tmp_path):
+    """train.resume=<another run's checkpoint>: the run starts there; once it has a checkpoint of its own, a
+    relaunch with the same command continues from that (a branch preempted mid-decay does not start over). A
+    checkpoint named inside the run (a roll-back) is resumed exactly."""
+    stable, branch = tmp_path / "stable" / "checkpoints", tmp_path / "branch" / "checkpoints"
+    _save(stable, 3, 1.0)
+    named = str(step_dir(stable, 3))
+    assert resume_target(branch, named) == (step_dir(stable, 3), None)  # a fresh branch starts at the stable run
+    _save(branch, 4, 2.0)
+    _save(branch, 5, 3.0)
+    assert resume_target(branch, named) == (step_dir(branch, 5), step_dir(stable, 3))  # its own newest wins
+    assert resume_target(branch, str(stable)) == (step_dir(branch, 5), step_dir(stable, 3))
+    assert resume_target(branch, str(step_dir(branch, 4))) == (step_dir(branch, 4), None)  # roll-back: as named
+    assert resume_target(branch, "auto") == (step_dir(branch, 5), None)
+    assert resume_target(branch, "none") == (None, None)
+    # the line a relaunch prints (rank 0), naming both checkpoints
+    line = continued_line(ResumePoint(step_dir(branch, 5), {}, step_dir(stable, 3)))
+    assert line.startswith(f"lmforge: train.resume={step_dir(stable, 3)} is where this run started;")
+    assert f"continues from its own newest checkpoint {step_dir(branch, 5)}" in line

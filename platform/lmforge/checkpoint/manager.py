@@ -30,7 +30,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -92,10 +92,12 @@ class _Pending:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """The checkpoint a run resumes from and its sidecar, read once (``find_resume``)."""
+    """The checkpoint a run resumes from and its sidecar, read once (``find_resume``). ``named``: the checkpoint
+    ``train.resume`` names when the run continues from a newer one of its own instead (``resume_target``)."""
 
     path: Path
     sidecar: dict
+    named: Optional[Path] = None
 
 
 class CheckpointManager:
@@ -279,13 +281,34 @@ def find_resume(
     ``tokenizer_identity``: gives this run's tokenizer identity, called only when there is a checkpoint to check
     (a fresh start loads no tokenizer for it)."""
     try:
-        path = resolve_resume(root, resume)
+        path, named = resume_target(root, resume)
     except CheckpointError:
         check_resume_target(resume)  # says why in one line (exit 2)
         raise
     if path is None:
         return None
-    return ResumePoint(path, check_resume_fits(path, model, tokenizer_identity()))  # the sidecar, read once
+    return ResumePoint(path, check_resume_fits(path, model, tokenizer_identity()), named)  # the sidecar, read once
+
+
+def resume_target(root: Path, resume: str) -> Tuple[Optional[Path], Optional[Path]]:
+    """(the checkpoint to resume, the one ``train.resume`` named when that is not it). A named checkpoint outside
+    ``root`` (another run's: a cooldown branch's stable run, a fine-tune's base) is where this run *starts*: once
+    the run has a complete checkpoint of its own, a relaunch (a requeue, a torchrun restart, the same command again)
+    continues from its newest one instead of starting over, as torchtitan's ``initial_load_path`` does. A named
+    checkpoint inside ``root`` (a roll-back to an earlier step of this run) is resumed exactly as named."""
+    path = resolve_resume(root, resume)
+    if resume in ("auto", "none") or path is None or _inside(path, root):
+        return path, None
+    own = latest(root)
+    return (own, path) if own is not None else (path, None)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_resume(root: Path, resume: str) -> Optional[Path]:

@@ -72,7 +72,8 @@ class TrainConfig:
     """Batches per held-out loss evaluation."""
     resume: str = "auto"
     """auto (the newest complete checkpoint in the run directory, else a fresh start), none, or a checkpoint
-    path."""
+    path (one outside the run is where it starts: once the run has a checkpoint of its own, it continues from
+    that)."""
     init_from: Optional[str] = None
     """Start from the model weights of this checkpoint (run dir or step dir, any layout; e.g. one written by
     ``lmforge import hf``) with a fresh optimizer and data position. Ignored when resuming a checkpoint."""

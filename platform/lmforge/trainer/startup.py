@@ -73,7 +73,17 @@ def check_start(
     if launch_rank() == 0:
         for line in timeout_lines(validated, world, entry):
             print(line, file=sys.stderr, flush=True)
+        if entry.resume_point is not None and entry.resume_point.named is not None:
+            print(continued_line(entry.resume_point), flush=True)
     return Checked(validated, entry)
+
+
+def continued_line(point) -> str:
+    """The line of a launch whose ``train.resume`` names another run's checkpoint while this run has its own."""
+    return (
+        f"lmforge: train.resume={point.named} is where this run started; it continues from its own newest "
+        f"checkpoint {point.path} (a new run.name starts from {point.named} again)"
+    )
 
 
 def start(cfg, run_dir: Path) -> "Trainer":
