@@ -155,36 +155,44 @@ def record(
     excluded = sorted(exclusions)
     if decision.action == "requeue":
         state["preemptions" if decision.kind == "preempted" else "failures"] += 1
-    entry = {
+    entry = _entry(slurm_restart_count(), exit_code, signalled, decision.action, decision.kind, decision.reason)
+    entry.update(nodes=nodes or [], excluded=excluded, exclusion_reasons=exclusions)
+    event = {"requeue": "requeue", "stop": "retry_stop"}.get(decision.action)  # done: no event
+    _book(run_dir, state, entry, event, excluded=excluded)
+    return decision
+
+
+def _entry(slurm_restart: int, exit_code: Optional[int], signalled: bool, action: str, kind: str, reason: str) -> dict:
+    """A ``requeues.json`` entry's common fields (the caller adds where the run trained and what it excludes)."""
+    return {
         "time": time.time(),
         "job": slurm_job_id(),
-        "slurm_restart": slurm_restart_count(),
+        "slurm_restart": slurm_restart,
         "exit_code": exit_code,
         "signalled": signalled,
-        "action": decision.action,
-        "kind": decision.kind,
-        "reason": decision.reason,
-        "nodes": nodes or [],
-        "excluded": excluded,
-        "exclusion_reasons": exclusions,
-        "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
+        "action": action,
+        "kind": kind,
+        "reason": reason,
     }
+
+
+def _book(run_dir: Path, state: dict, entry: dict, event: Optional[str], **event_fields) -> None:
+    """Append ``entry`` (with the run's verdicts) to ``requeues.json`` and emit ``event`` (None: none) at the
+    newest checkpoint's step, with the run's failure and preemption counts."""
+    entry["verdicts"] = [v.to_json() for v in verdicts.read_all(run_dir)]
     state["history"].append(entry)
     _save_state(run_dir, state)
-    if decision.action != "done":
-        event = {"requeue": "requeue", "stop": "retry_stop"}[decision.action]
-        step = last_step(run_dir)
+    if event is not None:
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
             event,
-            step,
-            decision.reason,
-            exit_code=exit_code,
-            decision=decision.kind,
-            excluded=excluded,
+            last_step(run_dir),
+            entry["reason"],
+            exit_code=entry["exit_code"],
+            decision=entry["kind"],
+            **event_fields,
             failures=state["failures"],
             preemptions=state["preemptions"],
         )
-    return decision
 
 
 def record_slurm_requeue(
@@ -221,35 +229,10 @@ def record_slurm_requeue(
             f"Slurm requeued run {run + 1} itself (a node failure on a node back up since, or scontrol requeue); "
             f"resuming from step {step}"
         )
-    entry = {
-        "time": time.time(),
-        "job": job,
-        "slurm_restart": run,
-        "exit_code": exit_code,
-        "signalled": True,
-        "action": "requeue",
-        "kind": kind,
-        "reason": reason,
-        "nodes": sorted(nodes),
-        "lost_nodes": lost,
-        "excluded": [],
-        "exclusion_reasons": {},
-        "verdicts": [v.to_json() for v in verdicts.read_all(run_dir)],
-        "recorded_at": recorded_at or f"start of run {run + 2}",
-    }
-    state["history"].append(entry)
-    _save_state(run_dir, state)
-    FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
-        "requeue",
-        step,
-        reason,
-        exit_code=exit_code,
-        decision=kind,
-        excluded=[],
-        lost_nodes=sorted(lost),
-        failures=state["failures"],
-        preemptions=state["preemptions"],
-    )
+    entry = _entry(run, exit_code, True, "requeue", kind, reason)
+    entry.update(nodes=sorted(nodes), lost_nodes=lost, excluded=[], exclusion_reasons={})
+    entry["recorded_at"] = recorded_at or f"start of run {run + 2}"
+    _book(run_dir, state, entry, "requeue", excluded=[], lost_nodes=sorted(lost))
     return entry
 
 

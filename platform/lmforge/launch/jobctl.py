@@ -232,11 +232,10 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     run_dir = run_dir_for(cfg)
     nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
     job = slurm_job_id()
-    reasons = (
-        bad_nodes.at_fault(run_dir, nodes, unhealthy_nodes(nodes), cfg.fault.exclude_straggler_flags) if job else {}
-    )
+    unhealthy = unhealthy_nodes(nodes) if job else {}
+    reasons = bad_nodes.at_fault(run_dir, nodes, unhealthy, cfg.fault.exclude_straggler_flags) if job else {}
     if job and requeued_by_slurm(job):  # a node failure: Slurm requeued this run itself and is ending it
-        return after_slurm_requeue(run_dir, job, exit_code, nodes, reasons)
+        return after_slurm_requeue(run_dir, job, exit_code, nodes, unhealthy, reasons)
     decision = record(
         run_dir,
         exit_code,
@@ -267,14 +266,22 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
     return 0
 
 
-def after_slurm_requeue(run_dir: Path, job: str, exit_code: int, nodes: List[str], reasons: Mapping[str, str]) -> int:
+def after_slurm_requeue(
+    run_dir: Path,
+    job: str,
+    exit_code: int,
+    nodes: List[str],
+    unhealthy: Mapping[str, str],
+    reasons: Mapping[str, str],
+) -> int:
     """The run's end when Slurm already requeued the job (node failure): record it, requeue nothing; the nodes at
-    fault are still excluded (the job is pending: Slurm takes ExcNodeList now)."""
+    fault are still excluded (the job is pending: Slurm takes ExcNodeList now). ``unhealthy``: node -> state, as
+    ``unhealthy_nodes`` read it for ``reasons``."""
     entry = record_slurm_requeue(
         run_dir,
         run=slurm_restart_count(),
         nodes=nodes,
-        unhealthy=unhealthy_nodes(nodes),
+        unhealthy=unhealthy,
         exit_code=exit_code,
         recorded_at=f"end of run {slurm_restart_count() + 1}",
     )
