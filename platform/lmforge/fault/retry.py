@@ -49,6 +49,11 @@ class Decision:
     reason: str
     exit_code: int = 0  # what the launcher exits with on ``stop``
 
+    def word(self, run_exit_code: int) -> str:
+        """What a batch script reads: ``done``, ``requeue`` or ``stop <exit code>`` (the verdict's code, else the
+        run's own, else 1)."""
+        return f"stop {self.exit_code or run_exit_code or 1}" if self.action == "stop" else self.action
+
 
 def _state_path(run_dir: Path) -> Path:
     return Path(run_dir) / STATE_FILE

@@ -254,7 +254,7 @@ def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue
         file=sys.stderr,
         flush=True,
     )
-    print(f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action, flush=True)
+    print(decision.word(exit_code), flush=True)
     if decision.action == "requeue" and requeue and job:
         sys.stdout.flush()
         total = len(nodes) or cfg.cluster.nodes

@@ -73,15 +73,14 @@ def build_optimizer(
     # foreach step at model=bench_small (benchmarks/reports/2026-12-step-speed.md); other devices get foreach.
     fused = cfg.fused if cfg.fused is not None else device.type in ("cuda", "cpu")
     groups = param_groups(model.named_parameters(), cfg.weight_decay, model_cfg)
-    for group in groups:
-        if "lr_mult" in group:
-            group["lr"] = cfg.lr * group["lr_mult"]
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if fused:
         kwargs["fused"] = True
     else:
         kwargs["foreach"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    optimizer = torch.optim.AdamW(groups, **kwargs)
+    set_learning_rate(optimizer, cfg.lr)  # the groups' µP multipliers from the start, as every step sets them
+    return optimizer
 
 
 def build_optimizer_from_dict(model: torch.nn.Module, optim: dict) -> torch.optim.Optimizer:

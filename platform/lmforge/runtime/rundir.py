@@ -188,6 +188,10 @@ class RunPaths:
         """``launch-NNN.yaml`` per launch (lmforge.trainer.launch_record): its config, start step, what changed."""
         return self.root / "launches"
 
+    def launch_record(self, number: int) -> Path:
+        """The record of launch ``number`` (0: the run's first launch)."""
+        return self.launches / f"launch-{number:03d}.yaml"
+
     @property
     def provenance(self) -> Path:
         return self.root / "provenance.json"

@@ -134,7 +134,7 @@ def branch_provenance(p: Point, sweep: Optional[Sweep]) -> dict:
     first launch actually resumed (``launches/launch-000.yaml``)."""
     import yaml  # deferred: a sweep file loads without yaml
 
-    first = RunPaths(Path(p.run_dir)).launches / "launch-000.yaml"
+    first = RunPaths(Path(p.run_dir)).launch_record(0)
     record = yaml.safe_load(first.read_text()) if first.is_file() else {}
     out = {"stable_run": p.stable_run, "branch_start": p.branch_start, "decay_steps": p.decay_steps}
     if sweep is not None:

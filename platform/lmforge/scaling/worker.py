@@ -154,7 +154,7 @@ def after(p: Union[Point, StableRun], exit_code: int, signalled: bool) -> str:
     budget = compose(p.overrides).cluster.max_requeues
     decision = record(Path(p.run_dir), exit_code, signalled=signalled, max_failures=budget)
     print(f"[sweep] {p.id}: {decision.action}: {decision.reason}", file=sys.stderr, flush=True)
-    return f"stop {decision.exit_code or exit_code or 1}" if decision.action == "stop" else decision.action
+    return decision.word(exit_code)
 
 
 def unit_at(sweep: Sweep, index: int) -> Union[Point, StableRun]:

@@ -51,7 +51,7 @@ def write_launch_record(paths: RunPaths, config: dict, step: int, resumed: Optio
     }
     number = len(list(paths.launches.glob(f"{PREFIX}*.yaml")))
     while True:  # exclusive: a number is never reused
-        path = paths.launches / f"{PREFIX}{number:03d}.yaml"
+        path = paths.launch_record(number)
         try:
             with open_exclusive(path) as fh:
                 fh.write(OmegaConf.to_yaml(OmegaConf.create({"launch": number, **record})))
