@@ -4,13 +4,15 @@ the causes sum to the wall time, and a run without a restart has nothing redone 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from lmforge.fault.goodput import CAUSES, GoodputError, account, format_report, read_ledger, run_dirs, write_goodput
 from lmforge.fault.goodput_cli import main as goodput_main
-from lmforge.fault.goodput_ledger import GoodputLedger
+from lmforge.fault.goodput_ledger import GoodputLedger, process_start_time
 
 
 def write_ledger(run: Path, launch: int, start: dict, steps: list, end: dict | None) -> None:
@@ -181,3 +183,21 @@ def test_a_directory_of_runs_is_accounted_per_run_and_nothing_to_account_exits_2
     assert len(err) == 1 and "no run below it has a goodput ledger" in err[0] and "Fix:" in err[0]
     assert goodput_main([str(tmp_path / "missing")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_a_process_start_is_placed_between_its_fork_and_its_first_line_to_the_clock_tick():
+    # a restarted launch must start after the watchdog firing that caused it; /proc/stat's whole-second btime
+    # placed it up to 1 s early (the negative control: the lower bound fails with btime on most boots)
+    read_end, write_end = os.pipe()
+    before = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child: its first line, then its start as the ledger computes it
+        first_line = time.time()
+        os.write(write_end, f"{first_line} {process_start_time()}".encode())
+        os._exit(0)
+    os.close(write_end)
+    first_line, start = map(float, os.read(read_end, 200).decode().split())
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    tick = 0.011  # SC_CLK_TCK is 100 on Linux: a start is truncated to 10 ms
+    assert before - tick <= start <= first_line, (before, start, first_line)

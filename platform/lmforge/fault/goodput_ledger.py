@@ -29,14 +29,16 @@ IMPORT_TIME = time.time()  # the fallback process start where /proc is not there
 
 
 def process_start_time() -> float:
-    """This process's start as a wall-clock time (Linux: /proc; elsewhere the time lmforge was imported)."""
+    """This process's start as a wall-clock time (Linux: /proc; elsewhere the time lmforge was imported).
+
+    /proc/self/stat gives the start in clock ticks since boot; the boot's wall-clock time is taken as now less
+    CLOCK_BOOTTIME, not /proc/stat's ``btime``, which is whole seconds (up to 1 s early: enough to place a
+    restarted process before the watchdog firing that caused the restart)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
-        )
+        boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
         return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError, AttributeError):
         return IMPORT_TIME
 
 
