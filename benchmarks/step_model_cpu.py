@@ -8,7 +8,7 @@ Each of ``--repeats`` timed steps (after one warm-up step) of a plain PyTorch lo
 with this CPU's rates measured right before it, as a shared host's load drifts within seconds: a square fp32
 ``torch.mm`` (2048^3, the median of 5 calls) is the GEMM rate, a 64 MiB tensor copy (read + write bytes) the
 memory bandwidth, ``host_overhead.measure_op_overhead`` the host time per dispatched op and
-``host_overhead.measure_softmax_rate`` the log-softmax rate. The device table's ``cpu`` entry is built from them
+``host_overhead.measure_loss_rate`` the loss's rate (forward and backward, at the model's logits shape). The device table's ``cpu`` entry is built from them
 (``device_table.device_spec('cpu', ...)``: no in-step efficiency) and ``planner.make_plan`` predicts the step
 (one rank, fp32). Printed per model, for the pair at the median of predicted / measured: both step times, their
 ratio, the prediction's host-dispatch seconds, its GEMM share and the rates of that moment.
@@ -36,9 +36,10 @@ from lmforge.comm.bench import load_result
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.parallel.device_table import LINKS, device_spec
-from lmforge.parallel.host_overhead import measure_op_overhead, measure_softmax_rate
+from lmforge.parallel.host_overhead import measure_loss_rate, measure_op_overhead
 from lmforge.parallel.planner import make_plan
 from lmforge.parallel.step_model import Group
+from lmforge.runtime.hardware import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu-epyc-avx512" / "planner-cpu-check.json"
 COMM_OPS = ("all_reduce", "all_gather")
@@ -70,16 +71,17 @@ def copy_gbps(mib: int = 64, calls: int = 5) -> float:
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
-def measured_spec(quiet: bool = False):
+def measured_spec(rows: int, vocab: int, quiet: bool = False):
     """The ``cpu`` device entry from this CPU's rates measured now: GEMM, copy bandwidth, host time per op and the
-    log-softmax rate."""
-    tflops, gbps, op_s, softmax = gemm_tflops(), copy_gbps(), measure_op_overhead(), measure_softmax_rate()
+    loss's rate over ``rows x vocab`` logits (the step's)."""
+    tflops, gbps, op_s = gemm_tflops(), copy_gbps(), measure_op_overhead()
+    loss = measure_loss_rate(rows, vocab, repeats=3)
     if not quiet:
         print(
             f"cpu        {torch.get_num_threads()} threads: GEMM {tflops * 1e3:.1f} GFLOP/s (fp32 2048^3), copy "
-            f"{gbps:.1f} GB/s, {op_s * 1e6:.1f} us per dispatched op, log-softmax {softmax / 1e9:.2f} G logits/s"
+            f"{gbps:.1f} GB/s, {op_s * 1e6:.1f} us per dispatched op, loss {loss / 1e9:.2f} G logits/s"
         )
-    return device_spec("cpu", cpu_tflops=tflops, cpu_gbps=gbps, cpu_op_s=op_s, cpu_softmax_rate=softmax)
+    return device_spec("cpu", cpu_tflops=tflops, cpu_gbps=gbps, cpu_op_s=op_s, cpu_loss_rate=loss)
 
 
 def paired_steps(cfg, batch: int, repeats: int) -> list:
@@ -89,7 +91,7 @@ def paired_steps(cfg, batch: int, repeats: int) -> list:
     step()  # warm-up
     pairs = []
     for _ in range(repeats):
-        spec = measured_spec(quiet=True)
+        spec = measured_spec(batch * cfg.model.seq_len, cfg.model.vocab_size, quiet=True)
         plan = make_plan(cfg, 1, peak=spec.measured_tflops, device=spec)
         t0 = time.perf_counter()
         step()
@@ -130,7 +132,7 @@ def compute_rows(models, batch_arg: int, repeats: int) -> list:
                 "gemm_gflops": spec.measured_tflops * 1e3,
                 "copy_gbps": spec.hbm_gbps,
                 "op_overhead_us": spec.op_overhead_s * 1e6,
-                "softmax_glogits_per_s": spec.softmax_rate / 1e9,
+                "loss_glogits_per_s": spec.loss_rate / 1e9,
             }
         )
     return rows
@@ -167,10 +169,18 @@ def main() -> None:
     ap.add_argument("--json", default=str(RESULTS), help="results JSON ('' for none)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
     compute = compute_rows(args.models, args.batch, args.repeats)
     comm = [] if args.no_comm else comm_rows()
     if args.json:
-        record = {"threads": torch.get_num_threads(), "compute": compute, "comm": comm}
+        record = {
+            "threads": torch.get_num_threads(),
+            "cpu": cpu_model(),
+            "load_at_start": load,
+            "load_at_end": os.getloadavg()[0],
+            "compute": compute,
+            "comm": comm,
+        }
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 

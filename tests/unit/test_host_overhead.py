@@ -8,8 +8,9 @@ import pytest
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.parallel.device_table import HOST_OP_OVERHEAD_GPU_S, device_spec
-from lmforge.parallel.host_overhead import OPTIMIZER_OPS, measure_op_overhead, ops_per_micro_batch
+from lmforge.parallel.host_overhead import OPTIMIZER_OPS, measure_loss_rate, measure_op_overhead, ops_per_micro_batch
 from lmforge.parallel.planner import make_plan
+from lmforge.parallel.step_model import LOSS_FORWARD_SHARE
 
 
 def _tiny(*extra):
@@ -48,3 +49,18 @@ def test_cpu_step_pays_every_op_and_a_gpu_hides_them_under_its_kernels():
 def test_op_overhead_is_measured_in_microseconds():
     seconds = measure_op_overhead(chain=50, repeats=3)
     assert 1e-7 < seconds < 1e-3
+
+
+def test_a_cpu_loss_takes_its_logits_over_the_measured_loss_rate_a_quarter_of_it_forward():
+    cfg = _tiny()
+    logits = cfg.plan.grad_accum * cfg.plan.micro_batch_size * cfg.cfg.model.seq_len * cfg.cfg.model.vocab_size
+    rate = 1e6  # logits per second: slow enough that the loss, not its bytes, binds
+    bytes_only = make_plan(cfg, 1, device=device_spec("cpu", cpu_tflops=0.02, cpu_gbps=5.0))
+    measured = make_plan(cfg, 1, device=device_spec("cpu", cpu_tflops=0.02, cpu_gbps=5.0, cpu_loss_rate=rate))
+    bytes_s = logits * 16 / 5e9  # LOSS_BYTES_PER_LOGIT over the copy bandwidth, forward + backward
+    assert measured.step_time_s - bytes_only.step_time_s == pytest.approx(logits / rate - bytes_s, rel=1e-6)
+    assert LOSS_FORWARD_SHARE == 0.25
+    # Negative control: a loss rate faster than the bytes leaves the bytes' time.
+    quick = make_plan(cfg, 1, device=device_spec("cpu", cpu_tflops=0.02, cpu_gbps=5.0, cpu_loss_rate=1e15))
+    assert quick.step_time_s == pytest.approx(bytes_only.step_time_s)
+    assert 1e5 < measure_loss_rate(64, 512, repeats=1) < 1e12

@@ -79,7 +79,7 @@ class DeviceSpec:
     in_step_efficiency: float = 1.0  # compute inside a training step relative to the kernels alone
     fp8_gemm_peak_fraction: float = 0.0  # sustained share of the fp8 peak on large float8 GEMMs (0: no fp8)
     op_overhead_s: float = 0.0  # host time to dispatch one ATen op (0: not counted)
-    softmax_rate: float = 0.0  # logits per second through one (log-)softmax pass, where exp binds (CPU); 0: bytes
+    loss_rate: float = 0.0  # logits per second through the loss, forward + backward, where exp binds (CPU); 0: bytes
     host_async: bool = True  # the host dispatches ahead of the device (GPU): only host time beyond the kernels shows
 
     def gemm_rate(self, dtype: str) -> float:
@@ -123,7 +123,7 @@ LINKS: Dict[str, LinkSpec] = {
     "roce_400": LinkSpec("roce_400", 50.0, 0.85, 15e-6),
     "pcie4": LinkSpec("pcie4", 25.0, 0.80, 10e-6),
     "xgmi": LinkSpec("xgmi", 448.0, 0.70, 5e-6),
-    "loopback": LinkSpec("loopback", 10.0, 1.0, 20e-6),  # CPU processes of one host (gloo over shared memory)
+    "loopback": LinkSpec("loopback", 10.0, 1.0, 20e-6),  # CPU processes of one host (gloo: TCP over loopback)
 }
 
 # Compute inside a training step relative to the same kernels benchmarked alone: the one fitted parameter of the
@@ -177,11 +177,11 @@ def device_spec(
     cpu_tflops: float = 0.0,
     cpu_gbps: float = 0.0,
     cpu_op_s: float = 0.0,
-    cpu_softmax_rate: float = 0.0,
+    cpu_loss_rate: float = 0.0,
 ):
     """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate (and, for the
     host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``, and for the
-    loss its measured log-softmax rate, ``host_overhead.measure_softmax_rate``: a CPU's exp, not its memory, binds)."""
+    loss its measured rate, ``host_overhead.measure_loss_rate``: a CPU's exp, not its memory, binds)."""
     kind = KIND_ALIASES.get(kind, kind)
     if kind == "cpu":
         cores = os.cpu_count() or 1
@@ -199,7 +199,7 @@ def device_spec(
             measured_tflops=cpu_tflops,
             op_overhead_s=cpu_op_s,
             host_async=False,
-            softmax_rate=cpu_softmax_rate,
+            loss_rate=cpu_loss_rate,
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]

@@ -9,8 +9,9 @@ passes through the Python frontend, the dispatcher and autograd before its kerne
   dispatched (views included: each is a dispatch), and ``OPTIMIZER_OPS`` the fused AdamW step and the gradient
   clip. A block's count does not depend on its sizes, so
   it is taken once per shape family (cached).
-- **the loss on a CPU** is bound by the exp of every logit rather than by its bytes: ``measure_softmax_rate``
-  times ``log_softmax`` (logits per second), one pass forward and one backward (``step_model.head_pass``).
+- **the loss on a CPU** is bound by the exp of every logit rather than by its bytes: ``measure_loss_rate`` times
+  the model's own chunked cross-entropy, forward and backward, at the step's logits shape (logits per second):
+  a log-softmax pass forward, a softmax pass and the gradient's write backward (``step_model.head_pass``).
 - **seconds per op** on a CPU are measured on the machine (``measure_op_overhead``: a chain of small element-wise
   ops with autograd, forward and backward, timed and divided by the ops it dispatched, counted the same way),
   as the GEMM rate is; on a GPU the host dispatches asynchronously and only the part of it that exceeds the
@@ -118,14 +119,19 @@ def measure_op_overhead(chain: int = 200, repeats: int = 5) -> float:
     return statistics.median(times) / counter.ops
 
 
-def measure_softmax_rate(rows: int = 512, vocab: int = 8192, repeats: int = 5) -> float:
-    """Logits per second through ``log_softmax`` on this machine (fp32): on a CPU the exp of every logit, not the
-    bytes, sets the loss's time. Median of ``repeats``."""
-    x = torch.randn(rows, vocab)
-    torch.log_softmax(x, -1)
+def measure_loss_rate(rows: int = 512, vocab: int = 8192, repeats: int = 5) -> float:
+    """Logits per second through the loss on this machine (fp32): ``chunked_cross_entropy`` forward and backward
+    over ``rows x vocab`` logits (``cross_entropy_loss``), as the step runs it (a fresh gradient each time). Median of ``repeats``."""
+    logits = torch.randn(1, rows, vocab, requires_grad=True)
+    targets = torch.randint(0, vocab, (1, rows), generator=torch.Generator().manual_seed(0))
+
+    def loss_pass() -> None:
+        torch.autograd.grad(cross_entropy_loss(logits, targets), logits)
+
+    loss_pass()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        torch.log_softmax(x, -1)
+        loss_pass()
         times.append(time.perf_counter() - t0)
-    return x.numel() / statistics.median(times)
+    return logits.numel() / statistics.median(times)

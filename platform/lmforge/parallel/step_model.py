@@ -89,6 +89,10 @@ NORM_BYTES_D = 2 * 2
 ELEMENTWISE_F = {"swiglu": 3, "gelu": 2}
 # Bytes per logit of the loss, forward + backward (fp32 softmax read/write in chunks, the gradient written).
 LOSS_BYTES_PER_LOGIT = 16
+# Where the loss is measured as one rate (``DeviceSpec.loss_rate``, forward + backward): the forward's share, its
+# log-softmax pass against the backward's softmax pass and gradient write (a quarter: the chunked cross-entropy's
+# forward measured at 0.23 and 0.28 of its forward + backward on a 2-core EPYC, 1024 x 50257 and 512 x 8192 logits).
+LOSS_FORWARD_SHARE = 0.25
 # AdamW + gradient-norm pass: read p, g, m, v, write p, m, v, read g again: 8 x the parameter bytes.
 OPTIMIZER_BYTES_PER_PARAM_BYTE = 8
 # Float8 linears with dynamic tensorwise scaling (torchao Float8Linear): each of input, weight and output gradient
@@ -304,9 +308,10 @@ def head_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, dtype: str, e: i
     _linear(spec, out, n, m.d_model, m.vocab_size // p.tp, dtype, e)
     logits = n * m.vocab_size // p.tp
     out.fwd_elementwise = memory_time(spec, logits * LOSS_BYTES_PER_LOGIT / 2)
-    if spec.softmax_rate > 0:  # one exp pass forward (log-softmax), one backward (softmax), where exp binds
-        out.fwd_elementwise = max(out.fwd_elementwise, logits / spec.softmax_rate)
     out.bwd_elementwise = out.fwd_elementwise
+    if spec.loss_rate > 0:  # measured where exp binds (CPU): forward one exp pass, backward one and the gradient
+        out.fwd_elementwise = max(out.fwd_elementwise, LOSS_FORWARD_SHARE * logits / spec.loss_rate)
+        out.bwd_elementwise = max(out.bwd_elementwise, (1 - LOSS_FORWARD_SHARE) * logits / spec.loss_rate)
     return out
 
 
