@@ -107,6 +107,7 @@ def data_parallel_runs(parity_samples, tmp_path_factory) -> List[dict]:
         # negative control: every ep rank's tokens go to the other rank's experts (and back)
         "moe_ep2_misrouted": {"overrides": EP2, "expert_destination_shift": 1},
         **fp8_fsdp_cases(),
+        "mup_fsdp": {"overrides": ["parallelism=fsdp"] + MUP},
     }
     return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three ep cases; +60 s: the three fp8 cases)
 
@@ -333,6 +334,14 @@ def test_mup_tensor_parallel_parity(tensor_parallel_runs, references):
     assert abs(references["mup"]["losses"][-1] - references["untied"]["losses"][-1]) > 1e-3  # µP trains differently
 
 
+@pytest.mark.timeout(560)
+@pytest.mark.parametrize("case,runs", [("mup_fsdp", "data_parallel_runs"), ("mup_pp2", "pipeline_runs")])
+def test_mup_parity_under_fsdp_and_pipeline_parallel(request, references, case, runs):
+    """FSDP2's flat-sharded DTensors and a pipeline stage's subset of blocks keep the parameter names µP's groups
+    are chosen by; the last stage applies the logit multiplier."""
+    assert_parity(case, request.getfixturevalue(runs), references["mup"], clip_margin=8)
+
+
 @pytest.fixture(scope="module")
 def pipeline_runs(parity_samples) -> List[dict]:
     cases = {
@@ -356,6 +365,7 @@ def pipeline_runs(parity_samples) -> List[dict]:
             "overrides": ["parallelism=pp2"] + MOE,
             "drop_first_stage_router_loss": True,
         },
+        "mup_pp2": {"overrides": ["parallelism=pp2"] + MUP},
     }
     cases.update(docmask_pipeline_cases(parity_samples))
     return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three document-masking cases)
