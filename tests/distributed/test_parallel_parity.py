@@ -289,6 +289,8 @@ def tensor_parallel_runs(parity_samples) -> List[dict]:
         "moe_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MOE},
         **fp8_tp_cases(),
         "mup_tp2_sp": {"overrides": ["parallelism=tp2_sp"] + MUP},
+        "tp2_sp_gathered_loss": {"overrides": ["parallelism=tp2_sp", "parallelism.loss_parallel=false"]},
+        "vocab_parallel_loss": {"call": "distributed.loss_parallel_worker:compare"},
     }
     return _run(2, cases, parity_samples, timeout=420)  # (the fp8 and µP cases included)
 
@@ -332,6 +334,22 @@ def test_mup_tensor_parallel_parity(tensor_parallel_runs, references):
     # the logit multiplier 1/2 scales the gradients down: norm 0.44 at the lowest, still ~9x max_norm 0.05
     assert_parity("mup_tp2_sp", tensor_parallel_runs, references["mup"], clip_margin=8)
     assert abs(references["mup"]["losses"][-1] - references["untied"]["losses"][-1]) > 1e-3  # µP trains differently
+
+
+@pytest.mark.timeout(560)
+def test_loss_parallel_matches_the_gathered_loss_and_never_gathers_the_logits(tensor_parallel_runs, reference):
+    """tp layouts compute the loss on vocab-sharded logits by default (parallel/loss_parallel.py); gathering them
+    first (loss_parallel=false) trains the same; the vocab-parallel loss and its gradient equal the whole-row
+    loss's on one set of logits, an uneven vocabulary split and bf16 logits included."""
+    assert_parity("tp2_sp_gathered_loss", tensor_parallel_runs, reference)
+    for out in tensor_parallel_runs:
+        for name, r in out["vocab_parallel_loss"].items():
+            if name == "shifted_targets":
+                continue
+            tol = 2e-2 if "bf16" in name else 2e-6  # bf16: the gradient rounded once into the logits' dtype
+            assert r["loss_diff"] < 2e-6 and r["grad_diff"] < tol and r["grad_dtype_ok"], (name, r)
+        # Negative control: a rank that takes its neighbour's target columns gets another loss.
+        assert out["vocab_parallel_loss"]["shifted_targets"]["loss_diff"] > 0.1, out["vocab_parallel_loss"]
 
 
 @pytest.mark.timeout(560)

@@ -23,7 +23,7 @@ IGNORE_INDEX = -100  # F.cross_entropy's default (data.loss_after_eod=mask write
 CHUNK_ELEMENTS = 1 << 21  # logits upcast at a time: 8 MiB of fp32 scratch
 
 
-def _rows_per_chunk(vocab: int) -> int:
+def rows_per_chunk(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, vocab))
 
 
@@ -34,7 +34,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         counted = targets != IGNORE_INDEX
         safe = torch.where(counted, targets, 0)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        step = _rows_per_chunk(vocab)
+        step = rows_per_chunk(vocab)
         for s in range(0, n, step):
             x = logits[s : s + step]
             target = safe[s : s + step, None]
@@ -53,7 +53,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         safe = torch.where(counted, targets, 0)
         grad = torch.empty_like(logits)
         weight = torch.where(counted, grad_out.float() / count, 0.0)  # per row: d loss / d row's loss
-        step = _rows_per_chunk(vocab)
+        step = rows_per_chunk(vocab)
         for s in range(0, n, step):
             rows = slice(s, s + step)
             p = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # fused kernel, chunk-sized fp32

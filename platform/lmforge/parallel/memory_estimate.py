@@ -27,8 +27,9 @@ Activations are counted per micro batch from the table of tensors one block save
     selective:              block input + outputs of every matmul and of SDPA (element-wise ops recomputed);
                             selective_matmuls=alternate: of the odd matmuls only (wq, wv, w1, w2 of SwiGLU)
     head (last stage):      final norm's rows + its output and the logits N * vocab in the compute dtype (all
-                            that model/loss.py's chunked cross-entropy keeps); their gradient in the compute
-                            dtype exists transiently at the start of backward.
+                            that model/loss.py's chunked cross-entropy keeps; N * vocab/tp under loss
+                            parallelism); their gradient, the same size, exists transiently at the start of
+                            backward.
 
 With tensor parallelism the head/FFN-inner tensors are split by ``tp``; with sequence parallelism every row of
 the block is (the linears keep their input's sequence shard: ``tensor_parallel.SequenceGatheredInput``).
@@ -270,6 +271,7 @@ class ActivationShape:
     autocast: bool = False  # bf16 autocast: norms in fp32, each linear casts its own input
     float8: bool = False  # train.precision=fp8: torchao Float8Linear in the blocks (activation_table.py)
     rms_norm_kernel: str = "fused"  # CUDA's fused RMSNorm; "composite" on CPU (activation_table.RMS_NORM_KERNELS)
+    loss_parallel: bool = False  # tp > 1 and parallelism.loss_parallel: the logits stay vocab-sharded (V/tp a rank)
 
 
 def block_precision(s: ActivationShape) -> BlockPrecision:
@@ -310,7 +312,13 @@ def head_activation_bytes(m: ModelConfig, s: ActivationShape) -> int:
         if r.name.startswith("attention_norm.") and r.name != "attention_norm.output"
     )
     n = s.tokens
-    return _rows_bytes(norm, s) + n * m.d_model * s.dt.compute + n * m.vocab_size * s.dt.compute
+    return _rows_bytes(norm, s) + n * m.d_model * s.dt.compute + n * logit_columns(m, s) * s.dt.compute
+
+
+def logit_columns(m: ModelConfig, s: ActivationShape) -> int:
+    """Columns of the logits a rank holds: its vocabulary shard under loss parallelism (``loss_parallel.py``),
+    else the whole vocabulary (gathered over tp)."""
+    return chunk_size(m.vocab_size, s.tp, 0) if s.loss_parallel else m.vocab_size
 
 
 def saved_activation_bytes(
@@ -357,6 +365,7 @@ def activation_shape(
         autocast=autocast,
         float8=precision == "fp8",
         rms_norm_kernel=rms_norm_kernel,
+        loss_parallel=p.loss_parallel and p.tp > 1,
     )
 
 
@@ -483,7 +492,7 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
         if precision == "bf16-mixed" and not (fsdp_degree(p) > 1 and p.param_dtype == "bf16")
         else 0
     )
-    transient = shape.tokens * m.vocab_size * dt.compute // p.tp if st.last else 0
+    transient = shape.tokens * logit_columns(m, shape) * dt.compute if st.last else 0  # the logits' gradient
     transient += cp_ring_buffer_bytes(cfg, shape)
     if p.dp_replicate > 1 and fsdp_degree(p) == 1 and not p.overlap_grad_reduce:
         transient += st.grads  # the flat all-reduce buffer

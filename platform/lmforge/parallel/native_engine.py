@@ -15,7 +15,7 @@ import torch.distributed as dist
 from lmforge.config.document_masking import check_document_masking
 from lmforge.config.parallelism import fsdp_grad_sync_mode
 from lmforge.config.validated import Validated
-from lmforge.model.gpt import GPT, cross_entropy_loss
+from lmforge.model.gpt import GPT
 from lmforge.model.logprobs import target_logprobs
 from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer, set_learning_rate
@@ -23,6 +23,7 @@ from lmforge.parallel.contract import DCP, StateLayout, StepGuard, StepResult
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.float8 import after_optimizer_step, gap_metrics, high_precision_linears
 from lmforge.parallel.grad_clip import clip_grad_norm
+from lmforge.parallel.loss_parallel import loss_function, sharded_logits
 from lmforge.parallel.mesh import ParallelDims, ParallelMesh, build_mesh, dp_rank
 from lmforge.parallel.parallelize import parallelize
 from lmforge.parallel.precision import autocast_context, resolve_precision
@@ -65,6 +66,8 @@ class NativeEngine:
         self.pipeline = par.pipeline
         self.manual_grad_sync = par.manual_grad_sync
         self.context = par.context  # cp > 1: each rank's share of every sequence (parallel/context_parallel.py)
+        # tp > 1: the loss on vocab-sharded logits, never gathered (parallel/loss_parallel.py)
+        self.loss_parallel = cfg.parallelism.loss_parallel and self.dims.tp > 1
         self.optimizer = build_optimizer(self.inner, cfg.optim, device, cfg.model)
         # The MoE layers' router losses and loads (rows for every stage's layers); empty: dense.
         self.moe = MoECollector(self.inner, cfg.model.moe, moe_layer_names(cfg.model))
@@ -115,9 +118,9 @@ class NativeEngine:
         """``positions``: the batch's document positions (data.document_masking), None for plain causal."""
         if self.context is not None:  # this cp rank's two chunks of every sequence; document positions stay
             tokens, targets = self.context.shard(tokens), self.context.shard(targets)  # whole (keys' documents)
-        with autocast_context(self.precision, self.device):
+        with autocast_context(self.precision, self.device), sharded_logits(self.loss_parallel):
             logits = self.model(tokens) if positions is None else self.model(tokens, positions=positions)
-        return cross_entropy_loss(logits, targets)
+        return loss_function(logits, targets)  # vocab-parallel on sharded logits (tp, parallelism.loss_parallel)
 
     def train_step(self, micro_batches: Sequence, lr: float, guard: Optional[StepGuard] = None) -> StepResult:
         if self.pipeline is not None:

@@ -44,7 +44,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from lmforge.config.model import ModelConfig
 from lmforge.config.parallelism import ParallelismConfig, chunk_layers
-from lmforge.model.gpt import GPT, GPTStage, cross_entropy_loss
+from lmforge.model.gpt import GPT, GPTStage
+from lmforge.parallel.loss_parallel import loss_function, sharded_logits
 
 V_SCHEDULES = ("ZBVZeroBubble",)
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
@@ -115,8 +116,8 @@ def build_schedule(
     stages = [PipelineStage(stage, stage.stage_index, plan.n_stages, device, group=group) for stage in stages]
     cls = get_schedule_class(cfg.pp_schedule)
     if cfg.pp_schedule in MULTI_STAGE_SCHEDULES:
-        return cls(stages, n_microbatches=n_microbatches, loss_fn=cross_entropy_loss, scale_grads=True)
-    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=cross_entropy_loss, scale_grads=True)
+        return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_function, scale_grads=True)
+    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_function, scale_grads=True)
 
 
 class PipelineRunner:
@@ -138,6 +139,7 @@ class PipelineRunner:
         self.group = pp_mesh.get_group()
         self.device = device
         self.n_microbatches = n_microbatches
+        self.loss_parallel = cfg.loss_parallel and cfg.tp > 1  # parallel/loss_parallel.py
         self.schedule = build_schedule(stages, plan, pp_mesh, device, cfg, n_microbatches)
 
     @property
@@ -165,7 +167,8 @@ class PipelineRunner:
         if positions is not None:  # a stage input keyword: the schedule splits it like the tokens and hands
             kwargs["positions"] = positions  # micro batch i's rows to every stage's forward of micro batch i
         args = (tokens,) if self.has_first else ()
-        self.schedule.step(*args, **kwargs)
+        with sharded_logits(self.loss_parallel):  # the last stage's head hands the loss its vocab shard (tp)
+            self.schedule.step(*args, **kwargs)
         loss = (
             torch.stack([x.detach().float() for x in losses]).mean()
             if self.has_last
@@ -194,7 +197,8 @@ class PipelineRunner:
         self, tokens: torch.Tensor, targets: torch.Tensor, positions: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends (any batch size); loss on every rank."""
-        return self.eval_forward(tokens, lambda logits: cross_entropy_loss(logits, targets).float(), (), positions)
+        with sharded_logits(self.loss_parallel):
+            return self.eval_forward(tokens, lambda logits: loss_function(logits, targets).float(), (), positions)
 
     @torch.no_grad()
     def eval_forward(self, tokens: torch.Tensor, head, shape, positions: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -299,16 +299,14 @@ def unsupported_features(run: PublishedRun) -> List[str]:
         out.append("tied embeddings with pp > 1 (planned untied)")
     if run.ep > 1:
         out.append("expert parallelism (no MoE shape in the table)")
-    if _torchtitan(run) and run.tp > 1:
-        out.append("loss parallel, vocab-sharded cross-entropy (planned with the logits gathered)")
     return out
 
 
 def _torchtitan(run: PublishedRun) -> bool:
     """A torchtitan run: its ``selective`` is the op-level SAC policy that saves every second matmul's output
-    (``_save_list`` and ``mm_count % 2`` in its parallelize module: lmforge's ``selective_matmuls=alternate``) and,
-    with tp > 1, its loss is computed on vocab-sharded logits (``disable_loss_parallel`` defaults to false);
-    lmforge's output head gathers the logits (``parallel/tensor_parallel.VocabParallelOutput``)."""
+    (``_save_list`` and ``mm_count % 2`` in its parallelize module: lmforge's ``selective_matmuls=alternate``); with
+    tp > 1 its loss is computed on vocab-sharded logits (``disable_loss_parallel`` defaults to false), as
+    lmforge's default ``parallelism.loss_parallel`` does."""
     return "github.com/pytorch/torchtitan/" in run.url
 
 

@@ -62,6 +62,7 @@ from torch.distributed.tensor.parallel import (
 
 from lmforge.model.moe import MoEFeedForward
 from lmforge.parallel.float8 import float8_tp_style
+from lmforge.parallel.loss_parallel import keep_logits_sharded
 
 
 def block_plan(sequence_parallel: bool, moe: bool = False, shared_experts: bool = False) -> dict:
@@ -149,7 +150,8 @@ class VocabParallelOutput(ParallelStyle):
     ``nn.Linear``, which the head is not): its own weight, if untied, becomes ``Shard(0)``; a tied head is handed
     the vocab-parallel embedding table, already ``Shard(0)``. The hidden states arrive as ``input_layout``
     (``Shard(1)`` under sequence parallelism) and are replicated; each rank computes its vocabulary slice of
-    the logits (``Shard(-1)``), which are gathered into a replicated plain tensor."""
+    the logits (``Shard(-1)``), which are gathered into a replicated plain tensor, or, inside
+    ``loss_parallel.sharded_logits()``, handed on as that DTensor to the vocab-parallel loss."""
 
     def __init__(self, input_layout: Placement):
         super().__init__()
@@ -171,6 +173,8 @@ class VocabParallelOutput(ParallelStyle):
 
     @staticmethod
     def _gather_logits(module: nn.Module, logits: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+        if keep_logits_sharded():  # the loss is vocab-parallel (parallel/loss_parallel.py)
+            return logits
         return logits.redistribute(mesh, [Replicate()]).to_local()
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
