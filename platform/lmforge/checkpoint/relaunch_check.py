@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from lmforge.config.batch_ramp import run_steps_of
 from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_changes
 
@@ -40,7 +41,7 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
         return
     planned = recorded_max_steps(sidecar)
     finished = planned is not None and step >= planned
-    max_steps, stop_at = now["train"]["max_steps"], now["train"].get("stop_at_step") or 0
+    max_steps, stop_at = run_steps_of(now["train"]), now["train"].get("stop_at_step") or 0  # a ramp's: more steps
     optim = {k: v for k, v in changes.items() if k.startswith(OPTIMIZER)}
     state = (
         f"the run is finished: checkpoint {path} is at step {step}"
@@ -71,8 +72,10 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
 
 
 def recorded_max_steps(sidecar: dict) -> Optional[int]:
-    """The ``train.max_steps`` the checkpoint was trained towards (its config, else its LR schedule); None: unknown."""
-    planned = ((sidecar.get("config") or {}).get("train") or {}).get("max_steps")
+    """The ``train.max_steps`` the checkpoint was trained towards (its config, else its LR schedule); None: unknown.
+    Under a batch ramp: the optimizer steps that reach it (config/batch_ramp.py)."""
+    train = (sidecar.get("config") or {}).get("train") or {}
+    planned = run_steps_of(train) if "max_steps" in train else None
     if planned is None:
         planned = (sidecar.get("scheduler") or {}).get("max_steps")
     return None if planned is None else int(planned)

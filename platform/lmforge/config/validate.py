@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from lmforge.config.batch import BatchPlan, batch_plan
+from lmforge.config.batch_ramp import check_batch_ramp
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.cluster import check_retired
 from lmforge.config.combinations import check_combinations
@@ -212,6 +213,7 @@ def dp_size(cfg: RootConfig) -> int:
 def check_batch(cfg: RootConfig) -> BatchPlan:
     t = cfg.train
     plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
+    check_batch_ramp(t, dp_size(cfg))  # train.batch_size_schedule: every stage a multiple of micro x dp
     p = cfg.parallelism
     if p.pp > 1:
         n_micro = p.pp_microbatches or plan.grad_accum

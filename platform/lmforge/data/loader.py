@@ -3,7 +3,9 @@
 Optimizer step s consumes global samples [c, c + G) where c = consumed samples before the step and G
 the global batch. Micro batch j on data-parallel rank r takes samples c + j*(m*dp) + r*m + [0, m) for
 micro batch size m: every step sees the same set of samples for any data-parallel size, and resuming at
-``consumed_samples`` continues the exact stream.
+``consumed_samples`` continues the exact stream. Under a batch ramp (``train.batch_size_schedule``,
+:mod:`lmforge.config.batch_ramp`) G is the ramp's batch at c, a function of c alone, and the step has
+G / (m*dp) micro batches per rank: the same rule, the same samples per step for any data-parallel size.
 
 Per-source accounting: every consumed sample carries the id of the source it was drawn from; the trainer
 sums the tokens per source over ranks, and :meth:`BatchStream.share_metrics` reports the realised share of
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -76,8 +78,12 @@ class BatchStream:
         prefetch_steps: int = 2,
         document_masking: bool = False,
         loss_after_eod: str = "keep",
+        batch_at: Optional[Callable[[int], int]] = None,
     ):
+        """``batch_at(consumed)``: the global batch of the step starting there (a batch ramp's ``batch_at``);
+        None = ``plan.global_batch_size`` for every step."""
         self.mixture = mixture
+        self.batch_at = batch_at or (lambda _consumed: plan.global_batch_size)
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
         # The EOD id the documents end with (the tokenizer megatron-core packed with), read once, when batches need it
         self.eod = mixture.tokenizer.eod if document_masking or loss_after_eod != "keep" else None
@@ -88,7 +94,7 @@ class BatchStream:
         self.prefetcher: Optional[StepPrefetcher[MicroBatch]] = None
         if num_workers > 0:
             self.prefetcher = StepPrefetcher(
-                self._host_batch, self._step_ranges, plan.global_batch_size, num_workers, depth=prefetch_steps
+                self._host_batch, self._step_ranges, self.batch_at, num_workers, depth=prefetch_steps
             )
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
 
@@ -98,7 +104,8 @@ class BatchStream:
         return range(start, start + p.micro_batch_size)
 
     def _step_ranges(self, consumed: int) -> List[range]:
-        return [self.sample_indices(consumed, j) for j in range(self.plan.grad_accum)]
+        per_micro = self.plan.micro_batch_size * self.plan.dp_size
+        return [self.sample_indices(consumed, j) for j in range(self.batch_at(consumed) // per_micro)]
 
     def _host_batch(self, indices: range) -> MicroBatch:
         """One micro batch in host memory (pinned when training on CUDA); runs on prefetch threads too."""
@@ -148,7 +155,7 @@ class BatchStream:
         else:
             host = [self._host_batch(r) for r in self._step_ranges(c)]
         batches = self._to_device(host)
-        self.state.consumed_samples = c + self.plan.global_batch_size
+        self.state.consumed_samples = c + self.batch_at(c)
         return batches
 
     def close(self) -> None:

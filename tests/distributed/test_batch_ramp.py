@@ -1,0 +1,115 @@
+"""A batch ramp (train.batch_size_schedule) walks the same samples with the same LR per step at DP 1 and DP 2, and a
+run stopped mid-ramp resumes bit for bit, also at another data-parallel size.
+
+Trainings through the real entry point (gloo, tiny model, micro batch 1, global batch 8, ramp 2 -> 8 by 2 over 24
+samples, train.max_steps=4 full batches = 32 samples): the ramp's steps take 2, 2, 2, 2, 4, 4, 6, 6, 8 samples, nine
+optimizer steps (36 samples: the last step is whole). Two ranks train ``dp2`` uninterrupted, then ``split``: the same
+run stopped at step 5 (mid-ramp, 12 samples in) and resumed. One rank then trains ``dp1`` and ``moved``, a DP-1 run
+that starts from split's step-5 checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import run_ranks
+
+from lmforge.config.batch_ramp import BatchRamp
+from lmforge.config.optim import OptimConfig
+from lmforge.optim.schedule import lr_multiplier, lr_multiplier_at
+
+pytestmark = pytest.mark.distributed
+
+SEQ, GLOBAL, FULL_STEPS, STOP = 32, 8, 4, 5
+RAMP = BatchRamp(start=2, increment=2, ramp_samples=24, global_batch=GLOBAL)
+LR, WARMUP = 1e-3, 2
+TOLERANCE = 1e-5  # relative: fp32 gradients of the same samples reduced in another order
+
+
+def argv(root, name, dp, *extra):
+    return [
+        "model=tiny",
+        f"model.seq_len={SEQ}",
+        "parallelism=ddp",
+        f"parallelism.dp_replicate={dp}",
+        "comm=cpu_gloo",
+        "train.device=cpu",
+        "train.threads=1",
+        f"train.max_steps={FULL_STEPS}",
+        "train.micro_batch_size=1",
+        f"train.global_batch_size={GLOBAL}",
+        f"train.batch_size_schedule.start={RAMP.start}",
+        f"train.batch_size_schedule.increment={RAMP.increment}",
+        f"train.batch_size_schedule.ramp_samples={RAMP.ramp_samples}",
+        f"optim.lr={LR}",
+        f"optim.warmup_steps={WARMUP}",
+        "train.eval_every=0",
+        "logging.every_steps=1",
+        "checkpoint.every_steps=0",
+        f"checkpoint.at_steps=[{STOP}]",
+        "metrics.straggler_every=0",
+        "~data.sources.code",
+        "~data.sources.reference",
+        f"run.root={root}",
+        f"run.name={name}",
+        *extra,
+    ]
+
+
+def steps(run_dir) -> dict:
+    """step -> its train record (a step logged twice keeps its last)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, filter(None, lines)) if r.get("kind") == "train"}
+
+
+def resumes(run_dir) -> list:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["path"]) for r in map(json.loads, filter(None, lines)) if r.get("event") == "resume"]
+
+
+def expected() -> dict:
+    """step -> (consumed samples after it, its LR), from the pure schedule (config/batch_ramp.py, optim/schedule.py)."""
+    cfg = OptimConfig(lr=LR, warmup_steps=WARMUP)
+    out = {}
+    for s in range(RAMP.steps_to_reach(FULL_STEPS * GLOBAL)):
+        before, after = RAMP.samples_before(s), RAMP.samples_before(s + 1)
+        out[s + 1] = (after, LR * lr_multiplier_at(before, after, GLOBAL, cfg, max_steps=FULL_STEPS))
+    return out
+
+
+def walked(run: dict) -> dict:
+    return {s: (r["consumed_samples"], r["lr"]) for s, r in run.items()}
+
+
+@pytest.mark.timeout(400)
+def test_the_ramp_is_the_same_at_dp1_and_dp2_and_across_a_mid_ramp_resume(tmp_path, data_cache):
+    env = {"LMFORGE_DATA_CACHE": str(data_cache)}
+    argvs = [argv(tmp_path, "dp2", 2), argv(tmp_path, "split", 2, f"train.stop_at_step={STOP}")]
+    argvs.append(argv(tmp_path, "split", 2))
+    run_ranks("distributed.train_entries:train_entries", 2, {"argvs": argvs}, timeout=240, env=env)
+    checkpoint = tmp_path / "split" / "checkpoints" / f"step-{STOP:08d}"
+    argvs = [argv(tmp_path, "dp1", 1), argv(tmp_path, "moved", 1, f"train.resume={checkpoint}")]
+    out = run_ranks("distributed.train_entries:train_entries", 1, {"argvs": argvs}, timeout=200, env=env)
+    dp1, dp2, split, moved = (steps(tmp_path / name) for name in ("dp1", "dp2", "split", "moved"))
+    assert resumes(tmp_path / "split") == resumes(tmp_path / "moved") == [(STOP, str(checkpoint))]
+
+    # the samples and the LR of every step, as the schedule defines them, at both sizes and across the resumes
+    want = expected()
+    assert [want[s][0] for s in sorted(want)] == [2, 4, 6, 8, 12, 16, 22, 28, 36]
+    assert walked(dp1) == walked(dp2) == walked(split) == want
+    assert walked(moved) == {s: want[s] for s in range(STOP + 1, 10)}
+    assert all(r["tokens_seen"] == r["consumed_samples"] * SEQ for r in dp1.values())
+    # negative control: by step (no ramp) the LR of the warmup would differ from the samples' LR
+    by_step = [LR * lr_multiplier(s - 1, OptimConfig(lr=LR, warmup_steps=WARMUP), FULL_STEPS) for s in sorted(want)]
+    assert by_step != [want[s][1] for s in sorted(want)]
+    assert "batch ramp: 2 -> 8 sequences by 2 in 3 stages over 24 samples (8 steps)" in out[0].output
+
+    # the same samples: DP 1 and DP 2 losses agree to reduction order; the resumed run is bitwise the uninterrupted
+    for s in want:
+        assert abs(dp1[s]["loss"] - dp2[s]["loss"]) <= TOLERANCE * abs(dp2[s]["loss"]), (s, dp1[s], dp2[s])
+    for key in ("loss", "grad_norm", "lr", "consumed_samples"):
+        assert [split[s][key] for s in want] == [dp2[s][key] for s in want], key
+    for s in range(STOP + 1, 10):
+        assert abs(moved[s]["loss"] - dp2[s]["loss"]) <= TOLERANCE * abs(dp2[s]["loss"]), (s, moved[s], dp2[s])
+    assert len({dp2[s]["loss"] for s in want}) == len(want)  # control: the losses move step by step
