@@ -1,9 +1,11 @@
-"""A batch ramp (train.batch_size_schedule) walks the same samples with the same LR per step at DP 1 and DP 2, and a
-run stopped mid-ramp resumes bit for bit, also at another data-parallel size.
+"""A batch ramp (train.batch_size_schedule) with a sequence-length warmup (train.seq_len_schedule) walks the same
+samples, cut the same way, with the same LR per step at DP 1 and DP 2, and a run stopped mid-ramp resumes bit for
+bit, also at another data-parallel size.
 
 Trainings through the real entry point (gloo, tiny model, micro batch 1, global batch 8, ramp 2 -> 8 by 2 over 24
 samples, train.max_steps=4 full batches = 32 samples): the ramp's steps take 2, 2, 2, 2, 4, 4, 6, 6, 8 samples, nine
-optimizer steps (36 samples: the last step is whole). Two ranks train ``dp2`` uninterrupted, then ``split``: the same
+optimizer steps (36 samples: the last step is whole); the warmup cuts every 32-token sample into 4 pieces of 8
+tokens before 8 samples, 2 of 16 before 16, so steps 1-4 train length 8, steps 5-6 length 16, the rest 32. Two ranks train ``dp2`` uninterrupted, then ``split``: the same
 run stopped at step 5 (mid-ramp, 12 samples in) and resumed. One rank then trains ``dp1`` and ``moved``, a DP-1 run
 that starts from split's step-5 checkpoint.
 """
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.distributed
 SEQ, GLOBAL, FULL_STEPS, STOP = 32, 8, 4, 5
 RAMP = BatchRamp(start=2, increment=2, ramp_samples=24, global_batch=GLOBAL)
 LR, WARMUP = 1e-3, 2
+LENGTHS = {1: 8, 2: 8, 3: 8, 4: 8, 5: 16, 6: 16, 7: 32, 8: 32, 9: 32}  # step -> sequence length
 TOLERANCE = 1e-5  # relative: fp32 gradients of the same samples reduced in another order
 
 
@@ -42,6 +45,8 @@ def argv(root, name, dp, *extra):
         f"train.batch_size_schedule.start={RAMP.start}",
         f"train.batch_size_schedule.increment={RAMP.increment}",
         f"train.batch_size_schedule.ramp_samples={RAMP.ramp_samples}",
+        "train.seq_len_schedule.start=8",
+        "train.seq_len_schedule.warmup_samples=16",
         f"optim.lr={LR}",
         f"optim.warmup_steps={WARMUP}",
         "train.eval_every=0",
@@ -63,9 +68,13 @@ def steps(run_dir) -> dict:
     return {r["step"]: r for r in map(json.loads, filter(None, lines)) if r.get("kind") == "train"}
 
 
-def resumes(run_dir) -> list:
+def events(run_dir, name: str) -> list:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [(r["step"], r["path"]) for r in map(json.loads, filter(None, lines)) if r.get("event") == "resume"]
+    return [r for r in map(json.loads, filter(None, lines)) if r.get("event") == name]
+
+
+def resumes(run_dir) -> list:
+    return [(r["step"], r["path"]) for r in events(run_dir, "resume")]
 
 
 def expected() -> dict:
@@ -82,8 +91,12 @@ def walked(run: dict) -> dict:
     return {s: (r["consumed_samples"], r["lr"]) for s, r in run.items()}
 
 
+def lengths(run: dict) -> dict:
+    return {s: r["seq_len"] for s, r in run.items()}
+
+
 @pytest.mark.timeout(400)
-def test_the_ramp_is_the_same_at_dp1_and_dp2_and_across_a_mid_ramp_resume(tmp_path, data_cache):
+def test_the_ramp_and_the_length_warmup_are_the_same_at_dp1_and_dp2_and_across_a_mid_ramp_resume(tmp_path, data_cache):
     env = {"LMFORGE_DATA_CACHE": str(data_cache)}
     argvs = [argv(tmp_path, "dp2", 2), argv(tmp_path, "split", 2, f"train.stop_at_step={STOP}")]
     argvs.append(argv(tmp_path, "split", 2))
@@ -100,10 +113,19 @@ def test_the_ramp_is_the_same_at_dp1_and_dp2_and_across_a_mid_ramp_resume(tmp_pa
     assert walked(dp1) == walked(dp2) == walked(split) == want
     assert walked(moved) == {s: want[s] for s in range(STOP + 1, 10)}
     assert all(r["tokens_seen"] == r["consumed_samples"] * SEQ for r in dp1.values())
+    assert lengths(dp1) == lengths(dp2) == lengths(split) == LENGTHS
+    assert lengths(moved) == {s: LENGTHS[s] for s in range(STOP + 1, 10)}
+    assert [(e["step"], e["cause"]) for e in events(tmp_path / "dp1", "seq_len")] == [
+        (1, "sequence length 8"),
+        (5, "sequence length 16"),
+        (7, "sequence length 32"),
+    ]
     # negative control: by step (no ramp) the LR of the warmup would differ from the samples' LR
     by_step = [LR * lr_multiplier(s - 1, OptimConfig(lr=LR, warmup_steps=WARMUP), FULL_STEPS) for s in sorted(want)]
     assert by_step != [want[s][1] for s in sorted(want)]
     assert "batch ramp: 2 -> 8 sequences by 2 in 3 stages over 24 samples (8 steps)" in out[0].output
+    assert "sequence-length warmup: 8, 16, 32 tokens in 3 stages over 16 samples" in out[0].output
+    assert "the same command with train.max_steps above 4 (" in out[0].output  # full batches, not the 9 steps
 
     # the same samples: DP 1 and DP 2 losses agree to reduction order; the resumed run is bitwise the uninterrupted
     for s in want:

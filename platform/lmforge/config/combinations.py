@@ -347,7 +347,26 @@ BATCH_RAMP: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + BATCH_RAMP
+
+def _seq_warmup(c: RootConfig) -> bool:
+    return c.train.seq_len_schedule.start > 0
+
+
+SEQ_LEN_WARMUP: Tuple[Refused, ...] = (
+    Refused(
+        "`train.seq_len_schedule` with `parallelism.engine=deepspeed` or pipeline parallelism (`parallelism.pp > 1`)",
+        "train.seq_len_schedule.start",
+        lambda c: _seq_warmup(c) and (c.parallelism.engine == "deepspeed" or c.parallelism.pp > 1),
+        lambda c: (
+            "the pipeline's stages exchange activations of one fixed sequence length"
+            if c.parallelism.pp > 1
+            else "the DeepSpeed engine is not verified with changing sequence lengths"
+        ),
+        "use parallelism.engine=native with parallelism.pp=1, or set train.seq_len_schedule.start=0",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + BATCH_RAMP + SEQ_LEN_WARMUP
 
 
 def check_combinations(cfg: RootConfig) -> None:

@@ -50,6 +50,19 @@ class BatchSizeScheduleConfig:
 
 
 @dataclass
+class SeqLenScheduleConfig:
+    """``train.seq_len_schedule``: sequence-length warmup; early steps split every model.seq_len sample into 2^k
+    pieces of start x 2^i tokens (the sample stream and the tokens per step are unchanged). Read by
+    config/seq_len_warmup.py."""
+
+    start: NonNegativeInt = 0
+    """Sequence length of the first steps: model.seq_len / 2^k; 0 = off (every step trains full-length samples)."""
+    warmup_samples: NonNegativeInt = 0
+    """Samples over which the length doubles in equal stages from start to model.seq_len; the stage of a step is
+    floor(consumed_samples x k / warmup_samples)."""
+
+
+@dataclass
 class TrainConfig:
     name: str = "default"
     """The preset's name (a conf/train file name)."""
@@ -101,5 +114,7 @@ class TrainConfig:
     """The global batch's ramp by samples seen (off by default). With it on, train.max_steps and the LR schedule's
     step keys count full-batch steps (global_batch_size samples each), so the run's tokens and its LR per token
     are those of the same run without the ramp; checkpoint, eval, logging and stop_at_step count optimizer steps."""
+    seq_len_schedule: SeqLenScheduleConfig = field(default_factory=SeqLenScheduleConfig)
+    """Sequence-length warmup by samples seen (off by default): each sample cut into 2^k pieces early on."""
     fp8: Float8Config = field(default_factory=Float8Config)
     """Float8 training (``train.precision=fp8``): recipe, which linears, FSDP float8 all-gather, numerics check."""

@@ -33,6 +33,7 @@ from lmforge.config.parallelism import pipeline_chunks, pp_layers_override, sugg
 from lmforge.config.paths import check_paths
 from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
+from lmforge.config.seq_len_warmup import check_seq_len_warmup
 from lmforge.config.tokenizer_files import vocab_size_of
 from lmforge.config.validated import Validated
 from lmforge.runtime.env_vars import launch_world_size
@@ -278,6 +279,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_parallel_layout(typed, world_size)
     check_document_masking(typed)  # data.document_masking with this layout and device
     check_context_parallel(typed)
+    check_seq_len_warmup(typed)  # train.seq_len_schedule: pieces of seq_len / 2^k that context parallelism can cut
     plan = check_batch(typed)
     if typed.parallelism.engine == "deepspeed":
         check_deepspeed(typed, plan)

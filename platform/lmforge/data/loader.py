@@ -16,6 +16,10 @@ Prefetch (``data.num_workers >= 1``): the micro batches of the next two steps ar
 ``state_dict()`` and a resume are bit-identical to ``num_workers=0``. On CUDA the host batches are pinned
 and copied on a side stream that the compute stream waits for. Call :meth:`BatchStream.close` when done.
 
+Sequence-length warmup (``train.seq_len_schedule``, :mod:`lmforge.config.seq_len_warmup`): the step starting at c
+cuts each of its samples into P(c) pieces of T / P consecutive tokens, a view [m*P, T/P] of the same host batch
+(document positions recomputed per piece): the same samples, the same tokens, shorter sequences.
+
 Documents (``data.document_masking``): each micro batch also carries ``positions`` [m, T], every token's
 position inside its document, restarting after each of the tokenizer's EOD tokens
 (:func:`lmforge.model.document_mask.document_positions`); the model masks attention and restarts RoPE from it.
@@ -60,6 +64,18 @@ def document_fields(
     return document_positions(tokens, eod) if document_masking else None
 
 
+def cut_pieces(mb: MicroBatch, pieces: int, eod: Optional[int]) -> MicroBatch:
+    """Each row of ``mb`` as ``pieces`` rows of consecutive tokens (views: pinned memory stays pinned); document
+    positions (when ``mb`` has them) restart at every piece, which is a sequence of its own."""
+    m, t = mb.tokens.shape
+    tokens, targets = mb.tokens.view(m * pieces, t // pieces), mb.targets.view(m * pieces, t // pieces)
+    if mb.positions is None:
+        return MicroBatch(tokens, targets, mb.source_ids)
+    positions = document_positions(tokens, eod)
+    pinned = positions.pin_memory() if mb.tokens.is_pinned() else positions
+    return MicroBatch(tokens, targets, mb.source_ids, pinned, document_square_sum(positions))
+
+
 @dataclass
 class DataState:
     consumed_samples: int = 0
@@ -79,9 +95,12 @@ class BatchStream:
         document_masking: bool = False,
         loss_after_eod: str = "keep",
         batch_at: Optional[Callable[[int], int]] = None,
+        pieces_at: Optional[Callable[[int], int]] = None,
     ):
         """``batch_at(consumed)``: the global batch of the step starting there (a batch ramp's ``batch_at``);
-        None = ``plan.global_batch_size`` for every step."""
+        None = ``plan.global_batch_size`` for every step. ``pieces_at(consumed)``: the pieces each of the step's
+        samples is cut into (a sequence-length warmup's); None = whole samples."""
+        self.pieces_at = pieces_at
         self.mixture = mixture
         self.batch_at = batch_at or (lambda _consumed: plan.global_batch_size)
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
@@ -154,6 +173,8 @@ class BatchStream:
             host = self.prefetcher.take(c)
         else:
             host = [self._host_batch(r) for r in self._step_ranges(c)]
+        if self.pieces_at is not None and self.pieces_at(c) > 1:
+            host = [cut_pieces(mb, self.pieces_at(c), self.eod) for mb in host]
         batches = self._to_device(host)
         self.state.consumed_samples = c + self.batch_at(c)
         return batches

@@ -44,7 +44,7 @@ class IntervalMeter:
     _steps: int = field(default=0, init=False)
     _data_wait: float = field(default=0.0, init=False)
     _excluded: float = field(default=0.0, init=False)
-    _step_flops: list = field(default_factory=list, init=False)  # per-step FLOPs per token, when reported
+    _step_flops: list = field(default_factory=list, init=False)  # (FLOPs per token, tokens) per step, when reported
     _profiled: int = field(default=0, init=False)  # steps left out of the interval (profiled: ``excluded``)
     _tokens: int = field(default=0, init=False)  # tokens of the interval's steps (a batch ramp varies them)
 
@@ -62,10 +62,11 @@ class IntervalMeter:
         if self._mark is None:
             self.start()
         self._steps += 1
-        self._tokens += self.tokens_per_step if tokens is None else tokens
         self._data_wait += data_wait_s
+        step_tokens = self.tokens_per_step if tokens is None else tokens
+        self._tokens += step_tokens
         if flops_per_token is not None:
-            self._step_flops.append(flops_per_token)
+            self._step_flops.append((flops_per_token, step_tokens))
 
     def step_left_out(self) -> None:
         """A step that ran inside ``excluded()`` (the overlap probe's profiled step): neither its time nor its tokens
@@ -97,7 +98,11 @@ class IntervalMeter:
         tokens = self._tokens
         tps = tokens / seconds
         tps_dev = tps / self.world_size
-        per_token = sum(self._step_flops) / len(self._step_flops) if self._step_flops else self.flops_per_token
+        per_token = (  # the steps' own FLOPs per token, weighted by their tokens
+            sum(f * t for f, t in self._step_flops) / sum(t for _, t in self._step_flops)
+            if self._step_flops
+            else self.flops_per_token
+        )
         tflops_dev = tps_dev * per_token / 1e12
         if self.refresh_peak is not None and tflops_dev > self.peak_tflops_per_device > 0:
             # MFU above 100%: the peak was measured under contention (CPU); measured again, once, announced

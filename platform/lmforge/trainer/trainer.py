@@ -40,6 +40,7 @@ from lmforge.comm.vote import LaggedVote
 from lmforge.config.batch_ramp import batch_ramp, run_steps
 from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_dict
+from lmforge.config.seq_len_warmup import seq_len_warmup
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture
@@ -147,6 +148,8 @@ class Trainer:
         # train.batch_size_schedule: the global batch by samples consumed; the run's optimizer steps follow from it
         self.ramp = batch_ramp(cfg.train)
         self.run_steps = run_steps(cfg.train)  # train.max_steps without a ramp
+        self.seq_warmup = seq_len_warmup(cfg.train, cfg.model.seq_len)  # train.seq_len_schedule (None: off)
+        self.seq_len_now = 0  # the length of the last step's sequences (a change is a seq_len event)
 
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device)
@@ -159,6 +162,7 @@ class Trainer:
             document_masking=cfg.data.document_masking,
             loss_after_eod=cfg.data.loss_after_eod,
             batch_at=self.ramp.batch_at if self.ramp else None,
+            pieces_at=self.seq_warmup.pieces_at if self.seq_warmup else None,
         )
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
         # Evaluation: bytes per token id (val/<source>/bpb, built at the first evaluation) and the downstream tasks
@@ -328,6 +332,27 @@ class Trainer:
             "optimizer steps"
         )
 
+    def warmup_line(self) -> str:
+        """The start block's line for a sequence-length warmup: its lengths and what compile does with them."""
+        w, compiled = self.seq_warmup, self.cfg.parallelism.compile
+        line = (
+            f"lmforge: sequence-length warmup: {', '.join(map(str, w.lengths()))} tokens in {w.stages + 1} stages "
+            f"over {w.warmup_samples:,} samples (each sample cut into pieces; same samples, same tokens)"
+        )
+        return line + ("; parallelism.compile: each new length may recompile the blocks" if compiled else "")
+
+    def note_seq_len(self, batches) -> None:
+        """Under train.seq_len_schedule: a step whose length differs from the last one's is a ``seq_len`` event (with
+        parallelism.compile, dynamo's compiled graphs so far: the recompiles the lengths cost)."""
+        length = batches[0].tokens.shape[1]
+        if self.seq_warmup is None or length == self.seq_len_now:
+            return
+        self.seq_len_now = length
+        fields = {}
+        if self.cfg.parallelism.compile:
+            fields["compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        self.logger.event("seq_len", step=self.step + 1, cause=f"sequence length {length}", **fields)
+
     def save_checkpoint(self, blocking: bool = False) -> Path:
         self._flush_source_counts()
         result = self.checkpoints.save(self.step, sidecar=self.sidecar())  # on_save, on_commit: logged (fit)
@@ -356,10 +381,12 @@ class Trainer:
             )
         return self.step
 
-    def _document_flops(self, batches) -> Optional[float]:
-        """FLOPs per token of this rank's step when document-masked (attention within documents only)."""
+    def _step_flops(self, batches) -> Optional[float]:
+        """FLOPs per token of this rank's step where they differ from the run's: document-masked (attention within
+        documents only) or shorter sequences (train.seq_len_schedule); None: the run's."""
         if not self.cfg.data.document_masking:
-            return None
+            length = batches[0].tokens.shape[1]
+            return None if self.seq_warmup is None else flops_per_token(self.cfg.model, length)
         return document_flops_per_token(
             self.cfg.model, sum(b.document_square_sum for b in batches), sum(b.tokens.numel() for b in batches)
         )
@@ -418,7 +445,8 @@ class Trainer:
         if self.rank == 0:
             start = self.start_info(resumed)
             if talk:
-                print("\n".join(start_block(start) + ([self.ramp_line()] if self.ramp else [])), flush=True)
+                extra = ([self.ramp_line()] if self.ramp else []) + ([self.warmup_line()] if self.seq_warmup else [])
+                print("\n".join(start_block(start) + extra), flush=True)
             if self.wandb_sink is not None:
                 self.wandb_sink.describe(run_info(start, provenance.toolchain(), provenance.node_list()))
         if resumed is not None:  # the console's one line of it: "[event] resume ... resumed from step N path=..."
@@ -455,6 +483,7 @@ class Trainer:
                 lr = self.scheduled_lr(self.data.state.consumed_samples)  # the step's LR, before it advances
                 batches = self.data.step_batches()  # this rank's micro-batches (no collective)
                 t_data = time.perf_counter() - t0
+                self.note_seq_len(batches)  # train.seq_len_schedule: a new length is an event (host only)
                 guard = faults.before_step(self.step)  # watchdog beat, before-step drills; the loss guard (None: off)
                 profiled = self.overlap.due(self.step + 1)  # a profiled step counts in no throughput or MFU
                 with self.meter.excluded() if profiled else contextlib.nullcontext():
@@ -466,7 +495,7 @@ class Trainer:
                     self.meter.step_left_out()
                 else:
                     step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
-                    self.meter.step_done(t_data, self._document_flops(batches), tokens=step_tokens)
+                    self.meter.step_done(t_data, self._step_flops(batches), tokens=step_tokens)
                 if result.fp8 is not None:  # train.fp8.check_every: float8 vs bf16 loss on a fixed batch
                     self.log_fp8_check(result.fp8)
                 # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
@@ -549,7 +578,13 @@ class Trainer:
         elif ending == "done" and self.rank == 0:
             newest = latest(self.checkpoints.root) if cfg.checkpoint.enabled else None
             print(
-                next_steps_line(str(self.paths.root), newest and str(newest), self.step, resume=cfg.train.resume),
+                next_steps_line(
+                    str(self.paths.root),
+                    newest and str(newest),
+                    self.step,
+                    resume=cfg.train.resume,
+                    max_steps=cfg.train.max_steps if self.ramp else None,
+                ),
                 flush=True,
             )
         return self.history
@@ -621,6 +656,7 @@ class Trainer:
             "tokens_seen": consumed * cfg.model.seq_len,
             "flops_seen": consumed * cfg.model.seq_len * self.flops_per_token,
             "consumed_samples": consumed,
+            **({"seq_len": self.seq_len_now} if self.seq_warmup else {}),
             **throughput,
             **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
             **self.data.share_metrics(),
