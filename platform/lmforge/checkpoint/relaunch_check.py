@@ -42,6 +42,9 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
     planned = recorded_max_steps(sidecar)
     finished = planned is not None and step >= planned
     max_steps, stop_at = run_steps_of(now["train"]), now["train"].get("stop_at_step") or 0  # a ramp's: more steps
+    until = f"train.max_steps={now['train']['max_steps']}"
+    if max_steps != now["train"]["max_steps"]:
+        until += f" ({max_steps} optimizer steps under train.batch_size_schedule)"
     optim = {k: v for k, v in changes.items() if k.startswith(OPTIMIZER)}
     state = (
         f"the run is finished: checkpoint {path} is at step {step}"
@@ -51,21 +54,21 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
     if step >= max_steps:
         raise ConfigError(
             "train.max_steps",
-            f"{state}, and train.max_steps={max_steps} leaves nothing to train{_changed(changes)}",
+            f"{state}, and {until} leaves nothing to train{_changed(changes)}",
             _nothing_to_train_fix(path, step, now, optim, changes),
         )
     if stop_at and step >= stop_at:
         raise ConfigError(
             "train.stop_at_step",
             f"{state}, and train.stop_at_step={stop_at} leaves nothing to train",
-            f"raise train.stop_at_step above {step}, or leave it out to train to train.max_steps={max_steps}",
+            f"raise train.stop_at_step above {step}, or leave it out to train to {until}",
         )
     if finished and optim:
         key = next(iter(optim))
         raise ConfigError(
             key,
             f"{state} (its train.max_steps={planned}), and this launch would train it further to "
-            f"train.max_steps={max_steps} under another optimizer or LR schedule{_changed(optim)}",
+            f"{until} under another optimizer or LR schedule{_changed(optim)}",
             f"train it further with its own settings ({' '.join(f'{k}={_show(v[0])}' for k, v in optim.items())}), "
             f"or {_new_run(path, now)}",
         )
