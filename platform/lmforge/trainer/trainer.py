@@ -372,11 +372,11 @@ class Trainer:
         changed = scheduler_changes(state.get("scheduler"), self.cfg.optim, self.cfg.train.max_steps)
         if changed and self.rank == 0:
             print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
-        at = self.ramp.samples_before(self.step) if self.ramp else self.step * self.plan.global_batch_size
-        if at != self.data.state.consumed_samples and self.rank == 0:  # batch or ramp changed: samples lead
+        at = self.ramp.samples_before(self.step) if self.ramp else self.data.state.consumed_samples
+        if at != self.data.state.consumed_samples and self.rank == 0:  # the ramp changed: the samples lead
             print(
                 f"lmforge: warning: the checkpoint consumed {self.data.state.consumed_samples:,} samples in "
-                f"{self.step} steps, this batch schedule {at:,}; batches and LR follow the samples consumed",
+                f"{self.step} steps, this batch ramp {at:,}; its batches and LR follow the samples consumed",
                 flush=True,
             )
         return self.step
