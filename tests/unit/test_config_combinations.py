@@ -18,7 +18,8 @@ from lmforge.config.validate import validate
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 # One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields[, optim
-# fields]]); a train example's "fp8" entry holds train.fp8 fields.
+# fields]]); a train example's "fp8" entry holds train.fp8 fields, its "batch_size_schedule" and
+# "seq_len_schedule" entries those schedules' fields.
 EXAMPLES = [
     ({"recompute_modules": ["mlp"]}, {}),
     ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
@@ -50,6 +51,26 @@ EXAMPLES = [
     ({}, {}, {}, {"schedule": "cosine", "decay_shape": "1-sqrt"}),
     ({}, {}, {"max_steps": 100}, {"schedule": "wsd", "warmup_steps": 10, "decay_steps": 91}),
     ({}, {}, {"max_steps": 100}, {}, {"at_steps": [40, 101]}),
+    (
+        {"engine": "deepspeed"},
+        {},
+        {"global_batch_size": 32, "batch_size_schedule": {"start": 8, "increment": 8, "ramp_samples": 64}},
+    ),
+    (
+        {"pp": 2},
+        {"tie_embeddings": False},
+        {"global_batch_size": 32, "batch_size_schedule": {"start": 8, "increment": 8, "ramp_samples": 64}},
+    ),
+    (
+        {},
+        {},
+        {
+            "global_batch_size": 32,
+            "grad_accum": 4,
+            "batch_size_schedule": {"start": 8, "increment": 8, "ramp_samples": 64},
+        },
+    ),
+    ({"pp": 2}, {"tie_embeddings": False}, {"seq_len_schedule": {"start": 64, "warmup_samples": 64}}),
 ]
 
 
@@ -63,11 +84,13 @@ def example_config(
     base = RootConfig()
     train = dict(train or {})
     fp8 = replace(base.train.fp8, **train.pop("fp8", {}))
+    ramp = replace(base.train.batch_size_schedule, **train.pop("batch_size_schedule", {}))
+    warmup = replace(base.train.seq_len_schedule, **train.pop("seq_len_schedule", {}))
     return replace(
         base,
         parallelism=replace(base.parallelism, **par),
         model=replace(base.model, **model),
-        train=replace(base.train, fp8=fp8, **train),
+        train=replace(base.train, fp8=fp8, batch_size_schedule=ramp, seq_len_schedule=warmup, **train),
         optim=replace(base.optim, **(optim or {})),
         checkpoint=replace(base.checkpoint, **(checkpoint or {})),
     )

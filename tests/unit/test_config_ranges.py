@@ -26,7 +26,9 @@ NON_NEGATIVE = {
     "metrics.profile_every", "metrics.straggler_every", "parallelism.pp_microbatches", "data.num_workers",
     "cluster.cpus_per_task", "data.max_epochs", "fault.consistency_every", "fault.drill.bitflip_step",
     "cluster.gemm_tflops", "parallelism.recompute_layers", "train.fp8.check_every", "optim.decay_steps",
-    "fault.exclude_straggler_flags", "cluster.min_nodes",
+    "fault.exclude_straggler_flags", "cluster.min_nodes", "train.batch_size_schedule.start",
+    "train.batch_size_schedule.increment", "train.batch_size_schedule.ramp_samples", "train.seq_len_schedule.start",
+    "train.seq_len_schedule.warmup_samples",
 }  # fmt: skip
 
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import threading
 import traceback
+from dataclasses import replace
 
 import pytest
 import torch
 from data_support import THREE_SOURCES, make_stream
 
+from lmforge.config.batch_ramp import BatchRamp
 from lmforge.config.compose import compose
 from lmforge.config.errors import ConfigError
+from lmforge.config.seq_len_warmup import SeqLenWarmup
 from lmforge.config.validate import validate
 from lmforge.data.loader import BatchStream
 
@@ -151,3 +154,60 @@ def test_negative_num_workers_is_a_config_error():
     with pytest.raises(ConfigError, match=r"config key 'data.num_workers': must be >= 0, got -1"):
         validate(compose(["data.num_workers=-1"]))
     assert validate(compose(["data.num_workers=2"])).data.num_workers == 2
+
+
+RAMP = BatchRamp(start=4, increment=4, ramp_samples=48, global_batch=GLOBAL)  # 4, 4, 4, 4, 8, 8, 12, 12, 16, ...
+WARMUP = SeqLenWarmup(seq_len=SEQ, start=8, warmup_samples=64)  # 4 pieces of 8 before 32 samples, 2 of 16 before 64
+
+
+def scheduled(base: BatchStream, workers: int, dp_rank: int = 1, dp: int = DP) -> BatchStream:
+    plan = replace(base.plan, dp_size=dp, grad_accum=GLOBAL // (MICRO * dp))
+    return BatchStream(
+        base.mixture,
+        plan,
+        dp_rank=dp_rank,
+        device=torch.device("cpu"),
+        num_workers=workers,
+        batch_at=RAMP.batch_at,
+        pieces_at=WARMUP.pieces_at,
+    )
+
+
+def rows(step) -> list:
+    """A step's sequences as sorted token tuples (the multiset of what it trains, however it is sharded)."""
+    return sorted(tuple(row.tolist()) for tokens, _, _ in step[0] for row in tokens)
+
+
+def test_a_batch_ramp_and_a_length_warmup_prefetch_resume_and_shard_exactly(base):
+    reference = take(scheduled(base, 0), STEPS)
+    batches = [RAMP.batch_at(RAMP.samples_before(s)) for s in range(STEPS)]
+    assert batches == [4, 4, 4, 4, 8, 8, 12, 12, 16, 16]
+    pieces = [WARMUP.pieces_at(RAMP.samples_before(s)) for s in range(STEPS)]
+    assert pieces == [4, 4, 4, 4, 4, 4, 2, 2, 2, 1]
+    for (step, _state), batch, cut in zip(reference, batches, pieces):
+        assert len(step) == batch // (MICRO * DP)  # micro batches on this rank
+        assert all(tokens.shape == (MICRO * cut, SEQ // cut) for tokens, _, _ in step)
+    assert json.loads(reference[-1][1])["consumed_samples"] == sum(batches)
+
+    stream = scheduled(base, 2)
+    try:
+        head = take(stream, 4)
+        state = json.loads(json.dumps(stream.state_dict()))
+        assert stream.prefetcher.queued_starts() == [RAMP.samples_before(4), RAMP.samples_before(5)]
+    finally:
+        stream.close()
+    resumed = scheduled(base, 2)
+    try:
+        resumed.load_state_dict(state)
+        rest = take(resumed, STEPS - 4)
+    finally:
+        resumed.close()
+    for a, b in zip(head + rest, reference):
+        assert a[1] == b[1] and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a[0], b[0]))
+
+    # the same sequences at DP 1 as at DP 2 (both ranks), step by step
+    dp1 = take(scheduled(base, 0, dp_rank=0, dp=1), STEPS)
+    rank0 = take(scheduled(base, 0, dp_rank=0), STEPS)
+    for s in range(STEPS):
+        assert rows(dp1[s]) == sorted(rows(rank0[s]) + rows(reference[s])), s
+    assert rows(rank0[0]) != rows(reference[0])  # control: the ranks read different samples

@@ -175,3 +175,22 @@ def test_a_save_is_reported_before_its_commit(tmp_path, mode):
     mgr.save(3, torch.nn.Linear(4, 4), None, {"world_size": 1})
     mgr.wait()
     assert order == [("save", 3, "step-00000003"), ("commit", 3, "step-00000003")]
+
+
+RAMPED = [
+    "train.max_steps=4",
+    "train.micro_batch_size=1",
+    "train.global_batch_size=8",
+    "train.batch_size_schedule.start=2",
+    "train.batch_size_schedule.increment=2",
+    "train.batch_size_schedule.ramp_samples=24",
+]  # 2, 2, 2, 2, 4, 4, 6, 6, 8: nine optimizer steps reach train.max_steps x 8 = 32 samples
+
+
+def test_under_a_batch_ramp_a_run_ends_at_its_optimizer_steps_not_at_max_steps():
+    check_relaunch(CKPT, sidecar(RAMPED, 5), config(RAMPED))  # step 5 of 9: mid-ramp, it trains on
+    check_relaunch(CKPT, sidecar(RAMPED, 8), config(RAMPED + ["train.stop_at_step=9"]))
+    assert refusal(RAMPED, sidecar(RAMPED, 9)).startswith(
+        f"config key 'train.max_steps': the run is finished: checkpoint {CKPT} is at step 9, and train.max_steps=4 "
+        "(9 optimizer steps under train.batch_size_schedule) leaves nothing to train"
+    )

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from lmforge.config.batch_ramp import run_steps_of
 from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_changes
 
@@ -40,7 +41,10 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
         return
     planned = recorded_max_steps(sidecar)
     finished = planned is not None and step >= planned
-    max_steps, stop_at = now["train"]["max_steps"], now["train"].get("stop_at_step") or 0
+    max_steps, stop_at = run_steps_of(now["train"]), now["train"].get("stop_at_step") or 0  # a ramp's: more steps
+    until = f"train.max_steps={now['train']['max_steps']}"
+    if max_steps != now["train"]["max_steps"]:
+        until += f" ({max_steps} optimizer steps under train.batch_size_schedule)"
     optim = {k: v for k, v in changes.items() if k.startswith(OPTIMIZER)}
     state = (
         f"the run is finished: checkpoint {path} is at step {step}"
@@ -50,29 +54,31 @@ def check_relaunch(path: Path, sidecar: dict, now: dict, restarted: bool = False
     if step >= max_steps:
         raise ConfigError(
             "train.max_steps",
-            f"{state}, and train.max_steps={max_steps} leaves nothing to train{_changed(changes)}",
+            f"{state}, and {until} leaves nothing to train{_changed(changes)}",
             _nothing_to_train_fix(path, step, now, optim, changes),
         )
     if stop_at and step >= stop_at:
         raise ConfigError(
             "train.stop_at_step",
             f"{state}, and train.stop_at_step={stop_at} leaves nothing to train",
-            f"raise train.stop_at_step above {step}, or leave it out to train to train.max_steps={max_steps}",
+            f"raise train.stop_at_step above {step}, or leave it out to train to {until}",
         )
     if finished and optim:
         key = next(iter(optim))
         raise ConfigError(
             key,
             f"{state} (its train.max_steps={planned}), and this launch would train it further to "
-            f"train.max_steps={max_steps} under another optimizer or LR schedule{_changed(optim)}",
+            f"{until} under another optimizer or LR schedule{_changed(optim)}",
             f"train it further with its own settings ({' '.join(f'{k}={_show(v[0])}' for k, v in optim.items())}), "
             f"or {_new_run(path, now)}",
         )
 
 
 def recorded_max_steps(sidecar: dict) -> Optional[int]:
-    """The ``train.max_steps`` the checkpoint was trained towards (its config, else its LR schedule); None: unknown."""
-    planned = ((sidecar.get("config") or {}).get("train") or {}).get("max_steps")
+    """The ``train.max_steps`` the checkpoint was trained towards (its config, else its LR schedule); None: unknown.
+    Under a batch ramp: the optimizer steps that reach it (config/batch_ramp.py)."""
+    train = (sidecar.get("config") or {}).get("train") or {}
+    planned = run_steps_of(train) if "max_steps" in train else None
     if planned is None:
         planned = (sidecar.get("scheduler") or {}).get("max_steps")
     return None if planned is None else int(planned)

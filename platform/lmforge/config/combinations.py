@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
+from lmforge.config.batch_ramp import run_steps
 from lmforge.config.errors import ConfigError
 from lmforge.config.parallelism import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, ZERO_BUBBLE_SCHEDULES
 from lmforge.config.schema import RootConfig
@@ -307,7 +308,7 @@ CHECKPOINT: Tuple[Refused, ...] = (
         "checkpoint.at_steps",
         lambda c: (
             bool(c.checkpoint.at_steps)
-            and (not c.checkpoint.enabled or not all(1 <= s <= c.train.max_steps for s in c.checkpoint.at_steps))
+            and (not c.checkpoint.enabled or not all(1 <= s <= run_steps(c.train) for s in c.checkpoint.at_steps))
         ),
         lambda c: (
             f"steps {list(c.checkpoint.at_steps)} would not all be saved (train.max_steps={c.train.max_steps}, "
@@ -317,7 +318,55 @@ CHECKPOINT: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT
+
+def _ramp(c: RootConfig) -> bool:
+    return c.train.batch_size_schedule.start > 0
+
+
+BATCH_RAMP: Tuple[Refused, ...] = (
+    Refused(
+        "`train.batch_size_schedule` with `parallelism.engine=deepspeed`",
+        "train.batch_size_schedule.start",
+        lambda c: _ramp(c) and c.parallelism.engine == "deepspeed",
+        lambda c: "DeepSpeed's engine fixes train_batch_size and gradient_accumulation_steps when it is built",
+        "use parallelism.engine=native for a batch ramp, or set train.batch_size_schedule.start=0",
+    ),
+    Refused(
+        "`train.batch_size_schedule` with pipeline parallelism (`parallelism.pp > 1`)",
+        "train.batch_size_schedule.start",
+        lambda c: _ramp(c) and c.parallelism.pp > 1,
+        lambda c: f"the pipeline schedule is built for a fixed number of microbatches (pp={c.parallelism.pp})",
+        "set parallelism.pp=1 for a batch ramp, or train.batch_size_schedule.start=0",
+    ),
+    Refused(
+        "`train.batch_size_schedule` with `train.grad_accum` set",
+        "train.grad_accum",
+        lambda c: _ramp(c) and c.train.grad_accum is not None,
+        lambda c: f"under a batch ramp each step's accumulation follows its batch, not a fixed {c.train.grad_accum}",
+        "leave train.grad_accum=null (derived per step: batch / (micro_batch_size x data-parallel size))",
+    ),
+)
+
+
+def _seq_warmup(c: RootConfig) -> bool:
+    return c.train.seq_len_schedule.start > 0
+
+
+SEQ_LEN_WARMUP: Tuple[Refused, ...] = (
+    Refused(
+        "`train.seq_len_schedule` with `parallelism.engine=deepspeed` or pipeline parallelism (`parallelism.pp > 1`)",
+        "train.seq_len_schedule.start",
+        lambda c: _seq_warmup(c) and (c.parallelism.engine == "deepspeed" or c.parallelism.pp > 1),
+        lambda c: (
+            "the pipeline's stages exchange activations of one fixed sequence length"
+            if c.parallelism.pp > 1
+            else "the DeepSpeed engine is not verified with changing sequence lengths"
+        ),
+        "use parallelism.engine=native with parallelism.pp=1, or set train.seq_len_schedule.start=0",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + BATCH_RAMP + SEQ_LEN_WARMUP
 
 
 def check_combinations(cfg: RootConfig) -> None:

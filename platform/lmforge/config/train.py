@@ -35,6 +35,34 @@ class Float8Config:
 
 
 @dataclass
+class BatchSizeScheduleConfig:
+    """``train.batch_size_schedule``: a ramp of the global batch by samples seen (Megatron's ``--rampup-batch-size
+    <start> <increment> <ramp samples>``; GPT-3's linear batch warmup). Read by config/batch_ramp.py."""
+
+    start: NonNegativeInt = 0
+    """Global batch (sequences) of the first steps; 0 = no ramp (every step is train.global_batch_size)."""
+    increment: NonNegativeInt = 0
+    """Sequences added per stage until train.global_batch_size; a multiple of micro_batch_size x data-parallel
+    size, as start is, and dividing global_batch_size - start."""
+    ramp_samples: NonNegativeInt = 0
+    """Samples (sequences) over which the batch grows in equal stages from start to train.global_batch_size; the
+    stage of a step is floor(consumed_samples x stages / ramp_samples)."""
+
+
+@dataclass
+class SeqLenScheduleConfig:
+    """``train.seq_len_schedule``: sequence-length warmup; early steps split every model.seq_len sample into 2^k
+    pieces of start x 2^i tokens (the sample stream and the tokens per step are unchanged). Read by
+    config/seq_len_warmup.py."""
+
+    start: NonNegativeInt = 0
+    """Sequence length of the first steps: model.seq_len / 2^k; 0 = off (every step trains full-length samples)."""
+    warmup_samples: NonNegativeInt = 0
+    """Samples over which the length doubles in equal stages from start to model.seq_len; the stage of a step is
+    floor(consumed_samples x k / warmup_samples)."""
+
+
+@dataclass
 class TrainConfig:
     name: str = "default"
     """The preset's name (a conf/train file name)."""
@@ -82,5 +110,11 @@ class TrainConfig:
     stop_at_step: int = 0
     """Stop (checkpoint, exit 0, no DONE marker) once this step is done, without changing the LR schedule or the
     data index, which follow max_steps; a later launch resumes. For time-sliced jobs and resume tests. 0 = off."""
+    batch_size_schedule: BatchSizeScheduleConfig = field(default_factory=BatchSizeScheduleConfig)
+    """The global batch's ramp by samples seen (off by default). With it on, train.max_steps and the LR schedule's
+    step keys count full-batch steps (global_batch_size samples each), so the run's tokens and its LR per token
+    are those of the same run without the ramp; checkpoint, eval, logging and stop_at_step count optimizer steps."""
+    seq_len_schedule: SeqLenScheduleConfig = field(default_factory=SeqLenScheduleConfig)
+    """Sequence-length warmup by samples seen (off by default): each sample cut into 2^k pieces early on."""
     fp8: Float8Config = field(default_factory=Float8Config)
     """Float8 training (``train.precision=fp8``): recipe, which linears, FSDP float8 all-gather, numerics check."""

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from lmforge.config.batch import BatchPlan, batch_plan
+from lmforge.config.batch_ramp import check_batch_ramp
 from lmforge.config.choices import check_choices, closest
 from lmforge.config.cluster import check_retired
 from lmforge.config.combinations import check_combinations
@@ -32,6 +33,7 @@ from lmforge.config.parallelism import pipeline_chunks, pp_layers_override, sugg
 from lmforge.config.paths import check_paths
 from lmforge.config.ranges import check_ranges
 from lmforge.config.schema import RootConfig
+from lmforge.config.seq_len_warmup import check_seq_len_warmup
 from lmforge.config.tokenizer_files import vocab_size_of
 from lmforge.config.validated import Validated
 from lmforge.runtime.env_vars import launch_world_size
@@ -212,6 +214,7 @@ def dp_size(cfg: RootConfig) -> int:
 def check_batch(cfg: RootConfig) -> BatchPlan:
     t = cfg.train
     plan = batch_plan(t.micro_batch_size, t.global_batch_size, dp_size(cfg), cfg.model.seq_len, t.grad_accum)
+    check_batch_ramp(t, dp_size(cfg))  # train.batch_size_schedule: every stage a multiple of micro x dp
     p = cfg.parallelism
     if p.pp > 1:
         n_micro = p.pp_microbatches or plan.grad_accum
@@ -276,6 +279,7 @@ def validate(cfg: DictConfig | RootConfig, world_size: Optional[int] = None) -> 
     check_parallel_layout(typed, world_size)
     check_document_masking(typed)  # data.document_masking with this layout and device
     check_context_parallel(typed)
+    check_seq_len_warmup(typed)  # train.seq_len_schedule: pieces of seq_len / 2^k that context parallelism can cut
     plan = check_batch(typed)
     if typed.parallelism.engine == "deepspeed":
         check_deepspeed(typed, plan)

@@ -3,7 +3,9 @@
 Optimizer step s consumes global samples [c, c + G) where c = consumed samples before the step and G
 the global batch. Micro batch j on data-parallel rank r takes samples c + j*(m*dp) + r*m + [0, m) for
 micro batch size m: every step sees the same set of samples for any data-parallel size, and resuming at
-``consumed_samples`` continues the exact stream.
+``consumed_samples`` continues the exact stream. Under a batch ramp (``train.batch_size_schedule``,
+:mod:`lmforge.config.batch_ramp`) G is the ramp's batch at c, a function of c alone, and the step has
+G / (m*dp) micro batches per rank: the same rule, the same samples per step for any data-parallel size.
 
 Per-source accounting: every consumed sample carries the id of the source it was drawn from; the trainer
 sums the tokens per source over ranks, and :meth:`BatchStream.share_metrics` reports the realised share of
@@ -13,6 +15,10 @@ Prefetch (``data.num_workers >= 1``): the micro batches of the next two steps ar
 (:mod:`lmforge.data.prefetch`) while the current step trains; the stream handed to the trainer, its
 ``state_dict()`` and a resume are bit-identical to ``num_workers=0``. On CUDA the host batches are pinned
 and copied on a side stream that the compute stream waits for. Call :meth:`BatchStream.close` when done.
+
+Sequence-length warmup (``train.seq_len_schedule``, :mod:`lmforge.config.seq_len_warmup`): the step starting at c
+cuts each of its samples into P(c) pieces of T / P consecutive tokens, a view [m*P, T/P] of the same host batch
+(document positions recomputed per piece): the same samples, the same tokens, shorter sequences.
 
 Documents (``data.document_masking``): each micro batch also carries ``positions`` [m, T], every token's
 position inside its document, restarting after each of the tokenizer's EOD tokens
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -58,6 +64,18 @@ def document_fields(
     return document_positions(tokens, eod) if document_masking else None
 
 
+def cut_pieces(mb: MicroBatch, pieces: int, eod: Optional[int]) -> MicroBatch:
+    """Each row of ``mb`` as ``pieces`` rows of consecutive tokens (views: pinned memory stays pinned); document
+    positions (when ``mb`` has them) restart at every piece, which is a sequence of its own."""
+    m, t = mb.tokens.shape
+    tokens, targets = mb.tokens.view(m * pieces, t // pieces), mb.targets.view(m * pieces, t // pieces)
+    if mb.positions is None:
+        return MicroBatch(tokens, targets, mb.source_ids)
+    positions = document_positions(tokens, eod)
+    pinned = positions.pin_memory() if mb.tokens.is_pinned() else positions
+    return MicroBatch(tokens, targets, mb.source_ids, pinned, document_square_sum(positions))
+
+
 @dataclass
 class DataState:
     consumed_samples: int = 0
@@ -76,8 +94,15 @@ class BatchStream:
         prefetch_steps: int = 2,
         document_masking: bool = False,
         loss_after_eod: str = "keep",
+        batch_at: Optional[Callable[[int], int]] = None,
+        pieces_at: Optional[Callable[[int], int]] = None,
     ):
+        """``batch_at(consumed)``: the global batch of the step starting there (a batch ramp's ``batch_at``);
+        None = ``plan.global_batch_size`` for every step. ``pieces_at(consumed)``: the pieces each of the step's
+        samples is cut into (a sequence-length warmup's); None = whole samples."""
+        self.pieces_at = pieces_at
         self.mixture = mixture
+        self.batch_at = batch_at or (lambda _consumed: plan.global_batch_size)
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
         # The EOD id the documents end with (the tokenizer megatron-core packed with), read once, when batches need it
         self.eod = mixture.tokenizer.eod if document_masking or loss_after_eod != "keep" else None
@@ -88,7 +113,7 @@ class BatchStream:
         self.prefetcher: Optional[StepPrefetcher[MicroBatch]] = None
         if num_workers > 0:
             self.prefetcher = StepPrefetcher(
-                self._host_batch, self._step_ranges, plan.global_batch_size, num_workers, depth=prefetch_steps
+                self._host_batch, self._step_ranges, self.batch_at, num_workers, depth=prefetch_steps
             )
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
 
@@ -98,7 +123,8 @@ class BatchStream:
         return range(start, start + p.micro_batch_size)
 
     def _step_ranges(self, consumed: int) -> List[range]:
-        return [self.sample_indices(consumed, j) for j in range(self.plan.grad_accum)]
+        per_micro = self.plan.micro_batch_size * self.plan.dp_size
+        return [self.sample_indices(consumed, j) for j in range(self.batch_at(consumed) // per_micro)]
 
     def _host_batch(self, indices: range) -> MicroBatch:
         """One micro batch in host memory (pinned when training on CUDA); runs on prefetch threads too."""
@@ -147,8 +173,10 @@ class BatchStream:
             host = self.prefetcher.take(c)
         else:
             host = [self._host_batch(r) for r in self._step_ranges(c)]
+        if self.pieces_at is not None and self.pieces_at(c) > 1:
+            host = [cut_pieces(mb, self.pieces_at(c), self.eod) for mb in host]
         batches = self._to_device(host)
-        self.state.consumed_samples = c + self.plan.global_batch_size
+        self.state.consumed_samples = c + self.batch_at(c)
         return batches
 
     def close(self) -> None:

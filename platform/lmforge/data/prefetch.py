@@ -38,7 +38,7 @@ import warnings
 import weakref
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable, Deque, Generic, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Deque, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 
 T = TypeVar("T")
 _STOP = object()
@@ -118,20 +118,22 @@ class StepPrefetcher(Generic[T]):
     """Builds whole optimizer steps ahead of the trainer, in order, keyed by their start position.
 
     ``step_parts(start)`` gives the arguments of each micro batch of the step starting at consumed position
-    ``start`` (its sample ranges); ``build(part)`` makes one micro batch; ``step_size`` is the global batch.
+    ``start`` (its sample ranges); ``build(part)`` makes one micro batch; ``step_size(start)`` is the global batch
+    of the step starting at ``start`` (a batch ramp varies it; an int: every step's).
     """
 
     def __init__(
         self,
         build: Callable[[Sequence[int]], T],
         step_parts: Callable[[int], List[Sequence[int]]],
-        step_size: int,
+        step_size: Union[int, Callable[[int], int]],
         num_workers: int,
         depth: int = 2,
     ):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1 step, got {depth}")
-        self.build, self.step_parts, self.step_size = build, step_parts, step_size
+        self.build, self.step_parts = build, step_parts
+        self.step_size = step_size if callable(step_size) else (lambda _start: step_size)
         self.num_workers, self.depth = num_workers, depth
         self.pool: Optional[WorkerPool] = None  # started on the first take(): a stream used only for eval has none
         self._ahead: Deque[Tuple[int, List[Future]]] = deque()
@@ -153,11 +155,11 @@ class StepPrefetcher(Generic[T]):
         )
 
     def _top_up(self, start: int) -> None:
-        """Queue the steps [start, start + depth * step_size) that are not queued yet."""
-        nxt = self._ahead[-1][0] + self.step_size if self._ahead else start
-        while nxt < start + self.depth * self.step_size:
+        """Queue the ``depth`` steps from ``start`` on that are not queued yet."""
+        nxt = self._ahead[-1][0] + self.step_size(self._ahead[-1][0]) if self._ahead else start
+        while len(self._ahead) < self.depth:
             self._queue_step(nxt)
-            nxt += self.step_size
+            nxt += self.step_size(nxt)
 
     def take(self, start: int) -> List[T]:
         """The micro batches of the step starting at ``start``; then the steps up to ``depth`` ahead are queued."""
@@ -172,7 +174,7 @@ class StepPrefetcher(Generic[T]):
         batches = [f.result() for f in futures]  # a worker's exception is raised here, with its traceback
         # Queue the next step only now: freshly woken workers would otherwise compete with this thread for the
         # GIL while it collects the batches the loop is waiting for.
-        self._top_up(start + self.step_size)
+        self._top_up(start + self.step_size(start))
         return batches
 
     def drop(self) -> None:

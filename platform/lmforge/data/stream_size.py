@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 from typing import Optional, Tuple
 
+from lmforge.config.batch_ramp import run_samples
 from lmforge.config.train import TrainConfig
 
 
 def stream_sizes(
     train: TrainConfig, tokens_per_step: int, global_batch: int, seq_len: int, *, prior_state: Optional[dict] = None
 ) -> Tuple[int, int]:
-    """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens."""
+    """(N, samples this run needs): N from the checkpoint when resuming, else from the planned tokens. Under a
+    batch ramp the run's last step is whole, so it may need up to a batch more (config/batch_ramp.py)."""
     if prior_state and prior_state.get("num_train_samples"):
         n = int(prior_state["num_train_samples"])
     else:
         planned = train.planned_tokens or train.max_steps * tokens_per_step
         n = max(1, math.ceil(planned / seq_len))
-    return n, max(n, train.max_steps * global_batch)
+    return n, max(n, train.max_steps * global_batch, run_samples(train))

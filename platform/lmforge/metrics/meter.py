@@ -44,23 +44,29 @@ class IntervalMeter:
     _steps: int = field(default=0, init=False)
     _data_wait: float = field(default=0.0, init=False)
     _excluded: float = field(default=0.0, init=False)
-    _step_flops: list = field(default_factory=list, init=False)  # per-step FLOPs per token, when reported
+    _step_flops: list = field(default_factory=list, init=False)  # (FLOPs per token, tokens) per step, when reported
     _profiled: int = field(default=0, init=False)  # steps left out of the interval (profiled: ``excluded``)
+    _tokens: int = field(default=0, init=False)  # tokens of the interval's steps (a batch ramp varies them)
 
     def start(self) -> None:
         """Open the first interval (before the first step of this launch)."""
         self.synchronize()
         self._mark = self.clock()
-        self._steps, self._data_wait, self._excluded = 0, 0.0, 0.0
+        self._steps, self._data_wait, self._excluded, self._tokens = 0, 0.0, 0.0, 0
 
-    def step_done(self, data_wait_s: float = 0.0, flops_per_token: Optional[float] = None) -> None:
-        """One optimizer step was issued (no device sync); ``flops_per_token``: this step's own, if it differs."""
+    def step_done(
+        self, data_wait_s: float = 0.0, flops_per_token: Optional[float] = None, tokens: Optional[int] = None
+    ) -> None:
+        """One optimizer step was issued (no device sync); ``flops_per_token``: this step's own, if it differs;
+        ``tokens``: the step's tokens over all ranks (a batch ramp's), None = ``tokens_per_step``."""
         if self._mark is None:
             self.start()
         self._steps += 1
         self._data_wait += data_wait_s
+        step_tokens = self.tokens_per_step if tokens is None else tokens
+        self._tokens += step_tokens
         if flops_per_token is not None:
-            self._step_flops.append(flops_per_token)
+            self._step_flops.append((flops_per_token, step_tokens))
 
     def step_left_out(self) -> None:
         """A step that ran inside ``excluded()`` (the overlap probe's profiled step): neither its time nor its tokens
@@ -89,10 +95,14 @@ class IntervalMeter:
             return {}
         seconds = max(now - self._mark - self._excluded, 1e-9)
         steps = self._steps
-        tokens = steps * self.tokens_per_step
+        tokens = self._tokens
         tps = tokens / seconds
         tps_dev = tps / self.world_size
-        per_token = sum(self._step_flops) / len(self._step_flops) if self._step_flops else self.flops_per_token
+        per_token = (  # the steps' own FLOPs per token, weighted by their tokens
+            sum(f * t for f, t in self._step_flops) / sum(t for _, t in self._step_flops)
+            if self._step_flops
+            else self.flops_per_token
+        )
         tflops_dev = tps_dev * per_token / 1e12
         if self.refresh_peak is not None and tflops_dev > self.peak_tflops_per_device > 0:
             # MFU above 100%: the peak was measured under contention (CPU); measured again, once, announced
@@ -111,7 +121,7 @@ class IntervalMeter:
             "mfu": tflops_dev / self.peak_tflops_per_device if self.peak_tflops_per_device > 0 else 0.0,
         }
         self._mark, self._steps, self._data_wait, self._excluded, self._profiled = now, 0, 0.0, 0.0, 0
-        self._step_flops = []
+        self._step_flops, self._tokens = [], 0
         return record
 
 

@@ -182,11 +182,15 @@ def continue_hint(resume: str, step: int) -> str:
     return f"with train.resume=auto instead of train.resume={resume}: {auto}"
 
 
-def next_steps_line(run_dir: str, checkpoint: Optional[str], step: int, *, resume: str = "auto") -> str:
-    """A finished launch's last line: its newest checkpoint, how to generate from it and how to train further."""
+def next_steps_line(
+    run_dir: str, checkpoint: Optional[str], step: int, *, resume: str = "auto", max_steps: Optional[int] = None
+) -> str:
+    """A finished launch's last line: its newest checkpoint, how to generate from it and how to train further.
+    ``max_steps``: the run's train.max_steps where it is not its last step (a batch ramp's full-batch steps)."""
     if checkpoint is None:
         return "lmforge: no checkpoint saved (checkpoint.enabled=false or checkpoint.save_final=false)"
     return (
         f"lmforge: last checkpoint {checkpoint}. Generate: lmforge generate {run_dir} --prompt TEXT; train further: "
-        f"the same command with train.max_steps above {step} ({continue_hint(resume, step)})"
+        f"the same command with train.max_steps above {step if max_steps is None else max_steps} "
+        f"({continue_hint(resume, step)})"
     )

@@ -19,22 +19,31 @@ from lmforge.config.optim import OptimConfig
 
 def lr_multiplier(step: int, cfg: OptimConfig, max_steps: int) -> float:
     """Multiplier of cfg.lr applied for the update of ``step`` (0-based)."""
+    return lr_multiplier_at(step, step + 1, 1, cfg, max_steps=max_steps)
+
+
+def lr_multiplier_at(before: int, after: int, unit: int, cfg: OptimConfig, *, max_steps: int) -> float:
+    """Multiplier of cfg.lr for the update that moves the run from ``before`` to ``after`` samples, the schedule's
+    step keys counting ``unit`` samples each (a full batch). ``lr_multiplier(step)`` is this with unit 1 (one step);
+    under a batch ramp (config/batch_ramp.py) the trainer passes the step's samples and unit = global batch, so the
+    LR follows the samples seen: the same LR per token for any data-parallel size and any resume. Every ratio is of
+    whole numbers, so for a constant batch the result is bit-identical to the per-step form."""
     warm = cfg.warmup_steps
-    if warm > 0 and step < warm:
-        return (step + 1) / warm
+    if warm > 0 and before < warm * unit:
+        return after / (warm * unit)
     floor = cfg.min_lr_ratio
     if cfg.schedule == "constant":
         return 1.0
     if cfg.schedule == "cosine":
         span = max(1, max_steps - warm)
-        progress = min(1.0, (step - warm) / span)
+        progress = min(1.0, (before - warm * unit) / (span * unit))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     # wsd
     decay_steps = wsd_decay_steps(cfg, max_steps)
     decay_start = max_steps - decay_steps
-    if step < decay_start:
+    if before < decay_start * unit:
         return 1.0
-    progress = min(1.0, (step - decay_start + 1) / decay_steps)
+    progress = min(1.0, (after - decay_start * unit) / (decay_steps * unit))
     return floor + (1.0 - floor) * DECAY_SHAPES[cfg.decay_shape](progress)
 
 

@@ -3,7 +3,8 @@
 Each part lives in its own module; this file only wires them and owns the loop (``fit``), where every call of a
 step is named for what it does and every collective is marked "collective:":
 
-    for step in range(start, max_steps):
+    for step in range(start, run_steps):                 # run_steps: max_steps, or a batch ramp's (config/batch_ramp.py)
+        lr = scheduled_lr(consumed_samples)              # optim/schedule.py: by step, or by samples under a ramp
         batches = data.step_batches()                    # data/loader.py
         guard = faults.before_step(step)                 # fault/hooks.py: watchdog beat, drills -> the loss guard
         result = engine.train_step(batches, lr, guard)   # parallel/native_engine.py: the layout's collectives
@@ -36,8 +37,10 @@ from lmforge.comm.preflight import run_preflight
 from lmforge.comm.process_group import WorldInfo, init_process_group
 from lmforge.comm.profiling import OverlapProbe, profile_interval
 from lmforge.comm.vote import LaggedVote
+from lmforge.config.batch_ramp import batch_ramp, run_steps
 from lmforge.config.errors import ConfigError
 from lmforge.config.record import config_dict
+from lmforge.config.seq_len_warmup import seq_len_warmup
 from lmforge.config.validated import Validated
 from lmforge.data.loader import BatchStream
 from lmforge.data.mixture import build_mixture
@@ -65,7 +68,7 @@ from lmforge.metrics.tensorboard_sink import TensorBoardSink
 from lmforge.metrics.wandb_sink import make_wandb_sink
 from lmforge.model.flops import document_flops_per_token, flops_per_token
 from lmforge.model.gpt import param_count_from_config
-from lmforge.optim.schedule import lr_multiplier
+from lmforge.optim.schedule import lr_multiplier, lr_multiplier_at
 from lmforge.parallel.build_engine import build_engine
 from lmforge.parallel.float8 import gap_warning
 from lmforge.parallel.mesh import DIM_NAMES
@@ -142,6 +145,12 @@ class Trainer:
             total_train_samples=total_samples,
         )
 
+        # train.batch_size_schedule: the global batch by samples consumed; the run's optimizer steps follow from it
+        self.ramp = batch_ramp(cfg.train)
+        self.run_steps = run_steps(cfg.train)  # train.max_steps without a ramp
+        self.seq_warmup = seq_len_warmup(cfg.train, cfg.model.seq_len)  # train.seq_len_schedule (None: off)
+        self.seq_len_now = 0  # the length of the last step's sequences (a change is a seq_len event)
+
         # Model, parallelism, optimizer
         self.engine = build_engine(cfg, self.device)
         self.data = BatchStream(
@@ -152,6 +161,8 @@ class Trainer:
             num_workers=cfg.data.num_workers,
             document_masking=cfg.data.document_masking,
             loss_after_eod=cfg.data.loss_after_eod,
+            batch_at=self.ramp.batch_at if self.ramp else None,
+            pieces_at=self.seq_warmup.pieces_at if self.seq_warmup else None,
         )
         self.checkpoints = CheckpointManager(self.paths.checkpoints, cfg.checkpoint, self.engine)
         # Evaluation: bytes per token id (val/<source>/bpb, built at the first evaluation) and the downstream tasks
@@ -228,7 +239,7 @@ class Trainer:
         if self.resume_point is None or not self.paths.config.exists():
             write_text(self.paths.config, OmegaConf.to_yaml(OmegaConf.create(config)))
         self.launch = launch_number(write_launch_record(self.paths, config, self.step, self.resume_point))
-        if self.step < self.cfg.train.max_steps:
+        if self.step < self.run_steps:
             self.paths.done_marker.unlink(missing_ok=True)
         layout = {
             "world_size": self.world.world_size,
@@ -245,7 +256,7 @@ class Trainer:
     def _make_logger(self) -> MetricsLogger:
         if self.rank != 0:
             return MetricsLogger([], rank=self.rank)
-        sinks = [make_console_sink(self.cfg.logging.console, self.cfg.train.max_steps, self.step), self.summary]
+        sinks = [make_console_sink(self.cfg.logging.console, self.run_steps, self.step), self.summary]
         if self.cfg.logging.jsonl:
             sinks.append(JsonlSink(self.paths.metrics))
         if self.cfg.logging.tensorboard:
@@ -282,7 +293,7 @@ class Trainer:
             backend=self.world.backend,
             mesh=dict(zip(DIM_NAMES, self.engine.dims.shape)),
             max_steps=cfg.train.max_steps,
-            last_step=min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps),
+            last_step=min(self.run_steps, cfg.train.stop_at_step or self.run_steps),
             tokens_per_step=self.plan.tokens_per_step,
             wandb=self.wandb_where,
         )
@@ -298,9 +309,49 @@ class Trainer:
                 self.cfg.optim,
                 self.cfg.train.max_steps,
                 self.step,
-                self.cfg.optim.lr * lr_multiplier(self.step, self.cfg.optim, self.cfg.train.max_steps),
+                self.scheduled_lr(self.data.state.consumed_samples),
             ),
         }
+
+    def scheduled_lr(self, consumed: int) -> float:
+        """The LR of the step that starts after ``consumed`` samples: by step (optim/schedule.py); under a batch
+        ramp by the samples the step moves the run through, the schedule's step keys counting full batches."""
+        cfg = self.cfg
+        if self.ramp is None:
+            return cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
+        after, unit = consumed + self.ramp.batch_at(consumed), cfg.train.global_batch_size
+        return cfg.optim.lr * lr_multiplier_at(consumed, after, unit, cfg.optim, max_steps=cfg.train.max_steps)
+
+    def ramp_line(self) -> str:
+        """The start block's line for a batch ramp: its stages and what train.max_steps comes to."""
+        r, t = self.ramp, self.cfg.train
+        return (
+            f"lmforge: batch ramp: {r.start} -> {t.global_batch_size} sequences by {r.increment} in {r.stages} "
+            f"stages over {r.ramp_samples:,} samples ({r.ramp_steps} steps); train.max_steps={t.max_steps} "
+            f"full-batch steps = {self.ramp.samples_before(self.run_steps):,} samples in {self.run_steps} "
+            "optimizer steps"
+        )
+
+    def warmup_line(self) -> str:
+        """The start block's line for a sequence-length warmup: its lengths and what compile does with them."""
+        w, compiled = self.seq_warmup, self.cfg.parallelism.compile
+        line = (
+            f"lmforge: sequence-length warmup: {', '.join(map(str, w.lengths()))} tokens in {w.stages + 1} stages "
+            f"over {w.warmup_samples:,} samples (each sample cut into pieces; same samples, same tokens)"
+        )
+        return line + ("; parallelism.compile: each new length may recompile the blocks" if compiled else "")
+
+    def note_seq_len(self, batches) -> None:
+        """Under train.seq_len_schedule: a step whose length differs from the last one's is a ``seq_len`` event (with
+        parallelism.compile, dynamo's compiled graphs so far: the recompiles the lengths cost)."""
+        length = batches[0].tokens.shape[1]
+        if self.seq_warmup is None or length == self.seq_len_now:
+            return
+        self.seq_len_now = length
+        fields = {}
+        if self.cfg.parallelism.compile:
+            fields["compiled_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        self.logger.event("seq_len", step=self.step + 1, cause=f"sequence length {length}", **fields)
 
     def save_checkpoint(self, blocking: bool = False) -> Path:
         self._flush_source_counts()
@@ -321,12 +372,21 @@ class Trainer:
         changed = scheduler_changes(state.get("scheduler"), self.cfg.optim, self.cfg.train.max_steps)
         if changed and self.rank == 0:
             print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
+        at = self.ramp.samples_before(self.step) if self.ramp else self.data.state.consumed_samples
+        if at != self.data.state.consumed_samples and self.rank == 0:  # the ramp changed: the samples lead
+            print(
+                f"lmforge: warning: the checkpoint consumed {self.data.state.consumed_samples:,} samples in "
+                f"{self.step} steps, this batch ramp {at:,}; its batches and LR follow the samples consumed",
+                flush=True,
+            )
         return self.step
 
-    def _document_flops(self, batches) -> Optional[float]:
-        """FLOPs per token of this rank's step when document-masked (attention within documents only)."""
+    def _step_flops(self, batches) -> Optional[float]:
+        """FLOPs per token of this rank's step where they differ from the run's: document-masked (attention within
+        documents only) or shorter sequences (train.seq_len_schedule); None: the run's."""
         if not self.cfg.data.document_masking:
-            return None
+            length = batches[0].tokens.shape[1]
+            return None if self.seq_warmup is None else flops_per_token(self.cfg.model, length)
         return document_flops_per_token(
             self.cfg.model, sum(b.document_square_sum for b in batches), sum(b.tokens.numel() for b in batches)
         )
@@ -385,13 +445,14 @@ class Trainer:
         if self.rank == 0:
             start = self.start_info(resumed)
             if talk:
-                print("\n".join(start_block(start)), flush=True)
+                extra = ([self.ramp_line()] if self.ramp else []) + ([self.warmup_line()] if self.seq_warmup else [])
+                print("\n".join(start_block(start) + extra), flush=True)
             if self.wandb_sink is not None:
                 self.wandb_sink.describe(run_info(start, provenance.toolchain(), provenance.node_list()))
         if resumed is not None:  # the console's one line of it: "[event] resume ... resumed from step N path=..."
             log.event("resume", step=resumed, cause=f"resumed from step {resumed}", path=str(self.resume_point.path))
         cfg = self.cfg
-        last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
+        last_step = min(self.run_steps, cfg.train.stop_at_step or self.run_steps)
         self.engine.train()
         faults = self.faults = FaultHooks(
             cfg,
@@ -419,9 +480,10 @@ class Trainer:
             while self.step < last_step:
                 faults.start_compute_clock()
                 t0 = time.perf_counter()
+                lr = self.scheduled_lr(self.data.state.consumed_samples)  # the step's LR, before it advances
                 batches = self.data.step_batches()  # this rank's micro-batches (no collective)
                 t_data = time.perf_counter() - t0
-                lr = cfg.optim.lr * lr_multiplier(self.step, cfg.optim, cfg.train.max_steps)
+                self.note_seq_len(batches)  # train.seq_len_schedule: a new length is an event (host only)
                 guard = faults.before_step(self.step)  # watchdog beat, before-step drills; the loss guard (None: off)
                 profiled = self.overlap.due(self.step + 1)  # a profiled step counts in no throughput or MFU
                 with self.meter.excluded() if profiled else contextlib.nullcontext():
@@ -432,7 +494,8 @@ class Trainer:
                 if profiled:
                     self.meter.step_left_out()
                 else:
-                    self.meter.step_done(t_data, self._document_flops(batches))
+                    step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
+                    self.meter.step_done(t_data, self._step_flops(batches), tokens=step_tokens)
                 if result.fp8 is not None:  # train.fp8.check_every: float8 vs bf16 loss on a fixed batch
                     self.log_fp8_check(result.fp8)
                 # collectives when due: the straggler all_gather, the replica fingerprints' all_gather + all_reduce;
@@ -440,9 +503,9 @@ class Trainer:
                 fault_metrics = faults.after_step(self.step, time.perf_counter() - t0)
                 self.stop_on_fault()
                 self._accumulate_sources(batches)
-                if self.step % cfg.logging.every_steps == 0 or self.step == cfg.train.max_steps or self.step == 1:
+                if self.step % cfg.logging.every_steps == 0 or self.step == self.run_steps or self.step == 1:
                     self.log_step(result, lr, fault_metrics)  # collective: per-source token counts all-reduced
-                if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == cfg.train.max_steps):
+                if cfg.train.eval_every and (self.step % cfg.train.eval_every == 0 or self.step == self.run_steps):
                     t_eval = time.perf_counter()
                     with self.meter.excluded():  # evaluation time is not training throughput
                         values = self.evaluate()  # collectives: the engine's eval forwards and loss all-reduces
@@ -480,12 +543,12 @@ class Trainer:
             self.stop_on_fault()
             trained = self.step != resumed  # a checkpoint is never re-saved by a launch that trained nothing
             t_save = time.perf_counter()
-            if trained and cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < cfg.train.max_steps):
+            if trained and cfg.checkpoint.enabled and (cfg.checkpoint.save_final or self.step < self.run_steps):
                 self.save_after_verdicts(blocking=True)  # collective: the save's barriers
             self.checkpoints.wait()  # collective: an async save still in flight is committed (barriers)
             final_save_s = time.perf_counter() - t_save
-            ending = "done" if self.step >= cfg.train.max_steps else "stopped"
-            if self.rank == 0 and self.step >= cfg.train.max_steps:
+            ending = "done" if self.step >= self.run_steps else "stopped"
+            if self.rank == 0 and self.step >= self.run_steps:
                 write_text(self.paths.done_marker, json.dumps({"step": self.step}))
         except BaseException as exc:  # the launch's end record names what ended it; the exception goes on
             ending = type(exc).__name__
@@ -497,7 +560,7 @@ class Trainer:
                 lines = self.summary.lines(
                     start_step=resumed or 0,
                     end_step=self.step,
-                    max_steps=cfg.train.max_steps,
+                    max_steps=self.run_steps,
                     wall_s=time.time() - process_start_time(),
                 )
                 print("\n".join(lines), flush=True)
@@ -515,7 +578,13 @@ class Trainer:
         elif ending == "done" and self.rank == 0:
             newest = latest(self.checkpoints.root) if cfg.checkpoint.enabled else None
             print(
-                next_steps_line(str(self.paths.root), newest and str(newest), self.step, resume=cfg.train.resume),
+                next_steps_line(
+                    str(self.paths.root),
+                    newest and str(newest),
+                    self.step,
+                    resume=cfg.train.resume,
+                    max_steps=cfg.train.max_steps if self.ramp else None,
+                ),
                 flush=True,
             )
         return self.history
@@ -538,8 +607,8 @@ class Trainer:
     def stopped_line(self) -> str:
         """What a launch that stopped before ``train.max_steps`` (``train.stop_at_step``) prints last: how to go on."""
         cfg, step = self.cfg, self.step
-        stopped = f"lmforge: stopped at step {step} of train.max_steps={cfg.train.max_steps} (train.stop_at_step="
-        stopped += f"{cfg.train.stop_at_step})"
+        of = f"{self.run_steps} (batch ramp)" if self.ramp else f"train.max_steps={cfg.train.max_steps}"
+        stopped = f"lmforge: stopped at step {step} of {of} (train.stop_at_step={cfg.train.stop_at_step})"
         if not cfg.checkpoint.enabled:
             return f"{stopped}; checkpoint.enabled=false: nothing saved to continue from"
         return (
@@ -587,6 +656,7 @@ class Trainer:
             "tokens_seen": consumed * cfg.model.seq_len,
             "flops_seen": consumed * cfg.model.seq_len * self.flops_per_token,
             "consumed_samples": consumed,
+            **({"seq_len": self.seq_len_now} if self.seq_warmup else {}),
             **throughput,
             **{f"tokens/{k}": v for k, v in self.data.state.tokens_per_source.items()},
             **self.data.share_metrics(),
