@@ -92,7 +92,7 @@ def stand_ins() -> Dict[str, List[tuple]]:
         "activation": [(feed_forward.FeedForward, "forward", _ffn_without_activation)],
         "RoPE": [(gpt, "apply_rope", lambda x, cos, sin: x)],
         "norms": [(nn.LayerNorm, "forward", _identity_module), (nn.RMSNorm, "forward", _identity_module)],
-        "loss": [(native_engine, "cross_entropy_loss", lambda logits, targets: _LossFloor.apply(logits))],
+        "loss": [(native_engine, "loss_function", lambda logits, targets: _LossFloor.apply(logits))],
         "clipping": [(native_engine, "clip_grad_norm", _clip_nothing)],
         "optimizer": [(native_engine, "optimizer_step", lambda optimizer, skip: None)],
     }
