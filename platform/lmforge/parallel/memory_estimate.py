@@ -163,6 +163,15 @@ def layer_owner(cfg: RootConfig, layer: int) -> int:
     return chunk_owner(chunk_of_layer(p, cfg.model.n_layers, layer), p.pp, p.pp_schedule)
 
 
+def layer_owners(cfg: RootConfig) -> List[int]:
+    """:func:`layer_owner` of every block, in block order, from one pass over the stage map."""
+    p = cfg.parallelism
+    owners: List[int] = []
+    for chunk, count in enumerate(chunk_layers(p, cfg.model.n_layers)):
+        owners += [chunk_owner(chunk, p.pp, p.pp_schedule)] * count
+    return owners
+
+
 def checkpointed_blocks(cfg: RootConfig, pp_rank: int) -> int:
     """Blocks on pipeline rank ``pp_rank`` that activation checkpointing applies to: the first
     ``parallelism.recompute_layers`` of each of its chunks (``parallel/activation_checkpoint.chosen_blocks``),
@@ -226,10 +235,11 @@ def state_bytes(
         return tuple(shape), tp_numel
 
     held: List[Tuple[str, Tuple[int, ...]]] = []
+    owners = layer_owners(cfg)
     for name, shape in parameter_shapes(m):
         if name.startswith("layers."):
             layer = int(name.split(".")[1])
-            if layer_owner(cfg, layer) == pp_rank:
+            if owners[layer] == pp_rank:
                 held.append((name, shape))
         elif name.startswith("tok_embeddings.") and out.first:
             held.append((name, shape))
