@@ -61,7 +61,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmforge.config.batch import BatchPlan
@@ -209,6 +210,71 @@ def state_bytes(
     cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int = 0, dp_shard_rank: int = 0
 ) -> StateBytes:
     """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
+    if tp_rank == 0 and dp_shard_rank == 0:
+        return stage_states(cfg, precision)[pp_rank]
+    return _count_state(cfg, precision, _held_by_rank(cfg).get(pp_rank, []), pp_rank, tp_rank, dp_shard_rank)
+
+
+_STATE_CACHE: "OrderedDict[tuple, Tuple[StateBytes, ...]]" = OrderedDict()
+STATE_CACHE_SIZE = 1024
+
+
+def _state_key(cfg: RootConfig, precision: str) -> tuple:
+    """Everything the state of a pipeline rank depends on: the model, the layout fields that place and shard the
+    parameters (the stage map, tp, ep, the FSDP degree), and what ``dtypes_for`` reads."""
+    p = cfg.parallelism
+    stage_map = tuple(p.pp_layers) if p.pp_layers is not None else None
+    layout = (p.tp, p.pp, p.pp_schedule, p.pp_virtual_stages, stage_map, p.ep, p.dp_shard, p.cp)
+    dtypes = (p.param_dtype, p.reduce_dtype, precision, cfg.train.fp32_residual)
+    return (repr(cfg.model), layout, dtypes)
+
+
+def stage_states(cfg: RootConfig, precision: str) -> List[StateBytes]:
+    """``state_bytes`` of every pipeline rank (tp and dp_shard rank 0), from one pass over the parameters and
+    kept for the next layout that places and shards them alike (``lmforge plan --search`` varies the micro batch
+    and the checkpointing of one layout)."""
+    key = _state_key(cfg, precision)
+    states = _STATE_CACHE.get(key)
+    if states is None:
+        held = _held_by_rank(cfg)
+        states = tuple(_count_state(cfg, precision, held.get(r, []), r) for r in range(cfg.parallelism.pp))
+        _STATE_CACHE[key] = states
+        if len(_STATE_CACHE) > STATE_CACHE_SIZE:
+            _STATE_CACHE.popitem(last=False)
+    return [replace(st) for st in states]
+
+
+def _held_by_rank(cfg: RootConfig) -> Dict[int, List[Tuple[str, Tuple[int, ...]]]]:
+    """(name, shape) of the parameters each pipeline rank holds: its blocks, the embedding on the rank of the first
+    chunk, the final norm and the output on the rank of the last."""
+    m, p = cfg.model, cfg.parallelism
+    chunks = len(chunk_layers(p, m.n_layers))
+    first_rank = chunk_owner(0, p.pp, p.pp_schedule)
+    last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
+    owners = layer_owners(cfg)
+    held: Dict[int, List[Tuple[str, Tuple[int, ...]]]] = {}
+    for name, shape in parameter_shapes(m):
+        if name.startswith("layers."):
+            rank = owners[int(name.split(".")[1])]
+        elif name.startswith("tok_embeddings."):
+            rank = first_rank
+        elif name.startswith(("norm.", "output.")):
+            rank = last_rank
+        else:
+            continue
+        held.setdefault(rank, []).append((name, shape))
+    return held
+
+
+def _count_state(
+    cfg: RootConfig,
+    precision: str,
+    held: List[Tuple[str, Tuple[int, ...]]],
+    pp_rank: int,
+    tp_rank: int = 0,
+    dp_shard_rank: int = 0,
+) -> StateBytes:
+    """The bytes of the parameters ``held`` by the rank at these mesh coordinates."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     chunks = len(chunk_layers(p, m.n_layers))
@@ -233,18 +299,6 @@ def state_bytes(
         if fsdp_degree(p) > 1:  # FSDP shards over dp_shard x cp (cp ranks hold replicas)
             shape[0] = chunk_size(shape[0], fsdp_degree(p), dp_shard_rank)
         return tuple(shape), tp_numel
-
-    held: List[Tuple[str, Tuple[int, ...]]] = []
-    owners = layer_owners(cfg)
-    for name, shape in parameter_shapes(m):
-        if name.startswith("layers."):
-            layer = int(name.split(".")[1])
-            if owners[layer] == pp_rank:
-                held.append((name, shape))
-        elif name.startswith("tok_embeddings.") and out.first:
-            held.append((name, shape))
-        elif name.startswith(("norm.", "output.")) and out.last:
-            held.append((name, shape))
 
     for name, shape in held:
         shard, tp_numel = local(name, shape)
@@ -456,10 +510,12 @@ def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batche
     return (gathered + st.root_numel_unsharded) * dt.fsdp_param, unsharded_grads * dt.fsdp_reduce
 
 
-def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int) -> MemoryEstimate:
+def _stage_estimate(
+    cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int, states: List[StateBytes]
+) -> MemoryEstimate:
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
-    st = state_bytes(cfg, precision, pp_rank=pp_rank)
+    st = states[pp_rank]
     n_micro = p.pp_microbatches or plan.grad_accum
     shape = activation_shape(cfg, plan.micro_batch_size, precision)
     in_flight = microbatches_in_flight(cfg, n_micro, pp_rank)
@@ -513,7 +569,8 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
 
 def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:
     """The most loaded pipeline rank's estimate (every rank of the other dims is at most as loaded)."""
-    stages = [_stage_estimate(cfg, plan, precision, r) for r in range(cfg.parallelism.pp)]
+    states = stage_states(cfg, precision)
+    stages = [_stage_estimate(cfg, plan, precision, r, states) for r in range(cfg.parallelism.pp)]
     worst = max(stages, key=lambda s: s.total)
     worst.per_stage_total = {s.pp_rank: s.total for s in stages}
     return worst
