@@ -21,9 +21,10 @@ trainer's own checks; the rest of the config passed ``validate()`` once) and the
 (``memory_estimate.estimate_memory``, through ``planner.make_plan``) fits the usable device memory. Feasible
 candidates are ranked by the step model's tokens/s. Pruning: a structural layout (tp, cp, pp, schedule,
 sharding) whose least memory over its micro batches and checkpointing modes (``may_fit``, two estimates) is over
-the device's is skipped whole; the micro batches are tried from the largest down under each checkpointing mode,
-and without a pipeline only the largest that fits is kept (a smaller one only adds kernel launches; with a
-pipeline it shrinks the bubble, so each is kept).
+the device's is skipped whole; of the rest, without a pipeline each checkpointing mode's largest micro batch that
+fits is kept (a smaller one only adds kernel launches), with one each micro batch under the lightest mode that
+fits (a smaller micro batch shrinks the bubble; a heavier mode only adds recompute). ``prune=False`` ranks every
+feasible layout; the best are the same (``tests/unit/test_layout_search_space.py``).
 
 ``search_space_miss`` names the field of a given layout (a published run's, ``published_runs.csv``) that the
 search does not enumerate, or None when it does.
@@ -191,7 +192,7 @@ def search_space_miss(cfg: RootConfig, world: int) -> Optional[str]:
     own_ac, own_micro = cfg.parallelism.activation_checkpointing, cfg.train.micro_batch_size
     structures = [dict(par, fsdp_grad_sync=_sync_of(par)) for par in _structures(cfg, world)]
     for key in STRUCTURE_KEYS:
-        offered = sorted({par[key] for par in structures}, key=str)
+        offered = sorted({par[key] for par in structures}, key=lambda v: (str(type(v)), v))
         structures = [par for par in structures if par[key] == own[key]]
         if not structures:
             return f"{key}={own[key]} (the search tries {', '.join(str(v) for v in offered)})"
@@ -284,6 +285,25 @@ def may_fit(cfg: RootConfig, world: int, par: dict, micros: List[int], usable: i
     return False
 
 
+def _candidates(cfg: RootConfig, world: int, par: dict, micros: List[int], usable: int, prune: bool) -> List[Candidate]:
+    """The feasible (micro batch, checkpointing) choices of one structure, less those ``prune`` drops as dominated:
+    without a pipeline, each mode's largest micro batch that fits (a smaller one only adds kernel launches); with
+    one, each micro batch under the lightest mode that fits (a heavier one only adds recompute)."""
+    out: List[Candidate] = []
+    pipelined = par["pp"] > 1
+    pairs = [(m, ac) for m in micros for ac in AC_ORDER] if pipelined else [(m, ac) for ac in AC_ORDER for m in micros]
+    done = set()  # pipelined: micro batches already taken; else modes already taken
+    for micro, ac in pairs:
+        if prune and (micro if pipelined else ac) in done:
+            continue
+        plan = _try(cfg, world, par, micro, ac, usable)
+        if plan is None or not plan.fits:
+            continue
+        out.append(Candidate(overrides_text(par, micro, ac), plan))
+        done.add(micro if pipelined else ac)
+    return out
+
+
 def search_layouts(
     cfg: RootConfig, world: Optional[int] = None, top: int = 5, prune: bool = True
 ) -> Tuple[List[Candidate], int]:
@@ -303,14 +323,7 @@ def search_layouts(
         micros = micro_choices(batch, dp, par["pp"])
         if not micros or (prune and not may_fit(cfg, world, par, micros, usable)):
             continue
-        for ac in AC_ORDER:
-            for micro in micros:
-                plan = _try(cfg, world, par, micro, ac, usable)
-                if plan is None or not plan.fits:
-                    continue
-                found.append(Candidate(overrides_text(par, micro, ac), plan))
-                if par["pp"] == 1:
-                    break  # without a pipeline the largest micro batch that fits is the fastest of this mode
+        found += _candidates(cfg, world, par, micros, usable, prune)
     found.sort(key=lambda c: (-c.plan.tokens_per_s, c.plan.memory.total))  # a tie: the one needing less memory
     return found[:top], len(found)
 
