@@ -258,12 +258,13 @@ def search_space_misses() -> dict:
 
 
 # (published row, nodes, global batch; None: the row's own): Llama 3 405B at its pretraining scale and batch
-# (16,384 GPUs, 2,048 x 8k tokens), and three published runs at their own scale.
+# (16,384 GPUs, 2,048 x 8k tokens), and four published runs at their own scale (2,520 GPUs: many divisors).
 SEARCH_COST_CASES = (
     ("torchtitan24_t5_405b_1f1b", 2048, 2048),
     ("torchtitan24_t5_405b_1f1b", None, None),
     ("mcore08_h100_177b", None, None),
     ("bloom176b_tr11", None, None),
+    ("narayanan21_t1_530b", None, None),
 )
 
 

@@ -388,12 +388,16 @@ def saved_activation_bytes(
     modules: Sequence[str] = (),
     checkpointed: Optional[int] = None,
     matmuls: str = "all",
+    per_block: Optional[int] = None,
 ) -> int:
     """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward;
     ``checkpointed``: how many of them ``mode`` applies to (``parallelism.recompute_layers``; None: all), the rest
-    keep everything; ``matmuls``: the matmul outputs ``selective`` keeps (``parallelism.selective_matmuls``)."""
+    keep everything; ``matmuls``: the matmul outputs ``selective`` keeps (``parallelism.selective_matmuls``);
+    ``per_block``: ``layer_activation_bytes`` of ``mode`` when the caller has it."""
     n_ck = layers if checkpointed is None else min(layers, checkpointed)
-    kept = n_ck * layer_activation_bytes(m, s, mode, modules, matmuls)
+    if per_block is None:
+        per_block = layer_activation_bytes(m, s, mode, modules, matmuls)
+    kept = n_ck * per_block
     if n_ck < layers:
         kept += (layers - n_ck) * layer_activation_bytes(m, s, "none")
     if last:
@@ -511,8 +515,14 @@ def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batche
 
 
 def _stage_estimate(
-    cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int, states: List[StateBytes]
+    cfg: RootConfig,
+    plan: BatchPlan,
+    precision: str,
+    pp_rank: int,
+    states: List[StateBytes],
+    per_block: Dict[str, int],
 ) -> MemoryEstimate:
+    """``per_block``: ``layer_activation_bytes`` of each mode for this micro batch (the same on every rank)."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     st = states[pp_rank]
@@ -522,8 +532,8 @@ def _stage_estimate(
     head = head_activation_bytes(m, shape) * head_microbatches_in_flight(cfg, n_micro) if st.last else 0
     by_mode = {}
     for mode in AC_MODES:
-        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False, matmuls=p.selective_matmuls)
-        working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False, per_block=per_block[mode])
+        working = per_block["none"] if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + head + working
     configured = by_mode.get(p.activation_checkpointing)
     if p.activation_checkpointing == "modules" or p.recompute_layers > 0:  # the configured recompute, exactly
@@ -570,7 +580,10 @@ def _stage_estimate(
 def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:
     """The most loaded pipeline rank's estimate (every rank of the other dims is at most as loaded)."""
     states = stage_states(cfg, precision)
-    stages = [_stage_estimate(cfg, plan, precision, r, states) for r in range(cfg.parallelism.pp)]
+    shape = activation_shape(cfg, plan.micro_batch_size, precision)
+    matmuls = cfg.parallelism.selective_matmuls
+    per_block = {mode: layer_activation_bytes(cfg.model, shape, mode, matmuls=matmuls) for mode in AC_MODES}
+    stages = [_stage_estimate(cfg, plan, precision, r, states, per_block) for r in range(cfg.parallelism.pp)]
     worst = max(stages, key=lambda s: s.total)
     worst.per_stage_total = {s.pp_rank: s.total for s in stages}
     return worst
