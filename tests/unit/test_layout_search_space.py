@@ -109,3 +109,25 @@ def test_pruning_keeps_the_exhaustive_best():
     assert n_pruned < n_every == len(every)  # dominated choices (a heavier recompute, a smaller micro batch) dropped
     assert [c.plan.tokens_per_s for c in pruned] == [c.plan.tokens_per_s for c in every[:3]]
     assert any(re.search(r"parallelism\.pp=[2-8] ", c.overrides) for c in every)  # pipelined layouts compared too
+
+
+def test_the_widened_layouts_plan_the_same_when_their_overrides_are_given_back():
+    from lmforge.parallel.plan_cli import plan_from_overrides
+
+    base = ["model=gpt_125m", "cluster=h100_node", "train.global_batch_size=48", "train.micro_batch_size=6"]
+    base.append("model.tie_embeddings=false")
+    plan = plan_from_overrides(base + ["parallelism.dp_shard=8"])
+    cfg = plan.cfg.cfg  # the validated config's RootConfig
+    usable = 80 * 2**30
+    structures = list(layout_search._structures(cfg, 8))
+    picks = [  # (what the layout has that the powers-of-two space lacked, structure, micro batch)
+        ("3 virtual stages", next(p for p in structures if p["pp_virtual_stages"] == 3), 1),
+        ("kept parameters", next(p for p in structures if p["pp"] == 1 and p["fsdp_grad_sync"] != "auto"), 3),
+        ("uneven 8 x 2 chunks", next(p for p in structures if p["pp"] == 8 and p["pp_layers"]), 1),
+    ]
+    for what, par, micro in picks:
+        overrides = layout_search.overrides_text(par, micro, "full")
+        searched = layout_search._try(cfg, 8, par, micro, "full", usable)
+        assert searched is not None and searched.fits, what
+        again = plan_from_overrides(base + overrides.split())
+        assert again.fits and again.step_time_s == pytest.approx(searched.step_time_s, rel=1e-9), overrides
