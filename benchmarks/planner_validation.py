@@ -1,6 +1,8 @@
 """The planner's predicted tokens/s per GPU beside published runs (``lmforge/parallel/published_runs.csv``).
 
     python -m benchmarks.planner_validation [--fit] [--json PATH] [--markdown]
+    python -m benchmarks.planner_validation --search-space
+    python -m benchmarks.planner_validation --search-cost
 
 Every row of the table is mapped to a config (``published_runs.to_root_config``), validated with the trainer's
 own ``validate()`` at the row's GPU count, and planned by ``lmforge.parallel.planner.make_plan`` on the row's
@@ -14,6 +16,12 @@ when it does not validate. fp8 rows are planned with float8 linears, tensor para
 ``RANKED_GROUPS``: where a source publishes several layouts of one model on one cluster, the predicted order
 against the measured one (Kendall tau) and the measured throughput of the predicted best against the measured best.
 
+``--search-space`` prints, instead, the published layouts ``lmforge plan --search`` does not enumerate, each with
+the field it misses (``layout_search.search_space_miss``), and how many of all are inside the search space.
+
+``--search-cost`` times ``lmforge plan --search`` (``layout_search.search_layouts``, CPU-seconds of this process)
+on published models and clusters (``SEARCH_COST_CASES``) and prints the layouts ranked and the best.
+
 Figures: median |error| and the share of rows within +-25%, over every row kept, per source, and over the
 calibration sources (``CALIBRATION``: the one fitted parameter, ``device_table.IN_STEP_EFFICIENCY``, is fitted on
 these alone) and the held-out rows (every other source). ``--fit`` refits that parameter on the calibration rows
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections import defaultdict
 from dataclasses import replace
 from typing import List, Optional
@@ -32,6 +41,7 @@ from typing import List, Optional
 from lmforge.config.errors import ConfigError
 from lmforge.config.validate import validate
 from lmforge.parallel.device_table import IN_STEP_EFFICIENCY
+from lmforge.parallel.layout_search import search_layouts, search_space_miss
 from lmforge.parallel.planner import make_plan
 from lmforge.parallel.published_runs import device_for, load_published_runs, to_root_config, tokens_per_s_per_gpu
 
@@ -240,12 +250,63 @@ def fit_efficiency() -> float:
     return best[1]
 
 
+def search_space_misses() -> dict:
+    """{row id: the field its layout misses} for the published layouts ``lmforge plan --search`` does not
+    enumerate at the row's GPU count."""
+    found = {r.id: search_space_miss(to_root_config(r).cfg, r.gpus) for r in load_published_runs()}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+# (published row, nodes, global batch; None: the row's own): Llama 3 405B at its pretraining scale and batch
+# (16,384 GPUs, 2,048 x 8k tokens), and four published runs at their own scale (2,520 GPUs: many divisors).
+SEARCH_COST_CASES = (
+    ("torchtitan24_t5_405b_1f1b", 2048, 2048),
+    ("torchtitan24_t5_405b_1f1b", None, None),
+    ("mcore08_h100_177b", None, None),
+    ("bloom176b_tr11", None, None),
+    ("narayanan21_t1_530b", None, None),
+)
+
+
+def print_search_cost() -> None:
+    runs = {r.id: r for r in load_published_runs()}
+    for run_id, nodes, batch in SEARCH_COST_CASES:
+        cfg = to_root_config(runs[run_id]).cfg
+        if nodes:
+            cfg = replace(
+                cfg, cluster=replace(cfg.cluster, nodes=nodes), train=replace(cfg.train, global_batch_size=batch)
+            )
+        world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+        start = time.process_time()
+        cands, ranked = search_layouts(cfg, world, top=1)
+        spent = time.process_time() - start
+        print(
+            f"{run_id:<28} {world:>6} GPUs  global batch {cfg.train.global_batch_size:>5}  {ranked:>5} layouts ranked"
+            f"  {spent:6.1f} CPU-s  best {cands[0].plan.tokens_per_s:>12,.0f} tokens/s  {cands[0].overrides}"
+        )
+
+
+def print_search_space() -> None:
+    misses, total = search_space_misses(), len(load_published_runs())
+    for run_id, miss in misses.items():
+        print(f"{run_id:<44} outside: {miss}")
+    print(f"{total - len(misses)} of {total} published layouts are inside the search space of lmforge plan --search")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="refit the in-step efficiency on the calibration sources")
     ap.add_argument("--json", default="", help="also write the rows as JSON to this path")
     ap.add_argument("--markdown", action="store_true", help="also print the per-row table as markdown")
+    ap.add_argument("--search-space", action="store_true", help="only: which published layouts --search misses")
+    ap.add_argument("--search-cost", action="store_true", help="only: the time --search takes on large runs")
     args = ap.parse_args()
+    if args.search_space:
+        print_search_space()
+        return
+    if args.search_cost:
+        print_search_cost()
+        return
     efficiency = IN_STEP_EFFICIENCY
     if args.fit:
         efficiency = fit_efficiency()

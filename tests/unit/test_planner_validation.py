@@ -5,6 +5,7 @@ several layouts of one model on one cluster the predicted order is the measured 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,5 +74,7 @@ def test_the_ranked_layouts_are_inside_the_search_space():
     for ids in pv.RANKED_GROUPS.values():
         for i in ids:
             assert in_search_space(to_root_config(runs[i]).cfg, runs[i].gpus), i
-    # negative control: 35 pipeline stages (Narayanan et al.'s 530B) is not a layout the search enumerates
-    assert not in_search_space(to_root_config(runs["narayanan21_t1_530b"]).cfg, 2520)
+    # negative control: tensor parallelism across nodes (tp 16 over 8-GPU nodes) is not a layout the search enumerates
+    cfg = to_root_config(runs["torchtitan24_t5_405b_1f1b"]).cfg
+    wide = replace(cfg, parallelism=replace(cfg.parallelism, tp=16, dp_shard=4))
+    assert not in_search_space(wide, 512)

@@ -62,7 +62,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmforge.config.batch import BatchPlan
@@ -164,6 +165,15 @@ def layer_owner(cfg: RootConfig, layer: int) -> int:
     return chunk_owner(chunk_of_layer(p, cfg.model.n_layers, layer), p.pp, p.pp_schedule)
 
 
+def layer_owners(cfg: RootConfig) -> List[int]:
+    """:func:`layer_owner` of every block, in block order, from one pass over the stage map."""
+    p = cfg.parallelism
+    owners: List[int] = []
+    for chunk, count in enumerate(chunk_layers(p, cfg.model.n_layers)):
+        owners += [chunk_owner(chunk, p.pp, p.pp_schedule)] * count
+    return owners
+
+
 def checkpointed_blocks(cfg: RootConfig, pp_rank: int) -> int:
     """Blocks on pipeline rank ``pp_rank`` that activation checkpointing applies to: the first
     ``parallelism.recompute_layers`` of each of its chunks (``parallel/activation_checkpoint.chosen_blocks``),
@@ -201,6 +211,71 @@ def state_bytes(
     cfg: RootConfig, precision: str, pp_rank: int = 0, tp_rank: int = 0, dp_shard_rank: int = 0
 ) -> StateBytes:
     """Exact parameter, gradient and AdamW bytes held by the rank at these mesh coordinates."""
+    if tp_rank == 0 and dp_shard_rank == 0:
+        return stage_states(cfg, precision)[pp_rank]
+    return _count_state(cfg, precision, _held_by_rank(cfg).get(pp_rank, []), pp_rank, tp_rank, dp_shard_rank)
+
+
+_STATE_CACHE: "OrderedDict[tuple, Tuple[StateBytes, ...]]" = OrderedDict()
+STATE_CACHE_SIZE = 1024
+
+
+def _state_key(cfg: RootConfig, precision: str) -> tuple:
+    """Everything the state of a pipeline rank depends on: the model, the layout fields that place and shard the
+    parameters (the stage map, tp, ep, the FSDP degree), and what ``dtypes_for`` reads."""
+    p = cfg.parallelism
+    stage_map = tuple(p.pp_layers) if p.pp_layers is not None else None
+    layout = (p.tp, p.pp, p.pp_schedule, p.pp_virtual_stages, stage_map, p.ep, p.dp_shard, p.cp)
+    dtypes = (p.param_dtype, p.reduce_dtype, precision, cfg.train.fp32_residual)
+    return (repr(cfg.model), layout, dtypes)
+
+
+def stage_states(cfg: RootConfig, precision: str) -> List[StateBytes]:
+    """``state_bytes`` of every pipeline rank (tp and dp_shard rank 0), from one pass over the parameters and
+    kept for the next layout that places and shards them alike (``lmforge plan --search`` varies the micro batch
+    and the checkpointing of one layout)."""
+    key = _state_key(cfg, precision)
+    states = _STATE_CACHE.get(key)
+    if states is None:
+        held = _held_by_rank(cfg)
+        states = tuple(_count_state(cfg, precision, held.get(r, []), r) for r in range(cfg.parallelism.pp))
+        _STATE_CACHE[key] = states
+        if len(_STATE_CACHE) > STATE_CACHE_SIZE:
+            _STATE_CACHE.popitem(last=False)
+    return [replace(st) for st in states]
+
+
+def _held_by_rank(cfg: RootConfig) -> Dict[int, List[Tuple[str, Tuple[int, ...]]]]:
+    """(name, shape) of the parameters each pipeline rank holds: its blocks, the embedding on the rank of the first
+    chunk, the final norm and the output on the rank of the last."""
+    m, p = cfg.model, cfg.parallelism
+    chunks = len(chunk_layers(p, m.n_layers))
+    first_rank = chunk_owner(0, p.pp, p.pp_schedule)
+    last_rank = chunk_owner(chunks - 1, p.pp, p.pp_schedule)
+    owners = layer_owners(cfg)
+    held: Dict[int, List[Tuple[str, Tuple[int, ...]]]] = {}
+    for name, shape in parameter_shapes(m):
+        if name.startswith("layers."):
+            rank = owners[int(name.split(".")[1])]
+        elif name.startswith("tok_embeddings."):
+            rank = first_rank
+        elif name.startswith(("norm.", "output.")):
+            rank = last_rank
+        else:
+            continue
+        held.setdefault(rank, []).append((name, shape))
+    return held
+
+
+def _count_state(
+    cfg: RootConfig,
+    precision: str,
+    held: List[Tuple[str, Tuple[int, ...]]],
+    pp_rank: int,
+    tp_rank: int = 0,
+    dp_shard_rank: int = 0,
+) -> StateBytes:
+    """The bytes of the parameters ``held`` by the rank at these mesh coordinates."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
     chunks = len(chunk_layers(p, m.n_layers))
@@ -225,17 +300,6 @@ def state_bytes(
         if fsdp_degree(p) > 1:  # FSDP shards over dp_shard x cp (cp ranks hold replicas)
             shape[0] = chunk_size(shape[0], fsdp_degree(p), dp_shard_rank)
         return tuple(shape), tp_numel
-
-    held: List[Tuple[str, Tuple[int, ...]]] = []
-    for name, shape in parameter_shapes(m):
-        if name.startswith("layers."):
-            layer = int(name.split(".")[1])
-            if layer_owner(cfg, layer) == pp_rank:
-                held.append((name, shape))
-        elif name.startswith("tok_embeddings.") and out.first:
-            held.append((name, shape))
-        elif name.startswith(("norm.", "output.")) and out.last:
-            held.append((name, shape))
 
     for name, shape in held:
         shard, tp_numel = local(name, shape)
@@ -332,12 +396,16 @@ def saved_activation_bytes(
     modules: Sequence[str] = (),
     checkpointed: Optional[int] = None,
     matmuls: str = "all",
+    per_block: Optional[int] = None,
 ) -> int:
     """Bytes a stage of ``layers`` blocks keeps for backward at the end of one micro batch's forward;
     ``checkpointed``: how many of them ``mode`` applies to (``parallelism.recompute_layers``; None: all), the rest
-    keep everything; ``matmuls``: the matmul outputs ``selective`` keeps (``parallelism.selective_matmuls``)."""
+    keep everything; ``matmuls``: the matmul outputs ``selective`` keeps (``parallelism.selective_matmuls``);
+    ``per_block``: ``layer_activation_bytes`` of ``mode`` when the caller has it."""
     n_ck = layers if checkpointed is None else min(layers, checkpointed)
-    kept = n_ck * layer_activation_bytes(m, s, mode, modules, matmuls)
+    if per_block is None:
+        per_block = layer_activation_bytes(m, s, mode, modules, matmuls)
+    kept = n_ck * per_block
     if n_ck < layers:
         kept += (layers - n_ck) * layer_activation_bytes(m, s, "none")
     if last:
@@ -455,18 +523,26 @@ def fsdp_working_bytes(cfg: RootConfig, st: StateBytes, dt: Dtypes, micro_batche
     return (gathered + st.root_numel_unsharded) * dt.fsdp_param, unsharded_grads * dt.fsdp_reduce
 
 
-def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: int) -> MemoryEstimate:
+def _stage_estimate(
+    cfg: RootConfig,
+    plan: BatchPlan,
+    precision: str,
+    pp_rank: int,
+    states: List[StateBytes],
+    per_block: Dict[str, int],
+) -> MemoryEstimate:
+    """``per_block``: ``layer_activation_bytes`` of each mode for this micro batch (the same on every rank)."""
     m, p = cfg.model, cfg.parallelism
     dt = dtypes_for(cfg, precision)
-    st = state_bytes(cfg, precision, pp_rank=pp_rank)
+    st = states[pp_rank]
     n_micro = p.pp_microbatches or plan.grad_accum
     shape = activation_shape(cfg, plan.micro_batch_size, precision)
     in_flight = microbatches_in_flight(cfg, n_micro, pp_rank)
     head = head_activation_bytes(m, shape) * head_microbatches_in_flight(cfg, n_micro) if st.last else 0
     by_mode = {}
     for mode in AC_MODES:
-        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False, matmuls=p.selective_matmuls)
-        working = layer_activation_bytes(m, shape, "none") if mode != "none" else 0  # one block recomputed
+        kept = saved_activation_bytes(m, shape, mode, st.layers, st.first, last=False, per_block=per_block[mode])
+        working = per_block["none"] if mode != "none" else 0  # one block recomputed
         by_mode[mode] = int(math.ceil(in_flight * kept)) + head + working
     configured = by_mode.get(p.activation_checkpointing)
     if p.activation_checkpointing == "modules" or p.recompute_layers > 0:  # the configured recompute, exactly
@@ -512,7 +588,11 @@ def _stage_estimate(cfg: RootConfig, plan: BatchPlan, precision: str, pp_rank: i
 
 def estimate_memory(cfg: RootConfig, plan: BatchPlan, precision: str) -> MemoryEstimate:
     """The most loaded pipeline rank's estimate (every rank of the other dims is at most as loaded)."""
-    stages = [_stage_estimate(cfg, plan, precision, r) for r in range(cfg.parallelism.pp)]
+    states = stage_states(cfg, precision)
+    shape = activation_shape(cfg, plan.micro_batch_size, precision)
+    matmuls = cfg.parallelism.selective_matmuls
+    per_block = {mode: layer_activation_bytes(cfg.model, shape, mode, matmuls=matmuls) for mode in AC_MODES}
+    stages = [_stage_estimate(cfg, plan, precision, r, states, per_block) for r in range(cfg.parallelism.pp)]
     worst = max(stages, key=lambda s: s.total)
     worst.per_stage_total = {s.pp_rank: s.total for s in stages}
     return worst

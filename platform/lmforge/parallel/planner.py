@@ -38,7 +38,7 @@ from lmforge.parallel.memory_estimate import (
     dtypes_for,
     estimate_memory,
     gib,
-    layer_owner,
+    layer_owners,
     resolve_precision,
 )
 from lmforge.parallel.memory_estimate import resolve_precision as resolve
@@ -193,7 +193,7 @@ def ep_all_to_all_bytes(cfg: RootConfig, batch: BatchPlan, precision: str) -> in
 
 def layers_per_pipeline_rank(cfg: RootConfig) -> List[int]:
     """Blocks held by each pipeline rank, from the stage map (``parallelism.pp_layers``) and the placement."""
-    owners = [layer_owner(cfg, layer) for layer in range(cfg.model.n_layers)]
+    owners = layer_owners(cfg)
     return [owners.count(rank) for rank in range(cfg.parallelism.pp)]
 
 
@@ -203,7 +203,8 @@ def moe_layers_per_pipeline_rank(cfg: RootConfig) -> int:
     ids = moe_layer_ids(m)
     if p.pp == 1:
         return len(ids)
-    owners = [layer_owner(cfg, layer) for layer in ids]
+    every = layer_owners(cfg)
+    owners = [every[layer] for layer in ids]
     return max(owners.count(rank) for rank in range(p.pp))
 
 

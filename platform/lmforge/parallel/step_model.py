@@ -73,7 +73,7 @@ from lmforge.parallel.memory_estimate import (
     checkpointed_blocks,
     dtypes_for,
     fsdp_degree,
-    layer_owner,
+    layer_owners,
     state_bytes,
 )
 
@@ -357,7 +357,7 @@ def stage_time(cfg: RootConfig, spec: DeviceSpec, micro: int, precision: str, pp
     e = dt.compute  # activation bytes (fp8: bf16-mixed's, memory_estimate.dtypes_for), float8 GEMMs in the Linears
     linear_dtype = "fp8" if precision == "fp8" else dtype
     moe_ids = set(moe_layer_ids(m))
-    owned = [layer for layer in range(m.n_layers) if layer_owner(cfg, layer) == pp_rank]
+    owned = [layer for layer, owner in enumerate(layer_owners(cfg)) if owner == pp_rank]
     checkpointed = checkpointed_blocks(cfg, pp_rank) if p.activation_checkpointing != "none" else 0
     share = checkpointed / len(owned) if owned else 0.0
     cache: Dict[bool, _Pass] = {}
