@@ -201,3 +201,35 @@ def test_a_process_start_is_placed_between_its_fork_and_its_first_line_to_the_cl
     os.waitpid(pid, 0)
     tick = 0.011  # SC_CLK_TCK is 100 on Linux: a start is truncated to 10 ms
     assert before - tick <= start <= first_line, (before, start, first_line)
+
+
+def test_a_batch_ramp_counts_each_kept_steps_tokens_and_rates_them_at_their_own_size(tmp_path):
+    # steps 1-2 at 25 tokens (0.25 s), 3-4 at 50 (0.5 s), 5-6 full (100, 1 s): one rate, 100 tokens/s; launch 0 is
+    # killed after step 5 and launch 1 resumes from step 4, so step 5 is redone and counted once
+    ramp = {1: {"n": 25, "d": 0.25}, 2: {"n": 25, "d": 0.25}, 3: {"n": 50, "d": 0.5}, 4: {"n": 50, "d": 0.5}}
+    write_ledger(
+        tmp_path,
+        0,
+        {"process_start": 0.0, "loop_start": 1.0, "start_step": 0, "load_s": 0.0},
+        steps(1, 5, 1.0, ramp),
+        None,
+    )
+    write_ledger(
+        tmp_path,
+        1,
+        {"process_start": 10.0, "loop_start": 11.0, "start_step": 4, "load_s": 0.0},
+        steps(5, 6, 11.0),
+        {"t": 13.0, "step": 6, "reason": "done"},
+    )
+    r = account(tmp_path)
+    assert r["committed_tokens"] == 25 + 25 + 50 + 50 + 100 + 100 and r["redone_steps"] == 1
+    assert r["full_membership_tokens_per_s"] == pytest.approx(100.0)
+    assert r["goodput"] == pytest.approx(350 / (100.0 * r["wall_s"]))
+    # Negative control: the ledger without the ramp's sizes books six full steps.
+    for path in (tmp_path / "goodput").glob("*.jsonl"):
+        path.write_text(
+            "".join(
+                line.replace(', "n": 25', "").replace(', "n": 50', "") + "\n" for line in path.read_text().splitlines()
+            )
+        )
+    assert account(tmp_path)["committed_tokens"] == 600

@@ -34,7 +34,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.rundir import RunPaths
@@ -135,7 +135,9 @@ def watchdog_events(run_dir: Path) -> List[dict]:
     return sorted(out, key=lambda rec: float(rec["time"]))
 
 
-def _book_steps(launch: Launch, redo_after: Optional[int], causes: Dict[str, float], kept: List[float]) -> int:
+def _book_steps(
+    launch: Launch, redo_after: Optional[int], causes: Dict[str, float], kept: List[Tuple[float, int]]
+) -> int:
     """Book one launch's finished steps; returns how many a later launch redid (``redo_after``: the step the next
     launch resumed from; None: no next launch). ``kept``: the kept steps' productive seconds."""
     redone = 0
@@ -154,11 +156,11 @@ def _book_steps(launch: Launch, redo_after: Optional[int], causes: Dict[str, flo
             causes["profiled"] += rest
         else:
             causes["productive"] += rest
-            kept.append(rest)
+            kept.append((rest, int(st.get("n", launch.start["tokens_per_step"]))))
     return redone
 
 
-def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept: List[float]) -> dict:
+def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept: List[Tuple[float, int]]) -> dict:
     """One launch's seconds by cause, from its process start to the next launch's (the last: to its last mark or
     the watchdog's firing), and its summary."""
     causes = dict.fromkeys(CAUSES, 0.0)
@@ -198,6 +200,18 @@ def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept:
     }
 
 
+def _committed_tokens(launches: List[Launch]) -> int:
+    """Tokens of the steps the run kept: each step's from the last launch that ran it (``n`` where a batch ramp
+    made it smaller than its launch's ``tokens_per_step``)."""
+    by_step: Dict[int, int] = {}
+    for launch in launches:  # oldest first: a redone step's line is replaced by the later launch's
+        for st in launch.steps:
+            by_step[int(st["s"])] = int(st.get("n", launch.start["tokens_per_step"]))
+    first, last = int(launches[0].start["start_step"]), launches[-1].last_step
+    default = int(launches[-1].start["tokens_per_step"])
+    return sum(by_step.get(s, default) for s in range(first + 1, last + 1))
+
+
 def account(run_dir: Path) -> dict:
     """The run's goodput and its wall time split by cause (see the module doc)."""
     run_dir = Path(run_dir)
@@ -208,7 +222,7 @@ def account(run_dir: Path) -> dict:
             "reached its first step"
         )
     fired = watchdog_events(run_dir)
-    kept: List[float] = []
+    kept: List[Tuple[float, int]] = []
     per_launch = [
         _book_launch(x, launches[i + 1] if i + 1 < len(launches) else None, fired, kept) for i, x in enumerate(launches)
     ]
@@ -217,9 +231,12 @@ def account(run_dir: Path) -> dict:
     wall = sum(causes.values())
     committed_steps = last.last_step - int(first.start["start_step"])
     tokens_per_step = int(last.start["tokens_per_step"])
-    step_s = statistics.median(kept) if kept else 0.0
-    full_tps = tokens_per_step / step_s if step_s > 0 else 0.0
-    committed_tokens = committed_steps * tokens_per_step
+    committed_tokens = _committed_tokens(launches)
+    step_s = statistics.median(d for d, _ in kept) if kept else 0.0
+    if len({n for _, n in kept}) > 1:  # a batch ramp: the median rate of the kept steps, each at its own size
+        full_tps = statistics.median(n / d for d, n in kept if d > 0)
+    else:
+        full_tps = tokens_per_step / step_s if step_s > 0 else 0.0
     return {
         "run": str(run_dir),
         "goodput": committed_tokens / (full_tps * wall) if full_tps > 0 and wall > 0 else 0.0,

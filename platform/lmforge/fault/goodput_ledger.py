@@ -6,6 +6,7 @@ One line when the loop starts, one per step, one when the launch ends (if it liv
     {"s": 301, "t": T, "d": 0.52, "w": 0.01}              # step, end time, iteration seconds, data wait
     {"s": 310, "t": T, "d": 3.90, "w": 0.01, "e": 3.1}    # ... of which evaluation (e), checkpoint stall (c);
     {"s": 320, "t": T, "d": 0.61, "p": 1}                 # p: a profiled step
+    {"s": 321, "t": T, "d": 0.20, "w": 0.01, "n": 65536}  # n: its tokens, where not tokens_per_step (batch ramp)
     {"kind": "end", "t": T, "step": 400, "reason": "done", "final_save_s": 2.0}
 
 Each line is one short append (line-buffered), so a launch killed with SIGKILL leaves every step it finished. The
@@ -56,6 +57,7 @@ class GoodputLedger:
         self._fh: Optional[TextIO] = None
         self._eval_s = 0.0
         self._save_s = 0.0
+        self._tokens_per_step = 0
 
     def _write(self, record: dict) -> None:
         if self._fh is None:
@@ -70,6 +72,7 @@ class GoodputLedger:
         if not self.enabled:
             return
         make_dir(self.path.parent)
+        self._tokens_per_step = tokens_per_step
         self._fh = open_append(self.path, buffering=1)
         self._write(
             {
@@ -93,10 +96,14 @@ class GoodputLedger:
         """Checkpoint seconds the loop waited for inside the current iteration (the save's stall)."""
         self._save_s += seconds
 
-    def step(self, step: int, seconds: float, data_wait_s: float, profiled: bool = False) -> None:
-        """Iteration ``step`` ended now after ``seconds`` (its data wait, evaluation and save stall included)."""
+    def step(self, step: int, seconds: float, data_wait_s: float, profiled: bool = False, tokens: int = 0) -> None:
+        """Iteration ``step`` ended now after ``seconds`` (its data wait, evaluation and save stall included);
+        ``tokens``: the step's tokens over all ranks, written (``n``) only where they differ from the start line's
+        ``tokens_per_step`` (a batch ramp's smaller steps)."""
         if self._fh is not None:
             line = {"s": step, "t": time.time(), "d": round(seconds, 6), "w": round(data_wait_s, 6)}
+            if tokens and tokens != self._tokens_per_step:
+                line["n"] = tokens
             if self._eval_s:
                 line["e"] = round(self._eval_s, 6)
             if self._save_s:

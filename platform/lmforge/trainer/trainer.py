@@ -491,10 +491,10 @@ class Trainer:
                         # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
                         result = self.engine.train_step(batches, lr, guard=guard)
                 self.step += 1
+                step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
                 if profiled:
                     self.meter.step_left_out()
                 else:
-                    step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
                     self.meter.step_done(t_data, self._step_flops(batches), tokens=step_tokens)
                 if result.fp8 is not None:  # train.fp8.check_every: float8 vs bf16 loss on a fixed batch
                     self.log_fp8_check(result.fp8)
@@ -523,7 +523,7 @@ class Trainer:
                     t_save = time.perf_counter()
                     self.save_after_verdicts(blocking=True)  # collective: the save's barriers
                     ledger.add_save(time.perf_counter() - t_save)
-                    ledger.step(self.step, time.perf_counter() - t0, t_data)  # this step is kept
+                    ledger.step(self.step, time.perf_counter() - t0, t_data, tokens=step_tokens)  # this step is kept
                     log.event("preemption_checkpoint", step=self.step, cause=self.preemption.name or "signal")
                     raise Preempted()
                 if (
@@ -537,7 +537,7 @@ class Trainer:
                     t_save = time.perf_counter()
                     self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
                     ledger.add_save(time.perf_counter() - t_save)  # the loop's stall (sync: the whole save)
-                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=profiled)
+                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=profiled, tokens=step_tokens)
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
