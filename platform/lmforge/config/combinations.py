@@ -317,7 +317,59 @@ CHECKPOINT: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT
+
+def _torchft(c: RootConfig) -> bool:
+    return c.fault.replica_ft == "torchft"
+
+
+def _layout_beyond_one_process(c: RootConfig) -> str:
+    """What of this layout is more than one process per replica group ("" where nothing is)."""
+    p = c.parallelism
+    dims = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep") if getattr(p, k) > 1}
+    parts = [f"{k}={v}" for k, v in dims.items()] + (["engine=deepspeed"] if p.engine == "deepspeed" else [])
+    return ", ".join(parts)
+
+
+REPLICA_FT: Tuple[Refused, ...] = (
+    Refused(
+        "`fault.replica_ft=torchft` with any parallelism beyond one process per replica group (dp, fsdp, cp, tp, "
+        "pp, ep, deepspeed)",
+        "fault.replica_ft",
+        lambda c: _torchft(c) and bool(_layout_beyond_one_process(c)),
+        lambda c: (
+            f"each torchft replica group is one process; this layout has {_layout_beyond_one_process(c)}, whose "
+            "collectives torchft would not make fault tolerant"
+        ),
+        "use parallelism=single with fault.replica_ft=torchft (scale out with more replica groups), or "
+        "fault.replica_ft=none",
+    ),
+    Refused(
+        "`fault.replica_id` outside 0..`fault.replica_groups`-1, or `fault.replica_min` above `fault.replica_groups`",
+        "fault.replica_id",
+        lambda c: (
+            _torchft(c)
+            and (c.fault.replica_id >= c.fault.replica_groups or c.fault.replica_min > c.fault.replica_groups)
+        ),
+        lambda c: (
+            f"replica_id={c.fault.replica_id} and replica_min={c.fault.replica_min} must fit in "
+            f"replica_groups={c.fault.replica_groups}"
+        ),
+        "start replicas with launchers/torchft_local.sh (it sets both), or set replica_id < replica_groups and "
+        "replica_min <= replica_groups",
+    ),
+    Refused(
+        "`fault.replica_ft=torchft` with `data.num_workers > 0`",
+        "data.num_workers",
+        lambda c: _torchft(c) and c.data.num_workers > 0,
+        lambda c: (
+            "prefetch threads read a fixed slice of every step ahead; under replica_ft the slice follows the "
+            "membership of each step's quorum"
+        ),
+        "set data.num_workers=0 with fault.replica_ft=torchft",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + REPLICA_FT
 
 
 def check_combinations(cfg: RootConfig) -> None:
