@@ -358,6 +358,16 @@ REPLICA_FT: Tuple[Refused, ...] = (
         "replica_min <= replica_groups",
     ),
     Refused(
+        "`fault.replica_min` at most half of `fault.replica_groups`",
+        "fault.replica_min",
+        lambda c: _torchft(c) and c.fault.replica_min <= c.fault.replica_groups // 2,
+        lambda c: (
+            f"replica_min={c.fault.replica_min} of replica_groups={c.fault.replica_groups} lets two disjoint quorums "
+            "commit the same step with different weights (split brain; torchft heals only a replica behind in steps)"
+        ),
+        "set fault.replica_min to a majority: replica_groups // 2 + 1 (launchers/torchft_local.sh's default)",
+    ),
+    Refused(
         "`fault.replica_ft=torchft` with `data.num_workers > 0`",
         "data.num_workers",
         lambda c: _torchft(c) and c.data.num_workers > 0,

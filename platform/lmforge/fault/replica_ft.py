@@ -15,11 +15,14 @@ Every process is one replica group (``fault.replica_id``) of a torchft job; a to
    rewound, and the step is redone with the next quorum, without the dead replica.
 
 ``<run>/replica_ft/membership.jsonl`` records every change of the committed membership (step, replica ids, this
-replica's rank, whether it was healed from a peer) and every step that was redone.
+replica's rank, whether it was healed from a peer, and the SHA-256 of its weights and optimizer state as the step
+commits, before its update: equal on every replica of the step) and every step that was redone. A healed replica's
+record also holds the digest of the state it had before healing (its own initialisation or checkpoint).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -35,6 +38,7 @@ from lmforge.config.batch import BatchPlan
 from lmforge.config.errors import ConfigError
 from lmforge.config.fault import FaultConfig
 from lmforge.data.loader import BatchStream
+from lmforge.fault.consistency import local_tensor, named_state
 from lmforge.parallel.contract import Engine
 from lmforge.runtime.file_modes import make_dir
 
@@ -72,6 +76,7 @@ class ReplicaFT:
         self.folder = make_dir(Path(run_dir) / "replica_ft")
         self.membership_path = self.folder / "membership.jsonl"
         self.healed = False  # set by _load: this step's state came from a peer
+        self.digest_before_heal = ""  # the state's digest just before _load replaced it
         self.recorded: Optional[List[int]] = None  # the last membership written
         self.consumed = 0  # the stream position before this step (a redone step rewinds to it)
         self.rank, self.count = 0, 1
@@ -120,6 +125,7 @@ class ReplicaFT:
         }
 
     def _load(self, state: Dict[str, object]) -> None:
+        self.digest_before_heal = self.state_digest()
         self.engine.inner.load_state_dict(state["model"])
         self.engine.optimizer.load_state_dict(state["optimizer"])
         self.data.load_state_dict(state["data"])
@@ -164,9 +170,20 @@ class ReplicaFT:
         ids = self._ids()
         if ids != self.recorded or self.healed:
             self.recorded = ids
-            self._write(
-                {"step": self.get_step() + 1, "replicas": ids, "replica_rank": self.rank, "healed": self.healed}
-            )
+            record = {"step": self.get_step() + 1, "replicas": ids, "replica_rank": self.rank, "healed": self.healed}
+            record["state_sha256"] = self.state_digest()
+            if self.healed:
+                record["state_sha256_before_heal"] = self.digest_before_heal
+            self._write(record)
+
+    def state_digest(self) -> str:
+        """SHA-256 of the parameters' and optimizer state's bytes, by name (one host copy of the state: taken on
+        membership changes only)."""
+        digest = hashlib.sha256()
+        for name, tensor in named_state(self.engine.inner, self.engine.optimizer):
+            digest.update(name.encode())
+            digest.update(local_tensor(tensor).cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def _write(self, record: dict) -> None:
         with open(self.membership_path, "a") as f:
