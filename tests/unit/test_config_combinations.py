@@ -18,7 +18,7 @@ from lmforge.config.validate import validate
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 # One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields[, optim
-# fields]]); a train example's "fp8" entry holds train.fp8 fields.
+# fields[, checkpoint fields[, fault fields[, data fields]]]]]); a train example's "fp8" entry holds train.fp8 fields.
 EXAMPLES = [
     ({"recompute_modules": ["mlp"]}, {}),
     ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
@@ -50,6 +50,10 @@ EXAMPLES = [
     ({}, {}, {}, {"schedule": "cosine", "decay_shape": "1-sqrt"}),
     ({}, {}, {"max_steps": 100}, {"schedule": "wsd", "warmup_steps": 10, "decay_steps": 91}),
     ({}, {}, {"max_steps": 100}, {}, {"at_steps": [40, 101]}),
+    ({"dp_shard": 2}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 2, "replica_id": 2, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 4, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft"}, {"num_workers": 2}),
 ]
 
 
@@ -59,6 +63,8 @@ def example_config(
     train: Optional[dict] = None,
     optim: Optional[dict] = None,
     checkpoint: Optional[dict] = None,
+    fault: Optional[dict] = None,
+    data: Optional[dict] = None,
 ) -> RootConfig:
     base = RootConfig()
     train = dict(train or {})
@@ -70,6 +76,8 @@ def example_config(
         train=replace(base.train, fp8=fp8, **train),
         optim=replace(base.optim, **(optim or {})),
         checkpoint=replace(base.checkpoint, **(checkpoint or {})),
+        fault=replace(base.fault, **(fault or {})),
+        data=replace(base.data, **(data or {})),
     )
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import time
 from datetime import timedelta
@@ -40,6 +39,7 @@ from lmforge.config.fault import FaultConfig
 from lmforge.data.loader import BatchStream
 from lmforge.fault.consistency import local_tensor, named_state
 from lmforge.parallel.contract import Engine
+from lmforge.runtime import env_vars
 from lmforge.runtime.file_modes import make_dir
 
 
@@ -66,7 +66,7 @@ class ReplicaFT:
                 f"each torchft replica group is one process; this one was launched with a world of {world_size}",
                 "start replica groups with launchers/torchft_local.sh (one process each)",
             )
-        lighthouse = cfg.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+        lighthouse = cfg.lighthouse or env_vars.read("TORCHFT_LIGHTHOUSE", "")
         if not lighthouse:
             raise ConfigError(
                 "fault.lighthouse", "no torchft Lighthouse address", "set fault.lighthouse or $TORCHFT_LIGHTHOUSE"
