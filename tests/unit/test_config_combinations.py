@@ -53,6 +53,7 @@ EXAMPLES = [
     ({"dp_shard": 2}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 2, "replica_id": 2, "replica_min": 2}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 4, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "spike_factor": 3.0}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft"}, {"num_workers": 2}),
 ]
 

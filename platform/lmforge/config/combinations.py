@@ -368,6 +368,17 @@ REPLICA_FT: Tuple[Refused, ...] = (
         "set fault.replica_min to a majority: replica_groups // 2 + 1 (launchers/torchft_local.sh's default)",
     ),
     Refused(
+        "`fault.replica_ft=torchft` with `fault.spike_factor > 0` or an MoE model",
+        "fault.replica_ft",
+        lambda c: _torchft(c) and (c.fault.spike_factor > 0 or c.model.moe.experts > 0),
+        lambda c: (
+            "the loss-spike detector's running mean and the MoE expert loads (router bias updates) are each group's "
+            "own, not healed nor averaged across groups: the groups' updates would diverge"
+        ),
+        "set fault.spike_factor=0 (NaN/Inf skips are decided alike on every group) and use a dense model, or "
+        "fault.replica_ft=none",
+    ),
+    Refused(
         "`fault.replica_ft=torchft` with `data.num_workers > 0`",
         "data.num_workers",
         lambda c: _torchft(c) and c.data.num_workers > 0,

@@ -139,7 +139,9 @@ class ReplicaFT:
         self.healed = False
         self.manager.start_quorum()
         rank = self.manager.participating_rank()
-        self.rank, self.count = (0, 1) if rank is None else (rank, self.manager.num_participants())
+        if rank is None:  # DYNAMIC, synchronous quorum: every group in a quorum participates
+            raise RuntimeError(f"torchft returned a quorum without replica group {self.cfg.replica_id}")
+        self.rank, self.count = rank, self.manager.num_participants()
         self.data.follow_replicas(self.plan, self.rank, self.count)
         self.consumed = self.data.state.consumed_samples
 
