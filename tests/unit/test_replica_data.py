@@ -23,7 +23,8 @@ def indices(stream: BatchStream, rank: int, count: int, base) -> list:
 
 
 def test_slices_partition_the_global_batch_across_membership_changes(data_cache):
-    streams = [make_stream(data_cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, N) for _ in range(3)]
+    first = make_stream(data_cache, THREE_SOURCES, SEQ, MICRO, GLOBAL, 1, 0, N)
+    streams = [first] + [BatchStream(first.mixture, first.plan, dp_rank=0, device=torch.device("cpu")) for _ in "12"]
     base = streams[0].plan
     seen = []
     for members in ([0, 1, 2], [0, 2], [0, 2], [0, 1, 2]):  # group 1 down for two steps, then back (healed)

@@ -1,4 +1,4 @@
-"""Schema of the ``fault`` config group (``conf/fault/*.yaml``): watchdog, loss guard, restarts, drills.
+"""Schema of the ``fault`` config group (``conf/fault/*.yaml``): watchdog, loss guard, restarts, drills, replica FT.
 
 The straggler settings live in ``metrics`` (``metrics.straggler_every``, ``metrics.straggler_threshold``);
 the job-level retry budget for Slurm lives in ``cluster.max_requeues``.

@@ -19,7 +19,7 @@ from lmforge.model.gpt import GPT, cross_entropy_loss
 from lmforge.model.logprobs import target_logprobs
 from lmforge.model.moe import MoECollector, moe_layer_names
 from lmforge.optim.adamw import build_optimizer, set_learning_rate
-from lmforge.parallel.contract import DCP, CrossReplica, StateLayout, StepGuard, StepResult
+from lmforge.parallel.contract import DCP, StateLayout, StepGuard, StepResult
 from lmforge.parallel.data_parallel import allreduce_gradients, set_fsdp_gradient_sync
 from lmforge.parallel.float8 import after_optimizer_step, gap_metrics, high_precision_linears
 from lmforge.parallel.grad_clip import clip_grad_norm
@@ -90,7 +90,7 @@ class NativeEngine:
         self._fp8_steps = 0
         # fault.replica_ft: gradients averaged over the replica groups, the update only on their commit (the trainer
         # sets it; lmforge.fault.replica_ft)
-        self.cross_replica: Optional[CrossReplica] = None
+        self.cross_replica = None  # a contract.CrossReplica under fault.replica_ft
 
     @property
     def dp_rank(self) -> int:
