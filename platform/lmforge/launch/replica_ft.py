@@ -9,7 +9,8 @@ A group that exits non-zero is started again (up to --max-restarts times each; n
 error that would recur) and heals from a healthy peer (lmforge.fault.replica_ft). Under
 ``<run.root>/<name>/replica_ft/``: ``lighthouse.log``, ``replica-<i>.log`` (every attempt's output appended) and
 ``launcher.jsonl`` (each start and exit: replica, attempt, pid, return code, time). The launcher exits 0 once every
-group has finished, else with the first failing group's last return code.
+group has finished, else with the first failing group's last return code; on SIGTERM it sends SIGTERM to every
+group (their preemption path) and the Lighthouse.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class Job:
         self.due[i] = time.monotonic() + self.args.restart_delay_s
 
     def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # the groups are stopped below
         lighthouse = self._spawn(lighthouse_cmd(self.args), self.folder / "lighthouse.log")
         try:
             for i in range(self.args.replicas):
