@@ -24,13 +24,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 CONFIG_ERROR = 2  # lmforge's exit code for bad input: restarting cannot help
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """Bad input: one line and exit 2, before anything starts."""
+        print(
+            f"torchft_local.sh: {message}. Fix: see the options at the top of launchers/torchft_local.sh",
+            file=sys.stderr,
+        )
+        sys.exit(CONFIG_ERROR)
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="torchft_local.sh", description=__doc__.split("\n")[0])
+    p = _Parser(prog="torchft_local.sh", description=__doc__.split("\n")[0])
     p.add_argument("--replicas", type=int, required=True, help="replica groups (one process each)")
     p.add_argument("--min-replicas", type=int, help="a step commits with at least this many (default: a majority)")
     p.add_argument("--max-restarts", type=int, default=3, help="restarts of each replica group")
@@ -52,8 +62,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         args.min_replicas = args.replicas // 2 + 1
     if args.replicas < 1 or not args.replicas // 2 < args.min_replicas <= args.replicas:
         p.error(
-            f"--min-replicas {args.min_replicas} must be a majority of --replicas {args.replicas} (more than half, "
-            "at most all): two disjoint quorums would commit the same step with different weights"
+            f"--min-replicas {args.min_replicas} is not a majority of --replicas {args.replicas} (more than half, at "
+            "most all): two disjoint quorums would commit the same step with different weights"
         )
     return args
 
