@@ -18,8 +18,8 @@ from lmforge.config.validate import validate
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 # One configuration per row of REFUSED, in its order: (parallelism fields, model fields[, train fields[, optim
-# fields]]); a train example's "fp8" entry holds train.fp8 fields, its "batch_size_schedule" and
-# "seq_len_schedule" entries those schedules' fields.
+# fields[, checkpoint fields[, fault fields[, data fields]]]]]); a train example's "fp8" entry holds train.fp8 fields,
+# its "batch_size_schedule" and "seq_len_schedule" entries those schedules' fields.
 EXAMPLES = [
     ({"recompute_modules": ["mlp"]}, {}),
     ({"activation_checkpointing": "modules", "recompute_modules": ["attn"]}, {}),
@@ -71,6 +71,19 @@ EXAMPLES = [
         },
     ),
     ({"pp": 2}, {"tie_embeddings": False}, {"seq_len_schedule": {"start": 64, "warmup_samples": 64}}),
+    ({"dp_shard": 2}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 2, "replica_id": 2, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 4, "replica_min": 2}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "spike_factor": 3.0}),
+    ({}, {}, {}, {}, {}, {"replica_ft": "torchft"}, {"num_workers": 2}),
+    (
+        {},
+        {},
+        {"global_batch_size": 32, "batch_size_schedule": {"start": 8, "increment": 8, "ramp_samples": 64}},
+        {},
+        {},
+        {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2},
+    ),
 ]
 
 
@@ -80,6 +93,8 @@ def example_config(
     train: Optional[dict] = None,
     optim: Optional[dict] = None,
     checkpoint: Optional[dict] = None,
+    fault: Optional[dict] = None,
+    data: Optional[dict] = None,
 ) -> RootConfig:
     base = RootConfig()
     train = dict(train or {})
@@ -93,6 +108,8 @@ def example_config(
         train=replace(base.train, fp8=fp8, batch_size_schedule=ramp, seq_len_schedule=warmup, **train),
         optim=replace(base.optim, **(optim or {})),
         checkpoint=replace(base.checkpoint, **(checkpoint or {})),
+        fault=replace(base.fault, **(fault or {})),
+        data=replace(base.data, **(data or {})),
     )
 
 

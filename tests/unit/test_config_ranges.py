@@ -18,7 +18,7 @@ POSITIVE = {
     "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.cp", "parallelism.ep", "parallelism.tp",
     "parallelism.pp", "parallelism.pp_virtual_stages", "train.max_steps", "train.micro_batch_size",
     "train.global_batch_size", "train.eval_batches", "cluster.nodes", "cluster.gpus_per_node",
-    "logging.every_steps", "checkpoint.keep_last",
+    "logging.every_steps", "checkpoint.keep_last", "fault.replica_groups", "fault.replica_min",
 }  # fmt: skip
 NON_NEGATIVE = {
     "optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "optim.eps", "train.threads",
@@ -28,7 +28,7 @@ NON_NEGATIVE = {
     "cluster.gemm_tflops", "parallelism.recompute_layers", "train.fp8.check_every", "optim.decay_steps",
     "fault.exclude_straggler_flags", "cluster.min_nodes", "train.batch_size_schedule.start",
     "train.batch_size_schedule.increment", "train.batch_size_schedule.ramp_samples", "train.seq_len_schedule.start",
-    "train.seq_len_schedule.warmup_samples",
+    "train.seq_len_schedule.warmup_samples", "fault.replica_id",
 }  # fmt: skip
 
 
@@ -40,6 +40,8 @@ def test_the_ranged_keys():
         "data.valid_fraction": "in (0, 1)",
         "optim.min_lr_ratio": "in [0, 1]",
         "train.fp8.check_tolerance": "> 0",
+        "fault.replica_timeout_s": "> 0",
+        "fault.replica_quorum_timeout_s": "> 0",
     }
 
 

@@ -366,7 +366,91 @@ SEQ_LEN_WARMUP: Tuple[Refused, ...] = (
     ),
 )
 
-REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + BATCH_RAMP + SEQ_LEN_WARMUP
+
+def _torchft(c: RootConfig) -> bool:
+    return c.fault.replica_ft == "torchft"
+
+
+def _layout_beyond_one_process(c: RootConfig) -> str:
+    """What of this layout is more than one process per replica group ("" where nothing is)."""
+    p = c.parallelism
+    dims = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep") if getattr(p, k) > 1}
+    parts = [f"{k}={v}" for k, v in dims.items()] + (["engine=deepspeed"] if p.engine == "deepspeed" else [])
+    return ", ".join(parts)
+
+
+REPLICA_FT: Tuple[Refused, ...] = (
+    Refused(
+        "`fault.replica_ft=torchft` with any parallelism beyond one process per replica group (dp, fsdp, cp, tp, "
+        "pp, ep, deepspeed)",
+        "fault.replica_ft",
+        lambda c: _torchft(c) and bool(_layout_beyond_one_process(c)),
+        lambda c: (
+            f"each torchft replica group is one process; this layout has {_layout_beyond_one_process(c)}, whose "
+            "collectives torchft would not make fault tolerant"
+        ),
+        "use parallelism=single with fault.replica_ft=torchft (scale out with more replica groups), or "
+        "fault.replica_ft=none",
+    ),
+    Refused(
+        "`fault.replica_id` outside 0..`fault.replica_groups`-1, or `fault.replica_min` above `fault.replica_groups`",
+        "fault.replica_id",
+        lambda c: (
+            _torchft(c)
+            and (c.fault.replica_id >= c.fault.replica_groups or c.fault.replica_min > c.fault.replica_groups)
+        ),
+        lambda c: (
+            f"replica_id={c.fault.replica_id} and replica_min={c.fault.replica_min} must fit in "
+            f"replica_groups={c.fault.replica_groups}"
+        ),
+        "start replicas with launchers/torchft_local.sh (it sets both), or set replica_id < replica_groups and "
+        "replica_min <= replica_groups",
+    ),
+    Refused(
+        "`fault.replica_min` at most half of `fault.replica_groups`",
+        "fault.replica_min",
+        lambda c: _torchft(c) and c.fault.replica_min <= c.fault.replica_groups // 2,
+        lambda c: (
+            f"replica_min={c.fault.replica_min} of replica_groups={c.fault.replica_groups} lets two disjoint quorums "
+            "commit the same step with different weights (split brain; torchft heals only a replica behind in steps)"
+        ),
+        "set fault.replica_min to a majority: replica_groups // 2 + 1 (launchers/torchft_local.sh's default)",
+    ),
+    Refused(
+        "`fault.replica_ft=torchft` with `fault.spike_factor > 0` or an MoE model",
+        "fault.replica_ft",
+        lambda c: _torchft(c) and (c.fault.spike_factor > 0 or c.model.moe.experts > 0),
+        lambda c: (
+            "the loss-spike detector's running mean and the MoE expert loads (router bias updates) are each group's "
+            "own, not healed nor averaged across groups: the groups' updates would diverge"
+        ),
+        "set fault.spike_factor=0 (NaN/Inf skips are decided alike on every group) and use a dense model, or "
+        "fault.replica_ft=none",
+    ),
+    Refused(
+        "`fault.replica_ft=torchft` with `data.num_workers > 0`",
+        "data.num_workers",
+        lambda c: _torchft(c) and c.data.num_workers > 0,
+        lambda c: (
+            "prefetch threads read a fixed slice of every step ahead; under replica_ft the slice follows the "
+            "membership of each step's quorum"
+        ),
+        "set data.num_workers=0 with fault.replica_ft=torchft",
+    ),
+    Refused(
+        "`fault.replica_ft=torchft` with `train.batch_size_schedule` or `train.seq_len_schedule`",
+        "fault.replica_ft",
+        lambda c: _torchft(c) and (_ramp(c) or _seq_warmup(c)),
+        lambda c: (
+            "replica groups read slices of a fixed global batch per step (the participating groups x "
+            "train.global_batch_size); a ramp or a length warmup by samples consumed would follow the membership"
+        ),
+        "set train.batch_size_schedule.start=0 and train.seq_len_schedule.start=0 with fault.replica_ft=torchft, or "
+        "fault.replica_ft=none",
+    ),
+)
+
+REFUSED = REFUSED + FLOAT8 + SCHEDULE + CHECKPOINT + BATCH_RAMP + SEQ_LEN_WARMUP + REPLICA_FT
 
 
 def check_combinations(cfg: RootConfig) -> None:

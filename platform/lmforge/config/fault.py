@@ -1,4 +1,4 @@
-"""Schema of the ``fault`` config group (``conf/fault/*.yaml``): watchdog, loss guard, restarts, drills.
+"""Schema of the ``fault`` config group (``conf/fault/*.yaml``): watchdog, loss guard, restarts, drills, replica FT.
 
 The straggler settings live in ``metrics`` (``metrics.straggler_every``, ``metrics.straggler_threshold``);
 the job-level retry budget for Slurm lives in ``cluster.max_requeues``.
@@ -7,8 +7,11 @@ the job-level retry budget for Slurm lives in ``cluster.max_requeues``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
-from lmforge.config.ranges import NonNegativeInt
+from lmforge.config.ranges import NonNegativeInt, PositiveInt, Range
+
+Seconds = Annotated[float, Range(0, low_open=True, fix="set a number of seconds > 0")]
 
 
 @dataclass
@@ -87,5 +90,23 @@ class FaultConfig:
     of the job's next run (with the nodes Slurm reports unhealthy; lmforge.fault.bad_nodes); 0 = never."""
     max_restarts: int = 3
     """torchrun --max_restarts: in-job restarts (lmforge launch and slurm/train.sh)."""
+    replica_ft: Annotated[str, Literal["none", "torchft"]] = "none"
+    """Replica-level fault tolerance (fault/replica_ft.py): torchft = every process is one replica group of a
+    torchft job (launchers/torchft_local.sh); a replica that dies is left out of the next quorum while the others
+    train on, and a restarted one fetches weights, optimizer, step, data position and RNG from a healthy peer.
+    Membership is DYNAMIC: while a replica is down the global batch shrinks to the participating replicas'."""
+    replica_groups: PositiveInt = 1
+    """replica_ft=torchft: the replica groups the job is planned with (fault.replica_id is below it)."""
+    replica_id: NonNegativeInt = 0
+    """replica_ft=torchft: this process's replica group, 0..replica_groups-1 (the launcher sets it)."""
+    replica_min: PositiveInt = 1
+    """replica_ft=torchft: a step commits only with at least this many participating replicas."""
+    lighthouse: str = ""
+    """replica_ft=torchft: the torchft Lighthouse's address (http://host:port); '' = $TORCHFT_LIGHTHOUSE."""
+    replica_timeout_s: Seconds = 60.0
+    """replica_ft=torchft: timeout of the cross-replica all-reduce, the commit vote and a recovery transfer
+    ($TORCHFT_TIMEOUT_SEC wins when set); a replica that dies mid-step holds its peers this long at most."""
+    replica_quorum_timeout_s: Seconds = 60.0
+    """replica_ft=torchft: how long a step waits for the Lighthouse's quorum ($TORCHFT_QUORUM_TIMEOUT_SEC wins)."""
     drill: DrillConfig = field(default_factory=DrillConfig)
     """Fault drills (``fault.drill.*``): injected faults for rehearsals and tests."""

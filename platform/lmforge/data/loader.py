@@ -20,6 +20,10 @@ Sequence-length warmup (``train.seq_len_schedule``, :mod:`lmforge.config.seq_len
 cuts each of its samples into P(c) pieces of T / P consecutive tokens, a view [m*P, T/P] of the same host batch
 (document positions recomputed per piece): the same samples, the same tokens, shorter sequences.
 
+Replica groups (``fault.replica_ft=torchft``, :meth:`BatchStream.follow_replicas`): each step, replica group r of
+the n participating ones reads the r-th slice of a global batch of n x G samples; a step no replica commits
+consumes nothing (:meth:`BatchStream.rewind`) and is read again with the next quorum's membership.
+
 Documents (``data.document_masking``): each micro batch also carries ``positions`` [m, T], every token's
 position inside its document, restarting after each of the tokenizer's EOD tokens
 (:func:`lmforge.model.document_mask.document_positions`); the model masks attention and restarts RoPE from it.
@@ -102,12 +106,12 @@ class BatchStream:
         samples is cut into (a sequence-length warmup's); None = whole samples."""
         self.pieces_at = pieces_at
         self.mixture = mixture
-        self.batch_at = batch_at or (lambda _consumed: plan.global_batch_size)
+        self.batch_at = batch_at or (lambda _consumed: self.plan.global_batch_size)  # the plan follow_replicas sets
         self.document_masking, self.loss_after_eod = document_masking, loss_after_eod
         # The EOD id the documents end with (the tokenizer megatron-core packed with), read once, when batches need it
         self.eod = mixture.tokenizer.eod if document_masking or loss_after_eod != "keep" else None
         self.plan = plan
-        self.dp_rank = dp_rank
+        self.dp_rank = self.base_dp_rank = dp_rank
         self.device = device
         self.state = DataState(tokens_per_source={s: 0 for s in mixture.sources})
         self.prefetcher: Optional[StepPrefetcher[MicroBatch]] = None
@@ -116,6 +120,19 @@ class BatchStream:
                 self._host_batch, self._step_ranges, self.batch_at, num_workers, depth=prefetch_steps
             )
         self._copy_stream = None  # the side CUDA stream of the host-to-device copies, made on first use
+
+    def follow_replicas(self, base: BatchPlan, rank: int, count: int) -> None:
+        """Read the next step as replica ``rank`` of ``count`` participating replica groups, each of ``base``'s
+        layout: the step consumes ``count`` x ``base.global_batch_size`` samples (fault.replica_ft; refused with
+        prefetch threads, whose slices are fixed)."""
+        self.plan = BatchPlan(
+            base.micro_batch_size, base.grad_accum, base.dp_size * count, base.global_batch_size * count, base.seq_len
+        )
+        self.dp_rank = rank * base.dp_size + self.base_dp_rank
+
+    def rewind(self, consumed: int) -> None:
+        """Put the stream back at ``consumed`` samples (a step that no replica group committed is read again)."""
+        self.state.consumed_samples = consumed
 
     def sample_indices(self, consumed: int, micro: int) -> range:
         p = self.plan

@@ -56,6 +56,19 @@ class StepResult:
     skipped: Optional[torch.Tensor] = None  # the guard's verdict (bool device tensor); None without a guard
     moe: Optional[Dict[str, torch.Tensor]] = None  # expert-load metrics (model/moe.py), device scalars; None: dense
     fp8: Optional[Dict[str, torch.Tensor]] = None  # a step with the float8 numerics check (parallel/float8.py)
+    committed: bool = True  # False: replica FT (CrossReplica) committed no update this step; the step is redone
+
+
+class CrossReplica(Protocol):
+    """Gradient averaging across replica groups and the commit vote (lmforge.fault.replica_ft.ReplicaFT).
+
+    An engine given one (``engine.cross_replica``) averages its gradients (and the step's loss) through it after
+    backward, and steps the optimizer only when ``should_commit()`` says every participating replica may."""
+
+    def average(self, flat: torch.Tensor) -> None:
+        """Average ``flat`` in place over the participating replica groups (blocking)."""
+
+    def should_commit(self) -> bool: ...
 
 
 class StepGuard(Protocol):
@@ -76,6 +89,7 @@ class Engine(Protocol):
     optimizer: torch.optim.Optimizer
     dp_group: Any  # the data-parallel process group (losses and token counts are reduced over it)
     replica_group: Any  # ranks holding a replica of this rank's shard (fault/consistency.py); None: none
+    cross_replica: Optional[CrossReplica]  # replica groups beyond this process group (fault.replica_ft); None: none
 
     @property
     def dp_rank(self) -> int: ...

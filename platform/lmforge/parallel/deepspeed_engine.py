@@ -268,6 +268,11 @@ class DeepSpeedEngine:
 
     # ---- the checkpoint contract (parallel/contract.py) -------------------------------------------------
     @property
+    def cross_replica(self) -> None:
+        """No replica FT: fault.replica_ft=torchft is refused with engine=deepspeed (config/combinations.py)."""
+        return None
+
+    @property
     def replica_group(self) -> None:
         """No replica comparison: ZeRO partitions are not replicated the way fault/consistency.py compares."""
         return None

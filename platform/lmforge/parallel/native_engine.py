@@ -91,6 +91,9 @@ class NativeEngine:
         self.fp8 = cfg.train.fp8 if self.precision == "fp8" else None
         self._fp8_check_batch: Optional[Tuple[torch.Tensor, ...]] = None
         self._fp8_steps = 0
+        # fault.replica_ft: gradients averaged over the replica groups, the update only on their commit (the trainer
+        # sets it; lmforge.fault.replica_ft)
+        self.cross_replica = None  # a contract.CrossReplica under fault.replica_ft
 
     @property
     def dp_rank(self) -> int:
@@ -149,6 +152,9 @@ class NativeEngine:
         if self.loss_ranks > 1:
             dist.all_reduce(total, group=self.loss_group)
             total /= self.loss_ranks
+        if self.cross_replica is not None and not self._replicas_commit(total):
+            self.optimizer.zero_grad(set_to_none=True)  # no replica steps: the trainer redoes this step
+            return StepResult(total, torch.zeros((), device=self.device), committed=False)
         grad_norm = clip_grad_norm(self.inner.parameters(), self.cfg.optim.grad_clip, self.pp_group)
         skip = guard.skip_tensor(total, grad_norm) if guard is not None else None
         set_learning_rate(self.optimizer, lr)
@@ -158,6 +164,20 @@ class NativeEngine:
             after_optimizer_step(self.inner, self.fp8)  # float8 all-gather: next gather's scales, one all-reduce
         moe = self._moe_step() if self.moe else None
         return StepResult(total, grad_norm, skip, moe, self._fp8_check(micro_batches[0]))
+
+    @torch.no_grad()
+    def _replicas_commit(self, total: torch.Tensor) -> bool:
+        """fault.replica_ft: gradients and the loss averaged over the participating replica groups in one flat
+        all-reduce, then their commit vote (True: every participant may step; a failed peer makes it False)."""
+        grads = [p.grad for p in self.inner.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [total.reshape(1).to(grads[0].dtype)])
+        self.cross_replica.average(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        total.copy_(flat[offset])
+        return self.cross_replica.should_commit()
 
     def _fp8_check(self, mb) -> Optional[Dict[str, torch.Tensor]]:
         """Every ``train.fp8.check_every`` steps of this launch: the loss of its first micro batch under float8 and

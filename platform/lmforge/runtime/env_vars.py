@@ -29,6 +29,7 @@ VARIABLES: Dict[str, str] = {
     "MASTER_PORT": "rendezvous port (recorded in comm_env.json)",
     "TORCHELASTIC_RUN_ID": "set by torchrun: the run id; a preemption exits 0 under torchrun, the run dir's name",
     "TORCHELASTIC_RESTART_COUNT": "torchrun's restart count of the worker group (verdicts, events, dumps)",
+    "TORCHFT_LIGHTHOUSE": "the torchft Lighthouse's address when fault.lighthouse is unset (fault.replica_ft=torchft)",
     # Slurm
     "SLURM_JOB_ID": "the Slurm job (run id, dumps, requeue records)",
     "SLURM_ARRAY_JOB_ID": "the Slurm array job (a sweep point's run id)",

@@ -4,10 +4,12 @@ Each part lives in its own module; this file only wires them and owns the loop (
 step is named for what it does and every collective is marked "collective:":
 
     for step in range(start, run_steps):                 # run_steps: max_steps, or a batch ramp's (config/batch_ramp.py)
+        replica_ft.start_step()                          # fault/replica_ft.py (fault.replica_ft): quorum, healing
         lr = scheduled_lr(consumed_samples)              # optim/schedule.py: by step, or by samples under a ramp
         batches = data.step_batches()                    # data/loader.py
         guard = faults.before_step(step)                 # fault/hooks.py: watchdog beat, drills -> the loss guard
         result = engine.train_step(batches, lr, guard)   # parallel/native_engine.py: the layout's collectives
+        if not result.committed: continue                # replica FT: no replica committed it; redone
         faults.after_step(step); stop_on_fault()         # stragglers, replica check; Diverged/Corrupted raised here
         log_step / evaluate                              # metrics/ (token counts all-reduced on logging steps)
         commit_checkpoint(); vote_stop()                 # checkpoint/ async commit, the preemption vote (comm/vote.py)
@@ -51,6 +53,7 @@ from lmforge.evaluation.runner import TaskRunner
 from lmforge.fault.goodput import GoodputError, goodput_record, summary_line, write_goodput
 from lmforge.fault.goodput_ledger import GoodputLedger, process_start_time
 from lmforge.fault.hooks import FaultHooks
+from lmforge.fault.replica_ft import ReplicaFT
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
 from lmforge.metrics.logger import MetricsLogger
 from lmforge.metrics.meter import IntervalMeter, device_synchronizer
@@ -131,8 +134,14 @@ class Trainer:
         # The data index size N is fixed by the first launch's plan and read back from the checkpoint on resume.
         self.resume_point = checked.resume_point
         prior = self.resume_point.sidecar.get("data") if self.resume_point else None
+        # fault.replica_ft: the stream is planned for every replica group's batch (fault/replica_ft.py)
+        groups = cfg.fault.replica_groups if cfg.fault.replica_ft == "torchft" else 1
         self.num_train_samples, total_samples = stream_sizes(
-            cfg.train, self.plan.tokens_per_step, self.plan.global_batch_size, cfg.model.seq_len, prior_state=prior
+            cfg.train,
+            self.plan.tokens_per_step * groups,
+            self.plan.global_batch_size * groups,
+            cfg.model.seq_len,
+            prior_state=prior,
         )
         self.mixture = build_mixture(
             cfg.data,
@@ -207,6 +216,7 @@ class Trainer:
         self.preemption = PreemptionFlag().install()
         self.faults: Optional[FaultHooks] = None  # started by fit()
         self.stop_vote: Optional[LaggedVote] = None  # "did any rank get a preemption signal?" (fit)
+        self.replica_ft: Optional[ReplicaFT] = None  # fault.replica_ft=torchft: this replica group's torchft side (fit)
         self.history: List[dict] = []
         every = profile_interval(cfg.metrics.profile_every, self.world.world_size)  # null: auto, by world size
         self.overlap = OverlapProbe(every, self.paths.traces, self.device)
@@ -381,6 +391,37 @@ class Trainer:
             )
         return self.step
 
+    def start_replica_ft(self) -> Optional[ReplicaFT]:
+        """fault.replica_ft=torchft: join the torchft job (its Manager; the engine averages and commits through it),
+        announcing the semantics in two lines; None otherwise."""
+        cfg = self.cfg.fault
+        if cfg.replica_ft != "torchft":
+            return None
+        ft = ReplicaFT(
+            cfg,
+            engine=self.engine,
+            data=self.data,
+            plan=self.plan,
+            run_dir=self.paths.root,
+            world_size=self.world.world_size,
+            get_step=lambda: self.step,
+            set_step=lambda step: setattr(self, "step", step),
+        )
+        self.engine.cross_replica = ft
+        print(
+            f"lmforge: replica_ft=torchft: replica group {cfg.replica_id} of {cfg.replica_groups} (commits with >= "
+            f"{cfg.replica_min}); DYNAMIC membership: a step's global batch is the participating groups x "
+            f"train.global_batch_size={self.plan.global_batch_size}, smaller while a group is down",
+            flush=True,
+        )
+        print(
+            "lmforge: replica_ft=torchft: gradients and the loss are averaged across groups through torchft; the "
+            "replica check, straggler gather, preemption and checkpoint votes, token counts and evaluation stay "
+            "inside this group (one process); each group checkpoints into its own run directory",
+            flush=True,
+        )
+        return ft
+
     def _step_flops(self, batches) -> Optional[float]:
         """FLOPs per token of this rank's step where they differ from the run's: document-masked (attention within
         documents only) or shorter sequences (train.seq_len_schedule); None: the run's."""
@@ -467,6 +508,7 @@ class Trainer:
         self.stop_vote = LaggedVote(self.device, "any")
         ending, final_save_s = "unknown", 0.0  # what ended this launch (the ledger's end record)
         try:
+            self.replica_ft = self.start_replica_ft()  # the Lighthouse's quorums from here on (fault.replica_ft)
             run_preflight(
                 cfg.comm, self.device, paths=self.paths, logger=log, step=self.step
             )  # collective: comm.preflight's bench
@@ -480,6 +522,10 @@ class Trainer:
             while self.step < last_step:
                 faults.start_compute_clock()
                 t0 = time.perf_counter()
+                if self.replica_ft is not None:  # the quorum; a restarted replica takes a healthy peer's state here
+                    self.replica_ft.start_step()
+                    if self.step >= last_step:
+                        break
                 lr = self.scheduled_lr(self.data.state.consumed_samples)  # the step's LR, before it advances
                 batches = self.data.step_batches()  # this rank's micro-batches (no collective)
                 t_data = time.perf_counter() - t0
@@ -490,6 +536,8 @@ class Trainer:
                     with self.overlap.step(self.step + 1, log):
                         # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
                         result = self.engine.train_step(batches, lr, guard=guard)
+                if not result.committed:  # fault.replica_ft: a peer failed, no replica stepped; the step is redone
+                    continue
                 self.step += 1
                 step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
                 if profiled:
@@ -556,6 +604,8 @@ class Trainer:
         finally:
             self.data.close()
             faults.close()
+            if self.replica_ft is not None:
+                self.replica_ft.close()
             if talk and ending in ("done", "stopped"):
                 lines = self.summary.lines(
                     start_step=resumed or 0,

@@ -1,0 +1,21 @@
+#!/bin/bash
+# A torchft job on this machine (fault.replica_ft=torchft): the Lighthouse plus N replica groups of one process each,
+# a group that dies restarted to heal from a healthy peer (python -m lmforge.launch.replica_ft; docs/fault-tolerance.md).
+#
+#   launchers/torchft_local.sh --replicas 3 --name ft-demo -- model=tiny train.max_steps=50
+#   launchers/torchft_local.sh --replicas 3 --dry-run -- model=tiny   # print the commands, start nothing
+# Options (before the Hydra overrides; `--` ends them):
+#   --replicas N             replica groups (required)
+#   --min-replicas M         a step commits with at least M groups (default: a majority, N // 2 + 1;
+#                            fewer is refused: two disjoint quorums could commit the same step)
+#   --max-restarts R         restarts of each group (default 3; never after exit 2, a config error)
+#   --restart-delay-s S      wait S seconds before restarting a group (default 0)
+#   --name NAME              the run: <run.root>/NAME/replica-<i> per group, NAME/replica_ft/ the launcher's logs
+#   --port P                 the Lighthouse's port on 127.0.0.1 (default 29510)
+#   --join-timeout-ms, --heartbeat-timeout-ms   the Lighthouse's (defaults 30000, 2000): a quorum waits up to the
+#                            first for every live group (keep it above a step's time); a silent group is dead after
+#                            the second
+set -euo pipefail
+LMFORGE_SCRIPT=torchft_local.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+exec "$LMFORGE_PYTHON" -m lmforge.launch.replica_ft "$@"
