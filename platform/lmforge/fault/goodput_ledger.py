@@ -96,7 +96,7 @@ class GoodputLedger:
         """Checkpoint seconds the loop waited for inside the current iteration (the save's stall)."""
         self._save_s += seconds
 
-    def step(self, step: int, seconds: float, data_wait_s: float, profiled: bool = False, tokens: int = 0) -> None:
+    def step(self, step: int, seconds: float, data_wait_s: float, *, profiled: bool = False, tokens: int = 0) -> None:
         """Iteration ``step`` ended now after ``seconds`` (its data wait, evaluation and save stall included);
         ``tokens``: the step's tokens over all ranks, written (``n``) only where they differ from the start line's
         ``tokens_per_step`` (a batch ramp's smaller steps)."""
