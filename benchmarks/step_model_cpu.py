@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -84,18 +85,25 @@ def measured_spec(rows: int, vocab: int, quiet: bool = False):
     return device_spec("cpu", cpu_tflops=tflops, cpu_gbps=gbps, cpu_op_s=op_s, cpu_loss_rate=loss)
 
 
-def paired_steps(cfg, batch: int, repeats: int) -> list:
+def paired_steps(cfg, batch: int, repeats: int, window_s: float = 0.5) -> list:
     """``repeats`` pairs of (the plan from the rates measured right before, the measured step): on a shared host
-    the load drifts within seconds, so each step is held against the rates of its own moment."""
+    the load drifts within seconds, so each step is held against the rates of its own moment. A step shorter than
+    ``window_s`` is run back to back until the window is filled and the median taken: a single 50 ms step varies by
+    half its length from one run to the next on this host."""
     step = bare_loop(cfg, batch)
+    t0 = time.perf_counter()
     step()  # warm-up
+    per_window = max(1, math.ceil(window_s / max(time.perf_counter() - t0, 1e-3)))
     pairs = []
     for _ in range(repeats):
         spec = measured_spec(batch * cfg.model.seq_len, cfg.model.vocab_size, quiet=True)
         plan = make_plan(cfg, 1, peak=spec.measured_tflops, device=spec)
-        t0 = time.perf_counter()
-        step()
-        pairs.append((plan, spec, time.perf_counter() - t0))
+        times = []
+        for _ in range(per_window):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        pairs.append((plan, spec, statistics.median(times)))
     return pairs
 
 
