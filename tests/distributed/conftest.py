@@ -31,8 +31,8 @@ def parity_samples(data_cache) -> List[List[int]]:
 @pytest.fixture(scope="session")
 def references(parity_samples) -> dict:
     """Single-process runs of the parity harness (test_parallel_parity.py, test_context_parallel.py): untied
-    embeddings (tiny's default), tied embeddings, document-masked, a small MoE, fp8 (tensorwise and rowwise) and
-    µP, PARITY_STEPS each."""
+    embeddings (tiny's default), tied embeddings, document-masked, a small MoE, fp8 (tensorwise and rowwise),
+    µP and a µP MoE, PARITY_STEPS each."""
     from distributed.parity_cases import FP8, MOE, MUP, docmask_case
     from harness import run_ranks
 
@@ -47,6 +47,7 @@ def references(parity_samples) -> dict:
         "fp8": {"overrides": FP8},
         "fp8_rowwise": {"overrides": FP8 + ["train.fp8.recipe=rowwise"]},
         "mup": {"overrides": MUP},
+        "moe_mup": {"overrides": MOE + MUP},
     }
     args = {"cases": cases, "samples": parity_samples, "steps": PARITY_STEPS}
     return run_ranks("distributed.parallel_worker:run_cases", 1, args, timeout=200)[0].value

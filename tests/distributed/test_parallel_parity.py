@@ -108,6 +108,7 @@ def data_parallel_runs(parity_samples, tmp_path_factory) -> List[dict]:
         "moe_ep2_misrouted": {"overrides": EP2, "expert_destination_shift": 1},
         **fp8_fsdp_cases(),
         "mup_fsdp": {"overrides": ["parallelism=fsdp"] + MUP},
+        "moe_mup_ep2": {"overrides": EP2 + MUP},
     }
     return _run(2, cases, parity_samples, timeout=360)  # (+60 s: the three ep cases; +60 s: the three fp8 cases)
 
@@ -350,6 +351,14 @@ def test_loss_parallel_matches_the_gathered_loss_and_never_gathers_the_logits(te
             assert r["loss_diff"] < 2e-6 and r["grad_diff"] < tol and r["grad_dtype_ok"], (name, r)
         # Negative control: a rank that takes its neighbour's target columns gets another loss.
         assert out["vocab_parallel_loss"]["shifted_targets"]["loss_diff"] > 0.1, out["vocab_parallel_loss"]
+
+
+@pytest.mark.timeout(560)
+def test_mup_with_expert_parallelism_parity(data_parallel_runs, references):
+    """A µP MoE with its experts split over 2 ep ranks (their [E, d, h] weights take the hidden-matrix multipliers by
+    name on every shard) trains as the single µP MoE does; that model is not the SP MoE."""
+    assert_parity("moe_mup_ep2", data_parallel_runs, references["moe_mup"], clip_margin=8)
+    assert abs(references["moe_mup"]["losses"][-1] - references["moe"]["losses"][-1]) > 1e-3
 
 
 @pytest.mark.timeout(560)
