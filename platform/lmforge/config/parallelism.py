@@ -46,9 +46,9 @@ class ParallelismConfig:
     sequence_parallel: bool = False
     """With tp > 1: norms and the residual stream sharded along the sequence."""
     loss_parallel: bool = True
-    """With tp > 1: the cross-entropy computed on the vocab-sharded logits (three [tokens] all-reduces over tp),
-    never gathering them (Megatron's vocab-parallel cross-entropy, torchtitan's loss parallel); false gathers the
-    full logits on every tp rank first."""
+    """With tp > 1: the cross-entropy computed on the vocab-sharded logits (two all-reduces over tp: the [tokens] row
+    max, then the [2, tokens] exp sums and target logits), never gathering them (Megatron's vocab-parallel
+    cross-entropy, torchtitan's loss parallel); false gathers the full logits on every tp rank first."""
     pp: PositiveInt = 1
     """Pipeline parallelism degree (torch.distributed.pipelining)."""
     pp_schedule: PipelineSchedule = "1F1B"

@@ -4,11 +4,13 @@ Under tensor parallelism the output head is vocab-parallel (``tensor_parallel.Vo
 computes its ``V / tp`` columns of the logits. Gathering them costs ``N x V`` per rank in the compute dtype plus
 the loss's fp32 chunk; with ``parallelism.loss_parallel`` (the default, as Megatron's vocab-parallel
 cross-entropy and torchtitan's loss parallel) the head hands the loss its shard inside ``sharded_logits()`` and
-``vocab_parallel_cross_entropy`` reduces three ``[N]`` fp32 vectors over the tp group instead:
+``vocab_parallel_cross_entropy`` reads each chunk of the rank's logits once (its row maximum, its sum of
+``exp(logit - that max)`` and the target's logit, taken on the rank whose columns hold it, 0 elsewhere) and
+reduces over the tp group instead, in two collectives:
 
 - the row maximum (all-reduce MAX), for a stable exp;
-- the sum of ``exp(logit - max)`` over the rank's columns (all-reduce SUM);
-- the target's logit, taken on the rank whose columns hold it, 0 elsewhere (all-reduce SUM);
+- the rank's exp sums rescaled to that maximum (times ``exp(rank max - row max)``) and the target logits, one
+  ``[2, N]`` fp32 all-reduce SUM;
 
 loss = log(sum) + max - target logit, averaged over the counted positions (targets -100 are not counted), as
 ``model/loss.py`` computes on whole rows. Backward needs no communication: each rank's gradient is
@@ -78,19 +80,20 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         column = targets - start
         here = counted & (column >= 0) & (column < width)  # the target's column is on this rank
         safe = torch.where(here, column, 0)
-        row_max = torch.empty(n, dtype=torch.float32, device=local.device)
-        picked = torch.zeros(n, dtype=torch.float32, device=local.device)
+        local_max = torch.empty(n, dtype=torch.float32, device=local.device)
+        sums = torch.zeros(2, n, dtype=torch.float32, device=local.device)  # exp sums (rank's max), target logits
         step = rows_per_chunk(max(width, 1))
-        for s in range(0, n, step):
-            x = local[s : s + step].float()
-            row_max[s : s + step] = x.amax(dim=-1)
-            picked[s : s + step] = torch.where(here[s : s + step], x.gather(1, safe[s : s + step, None]).squeeze(1), 0)
+        for s in range(0, n, step):  # one read of each chunk: its max, its exp sum and the target's logit
+            rows = slice(s, s + step)
+            x = local[rows].float()
+            local_max[rows] = x.amax(dim=-1)
+            sums[0, rows] = (x - local_max[rows, None]).exp_().sum(dim=-1)
+            sums[1, rows] = torch.where(here[rows], x.gather(1, safe[rows, None]).squeeze(1), 0)
+        row_max = local_max.clone()
         dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)  # collective: tp, N floats
-        total_exp = torch.empty(n, dtype=torch.float32, device=local.device)
-        for s in range(0, n, step):
-            total_exp[s : s + step] = (local[s : s + step].float() - row_max[s : s + step, None]).exp_().sum(dim=-1)
-        dist.all_reduce(total_exp, group=group)  # collective: tp, N floats
-        dist.all_reduce(picked, group=group)  # collective: tp, N floats
+        sums[0].mul_((local_max - row_max).exp_())  # each rank's sum rescaled to the row's max
+        dist.all_reduce(sums, group=group)  # collective: tp, 2N floats (the exp sums and the target logits)
+        total_exp, picked = sums[0], sums[1]
         row_loss = total_exp.log() + row_max - picked
         count = counted.sum()
         ctx.save_for_backward(local, counted, here, safe, row_max, total_exp, count)
