@@ -65,6 +65,16 @@ class BatchRamp:
             return self._ends[step]
         return self._ends[-1] + (step - self.ramp_steps) * self.global_batch
 
+    def describe(self, max_steps: int) -> str:
+        """One line for the run's start block: the ramp's stages and what ``train.max_steps`` comes to."""
+        steps = self.steps_to_reach(max_steps * self.global_batch)
+        return (
+            f"lmforge: batch ramp: {self.start} -> {self.global_batch} sequences by {self.increment} in "
+            f"{self.stages} stages over {self.ramp_samples:,} samples ({self.ramp_steps} steps); "
+            f"train.max_steps={max_steps} full-batch steps = {self.samples_before(steps):,} samples in {steps} "
+            "optimizer steps"
+        )
+
     def steps_to_reach(self, samples: int) -> int:
         """The fewest optimizer steps whose samples add up to at least ``samples``."""
         if samples <= self._ends[-1]:

@@ -46,6 +46,14 @@ class SeqLenWarmup:
     def lengths(self) -> list:
         return [self.start * 2**i for i in range(self.stages + 1)]
 
+    def describe(self, compiled: bool) -> str:
+        """One line for the run's start block: the lengths, and what ``parallelism.compile`` does with them."""
+        line = (
+            f"lmforge: sequence-length warmup: {', '.join(map(str, self.lengths()))} tokens in {self.stages + 1} "
+            f"stages over {self.warmup_samples:,} samples (each sample cut into pieces; same samples, same tokens)"
+        )
+        return line + ("; parallelism.compile: each new length may recompile the blocks" if compiled else "")
+
 
 def seq_len_warmup(train: TrainConfig, seq_len: int) -> Optional[SeqLenWarmup]:
     """The run's warmup, or None when ``train.seq_len_schedule.start`` is 0 (checked: ``check_seq_len_warmup``)."""

@@ -332,25 +332,6 @@ class Trainer:
         after, unit = consumed + self.ramp.batch_at(consumed), cfg.train.global_batch_size
         return cfg.optim.lr * lr_multiplier_at(consumed, after, unit, cfg.optim, max_steps=cfg.train.max_steps)
 
-    def ramp_line(self) -> str:
-        """The start block's line for a batch ramp: its stages and what train.max_steps comes to."""
-        r, t = self.ramp, self.cfg.train
-        return (
-            f"lmforge: batch ramp: {r.start} -> {t.global_batch_size} sequences by {r.increment} in {r.stages} "
-            f"stages over {r.ramp_samples:,} samples ({r.ramp_steps} steps); train.max_steps={t.max_steps} "
-            f"full-batch steps = {self.ramp.samples_before(self.run_steps):,} samples in {self.run_steps} "
-            "optimizer steps"
-        )
-
-    def warmup_line(self) -> str:
-        """The start block's line for a sequence-length warmup: its lengths and what compile does with them."""
-        w, compiled = self.seq_warmup, self.cfg.parallelism.compile
-        line = (
-            f"lmforge: sequence-length warmup: {', '.join(map(str, w.lengths()))} tokens in {w.stages + 1} stages "
-            f"over {w.warmup_samples:,} samples (each sample cut into pieces; same samples, same tokens)"
-        )
-        return line + ("; parallelism.compile: each new length may recompile the blocks" if compiled else "")
-
     def note_seq_len(self, batches) -> None:
         """Under train.seq_len_schedule: a step whose length differs from the last one's is a ``seq_len`` event (with
         parallelism.compile, dynamo's compiled graphs so far: the recompiles the lengths cost)."""
@@ -486,7 +467,8 @@ class Trainer:
         if self.rank == 0:
             start = self.start_info(resumed)
             if talk:
-                extra = ([self.ramp_line()] if self.ramp else []) + ([self.warmup_line()] if self.seq_warmup else [])
+                extra = [self.ramp.describe(self.cfg.train.max_steps)] if self.ramp else []
+                extra += [self.seq_warmup.describe(self.cfg.parallelism.compile)] if self.seq_warmup else []
                 print("\n".join(start_block(start) + extra), flush=True)
             if self.wandb_sink is not None:
                 self.wandb_sink.describe(run_info(start, provenance.toolchain(), provenance.node_list()))
