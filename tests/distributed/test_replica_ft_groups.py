@@ -102,6 +102,7 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
             time.sleep(0.1)
         agent = next(e["pid"] for e in _records(run / "replica_ft" / "launcher.jsonl") if e["replica"] == 1)
         os.kill(_rank_pid(agent, 1), signal.SIGKILL)
+        killed_at = time.time()
         out, _ = launcher.communicate(timeout=200)
     finally:
         if launcher.poll() is None:  # the launcher stops its groups and the Lighthouse on SIGTERM
@@ -116,11 +117,13 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
     assert starts == [1, 2] and exits[0] == [0] and exits[1][-1] == 0 and exits[1][0] != 0, events
 
     # (a) parity: every logged step of both groups, around the kill too, is the 4-rank job's step
+    gaps = []
     for i in (0, 1):
         losses = _losses(run / f"replica-{i}")
         assert {s for s, _ in losses} >= (set(range(KILL_AT + 1, STEPS + 1)) if i else set(range(1, STEPS + 1)))
         for step, loss in losses:
             assert abs(loss - ref[step]) < TOL, (i, step, loss, ref[step])
+            gaps.append(abs(loss - ref[step]))
     assert abs(own[1] - ref[1]) > 100 * TOL, (own[1], ref[1])  # negative control: one group's samples alone
 
     # (b) healing: group 1's ranks took group 0's ranks' shards, rank for rank
@@ -135,4 +138,9 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
     before = rejoin["state_sha256_before_heal_ranks"]
     assert all(b != a for b, a in zip(before, peer["state_sha256_ranks"])), (before, peer)
     redone = [r["step"] for r in members[0] if not r.get("committed", True)]
-    print(f"replica_ft groups: 2 x 2 FSDP ranks; group 1 rejoined at step {rejoin['step']}; steps redone {redone}")
+    restarted = next(e["time"] for e in events if e["event"] == "start" and e["replica"] == 1 and e["attempt"] == 1)
+    print(
+        f"replica_ft groups: 2 x 2 FSDP ranks; max |loss - 4-rank job| {max(gaps):.1e} (group alone "
+        f"{abs(own[1] - ref[1]):.1e}); kill -> group restarted {restarted - killed_at:.1f} s -> rejoined at step "
+        f"{rejoin['step']} {rejoin['time'] - killed_at:.1f} s; steps redone {redone}"
+    )
