@@ -1,11 +1,16 @@
 #!/bin/bash
-# A torchft job on this machine (fault.replica_ft=torchft): the Lighthouse plus N replica groups of one process each,
-# a group that dies restarted to heal from a healthy peer (python -m lmforge.launch.replica_ft; docs/fault-tolerance.md).
+# A torchft job on this machine (fault.replica_ft=torchft): the Lighthouse plus N replica groups of one process or K
+# torchrun ranks each (DDP or FSDP inside a group), a group that dies restarted to heal from a healthy peer
+# (python -m lmforge.launch.replica_ft; docs/fault-tolerance.md).
 #
 #   launchers/torchft_local.sh --replicas 3 --name ft-demo -- model=tiny train.max_steps=50
+#   launchers/torchft_local.sh --replicas 2 --nproc-per-group 2 --name ft-fsdp -- model=tiny parallelism=fsdp
 #   launchers/torchft_local.sh --replicas 3 --dry-run -- model=tiny   # print the commands, start nothing
 # Options (before the Hydra overrides; `--` ends them):
 #   --replicas N             replica groups (required)
+#   --nproc-per-group K      ranks of each group (default 1: one process; K > 1: one torchrun launch of K ranks,
+#                            with a data-parallel layout in the overrides, e.g. parallelism=fsdp or parallelism=ddp)
+#   --group-port P           group i's torchrun rendezvous port is P + i (default: --port + 1)
 #   --min-replicas M         a step commits with at least M groups (default: a majority, N // 2 + 1;
 #                            fewer is refused: two disjoint quorums could commit the same step)
 #   --max-restarts R         restarts of each group (default 3; never after exit 2, a config error)

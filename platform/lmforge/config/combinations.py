@@ -371,25 +371,25 @@ def _torchft(c: RootConfig) -> bool:
     return c.fault.replica_ft == "torchft"
 
 
-def _layout_beyond_one_process(c: RootConfig) -> str:
-    """What of this layout is more than one process per replica group ("" where nothing is)."""
+def _beyond_data_parallel(c: RootConfig) -> str:
+    """What of this layout is more than data parallelism inside a replica group ("" where nothing is)."""
     p = c.parallelism
-    dims = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep") if getattr(p, k) > 1}
+    dims = {k: getattr(p, k) for k in ("cp", "tp", "pp", "ep") if getattr(p, k) > 1}
     parts = [f"{k}={v}" for k, v in dims.items()] + (["engine=deepspeed"] if p.engine == "deepspeed" else [])
     return ", ".join(parts)
 
 
 REPLICA_FT: Tuple[Refused, ...] = (
     Refused(
-        "`fault.replica_ft=torchft` with any parallelism beyond one process per replica group (dp, fsdp, cp, tp, "
-        "pp, ep, deepspeed)",
+        "`fault.replica_ft=torchft` with any parallelism inside a replica group but data parallelism (cp, tp, pp, "
+        "ep, deepspeed)",
         "fault.replica_ft",
-        lambda c: _torchft(c) and bool(_layout_beyond_one_process(c)),
+        lambda c: _torchft(c) and bool(_beyond_data_parallel(c)),
         lambda c: (
-            f"each torchft replica group is one process; this layout has {_layout_beyond_one_process(c)}, whose "
-            "collectives torchft would not make fault tolerant"
+            f"a torchft replica group is a model copy over data-parallel ranks only (dp_replicate, dp_shard); this "
+            f"layout has {_beyond_data_parallel(c)}, whose collectives torchft would not make fault tolerant"
         ),
-        "use parallelism=single with fault.replica_ft=torchft (scale out with more replica groups), or "
+        "use parallelism=fsdp, ddp or single inside each group (launchers/torchft_local.sh --nproc-per-group K), or "
         "fault.replica_ft=none",
     ),
     Refused(

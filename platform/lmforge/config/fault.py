@@ -91,14 +91,14 @@ class FaultConfig:
     max_restarts: int = 3
     """torchrun --max_restarts: in-job restarts (lmforge launch and slurm/train.sh)."""
     replica_ft: Annotated[str, Literal["none", "torchft"]] = "none"
-    """Replica-level fault tolerance (fault/replica_ft.py): torchft = every process is one replica group of a
-    torchft job (launchers/torchft_local.sh); a replica that dies is left out of the next quorum while the others
+    """Replica-level fault tolerance (fault/replica_ft.py): torchft = this process, or this torchrun launch of
+    data-parallel ranks (DDP, FSDP), is one replica group of a torchft job (launchers/torchft_local.sh); a replica that dies is left out of the next quorum while the others
     train on, and a restarted one fetches weights, optimizer, step, data position and RNG from a healthy peer.
     Membership is DYNAMIC: while a replica is down the global batch shrinks to the participating replicas'."""
     replica_groups: PositiveInt = 1
     """replica_ft=torchft: the replica groups the job is planned with (fault.replica_id is below it)."""
     replica_id: NonNegativeInt = 0
-    """replica_ft=torchft: this process's replica group, 0..replica_groups-1 (the launcher sets it)."""
+    """replica_ft=torchft: this process's (or launch's) replica group, 0..replica_groups-1 (the launcher sets it)."""
     replica_min: PositiveInt = 1
     """replica_ft=torchft: a step commits only with at least this many participating replicas."""
     lighthouse: str = ""

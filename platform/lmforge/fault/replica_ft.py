@@ -1,23 +1,34 @@
 """Replica-level fault tolerance with torchft (``fault.replica_ft=torchft``).
 
-Every process is one replica group (``fault.replica_id``) of a torchft job; a torchft Lighthouse
-(launchers/torchft_local.sh starts it) forms a quorum of the live replica groups before every step. A step:
+A replica group (``fault.replica_id``) of a torchft job is one process or one torchrun launch of k ranks holding a
+full copy of the model between them (plain DP/DDP or FSDP2 inside the group; launchers/torchft_local.sh
+``--nproc-per-group``); a torchft Lighthouse forms a quorum of the live replica groups before every step. Every
+rank has its own torchft Manager (rank = group rank, world = group size): group rank 0 hosts the group's
+ManagerServer, which talks to the Lighthouse; the other ranks reach it through the group's store (the torchrun
+rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
 
-1. ``start_step``: the quorum (synchronous). A replica group behind the quorum's step (a restarted one) is healed
-   here, before its forward: torchft fetches a healthy peer's state over HTTP (``_state``: weights, optimizer,
-   step, data position, RNG) and ``_load`` applies it. The data stream then follows the membership: replica r of
-   the n participants reads slice r of a global batch of n x ``train.global_batch_size`` samples (DYNAMIC
-   membership: the global batch shrinks while a replica is down).
-2. ``average``: the engine's gradients and loss, averaged over the participants through the Manager's
-   reconfigurable gloo group (with a one-hot of the participating replica ids, summed, for the record).
-3. ``should_commit``: torchft's vote; the optimizer steps only where every participant may. A step in which a
-   replica dies fails on every peer (its all-reduce errors or times out): no replica commits it, the stream is
-   rewound, and the step is redone with the next quorum, without the dead replica.
+1. ``start_step``: the quorum (synchronous; the ManagerServer waits for every rank of its group). A replica group
+   behind the quorum's step (a restarted one) is healed here, before its forward: its rank i fetches rank i of a
+   healthy peer group's state over HTTP (``_state``: its local parameter and optimizer shards, step, data
+   position, RNG; a DTensor travels as its local shard and is rebuilt on the receiver's own layout) and ``_load``
+   copies it in. The data stream then follows the membership: replica r of the n participants reads slice r of a
+   global batch of n x ``train.global_batch_size`` samples, its dp rank j of k sub-slice j (DYNAMIC membership:
+   the global batch shrinks while a replica is down).
+2. ``average``: after the group's own gradient reduction (DDP all-reduce, FSDP reduce-scatter), each rank's local
+   gradients and the loss, averaged over the participants through the Manager's reconfigurable gloo group: rank i
+   of every group with rank i of the others (with a one-hot of the participating replica ids, summed).
+3. ``should_commit``: torchft's vote, the same on every rank of a group (its ManagerServer combines the votes of
+   the group's ranks: one rank's failed all-reduce stops the whole group's update); the optimizer steps only where
+   every participant may. A step in which a replica dies
+   fails on every peer (its all-reduce errors or times out): no replica commits it, the stream is rewound, and the
+   step is redone with the next quorum, without the dead replica.
 
-``<run>/replica_ft/membership.jsonl`` records every change of the committed membership (step, replica ids, this
-replica's rank, whether it was healed from a peer, and the SHA-256 of its weights and optimizer state as the step
-commits, before its update: equal on every replica of the step) and every step that was redone. A healed replica's
-record also holds the digest of the state it had before healing (its own initialisation or checkpoint).
+``<run>/replica_ft/membership.jsonl`` (written by group rank 0) records every change of the committed membership
+and every committed step in which a participant was healed (step, replica ids, the healed ones, this replica's rank, whether it was healed from a peer, and the SHA-256 of its weights and
+optimizer state as the step commits, before its update: equal on every replica of the step; with k ranks also
+each rank's digest of its local shards, ``state_sha256_ranks``, and the group's digest is that of the k digests)
+and every step that was redone. A healed replica's record also holds the digest of the state it had before healing
+(its own initialisation or checkpoint).
 """
 
 from __future__ import annotations
@@ -28,9 +39,10 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from lmforge.checkpoint.rng import rng_state_tensors, set_rng_state_tensors
 from lmforge.config.batch import BatchPlan
@@ -38,6 +50,7 @@ from lmforge.config.errors import ConfigError
 from lmforge.config.fault import FaultConfig
 from lmforge.data.loader import BatchStream
 from lmforge.fault.consistency import local_tensor, named_state
+from lmforge.fault.heal_shards import load_model_shards, load_optimizer_shards, model_shards, optimizer_shards
 from lmforge.parallel.contract import Engine
 from lmforge.runtime import env_vars
 from lmforge.runtime.file_modes import make_dir
@@ -46,6 +59,7 @@ from lmforge.runtime.file_modes import make_dir
 class ReplicaFT:
     """The trainer's side of torchft: quorum and healing per step, gradient averaging, the commit vote, the record.
 
+    ``rank``/``world_size``: this process in its replica group (the group's torch.distributed world).
     ``get_step``/``set_step`` read and set the trainer's step (a healed replica takes its peer's)."""
 
     def __init__(
@@ -56,16 +70,11 @@ class ReplicaFT:
         data: BatchStream,
         plan: BatchPlan,
         run_dir: Path,
+        rank: int,
         world_size: int,
         get_step: Callable[[], int],
         set_step: Callable[[int], None],
     ):
-        if world_size != 1:
-            raise ConfigError(
-                "fault.replica_ft",
-                f"each torchft replica group is one process; this one was launched with a world of {world_size}",
-                "start replica groups with launchers/torchft_local.sh (one process each)",
-            )
         lighthouse = cfg.lighthouse or env_vars.read("TORCHFT_LIGHTHOUSE", "")
         if not lighthouse:
             raise ConfigError(
@@ -79,8 +88,9 @@ class ReplicaFT:
         self.digest_before_heal = ""  # the state's digest just before _load replaced it
         self.recorded: Optional[List[int]] = None  # the last membership written
         self.consumed = 0  # the stream position before this step (a redone step rewinds to it)
+        self.group_rank, self.group_size = rank, world_size
         self.rank, self.count = 0, 1
-        self._members = torch.zeros(cfg.replica_groups)
+        self._members = torch.zeros(2 * cfg.replica_groups)  # one-hots: the participants, then the healed ones
         self.manager = self._manager(lighthouse)
 
     def _manager(self, lighthouse: str):
@@ -91,21 +101,29 @@ class ReplicaFT:
 
         timeout = timedelta(seconds=self.cfg.replica_timeout_s)
         host = socket.gethostname()  # peers reach this replica's store and manager under it
-        self.store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # the group's store (world of one)
+        if self.group_size > 1:  # the group's rendezvous store (torchrun's): group rank 0 posts its server there
+            store_addr, store_port = env_vars.read("MASTER_ADDR", ""), int(env_vars.read("MASTER_PORT", "0"))
+        else:  # a group of one process hosts its own
+            self.store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+            store_addr, store_port = host, self.store.port
         manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=self._load,
             state_dict=self._state,
             min_replica_size=self.cfg.replica_min,
             use_async_quorum=False,  # heal before the forward, so the data slice is known when the batch is read
+            # every group starts from train.seed's initialisation, so the first quorum heals nobody: a group heals
+            # only when it is behind, and then all of its ranks do (torchft's step-0 sync would heal some ranks of
+            # a group from one peer and not others)
+            init_sync=False,
             timeout=timeout,
             quorum_timeout=timedelta(seconds=self.cfg.replica_quorum_timeout_s),
             connect_timeout=timeout,
-            rank=0,
-            world_size=1,
+            rank=self.group_rank,
+            world_size=self.group_size,
             world_size_mode=WorldSizeMode.DYNAMIC,
-            store_addr=host,
-            store_port=self.store.port,
+            store_addr=store_addr,
+            store_port=store_port,
             lighthouse_addr=lighthouse,
             replica_id=f"replica_{self.cfg.replica_id}",
             hostname=host,
@@ -115,10 +133,11 @@ class ReplicaFT:
 
     # ---- what a rejoining replica fetches from a healthy peer ------------------------------------------------
     def _state(self) -> Dict[str, object]:
-        """Runs on a healthy peer's quorum thread while its loop waits in ``start_step`` (a consistent state)."""
+        """Runs on a healthy peer's quorum thread while its loop waits in ``start_step`` (a consistent state): this
+        rank's local shards (fault/heal_shards.py), for the same rank of the healing group."""
         return {
-            "model": self.engine.inner.state_dict(),
-            "optimizer": self.engine.optimizer.state_dict(),
+            "model": model_shards(self.engine.inner),
+            "optimizer": optimizer_shards(self.engine.inner, self.engine.optimizer),
             "step": self.get_step(),
             "data": self.data.state_dict(),
             "rng": rng_state_tensors(0),
@@ -126,8 +145,8 @@ class ReplicaFT:
 
     def _load(self, state: Dict[str, object]) -> None:
         self.digest_before_heal = self.state_digest()
-        self.engine.inner.load_state_dict(state["model"])
-        self.engine.optimizer.load_state_dict(state["optimizer"])
+        load_model_shards(self.engine.inner, state["model"])
+        load_optimizer_shards(self.engine.inner, self.engine.optimizer, state["optimizer"])
         self.data.load_state_dict(state["data"])
         set_rng_state_tensors(state["rng"], 0)
         self.set_step(int(state["step"]))
@@ -152,6 +171,7 @@ class ReplicaFT:
 
         self._members.zero_()
         self._members[self.cfg.replica_id] = 1.0
+        self._members[self.cfg.replica_groups + self.cfg.replica_id] = float(self.healed)
         members = self.manager.allreduce(self._members, reduce_op=ReduceOp.SUM)
         self.manager.allreduce(flat).wait()
         members.wait()
@@ -165,22 +185,41 @@ class ReplicaFT:
             self._write({"step": self.get_step() + 1, "committed": False, "replicas": self._ids()})
         return committed
 
-    def _ids(self) -> List[int]:
-        return [i for i, v in enumerate(self._members.tolist()) if round(v) == 1]
+    def _ids(self, healed: bool = False) -> List[int]:
+        """The participating replica ids of this step (``healed``: those of them healed from a peer in it)."""
+        n = self.cfg.replica_groups
+        flags = self._members.tolist()[n:] if healed else self._members.tolist()[:n]
+        return [i for i, v in enumerate(flags) if round(v) == 1]
 
     def _record_membership(self) -> None:
-        ids = self._ids()
-        if ids != self.recorded or self.healed:
+        """On a change (the same decision on every rank of the group: the membership and the heal are the group's);
+        with k ranks, a gather of their digests inside the group."""
+        ids, healed = self._ids(), self._ids(healed=True)
+        if ids != self.recorded or healed:  # a peer healed: the step its state is compared at
             self.recorded = ids
             record = {"step": self.get_step() + 1, "replicas": ids, "replica_rank": self.rank, "healed": self.healed}
-            record["state_sha256"] = self.state_digest()
-            if self.healed:
-                record["state_sha256_before_heal"] = self.digest_before_heal
+            record["healed_replicas"] = healed
+            record.update(self._group_digests(self.state_digest(), self.digest_before_heal))
             self._write(record)
 
+    def _group_digests(self, now: str, before: str) -> Dict[str, object]:
+        """This rank's state digest (and, where the group was healed, that before the heal) as the group's record:
+        the digest itself in a group of one; else one gather in the group, every rank's digest under ``<key>_ranks``
+        and the SHA-256 of them in rank order under ``<key>``."""
+        keys = ["state_sha256", "state_sha256_before_heal"][: 2 if self.healed else 1]
+        if self.group_size == 1:
+            return dict(zip(keys, (now, before)))
+        pairs: List[Tuple[str, str]] = [("", "")] * self.group_size
+        dist.all_gather_object(pairs, (now, before))
+        out: Dict[str, object] = {}
+        for key, digests in zip(keys, zip(*pairs)):
+            out[key] = hashlib.sha256("".join(digests).encode()).hexdigest()
+            out[f"{key}_ranks"] = list(digests)
+        return out
+
     def state_digest(self) -> str:
-        """SHA-256 of the parameters' and optimizer state's bytes, by name (one host copy of the state: taken on
-        membership changes only)."""
+        """SHA-256 of this rank's parameters' and optimizer state's bytes (its local shards), by name (one host copy
+        of the state: taken on membership changes only)."""
         digest = hashlib.sha256()
         for name, tensor in named_state(self.engine.inner, self.engine.optimizer):
             digest.update(name.encode())
@@ -188,6 +227,8 @@ class ReplicaFT:
         return digest.hexdigest()
 
     def _write(self, record: dict) -> None:
+        if self.group_rank != 0:  # group rank 0 writes the group's record
+            return
         with open(self.membership_path, "a") as f:
             f.write(json.dumps({**record, "replica_id": self.cfg.replica_id, "time": time.time()}) + "\n")
 

@@ -2,10 +2,14 @@
 
     python -m lmforge.launch.replica_ft --replicas 3 --name ft-demo -- model=tiny train.max_steps=50
     launchers/torchft_local.sh --replicas 3 --name ft-demo -- model=tiny train.max_steps=50
+    launchers/torchft_local.sh --replicas 2 --nproc-per-group 2 --name ft-fsdp -- model=tiny parallelism=fsdp
 
 The Lighthouse (torchft's ``torchft_lighthouse``) binds 127.0.0.1:--port; replica group i is one
-``python -m lmforge.train`` process with ``run.name=<name>/replica-<i>`` and the ``fault.replica_*`` keys set.
-A group that exits non-zero is started again (up to --max-restarts times each; never after exit 2, a config
+``python -m lmforge.train`` process (``--nproc-per-group 1``) or one torchrun launch of K ranks
+(``python -m lmforge.launch.agent --nproc-per-node K``: torchrun with lmforge's exit codes; its rendezvous at
+127.0.0.1:(--group-port + i), no restarts of its own), with ``run.name=<name>/replica-<i>`` and the
+``fault.replica_*`` keys set; the layout inside a group is the overrides' (data parallelism only: DDP, FSDP).
+A group that exits non-zero (a torchrun launch does when any of its ranks dies) is started again (up to --max-restarts times each; never after exit 2, a config
 error that would recur) and heals from a healthy peer (lmforge.fault.replica_ft). Under
 ``<run.root>/<name>/replica_ft/``: ``lighthouse.log``, ``replica-<i>.log`` (every attempt's output appended) and
 ``launcher.jsonl`` (each start and exit: replica, attempt, pid, return code, time). The launcher exits 0 once every
@@ -41,7 +45,11 @@ class _Parser(argparse.ArgumentParser):
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     p = _Parser(prog="torchft_local.sh", description=__doc__.split("\n")[0])
-    p.add_argument("--replicas", type=int, required=True, help="replica groups (one process each)")
+    p.add_argument("--replicas", type=int, required=True, help="replica groups")
+    p.add_argument("--nproc-per-group", type=int, default=1, help="ranks of each replica group (torchrun when > 1)")
+    p.add_argument(
+        "--group-port", type=int, help="group i's torchrun rendezvous port is this + i (default: --port + 1)"
+    )
     p.add_argument("--min-replicas", type=int, help="a step commits with at least this many (default: a majority)")
     p.add_argument("--max-restarts", type=int, default=3, help="restarts of each replica group")
     p.add_argument("--name", default=f"torchft-{time.strftime('%Y%m%d-%H%M%S')}", help="the run's name in run.root")
@@ -58,6 +66,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every replica group (after --)")
     args = p.parse_args(argv)
+    if args.nproc_per_group < 1:
+        p.error(f"--nproc-per-group must be at least 1, got {args.nproc_per_group}")
+    if args.group_port is None:
+        args.group_port = args.port + 1
     if args.min_replicas is None:
         args.min_replicas = args.replicas // 2 + 1
     if args.replicas < 1 or not args.replicas // 2 < args.min_replicas <= args.replicas:
@@ -88,11 +100,28 @@ def lighthouse_cmd(args: argparse.Namespace) -> List[str]:
     ]
 
 
+def group_run_dir(args: argparse.Namespace, i: int) -> Path:
+    return run_root(args.overrides) / args.name / f"replica-{i}"
+
+
 def replica_cmd(args: argparse.Namespace, i: int) -> List[str]:
+    """Group ``i``'s command: one trainer process, or torchrun (lmforge.launch.agent) of --nproc-per-group ranks
+    that does not restart on its own (this launcher restarts the whole group, which then heals)."""
+    launch = ["-m", "lmforge.train"]
+    if args.nproc_per_group > 1:
+        launch = [
+            "-m",
+            "lmforge.launch.agent",
+            "--nnodes=1",
+            f"--nproc-per-node={args.nproc_per_group}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={args.group_port + i}",
+            "--max-restarts=0",
+            *launch,
+        ]
     return [
         sys.executable,
-        "-m",
-        "lmforge.train",
+        *launch,
         *args.overrides,
         f"run.name={args.name}/replica-{i}",
         "fault.replica_ft=torchft",
@@ -119,12 +148,13 @@ class Job:
         with open(self.folder / "launcher.jsonl", "a") as f:
             f.write(json.dumps({**event, "time": time.time()}) + "\n")
 
-    def _spawn(self, cmd: List[str], log: Path) -> subprocess.Popen:
+    def _spawn(self, cmd: List[str], log: Path, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
         with open(log, "ab") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def start(self, i: int) -> None:
-        proc = self._spawn(replica_cmd(self.args, i), self.folder / f"replica-{i}.log")
+        env = {**os.environ, "LMFORGE_RUN_DIR": str(group_run_dir(self.args, i).absolute())}  # the agent's verdicts
+        proc = self._spawn(replica_cmd(self.args, i), self.folder / f"replica-{i}.log", env)
         self.procs[i] = proc
         self._record(event="start", replica=i, attempt=self.attempts[i], pid=proc.pid)
         print(f"lmforge: replica group {i} started (attempt {self.attempts[i]}, pid {proc.pid})", flush=True)

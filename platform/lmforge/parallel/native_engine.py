@@ -168,8 +168,14 @@ class NativeEngine:
     @torch.no_grad()
     def _replicas_commit(self, total: torch.Tensor) -> bool:
         """fault.replica_ft: gradients and the loss averaged over the participating replica groups in one flat
-        all-reduce, then their commit vote (True: every participant may step; a failed peer makes it False)."""
-        grads = [p.grad for p in self.inner.parameters() if p.grad is not None]
+        all-reduce, then their commit vote (True: every participant may step; a failed peer makes it False).
+        Inside a group of several ranks this runs after the group's own reduction (DDP's all-reduce, FSDP's
+        reduce-scatter): each rank averages its local gradients (FSDP: its shards) with the same rank of the others."""
+        grads = [
+            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            for p in self.inner.parameters()
+            if p.grad is not None
+        ]
         flat = torch.cat([g.reshape(-1) for g in grads] + [total.reshape(1).to(grads[0].dtype)])
         self.cross_replica.average(flat)
         offset = 0

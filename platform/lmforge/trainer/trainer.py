@@ -384,21 +384,27 @@ class Trainer:
             data=self.data,
             plan=self.plan,
             run_dir=self.paths.root,
+            rank=self.rank,
             world_size=self.world.world_size,
             get_step=lambda: self.step,
             set_step=lambda step: setattr(self, "step", step),
         )
         self.engine.cross_replica = ft
+        if self.rank != 0:
+            return ft
+        ranks = self.world.world_size
         print(
             f"lmforge: replica_ft=torchft: replica group {cfg.replica_id} of {cfg.replica_groups} (commits with >= "
-            f"{cfg.replica_min}); DYNAMIC membership: a step's global batch is the participating groups x "
-            f"train.global_batch_size={self.plan.global_batch_size}, smaller while a group is down",
+            f"{cfg.replica_min}), {ranks} rank(s) each; DYNAMIC membership: a step's global batch is the "
+            f"participating groups x train.global_batch_size={self.plan.global_batch_size}, smaller while a group is "
+            "down",
             flush=True,
         )
         print(
-            "lmforge: replica_ft=torchft: gradients and the loss are averaged across groups through torchft; the "
-            "replica check, straggler gather, preemption and checkpoint votes, token counts and evaluation stay "
-            "inside this group (one process); each group checkpoints into its own run directory",
+            "lmforge: replica_ft=torchft: gradients and the loss are averaged across groups through torchft (rank i "
+            "of each group with rank i of the others, after this group's own data-parallel reduction); the replica "
+            "check, straggler gather, preemption and checkpoint votes, token counts and evaluation stay inside this "
+            f"group ({ranks} rank(s)); each group checkpoints into its own run directory",
             flush=True,
         )
         return ft

@@ -1,0 +1,148 @@
+"""Replica groups of several ranks under torchft (fault.replica_ft=torchft, launchers/torchft_local.sh
+--nproc-per-group 2): 2 replica groups x 2 FSDP ranks (parallelism=fsdp, dp_shard=2, gloo), a torchft Lighthouse,
+each group one torchrun launch. The test SIGKILLs rank 1 of group 1 once step 3 is logged; its torchrun exits, the
+launcher restarts the group, and each of its ranks heals from the same rank of group 0 (with 2 groups a majority is
+both: group 0 waits for it, so every committed step has both groups).
+
+Asserted: (a) parity: every step's loss of both groups, before the kill and after the heal, equals that of one job
+of 4 FSDP ranks (dp_shard=4) with the same global batch of 2 x 4 samples, within the parity tolerance of the DP
+layouts (1e-5); negative control: the loss of one group's own 4 samples (no cross-replica averaging; a 4-rank job
+with a global batch of 4) is farther from the reference than 100x that tolerance. (b) healing: group 1 is started
+twice and group 0 once, both exit 0; at group 1's first committed step after the kill, its two ranks' digests of
+weights and AdamW moments (their local FSDP shards) equal group 0's rank for rank, and group 0 records that step with
+group 1 healed; negative control: group 1's ranks' own states before healing differ from those digests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import free_port, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+STEPS, KILL_AT = 8, 3
+TOL = 1e-5  # the parity harness's for DP layouts (tests/distributed/test_parallel_parity.py)
+COMMON = [
+    "model=tiny",
+    "model.seq_len=32",
+    "comm=cpu_gloo",
+    "parallelism=fsdp",
+    "train.device=cpu",
+    "train.threads=1",
+    f"train.max_steps={STEPS}",
+    "train.micro_batch_size=2",
+    "train.eval_every=0",
+    "logging.every_steps=1",
+    "metrics.straggler_every=0",
+    "checkpoint.enabled=false",
+    "~data.sources.code",
+    "~data.sources.reference",
+]
+
+
+def _records(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def _losses(run_dir: Path) -> list:
+    """(step, loss) of every train record (a step logged twice is checked against the reference twice)."""
+    return [(r["step"], r["loss"]) for r in _records(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
+
+
+def _rank_pid(agent_pid: int, rank: int) -> int:
+    """The pid of the worker with RANK=rank among torchrun's children."""
+    children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
+    for pid in children:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} among torchrun {agent_pid}'s children {children}")
+
+
+def _reference(tmp_path: Path) -> tuple:
+    """One 4-rank FSDP job of the global batch of both groups, and (negative control) of group 0's 4 samples."""
+    four = [*COMMON, "parallelism.dp_shard=4", "logging.console=none", f"run.root={tmp_path}"]
+    whole = [*four, "train.global_batch_size=8", "run.name=ref"]
+    own = [*four, "train.micro_batch_size=1", "train.global_batch_size=4", "run.name=own"]
+    run_ranks(
+        "distributed.train_entries:train_entries",
+        4,
+        {"argvs": [whole, own]},
+        timeout=240,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    return dict(_losses(tmp_path / "ref")), dict(_losses(tmp_path / "own"))
+
+
+@pytest.mark.timeout(420)
+def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank(tmp_path, data_cache):
+    ref, own = _reference(tmp_path)
+    assert sorted(ref) == list(range(1, STEPS + 1)) and ref[STEPS] < ref[1], ref
+
+    run = tmp_path / "ft"
+    cmd = [sys.executable, "-m", "lmforge.launch.replica_ft", "--replicas", "2", "--nproc-per-group", "2"]
+    cmd += ["--max-restarts", "1", "--name", "ft", "--port", str(free_port()), "--group-port", str(free_port())]
+    cmd += ["--heartbeat-timeout-ms", "1000", "--join-timeout-ms", "10000", "--", f"run.root={tmp_path}", *COMMON]
+    cmd += ["train.global_batch_size=4", "logging.console=plain", "fault.drill.step_sleep_s=0.5"]
+    cmd += ["fault.replica_timeout_s=5", "fault.replica_quorum_timeout_s=120"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 150
+        while not any(s >= KILL_AT for s, _ in _losses(run / "replica-1")):
+            assert launcher.poll() is None and time.time() < deadline, "group 1 did not reach the kill step"
+            time.sleep(0.1)
+        agent = next(e["pid"] for e in _records(run / "replica_ft" / "launcher.jsonl") if e["replica"] == 1)
+        os.kill(_rank_pid(agent, 1), signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = launcher.communicate(timeout=200)
+    finally:
+        if launcher.poll() is None:  # the launcher stops its groups and the Lighthouse on SIGTERM
+            launcher.terminate()
+            launcher.communicate(timeout=60)
+    logs = "\n".join(p.read_text()[-4000:] for p in sorted((run / "replica_ft").glob("*.log")))
+    assert launcher.returncode == 0, out + logs
+
+    events = _records(run / "replica_ft" / "launcher.jsonl")
+    starts = [sum(e["event"] == "start" and e["replica"] == i for e in events) for i in (0, 1)]
+    exits = {i: [e["rc"] for e in events if e["event"] == "exit" and e["replica"] == i] for i in (0, 1)}
+    assert starts == [1, 2] and exits[0] == [0] and exits[1][-1] == 0 and exits[1][0] != 0, events
+
+    members = {i: _records(run / f"replica-{i}" / "replica_ft" / "membership.jsonl") for i in (0, 1)}
+    rejoin = next(r for r in members[1] if r.get("healed") and r["step"] > KILL_AT)  # group 1's first step back
+
+    # (a) parity: every step of both groups, around the kill too, is the 4-rank job's step (group 1 logs the steps
+    # before the kill and from its first step back; the step it died in may have been committed by its peer)
+    gaps = []
+    for i, expected in ((0, range(1, STEPS + 1)), (1, [*range(1, KILL_AT + 1), *range(rejoin["step"], STEPS + 1)])):
+        losses = _losses(run / f"replica-{i}")
+        assert {s for s, _ in losses} >= set(expected), (i, losses)
+        for step, loss in losses:
+            assert abs(loss - ref[step]) < TOL, (i, step, loss, ref[step])
+            gaps.append(abs(loss - ref[step]))
+    assert abs(own[1] - ref[1]) > 100 * TOL, (own[1], ref[1])  # negative control: one group's samples alone
+
+    # (b) healing: group 1's ranks took group 0's ranks' shards, rank for rank
+    peer = next(r for r in members[0] if r.get("committed", True) and r["step"] == rejoin["step"])
+    assert rejoin["replicas"] == peer["replicas"] == [0, 1] and peer["healed_replicas"] == [1], (rejoin, peer)
+    assert len(rejoin["state_sha256_ranks"]) == 2
+    assert rejoin["state_sha256_ranks"] == peer["state_sha256_ranks"], (rejoin, peer)
+    assert rejoin["state_sha256"] == peer["state_sha256"]
+    # negative control: what group 1's ranks held before healing (their initialisation) is not their peers' state
+    before = rejoin["state_sha256_before_heal_ranks"]
+    assert all(b != a for b, a in zip(before, peer["state_sha256_ranks"])), (before, peer)
+    redone = [r["step"] for r in members[0] if not r.get("committed", True)]
+    restarted = next(e["time"] for e in events if e["event"] == "start" and e["replica"] == 1 and e["attempt"] == 1)
+    print(
+        f"replica_ft groups: 2 x 2 FSDP ranks; max |loss - 4-rank job| {max(gaps):.1e} (group alone "
+        f"{abs(own[1] - ref[1]):.1e}); kill -> group restarted {restarted - killed_at:.1f} s -> rejoined at step "
+        f"{rejoin['step']} {rejoin['time'] - killed_at:.1f} s; steps redone {redone}"
+    )
