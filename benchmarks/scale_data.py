@@ -142,7 +142,10 @@ CONSTANT = {"loader_start"}  # no term that grows: c = 0, the deviation says how
 
 def check_models(rows: List[Dict]) -> Dict[str, Dict]:
     """Per phase: CPU-s = q(smallest) + c * (x - x(smallest)), only c fitted (least squares); the largest relative
-    distance of a point from it, and the model at 1 GB and 1 TB (samples scaled by the measured tokens per MB)."""
+    distance of a point from it, and the model at 1 GB and 1 TB (samples scaled by the measured tokens per MB).
+    A phase whose growth is below what the points resolve (modelled constant, or a fitted c below 0) gets c = 0 and
+    an upper bound, ``c_upper``: the points' spread over the measured range, with the model at 1 GB and 1 TB under
+    that bound."""
     if len(rows) < 2:
         return {}
     first, out = rows[0], {}
@@ -151,8 +154,10 @@ def check_models(rows: List[Dict]) -> Dict[str, Dict]:
         y0, x0 = first[phase]["cpu_s"], first[x]
         pairs = [(r[x] - x0, r[phase]["cpu_s"] - y0) for r in rows[1:]]
         c = 0.0 if phase in CONSTANT else sum(a * b for a, b in pairs) / sum(a * a for a, _ in pairs)
-        model = lambda v, c=c, y0=y0, x0=x0: y0 + c * (v - x0)  # noqa: E731
+        unresolved = c <= 0.0
+        c = max(c, 0.0)
         size = (lambda mb: mb) if x == "corpus_mb" else (lambda mb: mb * tokens_per_mb / first["seq_len"])
+        model = lambda v, c=c, y0=y0, x0=x0: y0 + c * (v - x0)  # noqa: E731
         out[phase] = {
             "model": words,
             "per": x,
@@ -160,6 +165,13 @@ def check_models(rows: List[Dict]) -> Dict[str, Dict]:
             "max_rel_deviation": round(max(abs(model(r[x]) - r[phase]["cpu_s"]) / r[phase]["cpu_s"] for r in rows), 4),
             "extrapolated_cpu_s": {f"{mb:g}MB": round(model(size(mb)), 1) for mb in EXTRAPOLATE_MB},
         }
+        if unresolved:
+            ys = [r[phase]["cpu_s"] for r in rows]
+            c_upper = (max(ys) - min(ys)) / (max(r[x] for r in rows) - x0)
+            out[phase]["c_upper"] = c_upper
+            out[phase]["extrapolated_cpu_s_upper"] = {
+                f"{mb:g}MB": round(y0 + c_upper * (size(mb) - x0), 1) for mb in EXTRAPOLATE_MB
+            }
     return out
 
 
@@ -203,9 +215,14 @@ def main(argv=None) -> int:
         "models": check_models(rows),
     }
     for phase, m in payload["models"].items():
+        bound = ""
+        if "c_upper" in m:
+            up = m["extrapolated_cpu_s_upper"]
+            bound = f" (growth below resolution: c <= {m['c_upper']:.3g}, at most {up['1000MB']} and {up['1e+06MB']})"
         print(
             f"{phase}: {m['model']}; c = {m['c']:.4g} CPU-s per {m['per']}, max deviation {m['max_rel_deviation']:.1%}, "
             f"at 1 GB {m['extrapolated_cpu_s']['1000MB']} CPU-s, at 1 TB {m['extrapolated_cpu_s']['1e+06MB']} CPU-s"
+            + bound
         )
     scratch_path("scale_data.json").write_text(json.dumps(payload, indent=1))
     return 0
