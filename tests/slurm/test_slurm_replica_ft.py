@@ -165,10 +165,10 @@ def test_a_group_on_a_failed_node_is_resubmitted_elsewhere_and_heals(slurm_clust
     committed = {i: [r for r in members[i] if r.get("committed", True)] for i in (0, 1)}
     rejoin = next(r for r in committed[1] if r["healed"] and r["time"] > killed_at)
     assert rejoin["replicas"] == [0, 1] and rejoin["step"] > KILL_AT, committed[1]
-    # group 0 never committed without group 1 (the majority of 2 is 2): the step it was in is redone, its
-    # membership unchanged (so not recorded again); its last record before the kill is its first quorum's
-    aborted = [r for r in members[0] if not r.get("committed", True)]
-    assert aborted and aborted[0]["replicas"] == [0] and [r["replicas"] for r in committed[0]] == [[0, 1]], members
+    # group 0 never committed without group 1 (the majority of 2 is 2): its committed membership never changed (a
+    # step it was in at the kill, if any, was redone: "committed": false with itself alone)
+    assert [r["replicas"] for r in committed[0]] == [[0, 1]], members
+    assert all(r["replicas"] == [0] for r in members[0] if not r.get("committed", True)), members
     # the state group 1 had before healing is not what it heals to (negative control: without the recovery it would
     # train on other weights); the two groups' final weights are bit-identical
     assert rejoin["state_sha256_before_heal"] != rejoin["state_sha256"], rejoin
@@ -185,3 +185,63 @@ def test_a_group_on_a_failed_node_is_resubmitted_elsewhere_and_heals(slurm_clust
         f"healed commit {rejoin['time'] - killed_at:.1f} s (step {rejoin['step']})"
     )
     slurm_cluster.wait_idle(4, timeout=120)
+
+
+def wait_record(path: Path, proc: subprocess.Popen, pred, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = records(path)
+        if pred(log):
+            return log
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no such record in {path} within {timeout}s: {records(path)}")
+
+
+@pytest.mark.timeout(300)
+def test_a_config_error_is_not_resubmitted_and_sigterm_cancels_every_job(slurm_cluster, job_env, tmp_path):
+    env = {**slurm_cluster.env, **job_env}
+    # A group whose job exits 2 (its prepare step refuses the batch arithmetic) is given up, not resubmitted.
+    bad = subprocess.run(
+        [*supervisor_cmd(slurm_cluster, tmp_path, "--replicas", "1", "--name", "bad", "--poll-s", "0.5")]
+        + ["train.global_batch_size=3"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    log = records(tmp_path / "runs" / "bad" / "replica_ft" / "supervisor.jsonl")
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert [e["replica"] for e in log if e["event"] == "submit" and e["role"] == "group"] == [0], log
+    end = next(e for e in log if e["event"] == "end")
+    assert (end["state"], end["rc"]) == ("FAILED", 2), end
+    assert next(e for e in log if e["event"] == "give_up")["reason"].startswith("exit 2 is a config error"), log
+    lighthouse = next(e["job"] for e in log if e["role"] == "lighthouse")
+    slurm_cluster.wait_state(lighthouse, {"CANCELLED"}, timeout=60, fail_states=("COMPLETED", "FAILED"))
+
+    # SIGTERM: the supervisor cancels the Lighthouse and every group and exits 143.
+    proc = subprocess.Popen(
+        supervisor_cmd(slurm_cluster, tmp_path, "--replicas", "1", "--name", "term", "--poll-s", "0.5"),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        path = tmp_path / "runs" / "term" / "replica_ft" / "supervisor.jsonl"
+        log = wait_record(path, proc, lambda log: any(e.get("role") == "group" for e in log), timeout=120)
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, out
+    jobs = [e["job"] for e in log if e["event"] == "submit"]
+    exit_ = records(path)[-1]
+    assert (exit_["event"], exit_["reason"], exit_["cancelled"]) == ("exit", "SIGTERM", jobs[1:]), exit_
+    for job in jobs:
+        slurm_cluster.wait_state(job, {"CANCELLED"}, timeout=60, fail_states=("COMPLETED", "FAILED"))
