@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
@@ -44,8 +43,10 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 
 from lmforge.launch import slurm_queue
 from lmforge.launch.replica_ft import CONFIG_ERROR, run_root
+from lmforge.runtime import env_vars
 
-REPO = Path(os.environ.get("LMFORGE_REPO") or Path(__file__).resolve().parents[3])
+REPO = Path(env_vars.read("LMFORGE_REPO") or Path(__file__).resolve().parents[3])
+EXPORT = f"--export=ALL,LMFORGE_REPO={REPO}"  # the jobs' scripts find this checkout (slurm/env.sh)
 NOT_RESUBMITTED = "CANCELLED"  # a person cancelled the job: respected
 
 
@@ -101,6 +102,7 @@ def lighthouse_sbatch(args: argparse.Namespace, folder: Path) -> List[str]:
         "--nodes=1",
         "--ntasks=1",
         "--no-requeue",
+        EXPORT,
         *where,
         f"--output={folder}/lighthouse-%j.out",
         f"--error={folder}/lighthouse-%j.out",
@@ -122,6 +124,7 @@ def group_sbatch(args: argparse.Namespace, folder: Path, i: int, lighthouse: str
         f"--nodes={args.nodes_per_group}",
         "--ntasks-per-node=1",
         "--no-requeue",
+        EXPORT,
         *([f"--exclude={','.join(exclude)}"] if exclude else []),
         f"--output={folder}/replica-{i}-%j.out",
         f"--error={folder}/replica-{i}-%j.err",
@@ -311,7 +314,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("sbatch " + " ".join(group_sbatch(args, folder, i, host, sorted({host, *args.exclude}))))
         return 0
     check_nodes(args)
-    os.environ.setdefault("LMFORGE_REPO", str(REPO))  # the jobs' scripts find the checkout (slurm/env.sh)
     try:
         return Supervisor(args).run()
     except slurm_queue.SlurmError as e:
