@@ -18,7 +18,8 @@
 #   --sbatch-arg ARG         an sbatch option for every group's job (repeat it: --sbatch-arg=--time=48:00:00)
 #   --join-timeout-ms, --heartbeat-timeout-ms   the Lighthouse's (defaults 30000, 5000)
 #   --poll-s S               seconds between two reads of the jobs' states (default 2)
-# Needs N x K + 1 usable nodes (exit 2 before submitting otherwise). SIGTERM cancels every job.
+# Needs N x K + 1 usable nodes (exit 2 before submitting otherwise). SIGTERM or SIGINT (Ctrl-C) cancels every job;
+# if the supervisor dies otherwise, its jobs run on unsupervised (scancel --name=NAME-lighthouse, NAME-r<i>).
 set -euo pipefail
 LMFORGE_SCRIPT=torchft_supervisor.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../launchers/common.sh"

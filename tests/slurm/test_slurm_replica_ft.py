@@ -12,7 +12,8 @@ spare); Slurm's record of the new job shows the same ExcNodeList and NodeList; g
 membership records group 1's first commit after the kill is healed, at a step of both groups; group 0 never
 committed a step alone (the step it was in is redone); the final weights of both groups are bit-identical; the
 negative control: group 1's state before healing differs from the state it healed to. A minority --min-replicas
-and too few nodes are refused before anything is submitted (exit 2, one line).
+and too few nodes are refused before anything is submitted (exit 2, one line); a group exiting 2 is given up, not
+resubmitted; SIGTERM, and the end of the Lighthouse's job, cancel every job.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def wait_record(path: Path, proc: subprocess.Popen, pred, timeout: float) -> lis
 
 
 @pytest.mark.timeout(300)
-def test_a_config_error_is_not_resubmitted_and_sigterm_cancels_every_job(slurm_cluster, job_env, tmp_path):
+def test_a_config_error_is_given_up_sigterm_and_a_lost_lighthouse_cancel_all(slurm_cluster, job_env, tmp_path):
     env = {**slurm_cluster.env, **job_env}
     # A group whose job exits 2 (its prepare step refuses the batch arithmetic) is given up, not resubmitted.
     bad = subprocess.run(
@@ -245,3 +246,27 @@ def test_a_config_error_is_not_resubmitted_and_sigterm_cancels_every_job(slurm_c
     assert (exit_["event"], exit_["reason"], exit_["cancelled"]) == ("exit", "SIGTERM", jobs[1:]), exit_
     for job in jobs:
         slurm_cluster.wait_state(job, {"CANCELLED"}, timeout=60, fail_states=("COMPLETED", "FAILED"))
+
+    # The Lighthouse's job ends (cancelled here, a dead node in production): no quorum can form, so every group's job
+    # is cancelled and the supervisor exits 1 saying why.
+    proc = subprocess.Popen(
+        supervisor_cmd(slurm_cluster, tmp_path, "--replicas", "1", "--name", "lost", "--poll-s", "0.5"),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        path = tmp_path / "runs" / "lost" / "replica_ft" / "supervisor.jsonl"
+        log = wait_record(path, proc, lambda log: any(e.get("role") == "group" for e in log), timeout=120)
+        lighthouse, group = [e["job"] for e in log if e["event"] == "submit"]
+        slurm_cluster.client(["scancel", lighthouse])
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1 and f"the Lighthouse's job {lighthouse} ended CANCELLED" in out, out
+    assert records(path)[-1]["cancelled"] == [group], records(path)
+    slurm_cluster.wait_state(group, {"CANCELLED"}, timeout=60, fail_states=("COMPLETED", "FAILED"))

@@ -26,7 +26,8 @@ The record, ``<run.root>/<name>/replica_ft/supervisor.jsonl``: one JSON line per
 attempt, job, exclude, the sbatch command), job start (nodes), job end (state, exit code, nodes), exclusion (node,
 reason) and the supervisor's exit; the jobs' logs beside it (``lighthouse-<job>.out``,
 ``replica-<i>-<job>.out``/``.err``). Exit 0 once every group finished, else the first given-up group's exit code
-(1 if it had none); SIGTERM cancels every job. Bad input (a minority --min-replicas, fewer usable nodes than
+(1 if it had none); SIGTERM or SIGINT cancels every job. If the supervisor itself dies (its machine reboots), the
+jobs run on unsupervised: cancel them (job names ``<name>-lighthouse``, ``<name>-r<i>``) before starting it again. Bad input (a minority --min-replicas, fewer usable nodes than
 groups x --nodes-per-group + 1 for the Lighthouse) fails in one line, exit 2, before anything is submitted.
 """
 
@@ -276,12 +277,16 @@ class Supervisor:
 
     def run(self) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(self.stop("SIGTERM", 128 + signal.SIGTERM)))
-        self.start_lighthouse()
-        for g in self.groups.values():
-            self.submit(g)
-        while self.poll():
-            time.sleep(self.args.poll_s)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _: sys.exit(self.stop(signal.Signals(signum).name, 128 + signum)))
+        try:
+            self.start_lighthouse()
+            for g in self.groups.values():
+                self.submit(g)
+            while self.poll():
+                time.sleep(self.args.poll_s)
+        except slurm_queue.SlurmError as e:  # e.g. every node left is excluded: sbatch refuses the job
+            return self.stop(str(e), 1)
         failed = [g.final_rc for g in self.groups.values() if g.final_rc]
         return self.stop("every group finished" if not failed else "a group was given up", failed[0] if failed else 0)
 
@@ -314,11 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("sbatch " + " ".join(group_sbatch(args, folder, i, host, sorted({host, *args.exclude}))))
         return 0
     check_nodes(args)
-    try:
-        return Supervisor(args).run()
-    except slurm_queue.SlurmError as e:
-        print(f"lmforge: {e}", file=sys.stderr)
-        return 1
+    return Supervisor(args).run()
 
 
 if __name__ == "__main__":
