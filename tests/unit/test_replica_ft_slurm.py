@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lmforge.launch.replica_ft_slurm import finished, main
+from lmforge.launch.replica_ft_slurm import Supervisor, finished, main, parse
 from lmforge.launch.slurm_queue import unhealthy
 
 
@@ -66,3 +66,14 @@ def test_a_group_is_finished_only_when_its_job_ended_done(tmp_path):
 )
 def test_unhealthy_node_states(state, bad):
     assert unhealthy(state) is bad
+
+
+def test_the_run_stops_once_the_groups_left_cannot_reach_a_quorum(tmp_path):
+    sup = Supervisor(parse(["--replicas", "3", "--name", "q", "--", f"run.root={tmp_path}"]))  # min 2 of 3
+    assert sup.quorum_lost() == ""
+    sup.groups[0].final_rc = 0  # finished: not a loss
+    sup.groups[1].final_rc = 2
+    assert sup.quorum_lost() == "replica group(s) 1 given up: the 1 left cannot reach --min-replicas 2"
+    sup.groups[0].final_rc = None  # two still running: they commit without group 1
+    assert sup.quorum_lost() == ""
+    assert not (tmp_path / "q").exists()  # nothing submitted, nothing written

@@ -18,7 +18,8 @@ group's job that ends COMPLETED with train.sh's ``done`` in the group's requeues
 (NODE_FAIL, FAILED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, or COMPLETED without ``done``) resubmits the group,
 at most --max-resubmits times, excluding the node at fault: after NODE_FAIL the job's nodes that Slurm reports down
 (all its nodes if none is reported), after another failure only those Slurm reports unhealthy. Never resubmitted:
-exit code 2 (a config error that would recur) and CANCELLED (someone cancelled it). The new job heals from a
+exit code 2 (a config error that would recur) and CANCELLED (someone cancelled it); once groups are given up and
+fewer than --min-replicas are left, every job is cancelled (those left could never commit). The new job heals from a
 healthy peer (lmforge.fault.replica_ft). When the Lighthouse's job ends, the run cannot form quorums: every job is
 cancelled and the supervisor exits 1.
 
@@ -265,7 +266,22 @@ class Supervisor:
             elif state.state == "RUNNING" and not g.started:
                 g.started = True
                 self.record(event="start", role="group", replica=g.replica, job=job, nodes=state.nodes)
+        lost = self.quorum_lost()
+        if lost:
+            raise SystemExit(self.stop(lost, next(g.final_rc for g in self.groups.values() if g.final_rc)))
         return any(g.final_rc is None for g in self.groups.values())
+
+    def quorum_lost(self) -> str:
+        """Why the groups still running can never commit a step again ('' while they can): groups were given up and
+        fewer than --min-replicas are left (they would wait for a quorum until they time out, then be resubmitted)."""
+        given_up = [g.replica for g in self.groups.values() if g.final_rc]
+        left = sum(1 for g in self.groups.values() if g.final_rc is None)
+        if given_up and 0 < left < self.args.min_replicas:
+            return (
+                f"replica group(s) {','.join(map(str, given_up))} given up: the {left} left cannot reach "
+                f"--min-replicas {self.args.min_replicas}"
+            )
+        return ""
 
     def stop(self, why: str, rc: int) -> int:
         """Cancel every job still there, record the exit, return ``rc``."""
