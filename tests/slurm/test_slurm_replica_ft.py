@@ -166,10 +166,12 @@ def test_a_group_on_a_failed_node_is_resubmitted_elsewhere_and_heals(slurm_clust
     committed = {i: [r for r in members[i] if r.get("committed", True)] for i in (0, 1)}
     rejoin = next(r for r in committed[1] if r["healed"] and r["time"] > killed_at)
     assert rejoin["replicas"] == [0, 1] and rejoin["step"] > KILL_AT, committed[1]
-    # group 0 never committed without group 1 (the majority of 2 is 2): its committed membership never changed (a
+    # group 0 never committed without group 1 (the majority of 2 is 2): every step it committed was with group 1 (a
     # step it was in at the kill, if any, was redone: "committed": false with itself alone)
-    assert [r["replicas"] for r in committed[0]] == [[0, 1]], members
+    assert committed[0] and all(r["replicas"] == [0, 1] for r in committed[0]), members
     assert all(r["replicas"] == [0] for r in members[0] if not r.get("committed", True)), members
+    peer = [r for r in committed[0] if r["step"] == rejoin["step"]]  # recorded where the peer notes the heal
+    assert all(r["state_sha256"] == rejoin["state_sha256"] for r in peer), (peer, rejoin)
     # the state group 1 had before healing is not what it heals to (negative control: without the recovery it would
     # train on other weights); the two groups' final weights are bit-identical
     assert rejoin["state_sha256_before_heal"] != rejoin["state_sha256"], rejoin
