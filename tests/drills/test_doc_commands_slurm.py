@@ -1,7 +1,8 @@
 """The ``slurm`` entries of tests/doc_commands.yaml on the Slurm test cluster (tests/slurm/cluster.py: 4 CPU
 nodes, one network namespace each), submitted as printed from a sandbox checkout.
 
-Every entry's layout is checked at the world slurm/train.sh gives it (2 nodes x 1 CPU rank); the kill drill, the
+Every entry's layout is checked at the world slurm/train.sh gives it (2 nodes x 1 CPU rank; an entry's ``world:``
+where its jobs have another, e.g. one replica group of a torchft run); the kill drill, the
 first entry, is submitted and must complete with every step trained after its rank was killed and restarted. The
 other drills run in tests/slurm/test_slurm_train.py with the suite's tiny model (a job each of the smoke model
 costs minutes of 2 cores)."""
@@ -34,7 +35,7 @@ def test_slurm_entry_validates_on_the_test_clusters_layout(entry):
     from lmforge.config.compose import compose
     from lmforge.config.validate import validate
 
-    validate(compose(hydra_overrides(entry["command"])), world_size=WORLD)
+    validate(compose(hydra_overrides(entry["command"])), world_size=entry.get("world", WORLD))
 
 
 @pytest.fixture(scope="module")

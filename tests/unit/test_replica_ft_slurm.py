@@ -1,0 +1,79 @@
+"""The Slurm supervisor of a torchft run: its sbatch command lines, its bad-input refusals, what counts as a finished
+group and as an unhealthy node (python -m lmforge.launch.replica_ft_slurm, in-process; the runs themselves are in
+tests/slurm/test_slurm_replica_ft.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmforge.launch.replica_ft_slurm import Supervisor, finished, main, parse
+from lmforge.launch.slurm_queue import unhealthy
+
+
+def test_dry_run_prints_the_lighthouse_job_and_one_job_per_group(capsys, tmp_path):
+    argv = ["--replicas", "3", "--name", "ft", "--port", "29600", "--lighthouse-node", "svc1", "--exclude", "bad7"]
+    assert main([*argv, "--sbatch-arg=--time=48:00:00", "--dry-run", "--", f"run.root={tmp_path}", "model=tiny"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all(line.startswith("sbatch ") for line in lines)
+    assert "--nodelist=svc1 --exclude=bad7" in lines[0] and "--no-requeue --export=ALL,LMFORGE_REPO=" in lines[0]
+    assert lines[0].endswith(
+        "slurm/torchft_lighthouse.sh --min_replicas 2 --bind 0.0.0.0:29600 --join_timeout_ms 30000 "
+        "--heartbeat_timeout_ms 5000"
+    )
+    for i, line in enumerate(lines[1:]):
+        assert f"--job-name=ft-r{i} --nodes=1 --ntasks-per-node=1 --no-requeue --export=ALL,LMFORGE_REPO=" in line
+        assert " --exclude=bad7,svc1 " in line
+        assert f"--output={tmp_path}/ft/replica_ft/replica-{i}-%j.out" in line and "--time=48:00:00 " in line
+        assert line.endswith(
+            f"slurm/train.sh run.root={tmp_path} model=tiny run.name=ft/replica-{i} fault.replica_ft=torchft "
+            f"fault.replica_groups=3 fault.replica_id={i} fault.replica_min=2 fault.lighthouse=http://svc1:29600 "
+            "cluster.max_requeues=0"
+        )
+    assert not (tmp_path / "ft").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--replicas", "2", "--min-replicas", "1"], "--min-replicas 1 is not a majority of --replicas 2"),
+        (["--replicas", "3", "--min-replicas", "4"], "--min-replicas 4 is not a majority of --replicas 3"),
+        (["--replicas", "2", "--nodes-per-group", "0"], "--nodes-per-group 0 must be at least 1"),
+        (["--replicas", "2", "--max-resubmits", "-1"], "--max-resubmits -1 must be at least 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, said):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--dry-run"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"torchft_supervisor.sh: {said}") and "Fix:" in err
+    assert main(["--replicas", "2", "--min-replicas", "2", "--dry-run"]) == 0  # control: the majority of 2 is 2
+
+
+def test_a_group_is_finished_only_when_its_job_ended_done(tmp_path):
+    assert not finished(tmp_path, "7")  # no requeues.json yet
+    history = [{"job": "7", "action": "stop"}, {"job": "8", "action": "done"}]
+    (tmp_path / "requeues.json").write_text(json.dumps({"history": history}))
+    assert finished(tmp_path, "8") and not finished(tmp_path, "7")
+
+
+@pytest.mark.parametrize(
+    "state, bad",
+    [("down*", True), ("idle*", True), ("drained", True), ("draining", True), ("fail", True), ("idle", False)]
+    + [("mixed", False), ("allocated", False)],
+)
+def test_unhealthy_node_states(state, bad):
+    assert unhealthy(state) is bad
+
+
+def test_the_run_stops_once_the_groups_left_cannot_reach_a_quorum(tmp_path):
+    sup = Supervisor(parse(["--replicas", "3", "--name", "q", "--", f"run.root={tmp_path}"]))  # min 2 of 3
+    assert sup.quorum_lost() == ""
+    sup.groups[0].final_rc = 0  # finished: not a loss
+    sup.groups[1].final_rc = 2
+    assert sup.quorum_lost() == "replica group(s) 1 given up: the 1 left cannot reach --min-replicas 2"
+    sup.groups[0].final_rc = None  # two still running: they commit without group 1
+    assert sup.quorum_lost() == ""
+    assert not (tmp_path / "q").exists()  # nothing submitted, nothing written
