@@ -58,6 +58,30 @@ def test_a_negative_slope_of_a_noisy_quantity_is_reported_as_unresolved():
     assert scale_growth.fit_all(points)["cpu_s_startup_per_rank"]["c"] == 0.0
 
 
+def data_row(mb: float, index_cpu_s: float) -> dict:
+    samples = int(mb * 516)
+    return {
+        "corpus_mb": mb,
+        "samples": samples,
+        "tokens": samples * 512,
+        "seq_len": 512,
+        "prepare": {"cpu_s": 3.0 + 0.44 * mb},
+        "index_build": {"cpu_s": index_cpu_s},
+        "loader_start": {"cpu_s": 2.3},
+    }
+
+
+def test_data_growth_below_resolution_is_bounded_by_the_points_spread():
+    rows = [data_row(10, 3.25), data_row(300, 3.26), data_row(1000, 3.22)]  # flat within 0.04 CPU-s
+    models = scale_data.check_models(rows)
+    index = models["index_build"]
+    assert index["c"] == 0.0 and abs(index["extrapolated_cpu_s"]["1e+06MB"] - 3.25) <= 0.05  # flat: the first point
+    assert abs(index["c_upper"] - 0.04 / (rows[-1]["samples"] - rows[0]["samples"])) < 1e-15
+    assert 3.25 < index["extrapolated_cpu_s_upper"]["1e+06MB"] < 3.25 + 0.04 * 1001
+    assert "c_upper" not in models["prepare"]  # control: a growth the points resolve is fitted, not bounded
+    assert abs(models["prepare"]["c"] - 0.44) < 1e-9
+
+
 def test_the_counting_store_counts_what_it_forwards_under_the_phase():
     import torch.distributed as dist
 
