@@ -33,18 +33,32 @@ from typing import Dict, List, NoReturn, Optional, Sequence
 CONFIG_ERROR = 2  # lmforge's exit code for bad input: restarting cannot help
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the script to read, and exit 2, before anything
+    starts (``script``: its path in the repository)."""
+
+    def __init__(self, *args, script: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.script = script
+
     def error(self, message: str) -> NoReturn:
-        """Bad input: one line and exit 2, before anything starts."""
-        print(
-            f"torchft_local.sh: {message}. Fix: see the options at the top of launchers/torchft_local.sh",
-            file=sys.stderr,
-        )
+        print(f"{self.prog}: {message}. Fix: see the options at the top of {self.script}", file=sys.stderr)
         sys.exit(CONFIG_ERROR)
 
 
+def majority_or_refuse(p: OneLineParser, args: argparse.Namespace) -> None:
+    """``--min-replicas`` defaults to a majority of ``--replicas``; a minority is refused (split brain)."""
+    if args.min_replicas is None:
+        args.min_replicas = args.replicas // 2 + 1
+    if args.replicas < 1 or not args.replicas // 2 < args.min_replicas <= args.replicas:
+        p.error(
+            f"--min-replicas {args.min_replicas} is not a majority of --replicas {args.replicas} (more than half, at "
+            "most all): two disjoint quorums would commit the same step with different weights"
+        )
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = _Parser(prog="torchft_local.sh", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="torchft_local.sh", description=__doc__.split("\n")[0], script="launchers/torchft_local.sh")
     p.add_argument("--replicas", type=int, required=True, help="replica groups")
     p.add_argument("--nproc-per-group", type=int, default=1, help="ranks of each replica group (torchrun when > 1)")
     p.add_argument(
@@ -70,13 +84,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         p.error(f"--nproc-per-group must be at least 1, got {args.nproc_per_group}")
     if args.group_port is None:
         args.group_port = args.port + 1
-    if args.min_replicas is None:
-        args.min_replicas = args.replicas // 2 + 1
-    if args.replicas < 1 or not args.replicas // 2 < args.min_replicas <= args.replicas:
-        p.error(
-            f"--min-replicas {args.min_replicas} is not a majority of --replicas {args.replicas} (more than half, at "
-            "most all): two disjoint quorums would commit the same step with different weights"
-        )
+    majority_or_refuse(p, args)
     return args
 
 

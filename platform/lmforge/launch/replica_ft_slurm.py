@@ -41,10 +41,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, NoReturn, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from lmforge.launch import slurm_queue
-from lmforge.launch.replica_ft import CONFIG_ERROR, run_root
+from lmforge.launch.replica_ft import CONFIG_ERROR, OneLineParser, majority_or_refuse, run_root
 from lmforge.runtime import env_vars
 
 REPO = Path(env_vars.read("LMFORGE_REPO") or Path(__file__).resolve().parents[3])
@@ -52,18 +52,10 @@ EXPORT = f"--export=ALL,LMFORGE_REPO={REPO}"  # the jobs' scripts find this chec
 NOT_RESUBMITTED = "CANCELLED"  # a person cancelled the job: respected
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """Bad input: one line and exit 2, before anything is submitted."""
-        print(
-            f"torchft_supervisor.sh: {message}. Fix: see the options at the top of slurm/torchft_supervisor.sh",
-            file=sys.stderr,
-        )
-        sys.exit(CONFIG_ERROR)
-
-
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = _Parser(prog="torchft_supervisor.sh", description=__doc__.split("\n")[0])
+    p = OneLineParser(
+        prog="torchft_supervisor.sh", description=__doc__.split("\n")[0], script="slurm/torchft_supervisor.sh"
+    )
     p.add_argument("--replicas", type=int, required=True, help="replica groups (one Slurm job each)")
     p.add_argument("--min-replicas", type=int, help="a step commits with at least this many (default: a majority)")
     p.add_argument("--nodes-per-group", type=int, default=1, help="nodes of each group's job")
@@ -80,13 +72,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every replica group (after --)")
     args = p.parse_args(argv)
-    if args.min_replicas is None:
-        args.min_replicas = args.replicas // 2 + 1
-    if args.replicas < 1 or not args.replicas // 2 < args.min_replicas <= args.replicas:
-        p.error(
-            f"--min-replicas {args.min_replicas} is not a majority of --replicas {args.replicas} (more than half, at "
-            "most all): two disjoint quorums would commit the same step with different weights"
-        )
+    majority_or_refuse(p, args)
     for flag in ("nodes_per_group", "port"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
