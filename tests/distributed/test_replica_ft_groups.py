@@ -6,14 +6,13 @@ step 3 is logged; its torchrun exits, the launcher restarts the group, and each 
 of group 0 (with 2 groups a majority is both: group 0 waits for it, so every committed step has both groups).
 
 Asserted: (a) parity: every step's loss of both groups, before the kill and after the heal, equals that of one job
-of 4 ranks with the same global batch of 2 x 4 samples and the same layout per data-parallel rank (FSDP:
-dp_shard=4; tp2_sp: tp2_dp2, 2 data-parallel ranks each tp2 with sequence parallelism), within the parity
-harness's tolerance for these layouts (1e-5); negative control: the loss of one group's own 4 samples (no
-cross-replica averaging; the 4-rank job with a global batch of 4), at steps 1 and 2, is farther from the reference
-than 100x that tolerance. (b) healing: group 1 is started twice and group 0 once, both exit 0; at group 1's first committed step
-after the kill, its two ranks' digests of weights and AdamW moments (their local FSDP or TP shards) equal group 0's
-rank for rank, and group 0 records that step with group 1 healed; negative control: group 1's ranks' own states
-before healing differ from those digests.
+with the same global batch of 2 x 4 samples (FSDP: 4 ranks, dp_shard=4; tp2_sp: 2 ranks of tp2_sp accumulating the 2
+groups' micro batches), within the parity harness's tolerance for these layouts (1e-5); negative control: the loss of
+one group's own 4 samples (no cross-replica averaging; the reference's layout with a global batch of 4), at steps 1
+and 2, is farther from the reference than 100x that tolerance. (b) healing: group 1 is started twice and group 0 once,
+both exit 0; at group 1's first committed step after the kill, its two ranks' digests of weights and AdamW moments
+(their local FSDP or TP shards) equal group 0's rank for rank, and group 0 records that step with group 1 healed;
+negative control: group 1's ranks' own states before healing differ from those digests.
 """
 
 from __future__ import annotations
@@ -49,18 +48,22 @@ COMMON = [
 ]
 
 
-# layout: (a group's overrides (2 ranks, global batch 4), the 4-rank reference's (global batch 8), and the 4-rank
-# negative control's (global batch 4: group 0's samples alone))
+# layout: (a group's overrides (2 ranks, global batch 4), the reference's ranks, its overrides (global batch 8), and
+# the negative control's (global batch 4: group 0's samples alone)). tp2_sp's reference is one tp2_sp copy
+# accumulating the 2 groups' micro batches of 4: the same mean over the same 8 samples as 2 dp ranks x tp2
+# (parallelism=tp2_dp2, 4 ranks: its losses were bit-identical) at half the ranks.
 LAYOUTS = {
     "fsdp": (
         ["parallelism=fsdp", "train.micro_batch_size=2"],
+        4,
         ["parallelism=fsdp", "parallelism.dp_shard=4", "train.micro_batch_size=2"],
         ["parallelism=fsdp", "parallelism.dp_shard=4", "train.micro_batch_size=1"],
     ),
     "tp2_sp": (
         ["parallelism=tp2_sp", "train.micro_batch_size=4"],
-        ["parallelism=tp2_dp2", "train.micro_batch_size=4"],
-        ["parallelism=tp2_dp2", "train.micro_batch_size=2"],
+        2,
+        ["parallelism=tp2_sp", "train.micro_batch_size=4"],
+        ["parallelism=tp2_sp", "train.micro_batch_size=4"],
     ),
 }
 
@@ -85,8 +88,8 @@ def _rank_pid(agent_pid: int, rank: int) -> int:
 
 
 def _reference(tmp_path: Path, layout: str) -> tuple:
-    """One 4-rank job of the global batch of both groups, and (negative control) of group 0's 4 samples."""
-    _, whole_layout, own_layout = LAYOUTS[layout]
+    """One job of the global batch of both groups, and (negative control) of group 0's 4 samples."""
+    _, ranks, whole_layout, own_layout = LAYOUTS[layout]
     four = [*COMMON, "logging.console=none", f"run.root={tmp_path}"]
     whole = [*four, *whole_layout, "train.global_batch_size=8", "run.name=ref"]
     # the control's first two steps: before and after one update from group 0's own gradients
@@ -94,7 +97,7 @@ def _reference(tmp_path: Path, layout: str) -> tuple:
     own += [*own_layout, "train.global_batch_size=4", "run.name=own"]
     run_ranks(
         "distributed.train_entries:train_entries",
-        4,
+        ranks,
         {"argvs": [whole, own]},
         timeout=240,
         env={"OMP_NUM_THREADS": "1"},
@@ -141,7 +144,7 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
     members = {i: _records(run / f"replica-{i}" / "replica_ft" / "membership.jsonl") for i in (0, 1)}
     rejoin = next(r for r in members[1] if r.get("healed") and r["step"] > KILL_AT)  # group 1's first step back
 
-    # (a) parity: every step of both groups, around the kill too, is the 4-rank job's step (group 1 logs the steps
+    # (a) parity: every step of both groups, around the kill too, is the reference job's step (group 1 logs the steps
     # before the kill and from its first step back; the step it died in may have been committed by its peer)
     gaps = []
     for i, expected in ((0, range(1, STEPS + 1)), (1, [*range(1, KILL_AT + 1), *range(rejoin["step"], STEPS + 1)])):
@@ -165,7 +168,7 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
     redone = [r["step"] for r in members[0] if not r.get("committed", True)]
     restarted = next(e["time"] for e in events if e["event"] == "start" and e["replica"] == 1 and e["attempt"] == 1)
     print(
-        f"replica_ft groups: 2 x 2 ranks {layout}; max |loss - 4-rank job| {max(gaps):.1e} (group alone "
+        f"replica_ft groups: 2 x 2 ranks {layout}; max |loss - one job| {max(gaps):.1e} (group alone "
         f"{abs(own[1] - ref[1]):.1e}); kill -> group restarted {restarted - killed_at:.1f} s -> rejoined at step "
         f"{rejoin['step']} {rejoin['time'] - killed_at:.1f} s; steps redone {redone}"
     )

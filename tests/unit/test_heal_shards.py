@@ -36,9 +36,11 @@ def _replica(seed: int, layout: str):
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     if layout == "fsdp2":
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-    elif layout == "tp":  # weights Shard(0) and Shard(1), the row-parallel bias Replicate
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-        parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    elif layout in ("tp", "tp_fsdp2"):  # weights Shard(0) and Shard(1), the row-parallel bias Replicate
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        if layout == "tp_fsdp2":  # and each of them sharded over dp_shard too (a 2-D mesh, as parallelism=tp2_dp2)
+            fully_shard(model, mesh=mesh["dp_shard"])
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
@@ -62,7 +64,7 @@ def _locals(model, optimizer):
     return out + [local_tensor(v).clone() for p in model.parameters() for v in optimizer.state[p].values()]
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp", "plain"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp", "tp_fsdp2", "plain"])
 def test_a_fresh_replica_takes_a_peers_shards_and_steps_identically(world, layout):
     peer, peer_opt = _replica(0, layout)
     for seed in (1, 2):
