@@ -1,6 +1,6 @@
 #!/bin/bash
 # A torchft job on this machine (fault.replica_ft=torchft): the Lighthouse plus N replica groups of one process or K
-# torchrun ranks each (DDP or FSDP inside a group), a group that dies restarted to heal from a healthy peer
+# torchrun ranks each (DDP, FSDP or TP inside a group), a group that dies restarted to heal from a healthy peer
 # (python -m lmforge.launch.replica_ft; docs/fault-tolerance.md).
 #
 #   launchers/torchft_local.sh --replicas 3 --name ft-demo -- model=tiny train.max_steps=50
@@ -9,7 +9,7 @@
 # Options (before the Hydra overrides; `--` ends them):
 #   --replicas N             replica groups (required)
 #   --nproc-per-group K      ranks of each group (default 1: one process; K > 1: one torchrun launch of K ranks,
-#                            with a data-parallel layout in the overrides, e.g. parallelism=fsdp or parallelism=ddp)
+#                            with a layout of K ranks in the overrides: parallelism=fsdp, ddp, tp2_sp, tp2_dp2...)
 #   --group-port P           group i's torchrun rendezvous port is P + i (default: --port + 1)
 #   --min-replicas M         a step commits with at least M groups (default: a majority, N // 2 + 1;
 #                            fewer is refused: two disjoint quorums could commit the same step)

@@ -1,16 +1,18 @@
 """Replica groups of several ranks under torchft (fault.replica_ft=torchft, launchers/torchft_local.sh
---nproc-per-group 2): 2 replica groups x 2 FSDP ranks (parallelism=fsdp, dp_shard=2, gloo), a torchft Lighthouse,
-each group one torchrun launch. The test SIGKILLs rank 1 of group 1 once step 3 is logged; its torchrun exits, the
-launcher restarts the group, and each of its ranks heals from the same rank of group 0 (with 2 groups a majority is
-both: group 0 waits for it, so every committed step has both groups).
+--nproc-per-group 2): 2 replica groups x 2 ranks (gloo), a torchft Lighthouse, each group one torchrun launch, in
+two layouts: FSDP (parallelism=fsdp, dp_shard=2) and tensor + sequence parallelism (parallelism=tp2_sp: column- and
+row-sharded weights, replicated norms, the loss on vocab-sharded logits). The test SIGKILLs rank 1 of group 1 once
+step 3 is logged; its torchrun exits, the launcher restarts the group, and each of its ranks heals from the same rank
+of group 0 (with 2 groups a majority is both: group 0 waits for it, so every committed step has both groups).
 
 Asserted: (a) parity: every step's loss of both groups, before the kill and after the heal, equals that of one job
-of 4 FSDP ranks (dp_shard=4) with the same global batch of 2 x 4 samples, within the parity tolerance of the DP
-layouts (1e-5); negative control: the loss of one group's own 4 samples (no cross-replica averaging; a 4-rank job
-with a global batch of 4) is farther from the reference than 100x that tolerance. (b) healing: group 1 is started
-twice and group 0 once, both exit 0; at group 1's first committed step after the kill, its two ranks' digests of
-weights and AdamW moments (their local FSDP shards) equal group 0's rank for rank, and group 0 records that step with
-group 1 healed; negative control: group 1's ranks' own states before healing differ from those digests.
+with the same global batch of 2 x 4 samples (FSDP: 4 ranks, dp_shard=4; tp2_sp: 2 ranks of tp2_sp accumulating the 2
+groups' micro batches), within the parity harness's tolerance for these layouts (1e-5); negative control: the loss of
+one group's own 4 samples (no cross-replica averaging; the reference's layout with a global batch of 4), at steps 1
+and 2, is farther from the reference than 100x that tolerance. (b) healing: group 1 is started twice and group 0 once,
+both exit 0; at group 1's first committed step after the kill, its two ranks' digests of weights and AdamW moments
+(their local FSDP or TP shards) equal group 0's rank for rank, and group 0 records that step with group 1 healed;
+negative control: group 1's ranks' own states before healing differ from those digests.
 """
 
 from __future__ import annotations
@@ -29,16 +31,14 @@ from harness import free_port, run_ranks
 pytestmark = pytest.mark.distributed
 
 STEPS, KILL_AT = 8, 3
-TOL = 1e-5  # the parity harness's for DP layouts (tests/distributed/test_parallel_parity.py)
+TOL = 1e-5  # the parity harness's for DP and TP layouts (tests/distributed/test_parallel_parity.py)
 COMMON = [
     "model=tiny",
     "model.seq_len=32",
     "comm=cpu_gloo",
-    "parallelism=fsdp",
     "train.device=cpu",
     "train.threads=1",
     f"train.max_steps={STEPS}",
-    "train.micro_batch_size=2",
     "train.eval_every=0",
     "logging.every_steps=1",
     "metrics.straggler_every=0",
@@ -46,6 +46,26 @@ COMMON = [
     "~data.sources.code",
     "~data.sources.reference",
 ]
+
+
+# layout: (a group's overrides (2 ranks, global batch 4), the reference's ranks, its overrides (global batch 8), and
+# the negative control's (global batch 4: group 0's samples alone)). tp2_sp's reference is one tp2_sp copy
+# accumulating the 2 groups' micro batches of 4: the same mean over the same 8 samples as 2 dp ranks x tp2
+# (parallelism=tp2_dp2, 4 ranks: its losses were bit-identical) at half the ranks.
+LAYOUTS = {
+    "fsdp": (
+        ["parallelism=fsdp", "train.micro_batch_size=2"],
+        4,
+        ["parallelism=fsdp", "parallelism.dp_shard=4", "train.micro_batch_size=2"],
+        ["parallelism=fsdp", "parallelism.dp_shard=4", "train.micro_batch_size=1"],
+    ),
+    "tp2_sp": (
+        ["parallelism=tp2_sp", "train.micro_batch_size=4"],
+        2,
+        ["parallelism=tp2_sp", "train.micro_batch_size=4"],
+        ["parallelism=tp2_sp", "train.micro_batch_size=4"],
+    ),
+}
 
 
 def _records(path: Path) -> list:
@@ -67,14 +87,17 @@ def _rank_pid(agent_pid: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among torchrun {agent_pid}'s children {children}")
 
 
-def _reference(tmp_path: Path) -> tuple:
-    """One 4-rank FSDP job of the global batch of both groups, and (negative control) of group 0's 4 samples."""
-    four = [*COMMON, "parallelism.dp_shard=4", "logging.console=none", f"run.root={tmp_path}"]
-    whole = [*four, "train.global_batch_size=8", "run.name=ref"]
-    own = [*four, "train.micro_batch_size=1", "train.global_batch_size=4", "run.name=own"]
+def _reference(tmp_path: Path, layout: str) -> tuple:
+    """One job of the global batch of both groups, and (negative control) of group 0's 4 samples."""
+    _, ranks, whole_layout, own_layout = LAYOUTS[layout]
+    four = [*COMMON, "logging.console=none", f"run.root={tmp_path}"]
+    whole = [*four, *whole_layout, "train.global_batch_size=8", "run.name=ref"]
+    # the control's first two steps: before and after one update from group 0's own gradients
+    own = [a for a in four if not a.startswith("train.max_steps=")] + ["train.max_steps=2"]
+    own += [*own_layout, "train.global_batch_size=4", "run.name=own"]
     run_ranks(
         "distributed.train_entries:train_entries",
-        4,
+        ranks,
         {"argvs": [whole, own]},
         timeout=240,
         env={"OMP_NUM_THREADS": "1"},
@@ -83,14 +106,16 @@ def _reference(tmp_path: Path) -> tuple:
 
 
 @pytest.mark.timeout(420)
-def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank(tmp_path, data_cache):
-    ref, own = _reference(tmp_path)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank(tmp_path, data_cache, layout):
+    ref, own = _reference(tmp_path, layout)
     assert sorted(ref) == list(range(1, STEPS + 1)) and ref[STEPS] < ref[1], ref
 
     run = tmp_path / "ft"
     cmd = [sys.executable, "-m", "lmforge.launch.replica_ft", "--replicas", "2", "--nproc-per-group", "2"]
     cmd += ["--max-restarts", "1", "--name", "ft", "--port", str(free_port()), "--group-port", str(free_port())]
     cmd += ["--heartbeat-timeout-ms", "1000", "--join-timeout-ms", "10000", "--", f"run.root={tmp_path}", *COMMON]
+    cmd += LAYOUTS[layout][0]
     cmd += ["train.global_batch_size=4", "logging.console=plain", "fault.drill.step_sleep_s=0.5"]
     cmd += ["fault.replica_timeout_s=5", "fault.replica_quorum_timeout_s=120"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -119,7 +144,7 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
     members = {i: _records(run / f"replica-{i}" / "replica_ft" / "membership.jsonl") for i in (0, 1)}
     rejoin = next(r for r in members[1] if r.get("healed") and r["step"] > KILL_AT)  # group 1's first step back
 
-    # (a) parity: every step of both groups, around the kill too, is the 4-rank job's step (group 1 logs the steps
+    # (a) parity: every step of both groups, around the kill too, is the reference job's step (group 1 logs the steps
     # before the kill and from its first step back; the step it died in may have been committed by its peer)
     gaps = []
     for i, expected in ((0, range(1, STEPS + 1)), (1, [*range(1, KILL_AT + 1), *range(rejoin["step"], STEPS + 1)])):
@@ -128,7 +153,8 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
         for step, loss in losses:
             assert abs(loss - ref[step]) < TOL, (i, step, loss, ref[step])
             gaps.append(abs(loss - ref[step]))
-    assert abs(own[1] - ref[1]) > 100 * TOL, (own[1], ref[1])  # negative control: one group's samples alone
+    # negative control: one group's samples alone, before and after one update from its own gradients
+    assert all(abs(own[s] - ref[s]) > 100 * TOL for s in (1, 2)), (own, ref)
 
     # (b) healing: group 1's ranks took group 0's ranks' shards, rank for rank
     peer = next(r for r in members[0] if r.get("committed", True) and r["step"] == rejoin["step"])
@@ -142,7 +168,7 @@ def test_fsdp_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer
     redone = [r["step"] for r in members[0] if not r.get("committed", True)]
     restarted = next(e["time"] for e in events if e["event"] == "start" and e["replica"] == 1 and e["attempt"] == 1)
     print(
-        f"replica_ft groups: 2 x 2 FSDP ranks; max |loss - 4-rank job| {max(gaps):.1e} (group alone "
+        f"replica_ft groups: 2 x 2 ranks {layout}; max |loss - one job| {max(gaps):.1e} (group alone "
         f"{abs(own[1] - ref[1]):.1e}); kill -> group restarted {restarted - killed_at:.1f} s -> rejoined at step "
         f"{rejoin['step']} {rejoin['time'] - killed_at:.1f} s; steps redone {redone}"
     )

@@ -71,7 +71,7 @@ EXAMPLES = [
         },
     ),
     ({"pp": 2}, {"tie_embeddings": False}, {"seq_len_schedule": {"start": 64, "warmup_samples": 64}}),
-    ({"dp_shard": 2, "tp": 2}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2}),
+    ({"tp": 2, "cp": 2}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 3, "replica_min": 2}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 2, "replica_id": 2, "replica_min": 2}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "replica_groups": 4, "replica_min": 2}),
     ({}, {}, {}, {}, {}, {"replica_ft": "torchft", "spike_factor": 3.0}),

@@ -1,5 +1,6 @@
 """What a replica group's rank sends a healing peer's rank (lmforge.fault.heal_shards): local shards as plain tensors,
-through the codec of torchft's HTTP transport, into a fresh process's FSDP2 model and an optimizer without state."""
+through the codec of torchft's HTTP transport, into a fresh process's FSDP2 or tensor-parallel model (column- and
+row-sharded weights, a replicated bias) and an optimizer without state."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torchft.checkpointing._serialization import _streaming_load, _streaming_save
 
 from lmforge.fault.consistency import local_tensor
@@ -29,11 +31,16 @@ def world():
         dist.destroy_process_group()
 
 
-def _replica(seed: int, fsdp: bool):
+def _replica(seed: int, layout: str):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
-    if fsdp:
+    if layout == "fsdp2":
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    elif layout in ("tp", "tp_fsdp2"):  # weights Shard(0) and Shard(1), the row-parallel bias Replicate
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        if layout == "tp_fsdp2":  # and each of them sharded over dp_shard too (a 2-D mesh, as parallelism=tp2_dp2)
+            fully_shard(model, mesh=mesh["dp_shard"])
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
@@ -57,12 +64,12 @@ def _locals(model, optimizer):
     return out + [local_tensor(v).clone() for p in model.parameters() for v in optimizer.state[p].values()]
 
 
-@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "plain"])
-def test_a_fresh_replica_takes_a_peers_shards_and_steps_identically(world, fsdp):
-    peer, peer_opt = _replica(0, fsdp)
+@pytest.mark.parametrize("layout", ["fsdp2", "tp", "tp_fsdp2", "plain"])
+def test_a_fresh_replica_takes_a_peers_shards_and_steps_identically(world, layout):
+    peer, peer_opt = _replica(0, layout)
     for seed in (1, 2):
         _step(peer, peer_opt, seed)
-    fresh, fresh_opt = _replica(7, fsdp)  # another initialisation, no optimizer state yet
+    fresh, fresh_opt = _replica(7, layout)  # another initialisation, no optimizer state yet
     assert not fresh_opt.state
     before = [local_tensor(p).clone() for p in fresh.parameters()]
 
@@ -74,7 +81,9 @@ def test_a_fresh_replica_takes_a_peers_shards_and_steps_identically(world, fsdp)
 
     assert all(torch.equal(a, b) for a, b in zip(_locals(fresh, fresh_opt), _locals(peer, peer_opt)))
     moments = [fresh_opt.state[p]["exp_avg"] for p in fresh.parameters()]
-    assert all(isinstance(m, DTensor) == fsdp for m in moments)  # on the receiver's own layout
+    assert all(isinstance(m, DTensor) == (layout != "plain") for m in moments)  # on the receiver's own layout
+    if layout != "plain":
+        assert [m.placements for m in moments] == [p.placements for p in fresh.parameters()]
     _step(peer, peer_opt, 3)
     _step(fresh, fresh_opt, 3)
     assert all(torch.equal(a, b) for a, b in zip(_locals(fresh, fresh_opt), _locals(peer, peer_opt)))
@@ -83,7 +92,7 @@ def test_a_fresh_replica_takes_a_peers_shards_and_steps_identically(world, fsdp)
 
 
 def test_a_peer_state_of_another_model_is_refused_by_name(world):
-    peer, _ = _replica(0, fsdp=False)
+    peer, _ = _replica(0, "plain")
     other = nn.Sequential(nn.Linear(4, 8))
     with pytest.raises(RuntimeError, match=r"missing \[\], unexpected \['1.bias', '1.weight'\]"):
         load_model_shards(other, model_shards(peer))

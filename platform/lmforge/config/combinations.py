@@ -371,26 +371,28 @@ def _torchft(c: RootConfig) -> bool:
     return c.fault.replica_ft == "torchft"
 
 
-def _beyond_data_parallel(c: RootConfig) -> str:
-    """What of this layout is more than data parallelism inside a replica group ("" where nothing is)."""
+def _refused_in_group(c: RootConfig) -> str:
+    """What of this layout a torchft replica group cannot hold ("" where nothing): data and tensor parallelism
+    (dp_replicate, dp_shard, tp) keep every rank's state as local shards that rank i of each group averages and
+    heals with rank i of the others; cp, pp, ep and DeepSpeed are not verified there."""
     p = c.parallelism
-    dims = {k: getattr(p, k) for k in ("cp", "tp", "pp", "ep") if getattr(p, k) > 1}
+    dims = {k: getattr(p, k) for k in ("cp", "pp", "ep") if getattr(p, k) > 1}
     parts = [f"{k}={v}" for k, v in dims.items()] + (["engine=deepspeed"] if p.engine == "deepspeed" else [])
     return ", ".join(parts)
 
 
 REPLICA_FT: Tuple[Refused, ...] = (
     Refused(
-        "`fault.replica_ft=torchft` with any parallelism inside a replica group but data parallelism (cp, tp, pp, "
-        "ep, deepspeed)",
+        "`fault.replica_ft=torchft` with context, pipeline or expert parallelism or DeepSpeed inside a replica group "
+        "(cp, pp, ep > 1; engine=deepspeed)",
         "fault.replica_ft",
-        lambda c: _torchft(c) and bool(_beyond_data_parallel(c)),
+        lambda c: _torchft(c) and bool(_refused_in_group(c)),
         lambda c: (
-            f"a torchft replica group is a model copy over data-parallel ranks only (dp_replicate, dp_shard); this "
-            f"layout has {_beyond_data_parallel(c)}, whose collectives torchft would not make fault tolerant"
+            f"a torchft replica group holds data- and tensor-parallel ranks only (dp_replicate, dp_shard, tp); this "
+            f"layout has {_refused_in_group(c)}, which replica groups are not verified with"
         ),
-        "use parallelism=fsdp, ddp or single inside each group (launchers/torchft_local.sh --nproc-per-group K), or "
-        "fault.replica_ft=none",
+        "use parallelism=fsdp, ddp, tp2, tp2_sp, tp2_dp2 or single inside each group (launchers/torchft_local.sh "
+        "--nproc-per-group K), or fault.replica_ft=none",
     ),
     Refused(
         "`fault.replica_id` outside 0..`fault.replica_groups`-1, or `fault.replica_min` above `fault.replica_groups`",

@@ -1,12 +1,12 @@
 """What rank i of a replica group sends to rank i of a healing peer group (``fault.replica_ft=torchft``): its local
 shards of the model and optimizer state, as plain tensors, and how the receiver copies them into its own.
 
-torchft's HTTP transport pickles what it is given; a DTensor (FSDP2's parameters and their AdamW moments) would
-carry the sender's DeviceMesh, which the receiving process cannot use as it is. Both groups have the same layout,
-so rank i's local shards are the same shapes on both: the sender sends ``to_local()`` of every tensor, and the
-receiver copies each into its own tensor of the same name (parameters and buffers in place), or, for optimizer
-state it does not have yet (a fresh process), wraps it as a DTensor on its own parameter's mesh and placements
-before ``Optimizer.load_state_dict``.
+torchft's HTTP transport pickles what it is given; a DTensor (FSDP2's and TP's parameters, sharded or replicated, and
+their AdamW moments) would carry the sender's DeviceMesh, which the receiving process cannot use as it is. Both groups
+have the same layout, so rank i's local shards are the same shapes on both: the sender sends ``to_local()`` of every
+tensor, and the receiver copies each into its own tensor of the same name (parameters and buffers in place), or, for
+optimizer state it does not have yet (a fresh process), wraps it as a DTensor on its own parameter's mesh and
+placements before ``Optimizer.load_state_dict``.
 """
 
 from __future__ import annotations

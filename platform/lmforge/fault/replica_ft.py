@@ -1,21 +1,22 @@
 """Replica-level fault tolerance with torchft (``fault.replica_ft=torchft``).
 
 A replica group (``fault.replica_id``) of a torchft job is one process or one torchrun launch of k ranks holding a
-full copy of the model between them (plain DP/DDP or FSDP2 inside the group; launchers/torchft_local.sh
-``--nproc-per-group``); a torchft Lighthouse forms a quorum of the live replica groups before every step. Every
-rank has its own torchft Manager (rank = group rank, world = group size): group rank 0 hosts the group's
-ManagerServer, which talks to the Lighthouse; the other ranks reach it through the group's store (the torchrun
-rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
+full copy of the model between them (plain DP/DDP, FSDP2, TP or TP x FSDP2 inside the group;
+launchers/torchft_local.sh ``--nproc-per-group``); a torchft Lighthouse forms a quorum of the live replica groups
+before every step. Every rank has its own torchft Manager (rank = group rank, world = group size): group rank 0 hosts
+the group's ManagerServer, which talks to the Lighthouse; the other ranks reach it through the group's store (the
+torchrun rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
 
 1. ``start_step``: the quorum (synchronous; the ManagerServer waits for every rank of its group). A replica group
    behind the quorum's step (a restarted one) is healed here, before its forward: its rank i fetches rank i of a
    healthy peer group's state over HTTP (``_state``: its local parameter and optimizer shards, step, data
    position, RNG; a DTensor travels as its local shard and is rebuilt on the receiver's own layout) and ``_load``
    copies it in. The data stream then follows the membership: replica r of the n participants reads slice r of a
-   global batch of n x ``train.global_batch_size`` samples, its dp rank j of k sub-slice j (DYNAMIC membership:
-   the global batch shrinks while a replica is down).
+   global batch of n x ``train.global_batch_size`` samples, its dp rank j sub-slice j (the tp ranks of one dp rank
+   read the same samples; DYNAMIC membership: the global batch shrinks while a replica is down).
 2. ``average``: after the group's own gradient reduction (DDP all-reduce, FSDP reduce-scatter), each rank's local
-   gradients and the loss, averaged over the participants through the Manager's reconfigurable gloo group: rank i
+   gradients (FSDP and TP: its shards; a replicated DTensor or plain tensor whole) and the loss (the same on every tp
+   rank of a dp rank), averaged over the participants through the Manager's reconfigurable gloo group: rank i
    of every group with rank i of the others (with a one-hot of the participating replica ids, summed).
 3. ``should_commit``: torchft's vote, the same on every rank of a group (its ManagerServer combines the votes of
    the group's ranks: one rank's failed all-reduce stops the whole group's update); the optimizer steps only where

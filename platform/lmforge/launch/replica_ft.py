@@ -8,7 +8,7 @@ The Lighthouse (torchft's ``torchft_lighthouse``) binds 127.0.0.1:--port; replic
 ``python -m lmforge.train`` process (``--nproc-per-group 1``) or one torchrun launch of K ranks
 (``python -m lmforge.launch.agent --nproc-per-node K``: torchrun with lmforge's exit codes; its rendezvous at
 127.0.0.1:(--group-port + i), no restarts of its own), with ``run.name=<name>/replica-<i>`` and the
-``fault.replica_*`` keys set; the layout inside a group is the overrides' (data parallelism only: DDP, FSDP).
+``fault.replica_*`` keys set; the layout inside a group is the overrides' (DDP, FSDP, TP, TP x FSDP).
 A group that exits non-zero (a torchrun launch does when any of its ranks dies) is started again (up to --max-restarts times each; never after exit 2, a config
 error that would recur) and heals from a healthy peer (lmforge.fault.replica_ft). Under
 ``<run.root>/<name>/replica_ft/``: ``lighthouse.log``, ``replica-<i>.log`` (every attempt's output appended) and

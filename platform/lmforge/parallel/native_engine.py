@@ -170,7 +170,8 @@ class NativeEngine:
         """fault.replica_ft: gradients and the loss averaged over the participating replica groups in one flat
         all-reduce, then their commit vote (True: every participant may step; a failed peer makes it False).
         Inside a group of several ranks this runs after the group's own reduction (DDP's all-reduce, FSDP's
-        reduce-scatter): each rank averages its local gradients (FSDP: its shards) with the same rank of the others."""
+        reduce-scatter): each rank averages its local gradients (FSDP, TP: its shards) with the same rank of the
+        others."""
         grads = [
             p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             for p in self.inner.parameters()
