@@ -10,6 +10,18 @@ step-4 checkpoint is committed, one node's slurmd, slurmstepd and workers are SI
 must requeue onto 8 other nodes, resume from a committed checkpoint, complete, and log losses bit-identical to the
 same config trained uninterrupted by a local 8-process launch. The drill prints a summary: the node killed and the
 step it was killed at, the requeue, the resume step and the final step.
+
+The same 8 nodes under torchft (``fault.replica_ft=torchft``, on the same cluster, after the nodes the first drill
+took out of service are restored): ``lmforge.launch.replica_ft_slurm --replicas 4 --nodes-per-group 2`` with the
+Lighthouse on node1 and each replica group one exclusive 2-node ``slurm/train.sh`` job (FSDP ``dp_shard=2``, one
+rank a node; ``replica_min`` 3, a majority of 4), node10 spare. Once group 2 has committed step 3 with the others,
+its head node is killed. Asserted: the group's job ends NODE_FAIL; the supervisor excludes the node (its record and
+Slurm's ExcNodeList) and resubmits the group, which runs elsewhere; the other groups are submitted once and commit
+without it; the resubmitted group heals from a peer, rank for rank, at a step the others record with the same
+digests (negative control: its state before healing differs); every committed step's data position equals a
+replay of the recorded membership history (negative control: a replay of four groups throughout does not match);
+the steps of four groups from step 1 until the kill equal the HSDP run's losses within the DP layouts' tolerance
+(negative control: the last step, after the shrink, does not); the four groups' final weights are bit-identical.
 """
 
 from __future__ import annotations
