@@ -1,6 +1,6 @@
 """Goodput under repeated failures: replica fault tolerance against whole-job restarts, the same replicas, one run.
 
-    python -m benchmarks.replica_goodput [--steps 50] [--kill-every-s 20] [--out FILE]
+    python -m benchmarks.replica_goodput [--steps 60] [--kill-every-s 15] [--kills 3] [--out FILE]
 
 The same three replicas of ``model=tiny`` (CPU, gloo, steps of about 1 s with ``fault.drill.step_sleep_s=1``,
 checkpoints every 8 steps), run twice, one after the other:
@@ -10,9 +10,11 @@ checkpoints every 8 steps), run twice, one after the other:
 (b) whole-job restarts: one DDP job of 3 ranks under torchrun (launchers/torchrun_local.sh ``--nproc 3``), all
     ranks restarted from the newest checkpoint when one dies.
 
-In both, every ``--kill-every-s`` seconds of training one replica is SIGKILLed, in turn 0, 1, 2, ... (a kill is
-made only while the target is in its training loop, so a kill never lands in a restart; the next is due
-``--kill-every-s`` after it), until the leading replica is within ``--quiet-steps`` of the end. Each job's
+In both, ``--kills`` replicas are SIGKILLed, in turn 0, 1, 2, ..., each ``--kill-every-s`` seconds after the one
+before (the first that long after the first step). A kill is made only while the target is in its training loop
+(never in a restart) and past the step of the kill before (torchrun's agent stops a job whose crash repeats an
+earlier attempt's step: the repeated-crash verdict), and none once the leading replica is within ``--quiet-steps``
+of the end. Each job's
 goodput is read from its own goodput.json: the torchft job's ``<name>/goodput.json`` (the groups summed, in
 replica-seconds) and the DDP run's (rank 0's ledger; its replica-seconds are 3 x its seconds). The JSON result
 holds each goodput, wall, the kills and the causes, and the machine's load average before and after.
@@ -76,7 +78,9 @@ def in_loop_since(run: Path, kills: int) -> bool:
 
 
 def last_step(run: Path) -> int:
-    steps = [int(x["s"]) for p in launches(run) for x in ledger_lines(p) if "s" in x and not x.get("u")]
+    """The last step the run's newest launch committed (0 before its first)."""
+    ledgers = launches(run)
+    steps = [int(x["s"]) for x in ledger_lines(ledgers[-1]) if "s" in x and not x.get("u")] if ledgers else []
     return max(steps, default=0)
 
 
@@ -111,13 +115,13 @@ def drive(
     proc: subprocess.Popen,
     run_of: Callable[[int], Path],
     pid_of: Callable[[int], Optional[int]],
-    steps: int,
-    every_s: float,
-    quiet_steps: int,
-    timeout_s: float,
+    args: argparse.Namespace,
 ) -> List[dict]:
-    """Kill replica 0, 1, 2, ... in turn every ``every_s`` seconds of training until the leading replica is within
-    ``quiet_steps`` of the end; wait for the job. Returns the kills."""
+    """Kill replica 0, 1, 2, ... in turn, ``args.kills`` times, each ``args.kill_every_s`` seconds after the one
+    before (the first after the first step), while the target is in its loop and past the step of the kill before
+    (torchrun's agent treats a crash at a step that crashed before as deterministic and stops), and not once the
+    leading replica is within ``args.quiet_steps`` of the end; wait for the job. Returns the kills."""
+    steps, every_s, quiet_steps, timeout_s = args.steps, args.kill_every_s, args.quiet_steps, args.timeout_s
     kills: List[dict] = []
     per_run: Dict[Path, int] = {}  # launches of a run directory ended by a kill
     deadline = time.time() + timeout_s
@@ -131,12 +135,13 @@ def drive(
         run = run_of(target)
         if due is None and in_loop_since(run_of(0), per_run.get(run_of(0), 0)):
             due = time.time() + every_s  # the clock starts with the first step
-        ready = due is not None and time.time() >= due and lead <= steps - quiet_steps
-        if ready and in_loop_since(run, per_run.get(run, 0)):
+        ready = due is not None and time.time() >= due and lead <= steps - quiet_steps and len(kills) < args.kills
+        past = not kills or last_step(run) > kills[-1]["step"]
+        if ready and past and in_loop_since(run, per_run.get(run, 0)):
             pid = pid_of(target)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
-                kills.append({"replica": target, "time": time.time(), "leading_step": lead})
+                kills.append({"replica": target, "time": time.time(), "step": last_step(run), "leading_step": lead})
                 per_run[run] = per_run.get(run, 0) + 1
                 print(f"replica_goodput: SIGKILL replica {target} (pid {pid}) at step {lead}", flush=True)
                 due = time.time() + every_s
@@ -158,10 +163,7 @@ def run_replica_ft(root: Path, args: argparse.Namespace, env: Dict[str, str]) ->
             proc,
             lambda i: job / f"replica-{i}",
             lambda i: ft_pid(job, i),
-            args.steps,
-            args.kill_every_s,
-            args.quiet_steps,
-            args.timeout_s,
+            args,
         )
     report = json.loads((job / "goodput.json").read_text())
     return {
@@ -197,10 +199,7 @@ def run_whole_job(root: Path, args: argparse.Namespace, env: Dict[str, str]) -> 
             proc,
             lambda i: run,
             lambda i: torchrun_worker(tag, i),
-            args.steps,
-            args.kill_every_s,
-            args.quiet_steps,
-            args.timeout_s,
+            args,
         )
     report = json.loads((run / "goodput.json").read_text())
     return {
@@ -220,8 +219,9 @@ def run_whole_job(root: Path, args: argparse.Namespace, env: Dict[str, str]) -> 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--kill-every-s", type=float, default=20.0)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--kill-every-s", type=float, default=15.0)
+    ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--quiet-steps", type=int, default=15, help="no kill once the leading replica is this close")
     ap.add_argument("--timeout-s", type=float, default=420.0, help="per job")
     ap.add_argument("--out", type=Path, default=RESULTS / "cpu-epyc-avx512" / "replica-goodput.json")
@@ -238,6 +238,7 @@ def main(argv=None) -> int:
         "command": "python -m benchmarks.replica_goodput " + " ".join(argv if argv is not None else sys.argv[1:]),
         "steps": args.steps,
         "kill_every_s": args.kill_every_s,
+        "kills": args.kills,
         "replicas": REPLICAS,
         "cpus": os.cpu_count(),
         "load_avg_1_5_15_before": load_before,
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
         )
         print(
             f"{name}: goodput {r['goodput']:.1%}, wall {r['wall_s']:.1f} s ({r['replica_seconds']:.0f} replica-s), "
-            f"{len(r['kills'])} kills; " + ", ".join(f"{c} {s:.1f}" for s, c in lost)
+            f"{len(r['kills'])} kills, exit {r['returncode']}; " + ", ".join(f"{c} {s:.1f}" for s, c in lost)
         )
     print(f"written {args.out}")
     return 0

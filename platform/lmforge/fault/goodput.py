@@ -7,22 +7,25 @@ each second between the first launch's process start and the last launch's last 
 productive          step time of the steps the run kept (less their data wait, evaluation and save stall)
 startup             process start until the first step, less the checkpoint load (imports, process group, data
                     index, model build, compile's first step is productive)
-checkpoint_load     the resume
+checkpoint_load     the resume; replica FT: the quorum that healed the group from a peer (``hs``)
 checkpoint_save     the loop's stall on saves, and the final blocking save
 redone              every second of a step a later launch ran again (it resumed from an older checkpoint), and of
-                    the step an exception interrupted
+                    the step an exception interrupted; replica FT: a step no group committed (``u``)
 evaluation          ``train.eval_every``'s evaluations
 data_wait           the loop waiting for its batches
 hung                the last step's end until the hang watchdog fired (its ``watchdog`` event)
 restart_wait        a launch's last mark until the next launch's process started (failure detection, torchrun's
                     restart, a Slurm requeue and its time in the queue); less the hung part
-reduced_membership  steps run with fewer data-parallel replicas than configured (0 without replica fault tolerance)
+reduced_membership  replica FT: the kept steps committed by fewer groups than ``fault.replica_groups`` (``r``);
+                    their tokens are committed (the group did its share; the missing group's loss is in its own
+                    ledger), so this is time that counts in goodput, shown apart (0 without replica FT)
 profiled            steps the communication-overlap probe profiled (``metrics.profile_every``)
 other               the rest of each launch's span: logging, the loop's between-step work, shutdown
 ==================  ==============================================================================================
 
 ``goodput`` = committed tokens / (tokens per second at full membership x wall time), where committed tokens are
-the steps the run kept and the full-membership rate is the median productive step time's. It is the same scale for
+the steps the run kept (replica FT: not those a heal jumped over, ``h``: its peers trained them) and the
+full-membership rate is the median productive step time's. It is the same scale for
 whole-job restarts and for replica fault tolerance. The steps a launch finished after its last checkpoint are
 redone only when a later launch starts from that checkpoint; a launch killed with SIGKILL leaves its ledger up to
 its last finished step, and the time after it falls to ``hung`` or ``restart_wait``.
