@@ -49,6 +49,7 @@ COMMON = [
     "fault.drill.step_sleep_s=1.0",
 ]
 ROOT = Path(__file__).resolve().parents[1]
+GOOD = ("productive", "reduced_membership")  # the causes whose time counts in goodput
 
 
 def free_port() -> int:
@@ -249,9 +250,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, r in (("replica FT", ft), ("whole-job restarts", ddp)):
-        lost = sorted(
-            ((s, c) for c, s in r["causes_replica_s"].items() if c != "productive" and s > 0.05), reverse=True
-        )
+        lost = sorted(((s, c) for c, s in r["causes_replica_s"].items() if c not in GOOD and s > 0.05), reverse=True)
         print(
             f"{name}: goodput {r['goodput']:.1%}, wall {r['wall_s']:.1f} s ({r['replica_seconds']:.0f} replica-s), "
             f"{len(r['kills'])} kills, exit {r['returncode']}; " + ", ".join(f"{c} {s:.1f}" for s, c in lost)
