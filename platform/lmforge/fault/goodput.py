@@ -7,22 +7,25 @@ each second between the first launch's process start and the last launch's last 
 productive          step time of the steps the run kept (less their data wait, evaluation and save stall)
 startup             process start until the first step, less the checkpoint load (imports, process group, data
                     index, model build, compile's first step is productive)
-checkpoint_load     the resume
+checkpoint_load     the resume; replica FT: the quorum that healed the group from a peer (``hs``)
 checkpoint_save     the loop's stall on saves, and the final blocking save
 redone              every second of a step a later launch ran again (it resumed from an older checkpoint), and of
-                    the step an exception interrupted
+                    the step an exception interrupted; replica FT: a step no group committed (``u``)
 evaluation          ``train.eval_every``'s evaluations
 data_wait           the loop waiting for its batches
 hung                the last step's end until the hang watchdog fired (its ``watchdog`` event)
 restart_wait        a launch's last mark until the next launch's process started (failure detection, torchrun's
                     restart, a Slurm requeue and its time in the queue); less the hung part
-reduced_membership  steps run with fewer data-parallel replicas than configured (0 without replica fault tolerance)
+reduced_membership  replica FT: the kept steps committed by fewer groups than ``fault.replica_groups`` (``r``);
+                    their tokens are committed (the group did its share; the missing group's loss is in its own
+                    ledger), so this is time that counts in goodput, shown apart (0 without replica FT)
 profiled            steps the communication-overlap probe profiled (``metrics.profile_every``)
 other               the rest of each launch's span: logging, the loop's between-step work, shutdown
 ==================  ==============================================================================================
 
 ``goodput`` = committed tokens / (tokens per second at full membership x wall time), where committed tokens are
-the steps the run kept and the full-membership rate is the median productive step time's. It is the same scale for
+the steps the run kept (replica FT: not those a heal jumped over, ``h``: its peers trained them) and the
+full-membership rate is the median productive step time's. It is the same scale for
 whole-job restarts and for replica fault tolerance. The steps a launch finished after its last checkpoint are
 redone only when a later launch starts from that checkpoint; a launch killed with SIGKILL leaves its ledger up to
 its last finished step, and the time after it falls to ``hung`` or ``restart_wait``.
@@ -72,9 +75,22 @@ class Launch:
         return float(self.steps[-1]["t"]) if self.steps else float(self.start["loop_start"])
 
     @property
+    def committed(self) -> List[dict]:
+        """The step lines of the steps this launch committed (replica FT: not those no group committed)."""
+        return [st for st in self.steps if not st.get("u")]
+
+    @property
     def last_step(self) -> int:
-        """The last step this launch finished (its ledger line written)."""
-        return int(self.steps[-1]["s"]) if self.steps else int(self.start["start_step"])
+        """The last step this launch finished and committed (its ledger line written)."""
+        kept = self.committed
+        return int(kept[-1]["s"]) if kept else int(self.start["start_step"])
+
+    @property
+    def continued_from(self) -> int:
+        """The step this launch went on from: its start step, or (replica FT) the peer's step its first quorum healed
+        it to (the steps before that are not run again by this launch)."""
+        first = self.steps[0] if self.steps else {}
+        return int(first["s"]) - 1 if "h" in first else int(self.start["start_step"])
 
     def unfinished_step(self, hang: Optional[dict] = None) -> Optional[dict]:
         """The step an exception or a hang interrupted, as a step line holding the seconds from the last mark to
@@ -136,31 +152,48 @@ def watchdog_events(run_dir: Path) -> List[dict]:
 
 
 def _book_steps(
-    launch: Launch, redo_after: Optional[int], causes: Dict[str, float], kept: List[Tuple[float, int]]
+    launch: Launch,
+    redo_after: Optional[int],
+    causes: Dict[str, float],
+    kept: List[Tuple[float, int]],
+    reduced: List[Tuple[float, int]],
 ) -> int:
-    """Book one launch's finished steps; returns how many a later launch redid (``redo_after``: the step the next
-    launch resumed from; None: no next launch). ``kept``: the kept steps' productive seconds."""
+    """Book one launch's finished steps; returns how many were redone (replica FT: not committed; or a later
+    launch ran them again, ``redo_after``: the step the next launch went on from; None: no next launch). ``kept``,
+    ``reduced``: the kept steps' seconds and tokens, at full and at reduced membership."""
     redone = 0
     for st in launch.steps:
-        d = float(st["d"])
-        if redo_after is not None and int(st["s"]) > redo_after:
+        heal = float(st.get("hs", 0.0))  # replica FT: the quorum that healed this group from a peer
+        causes["checkpoint_load"] += heal
+        d = float(st["d"]) - heal
+        if st.get("u") or (redo_after is not None and int(st["s"]) > redo_after):
             causes["redone"] += d
             redone += 1
             continue
-        w, e, c = float(st.get("w", 0.0)), float(st.get("e", 0.0)), float(st.get("c", 0.0))
+        w, e, c = max(float(st.get("w", 0.0)) - heal, 0.0), float(st.get("e", 0.0)), float(st.get("c", 0.0))
         causes["data_wait"] += w
         causes["evaluation"] += e
         causes["checkpoint_save"] += c
         rest = max(d - w - e - c, 0.0)
+        tokens = int(st.get("n", launch.start["tokens_per_step"]))
         if st.get("p"):
             causes["profiled"] += rest
+        elif st.get("r"):  # committed by fewer groups than fault.replica_groups: this group's share is kept
+            causes["reduced_membership"] += rest
+            reduced.append((rest, tokens))
         else:
             causes["productive"] += rest
-            kept.append((rest, int(st.get("n", launch.start["tokens_per_step"]))))
+            kept.append((rest, tokens))
     return redone
 
 
-def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept: List[Tuple[float, int]]) -> dict:
+def _book_launch(
+    launch: Launch,
+    nxt: Optional[Launch],
+    fired: List[dict],
+    kept: List[Tuple[float, int]],
+    reduced: List[Tuple[float, int]],
+) -> dict:
     """One launch's seconds by cause, from its process start to the next launch's (the last: to its last mark or
     the watchdog's firing), and its summary."""
     causes = dict.fromkeys(CAUSES, 0.0)
@@ -169,8 +202,8 @@ def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept:
     load = float(start.get("load_s", 0.0))
     causes["checkpoint_load"] = load
     causes["startup"] = max(float(start["loop_start"]) - t_start - load, 0.0)
-    redo_after = int(nxt.start["start_step"]) if nxt else None
-    redone = _book_steps(launch, redo_after, causes, kept)
+    redo_after = nxt.continued_from if nxt else None
+    redone = _book_steps(launch, redo_after, causes, kept, reduced)
     gap_end = float(nxt.start["process_start"]) if nxt else max([m, *(float(ev["time"]) for ev in fired)])
     hang = None
     if launch.end is None:  # killed or hung: the first watchdog firing after its last mark is its end
@@ -192,7 +225,7 @@ def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept:
         "launch": int(start.get("launch", 0)),
         "start_step": int(start["start_step"]),
         "last_step": launch.last_step,
-        "steps": len(launch.steps),
+        "steps": len(launch.committed),
         "redone_steps": redone,
         "ended": launch.end["reason"] if launch.end is not None else "killed (no end record)",
         "wall_s": span,
@@ -200,16 +233,22 @@ def _book_launch(launch: Launch, nxt: Optional[Launch], fired: List[dict], kept:
     }
 
 
-def _committed_tokens(launches: List[Launch]) -> int:
-    """Tokens of the steps the run kept: each step's from the last launch that ran it (``n`` where a batch ramp
-    made it smaller than its launch's ``tokens_per_step``)."""
+def _committed_steps(launches: List[Launch]) -> Tuple[Dict[int, int], int]:
+    """The steps the run kept and their tokens (each step's from the last launch that committed it; ``n`` where a
+    batch ramp made it smaller than its launch's ``tokens_per_step``), and how many steps it skipped: replica FT's
+    heals (``h``) take a group to its peer's step, and the steps between are not the group's."""
     by_step: Dict[int, int] = {}
+    skipped: set = set()
     for launch in launches:  # oldest first: a redone step's line is replaced by the later launch's
         for st in launch.steps:
-            by_step[int(st["s"])] = int(st.get("n", launch.start["tokens_per_step"]))
+            if "h" in st:
+                skipped.update(range(int(st["h"]) + 1, int(st["s"])))
+            if not st.get("u"):
+                by_step[int(st["s"])] = int(st.get("n", launch.start["tokens_per_step"]))
     first, last = int(launches[0].start["start_step"]), launches[-1].last_step
     default = int(launches[-1].start["tokens_per_step"])
-    return sum(by_step.get(s, default) for s in range(first + 1, last + 1))
+    kept = {s: by_step.get(s, default) for s in range(first + 1, last + 1) if s in by_step or s not in skipped}
+    return kept, len(skipped - set(by_step))
 
 
 def account(run_dir: Path) -> dict:
@@ -223,15 +262,18 @@ def account(run_dir: Path) -> dict:
         )
     fired = watchdog_events(run_dir)
     kept: List[Tuple[float, int]] = []
+    reduced: List[Tuple[float, int]] = []
     per_launch = [
-        _book_launch(x, launches[i + 1] if i + 1 < len(launches) else None, fired, kept) for i, x in enumerate(launches)
+        _book_launch(x, launches[i + 1] if i + 1 < len(launches) else None, fired, kept, reduced)
+        for i, x in enumerate(launches)
     ]
     causes = {c: sum(x["seconds"][c] for x in per_launch) for c in CAUSES}
-    first, last = launches[0], launches[-1]
+    last = launches[-1]
     wall = sum(causes.values())
-    committed_steps = last.last_step - int(first.start["start_step"])
     tokens_per_step = int(last.start["tokens_per_step"])
-    committed_tokens = _committed_tokens(launches)
+    committed, skipped = _committed_steps(launches)
+    committed_tokens = sum(committed.values())
+    kept = kept or reduced  # the full-membership rate; a group that never ran at full membership: its own
     step_s = statistics.median(d for d, _ in kept) if kept else 0.0
     if len({n for _, n in kept}) > 1:  # a batch ramp: the median rate of the kept steps, each at its own size
         full_tps = statistics.median(n / d for d, n in kept if d > 0)
@@ -241,10 +283,15 @@ def account(run_dir: Path) -> dict:
         "run": str(run_dir),
         "goodput": committed_tokens / (full_tps * wall) if full_tps > 0 and wall > 0 else 0.0,
         "wall_s": wall,
+        "started_at": float(launches[0].start["process_start"]),
         "seconds": causes,
         "launches": len(launches),
-        "committed_steps": committed_steps,
+        "ended": per_launch[-1]["ended"],
+        "replicas": int(last.start.get("replicas", 0)),
+        "committed_steps": len(committed),
         "redone_steps": sum(x["redone_steps"] for x in per_launch),
+        "skipped_steps": skipped,
+        "reduced_membership_steps": len(reduced),
         "committed_tokens": committed_tokens,
         "tokens_per_step": tokens_per_step,
         "full_membership_step_s": step_s,
@@ -280,12 +327,23 @@ def goodput_record(report: dict, step: int) -> dict:
 def summary_line(report: dict) -> str:
     """The one line a launch prints last: goodput and the largest losses."""
     wall = report["wall_s"]
-    lost = sorted(((s, c) for c, s in report["seconds"].items() if c != "productive" and s > 0), reverse=True)
+    good = ("productive", "reduced_membership")  # reduced membership: the group's share was committed
+    lost = sorted(((s, c) for c, s in report["seconds"].items() if c not in good and s > 0), reverse=True)
     parts = ", ".join(f"{c} {s:.1f} s" for s, c in lost[:3])
     return (
         f"lmforge: goodput {report['goodput']:.1%} over {report['launches']} launch(es), wall {wall:.1f} s "
         f"(productive {report['seconds']['productive']:.1f} s{'; ' + parts if parts else ''}); "
         f"table: lmforge goodput {report['run']}"
+    )
+
+
+def _replica_part(report: dict) -> str:
+    """Replica FT's steps in the table's header: those skipped by heals, those committed at reduced membership."""
+    if not report.get("replicas"):
+        return ""
+    return (
+        f", {report['skipped_steps']} skipped (healed from a peer), {report['reduced_membership_steps']} with fewer "
+        f"than {report['replicas']} groups"
     )
 
 
@@ -295,7 +353,7 @@ def format_report(report: dict) -> str:
     lines = [
         f"goodput {report['goodput']:.3f}  {report['run']}",
         f"  {report['launches']} launch(es), {report['committed_steps']} steps kept, {report['redone_steps']} "
-        f"redone; wall {wall:.1f} s; full-membership step {report['full_membership_step_s']:.3f} s "
+        f"redone{_replica_part(report)}; wall {wall:.1f} s; full-membership step {report['full_membership_step_s']:.3f} s "
         f"({report['full_membership_tokens_per_s']:,.0f} tokens/s)",
     ]
     for cause in CAUSES:

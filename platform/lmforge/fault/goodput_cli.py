@@ -1,4 +1,6 @@
-"""``lmforge goodput RUN [--json]``: where a run's wall time went (a sweep directory: one table per point)."""
+"""``lmforge goodput RUN [--json]``: where a run's wall time went (a sweep directory: one table per point; a
+torchft job directory, ``<run.root>/<name>`` of ``fault.replica_ft=torchft``: the job's replica-seconds, also
+written to ``<name>/goodput.json``)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ from pathlib import Path
 from typing import List
 
 from lmforge.fault.goodput import GoodputError, account, format_report, run_dirs
+from lmforge.fault.goodput_job import format_job_report, group_dirs, write_job_goodput
 
 
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="lmforge goodput", description=__doc__)
-    parser.add_argument("run", type=Path, help="a run directory, or a directory of runs (a sweep)")
+    parser.add_argument(
+        "run",
+        type=Path,
+        help="a run directory, a directory of runs (a sweep), or a torchft job directory (replica-<i>)",
+    )
     parser.add_argument("--json", action="store_true", help="print the accounting as JSON (one object per run)")
     args = parser.parse_args(argv)
     if not args.run.is_dir():
@@ -22,6 +29,14 @@ def main(argv: List[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if group_dirs(args.run):  # a torchft job: its replica groups' run directories, summed
+        try:
+            report = write_job_goodput(args.run)
+        except (GoodputError, OSError) as exc:
+            print(f"lmforge goodput: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(report, sort_keys=True) if args.json else format_job_report(report))
+        return 0
     runs = run_dirs(args.run)
     if not runs:
         print(

@@ -7,6 +7,9 @@ One line when the loop starts, one per step, one when the launch ends (if it liv
     {"s": 310, "t": T, "d": 3.90, "w": 0.01, "e": 3.1}    # ... of which evaluation (e), checkpoint stall (c);
     {"s": 320, "t": T, "d": 0.61, "p": 1}                 # p: a profiled step
     {"s": 321, "t": T, "d": 0.20, "w": 0.01, "n": 65536}  # n: its tokens, where not tokens_per_step (batch ramp)
+    {"s": 322, "t": T, "d": 1.10, "w": 0.02, "u": 1}      # u: not committed (replica FT: redone with the next quorum)
+    {"s": 322, "t": T, "d": 1.05, "w": 0.02, "r": 2}      # r: committed with 2 of the start line's "replicas" groups
+    {"s": 340, "t": T, "d": 2.30, "w": 1.3, "h": 12, "hs": 1.2}  # h: healed from a peer at step 12 to 339, in hs s
     {"kind": "end", "t": T, "step": 400, "reason": "done", "final_save_s": 2.0}
 
 Each line is one short append (line-buffered), so a launch killed with SIGKILL leaves every step it finished. The
@@ -58,6 +61,8 @@ class GoodputLedger:
         self._eval_s = 0.0
         self._save_s = 0.0
         self._tokens_per_step = 0
+        self._replicas = 0
+        self._healed: Optional[tuple] = None  # (the step before the heal, its seconds), written with the next step
 
     def _write(self, record: dict) -> None:
         if self._fh is None:
@@ -67,12 +72,16 @@ class GoodputLedger:
         except (OSError, ValueError):  # a full or vanished disk never stops training
             self._fh = None
 
-    def start(self, *, start_step: int, load_s: float, tokens_per_step: int, world_size: int) -> None:
-        """The loop starts now: everything since the process started was start-up (of which ``load_s`` the resume)."""
+    def start(
+        self, *, start_step: int, load_s: float, tokens_per_step: int, world_size: int, replicas: int = 0
+    ) -> None:
+        """The loop starts now: everything since the process started was start-up (of which ``load_s`` the resume).
+        ``replicas``: ``fault.replica_groups`` under replica fault tolerance (0 without it)."""
         if not self.enabled:
             return
         make_dir(self.path.parent)
         self._tokens_per_step = tokens_per_step
+        self._replicas = replicas
         self._fh = open_append(self.path, buffering=1)
         self._write(
             {
@@ -85,6 +94,7 @@ class GoodputLedger:
                 "tokens_per_step": tokens_per_step,
                 "world_size": world_size,
                 "host": socket.gethostname(),
+                **({"replicas": replicas} if replicas else {}),
             }
         )
 
@@ -96,14 +106,37 @@ class GoodputLedger:
         """Checkpoint seconds the loop waited for inside the current iteration (the save's stall)."""
         self._save_s += seconds
 
-    def step(self, step: int, seconds: float, data_wait_s: float, *, profiled: bool = False, tokens: int = 0) -> None:
+    def healed(self, from_step: int, seconds: float) -> None:
+        """Replica FT: this iteration's quorum healed the group from a peer (it was at ``from_step``; the steps up to
+        the peer's are not its own), taking ``seconds`` (inside the iteration's data wait); written with its line."""
+        self._healed = (from_step, seconds)
+
+    def step(
+        self,
+        step: int,
+        seconds: float,
+        data_wait_s: float,
+        *,
+        profiled: bool = False,
+        tokens: int = 0,
+        committed: bool = True,
+        participants: int = 0,
+    ) -> None:
         """Iteration ``step`` ended now after ``seconds`` (its data wait, evaluation and save stall included);
         ``tokens``: the step's tokens over all ranks, written (``n``) only where they differ from the start line's
-        ``tokens_per_step`` (a batch ramp's smaller steps)."""
+        ``tokens_per_step`` (a batch ramp's smaller steps). Replica FT: ``committed`` False for a step no group
+        committed (``u``); ``participants``: the groups it committed with, written (``r``) when fewer than
+        ``replicas``."""
         if self._fh is not None:
             line = {"s": step, "t": time.time(), "d": round(seconds, 6), "w": round(data_wait_s, 6)}
             if tokens and tokens != self._tokens_per_step:
                 line["n"] = tokens
+            if not committed:
+                line["u"] = 1
+            elif participants and participants < self._replicas:
+                line["r"] = participants
+            if self._healed is not None:
+                line["h"], line["hs"] = self._healed[0], round(self._healed[1], 6)
             if self._eval_s:
                 line["e"] = round(self._eval_s, 6)
             if self._save_s:
@@ -112,6 +145,7 @@ class GoodputLedger:
                 line["p"] = 1
             self._write(line)
         self._eval_s = self._save_s = 0.0
+        self._healed = None
 
     def end(self, step: int, reason: str, final_save_s: float = 0.0) -> None:
         """The launch ends (``reason``: done, stopped, preempted, or the exception that ended it)."""

@@ -12,7 +12,8 @@ The Lighthouse (torchft's ``torchft_lighthouse``) binds 127.0.0.1:--port; replic
 A group that exits non-zero (a torchrun launch does when any of its ranks dies) is started again (up to --max-restarts times each; never after exit 2, a config
 error that would recur) and heals from a healthy peer (lmforge.fault.replica_ft). Under
 ``<run.root>/<name>/replica_ft/``: ``lighthouse.log``, ``replica-<i>.log`` (every attempt's output appended) and
-``launcher.jsonl`` (each start and exit: replica, attempt, pid, return code, time). The launcher exits 0 once every
+``launcher.jsonl`` (each start and exit: replica, attempt, pid, return code, time); at the end ``<name>/goodput.json``,
+the job's goodput over its groups (fault/goodput_job.py). The launcher exits 0 once every
 group has finished, else with the first failing group's last return code; on SIGTERM it sends SIGTERM to every
 group (their preemption path) and the Lighthouse.
 """
@@ -29,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Sequence
+
+from lmforge.fault.goodput import GoodputError
+from lmforge.fault.goodput_job import write_job_goodput
 
 CONFIG_ERROR = 2  # lmforge's exit code for bad input: restarting cannot help
 
@@ -200,7 +204,22 @@ class Job:
             lighthouse.terminate()
             lighthouse.wait(timeout=10)
         failed = [rc for rc in self.final.values() if rc != 0]
+        self.write_goodput()
         return failed[0] if failed else 0
+
+    def write_goodput(self) -> None:
+        """The job's goodput over its groups (``<name>/goodput.json``, fault/goodput_job.py) and its one line."""
+        job = self.folder.parent
+        try:
+            report = write_job_goodput(job)
+        except (GoodputError, OSError, ValueError, KeyError) as exc:  # the accounting never fails a job
+            print(f"lmforge: warning: the job's goodput.json not written: {exc}", flush=True)
+            return
+        print(
+            f"lmforge: job goodput {report['goodput']:.1%} over {report['replica_groups']} replica groups, wall "
+            f"{report['wall_s']:.1f} s ({report['replica_seconds']:.1f} replica-seconds); table: lmforge goodput {job}",
+            flush=True,
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

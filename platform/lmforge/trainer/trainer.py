@@ -506,12 +506,16 @@ class Trainer:
                 load_s=load_s,
                 tokens_per_step=self.plan.tokens_per_step,
                 world_size=self.world.world_size,
+                replicas=cfg.fault.replica_groups if self.replica_ft is not None else 0,
             )  # goodput: everything before this was start-up (fault/goodput.py)
             while self.step < last_step:
                 faults.start_compute_clock()
                 t0 = time.perf_counter()
                 if self.replica_ft is not None:  # the quorum; a restarted replica takes a healthy peer's state here
+                    behind = self.step
                     self.replica_ft.start_step()
+                    if self.replica_ft.healed:  # the steps up to the peer's are not this group's (goodput)
+                        ledger.healed(behind, time.perf_counter() - t0)
                     if self.step >= last_step:
                         break
                 lr = self.scheduled_lr(self.data.state.consumed_samples)  # the step's LR, before it advances
@@ -525,6 +529,7 @@ class Trainer:
                         # collectives: the layout's (DDP/FSDP/TP/PP), the loss and grad-norm all-reduces
                         result = self.engine.train_step(batches, lr, guard=guard)
                 if not result.committed:  # fault.replica_ft: a peer failed, no replica stepped; the step is redone
+                    ledger.step(self.step + 1, time.perf_counter() - t0, t_data, committed=False)
                     continue
                 self.step += 1
                 step_tokens = len(batches) * self.plan.tokens_per_micro_batch * self.plan.dp_size  # all ranks
@@ -573,7 +578,14 @@ class Trainer:
                     t_save = time.perf_counter()
                     self.save_after_verdicts()  # collective: the save's barriers (async: the write runs on)
                     ledger.add_save(time.perf_counter() - t_save)  # the loop's stall (sync: the whole save)
-                ledger.step(self.step, time.perf_counter() - t0, t_data, profiled=profiled, tokens=step_tokens)
+                ledger.step(
+                    self.step,
+                    time.perf_counter() - t0,
+                    t_data,
+                    profiled=profiled,
+                    tokens=step_tokens,
+                    participants=self.replica_ft.count if self.replica_ft is not None else 0,
+                )
             self.stop_vote.collect()  # collective: waits for the last stop vote in flight
             faults.book_verdicts(force=True)
             self.stop_on_fault()
