@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -84,3 +85,26 @@ def test_a_restart_event_carries_the_step_the_launch_resumes_from(tmp_path, monk
     assert not (fresh / "metrics.jsonl").exists() or not [
         e for e in records(fresh / "metrics.jsonl") if e.get("event") == "restart"
     ]
+
+
+def test_the_replica_check_says_it_compares_nothing_across_torchft_groups(tmp_path, capsys):
+    """One process per torchft replica group: no replica inside the group, and the groups are not compared."""
+    base = RootConfig()
+    engine = SimpleNamespace(replica_group=None)
+
+    def build(replica_ft: str) -> FaultHooks:
+        cfg = replace(
+            base,
+            metrics=replace(base.metrics, straggler_every=0),
+            fault=replace(base.fault, consistency_every=10, watchdog_timeout_s=0, replica_ft=replica_ft),
+        )
+        return FaultHooks(
+            cfg, RunPaths(tmp_path), rank=0, device=torch.device("cpu"), logger=None,
+            preemption=PreemptionFlag(), engine=engine, start_step=0,
+        )  # fmt: skip
+
+    assert build("torchft").replicas is None
+    out = capsys.readouterr().out
+    assert "fault.consistency_every=10 compares nothing" in out and "torchft replica groups are not compared" in out
+    assert build("none").replicas is None
+    assert "compares nothing" not in capsys.readouterr().out  # control: one process without replica FT says nothing

@@ -138,14 +138,20 @@ class FaultHooks:
         if every <= 0:
             return None
         group = engine.replica_group  # the ranks holding a replica of this shard; None: none (parallel/contract.py)
+        torchft = self.cfg.fault.replica_ft == "torchft"
         if group is None:
-            if self.rank == 0 and world_size() > 1:
+            if self.rank == 0 and (world_size() > 1 or torchft):
                 why = (
                     "parallelism.dp_replicate=1: no rank holds a replica of another's shard"
                     if self.cfg.parallelism.engine == "native"
                     else f"the {self.cfg.parallelism.engine} engine "
                     "shards the optimizer state across data-parallel ranks"
                 )
+                if torchft:  # the groups' digests are recorded, not compared at run time (fault/replica_ft.py)
+                    why += (
+                        "; the torchft replica groups are not compared with each other (their state's SHA-256 is "
+                        "recorded in replica_ft/membership.jsonl at every membership change)"
+                    )
                 print(
                     f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
                     "use dp_replicate >= 2 (HSDP) to have replicas checked",
