@@ -11,7 +11,10 @@
 #SBATCH --no-requeue
 set -euo pipefail
 source "${LMFORGE_REPO:-${SLURM_SUBMIT_DIR:-$PWD}}/slurm/env.sh"
+# beside the interpreter, in its environment's scripts folder (a venv's bin/, whether or not it is activated, and
+# LMFORGE_PYTHON may be a wrapper), or on PATH
 lighthouse=$(dirname "$LMFORGE_PYTHON")/torchft_lighthouse
+[ -x "$lighthouse" ] || lighthouse=$("$LMFORGE_PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)/torchft_lighthouse
 [ -x "$lighthouse" ] || lighthouse=$(command -v torchft_lighthouse) || {
   echo "torchft_lighthouse.sh: torchft_lighthouse is not installed beside $LMFORGE_PYTHON. Fix: pip install lmforge[ft]" >&2
   exit 2
