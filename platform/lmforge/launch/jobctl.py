@@ -26,7 +26,6 @@ import argparse
 import json
 import shlex
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -36,14 +35,14 @@ from lmforge.fault import bad_nodes
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.retry import annotate_last, last_step, load_state, record, record_slurm_requeue
 from lmforge.fault.verdict import archive
+from lmforge.launch import slurm_queue
 from lmforge.launch.allocation import NODES_KEY, check_allocation, explicit_nodes, nodes_override, run_name_override
 from lmforge.launch.node_exclusion import requeue_excluding, requeued_by_slurm
+from lmforge.launch.slurm_queue import unhealthy_nodes
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.env_vars import environment, read, slurm_job_id, slurm_restart_count
 from lmforge.runtime.rundir import RunPaths, resolve_run_dir
-
-BAD_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "not_responding", "no_respond")
 
 
 def _compose(overrides: Sequence[str]):
@@ -80,23 +79,7 @@ def launch_env(cfg, run_dir: Optional[Path] = None, nproc: Optional[int] = None)
 
 
 def expand_nodelist(nodelist: str) -> List[str]:
-    if not nodelist:
-        return []
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
-    return out.stdout.split() if out.returncode == 0 else [nodelist]
-
-
-def unhealthy_nodes(nodes: Sequence[str]) -> Dict[str, str]:
-    """node -> state, for the nodes of ``nodes`` that Slurm reports down, drained, failing or not responding."""
-    if not nodes:
-        return {}
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T", "-n", ",".join(nodes)], capture_output=True, text=True)
-    bad = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and (parts[1].rstrip("*~#!%$@^-").lower() in BAD_NODE_STATES or parts[1].endswith("*")):
-            bad[parts[0]] = parts[1]
-    return bad
+    return slurm_queue.hostnames(nodelist)
 
 
 def check_job(overrides: Sequence[str], env: Mapping[str, str]):

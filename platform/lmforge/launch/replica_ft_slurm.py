@@ -196,8 +196,7 @@ class Supervisor:
 
     def at_fault(self, end: slurm_queue.JobState) -> Dict[str, str]:
         """node -> why, the nodes of an ended job the group's next job must not use."""
-        states = slurm_queue.node_states(end.nodes)
-        down = {n: s for n, s in states.items() if slurm_queue.unhealthy(s)}
+        down = slurm_queue.unhealthy_nodes(end.nodes)
         if down:
             return {n: f"job {end.job} ended {end.state}; Slurm reports {n} {s}" for n, s in down.items()}
         if end.state == "NODE_FAIL":

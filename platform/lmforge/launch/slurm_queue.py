@@ -120,3 +120,8 @@ def node_states(nodes: Sequence[str]) -> Dict[str, str]:
         return {}
     proc = _run(["sinfo", "-h", "-N", "-o", "%N %T", "-n", ",".join(nodes)])
     return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+
+def unhealthy_nodes(nodes: Sequence[str]) -> Dict[str, str]:
+    """node -> state, for the nodes of ``nodes`` that Slurm reports unable to run jobs (``unhealthy``)."""
+    return {n: s for n, s in node_states(nodes).items() if unhealthy(s)}
