@@ -77,6 +77,11 @@ def _losses(run_dir: Path) -> list:
     return [(r["step"], r["loss"]) for r in _records(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
 
 
+def _logs(run: Path) -> str:
+    """The tail of the Lighthouse's and each group's log (every attempt), for a failure's message."""
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted((run / "replica_ft").glob("*.log")))
+
+
 def _rank_pid(agent_pid: int, rank: int) -> int:
     """The pid of the worker with RANK=rank among torchrun's children."""
     children = Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split()
@@ -123,7 +128,10 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
     try:
         deadline = time.time() + 150
         while not any(s >= KILL_AT for s, _ in _losses(run / "replica-1")):
-            assert launcher.poll() is None and time.time() < deadline, "group 1 did not reach the kill step"
+            if launcher.poll() is not None or time.time() > deadline:
+                launcher.terminate()
+                out, _ = launcher.communicate(timeout=60)
+                raise AssertionError(f"group 1 did not reach the kill step\n{out}{_logs(run)}")
             time.sleep(0.1)
         agent = next(e["pid"] for e in _records(run / "replica_ft" / "launcher.jsonl") if e["replica"] == 1)
         os.kill(_rank_pid(agent, 1), signal.SIGKILL)
@@ -133,8 +141,7 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
         if launcher.poll() is None:  # the launcher stops its groups and the Lighthouse on SIGTERM
             launcher.terminate()
             launcher.communicate(timeout=60)
-    logs = "\n".join(p.read_text()[-4000:] for p in sorted((run / "replica_ft").glob("*.log")))
-    assert launcher.returncode == 0, out + logs
+    assert launcher.returncode == 0, out + _logs(run)
 
     events = _records(run / "replica_ft" / "launcher.jsonl")
     starts = [sum(e["event"] == "start" and e["replica"] == i for e in events) for i in (0, 1)]

@@ -7,7 +7,8 @@ before every step. Every rank has its own torchft Manager (rank = group rank, wo
 the group's ManagerServer, which talks to the Lighthouse; the other ranks reach it through the group's store (the
 torchrun rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
 
-1. ``start_step``: the quorum (synchronous; the ManagerServer waits for every rank of its group). A replica group
+1. ``start_step``: the quorum (synchronous; the ManagerServer waits for every rank of its group; before the job's
+   first quorum, until every planned group heartbeats: fault/lighthouse_status.py). A replica group
    behind the quorum's step (a restarted one) is healed here, before its forward: its rank i fetches rank i of a
    healthy peer group's state over HTTP (``_state``: its local parameter and optimizer shards, step, data
    position, RNG; a DTensor travels as its local shard and is rebuilt on the receiver's own layout) and ``_load``
@@ -52,6 +53,7 @@ from lmforge.config.fault import FaultConfig
 from lmforge.data.loader import BatchStream
 from lmforge.fault.consistency import local_tensor, named_state
 from lmforge.fault.heal_shards import load_model_shards, load_optimizer_shards, model_shards, optimizer_shards
+from lmforge.fault.lighthouse_status import wait_for_groups
 from lmforge.parallel.contract import Engine
 from lmforge.runtime import env_vars
 from lmforge.runtime.file_modes import make_dir
@@ -92,6 +94,8 @@ class ReplicaFT:
         self.group_rank, self.group_size = rank, world_size
         self.rank, self.count = 0, 1
         self._members = torch.zeros(2 * cfg.replica_groups)  # one-hots: the participants, then the healed ones
+        self.lighthouse = lighthouse
+        self.waited = False  # the first quorum waits for every planned group (fault/lighthouse_status.py)
         self.manager = self._manager(lighthouse)
 
     def _manager(self, lighthouse: str):
@@ -157,6 +161,9 @@ class ReplicaFT:
     def start_step(self) -> None:
         """The quorum (a replica behind it is healed here), then this step's data slice."""
         self.healed = False
+        if not self.waited:
+            self.waited = True
+            wait_for_groups(self.lighthouse, self.cfg.replica_groups, self.cfg.replica_quorum_timeout_s, self._say)
         self.manager.start_quorum()
         rank = self.manager.participating_rank()
         if rank is None:  # DYNAMIC, synchronous quorum: every group in a quorum participates
@@ -226,6 +233,10 @@ class ReplicaFT:
             digest.update(name.encode())
             digest.update(local_tensor(tensor).cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
+
+    def _say(self, line: str) -> None:
+        if self.group_rank == 0:
+            print(line, flush=True)
 
     def _write(self, record: dict) -> None:
         if self.group_rank != 0:  # group rank 0 writes the group's record
