@@ -10,7 +10,8 @@
 #   --replicas N             replica groups (required)
 #   --nproc-per-group K      ranks of each group (default 1: one process; K > 1: one torchrun launch of K ranks,
 #                            with a layout of K ranks in the overrides: parallelism=fsdp, ddp, tp2_sp, tp2_dp2...)
-#   --group-port P           group i's torchrun rendezvous port is P + i (default: --port + 1)
+#   --group-port P           group i's torchrun rendezvous port is P + i (default: --port + 1);
+#                            0: a port free at each start
 #   --min-replicas M         a step commits with at least M groups (default: a majority, N // 2 + 1;
 #                            fewer is refused: two disjoint quorums could commit the same step)
 #   --max-restarts R         restarts of each group (default 3; never after exit 2, a config error)

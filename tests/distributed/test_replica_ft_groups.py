@@ -118,7 +118,7 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
 
     run = tmp_path / "ft"
     cmd = [sys.executable, "-m", "lmforge.launch.replica_ft", "--replicas", "2", "--nproc-per-group", "2"]
-    cmd += ["--max-restarts", "1", "--name", "ft", "--port", str(free_port()), "--group-port", str(free_port())]
+    cmd += ["--max-restarts", "1", "--name", "ft", "--port", str(free_port()), "--group-port", "0"]
     cmd += ["--heartbeat-timeout-ms", "1000", "--join-timeout-ms", "10000", "--", f"run.root={tmp_path}", *COMMON]
     cmd += LAYOUTS[layout][0]
     cmd += ["train.global_batch_size=4", "logging.console=plain", "fault.drill.step_sleep_s=0.5"]

@@ -35,6 +35,9 @@ def test_groups_of_several_ranks_are_one_torchrun_each_on_its_own_rendezvous_por
         )
     assert main([*argv, "--group-port", "30000"]) == 0  # an explicit base port
     assert "--master-port=30001 " in capsys.readouterr().out.splitlines()[2]
+    assert main([*argv, "--group-port", "0"]) == 0  # a port free at each group's start
+    ports = [int(line.split("--master-port=")[1].split()[0]) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert len(ports) == 2 and all(port > 0 for port in ports), ports
 
 
 @pytest.mark.parametrize(

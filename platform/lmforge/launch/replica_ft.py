@@ -7,7 +7,7 @@
 The Lighthouse (torchft's ``torchft_lighthouse``) binds 127.0.0.1:--port; replica group i is one
 ``python -m lmforge.train`` process (``--nproc-per-group 1``) or one torchrun launch of K ranks
 (``python -m lmforge.launch.agent --nproc-per-node K``: torchrun with lmforge's exit codes; its rendezvous at
-127.0.0.1:(--group-port + i), no restarts of its own), with ``run.name=<name>/replica-<i>`` and the
+127.0.0.1:(--group-port + i), or a free port at each start with ``--group-port 0``; no restarts of its own), with ``run.name=<name>/replica-<i>`` and the
 ``fault.replica_*`` keys set; the layout inside a group is the overrides' (DDP, FSDP, TP, TP x FSDP).
 A group that exits non-zero (a torchrun launch does when any of its ranks dies) is started again (up to --max-restarts times each; never after exit 2, a config
 error that would recur) and heals from a healthy peer (lmforge.fault.replica_ft). Under
@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,7 +67,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, required=True, help="replica groups")
     p.add_argument("--nproc-per-group", type=int, default=1, help="ranks of each replica group (torchrun when > 1)")
     p.add_argument(
-        "--group-port", type=int, help="group i's torchrun rendezvous port is this + i (default: --port + 1)"
+        "--group-port",
+        type=int,
+        help="group i's torchrun rendezvous port is this + i (default: --port + 1); 0: a free port at each start",
     )
     p.add_argument("--min-replicas", type=int, help="a step commits with at least this many (default: a majority)")
     p.add_argument("--max-restarts", type=int, default=3, help="restarts of each replica group")
@@ -116,6 +119,16 @@ def group_run_dir(args: argparse.Namespace, i: int) -> Path:
     return run_root(args.overrides) / args.name / f"replica-{i}"
 
 
+def rendezvous_port(args: argparse.Namespace, i: int) -> int:
+    """Group ``i``'s torchrun rendezvous port: --group-port + i, or with --group-port 0 one the system has free now
+    (asked again at every start, so a restarted group never inherits a port taken meanwhile)."""
+    if args.group_port != 0:
+        return args.group_port + i
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def replica_cmd(args: argparse.Namespace, i: int) -> List[str]:
     """Group ``i``'s command: one trainer process, or torchrun (lmforge.launch.agent) of --nproc-per-group ranks
     that does not restart on its own (this launcher restarts the whole group, which then heals)."""
@@ -127,7 +140,7 @@ def replica_cmd(args: argparse.Namespace, i: int) -> List[str]:
             "--nnodes=1",
             f"--nproc-per-node={args.nproc_per_group}",
             "--master-addr=127.0.0.1",
-            f"--master-port={args.group_port + i}",
+            f"--master-port={rendezvous_port(args, i)}",
             "--max-restarts=0",
             *launch,
         ]
