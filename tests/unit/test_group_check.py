@@ -68,8 +68,15 @@ def _check_all(models: List[nn.Module], participants: List[int], step: int) -> l
 
     checks = [
         GroupCheck(
-            1, models[g], None, torch.device("cpu"), replica_id=g, groups=len(models), exchange=summed,
-            participants=lambda: participants, group_size=1,
+            1,
+            models[g],
+            None,
+            torch.device("cpu"),
+            replica_id=g,
+            groups=len(models),
+            exchange=summed,
+            participants=lambda: participants,
+            group_size=1,
         )  # fmt: skip
         for g in participants
     ]
