@@ -5,7 +5,9 @@ weights right after step 3 (fault.drill.bitflip_replica=1: the other groups' ran
 Asserted: at step 3 every group's fingerprint exchange through the torchft Manager names group 1, and only it; group 1
 stops with the ``corrupted`` verdict (exit 47, its events ``replica_mismatch`` and ``corrupted``), groups 0 and 2
 record the mismatch and train on to the end as two. Negative control: the same run without the drill compares the
-three groups at every step and reports no mismatch.
+three groups at every step and reports no mismatch; it stops at step 3 (a checkpoint) and is launched again, and the
+resumed groups' torchft Managers continue the checkpointed count of committed batches (3 groups x 6 steps = 18 in
+the last checkpoint; a Manager that restarted its count at the resume would hold 9).
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ ARGS = [
     "train.device=cpu",
     "logging.every_steps=1",
     "logging.console=plain",
-    "checkpoint.enabled=false",
     "fault.consistency_every=1",
     "fault.replica_timeout_s=10",
     "fault.replica_quorum_timeout_s=60",
 ]
 DRILL = [f"fault.drill.bitflip_step={FLIP_AT}", "fault.drill.bitflip_replica=1", "fault.drill.bitflip_rank=0"]
+DRILL += ["checkpoint.enabled=false"]
 
 
 def _records(path: Path) -> list:
@@ -62,8 +64,11 @@ def _logs(run: Path) -> str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("drill", [True, False], ids=["bitflip-in-group-1", "control"])
 def test_the_group_whose_weights_flipped_is_named_and_stops(tmp_path, drill):
-    done = _launch(tmp_path, DRILL if drill else [])
     run = tmp_path / "ft"
+    if not drill:  # the control stops at the flip's step and is resumed from its checkpoints
+        first = _launch(tmp_path, [f"train.stop_at_step={FLIP_AT}"])
+        assert first.returncode == 0, first.stdout + first.stderr + _logs(run)
+    done = _launch(tmp_path, DRILL if drill else [])
     out = done.stdout + done.stderr + _logs(run)
     metrics = {i: _records(run / f"replica-{i}" / "metrics.jsonl") for i in range(3)}
     mismatches = {i: [r for r in metrics[i] if r.get("event") == "replica_mismatch"] for i in range(3)}
@@ -77,6 +82,13 @@ def test_the_group_whose_weights_flipped_is_named_and_stops(tmp_path, drill):
             assert [(r["step"], r["replica_groups_compared"]) for r in train[i]] == [
                 (s, 3) for s in range(1, STEPS + 1)
             ], (i, train[i])
+            sidecars = [json.loads((run / f"replica-{i}" / "checkpoints" / f"step-{s:08d}" / "state.json").read_text())
+                        for s in (FLIP_AT, STEPS)]  # fmt: skip
+            assert [c["replica_ft"] for c in sidecars] == [
+                {"step": FLIP_AT, "batches_committed": 3 * FLIP_AT},
+                {"step": STEPS, "batches_committed": 3 * STEPS},
+            ], (i, sidecars)
+        assert "holds no torchft Manager state" not in out
         return
 
     assert done.returncode == CORRUPTED and exits == {0: 0, 1: CORRUPTED, 2: 0}, out

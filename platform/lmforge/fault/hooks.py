@@ -230,7 +230,8 @@ class FaultHooks:
         verdicts (skipped-step events, the pin of the last good checkpoint; divergence), the straggler gather
         (collective: ``all_gather`` every ``metrics.straggler_every`` steps), the after-step drills (sleep,
         SIGKILL, an exception, a hang, a bit flip), the replica check (collectives: ``all_gather`` over the replica
-        group + ``all_reduce`` over the world every ``fault.consistency_every`` steps), a watchdog beat.
+        group + ``all_reduce`` over the world every ``fault.consistency_every`` steps), the check across torchft
+        replica groups (the Manager's all-reduce, one inside a multi-rank group; ``compare_groups``), a watchdog beat.
         Returns extra metrics. A verdict that ends training is left in ``stop`` and the rest is skipped.
 
         The loss guard's verdicts are booked as they become readable on the host: at once on the CPU, a step

@@ -24,6 +24,11 @@ torchrun rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
    every participant may. A step in which a replica dies
    fails on every peer (its all-reduce errors or times out): no replica commits it, the stream is rewound, and the
    step is redone with the next quorum, without the dead replica.
+4. Every ``fault.consistency_every`` committed steps, ``exchange``: the replica check's fingerprints summed across
+   the participants (fault/group_check.py, run by fault/hooks.py).
+
+``state_dict`` (the Manager's step and ``batches_committed``) goes into each checkpoint's sidecar; a resumed group's
+Manager starts from it (``manager_start_state``).
 
 ``<run>/replica_ft/membership.jsonl`` (written by group rank 0) records every change of the committed membership
 and every committed step in which a participant was healed (step, replica ids, the healed ones, this replica's rank, whether it was healed from a peer, and the SHA-256 of its weights and
