@@ -6,7 +6,8 @@ a healthy peer.
 Asserted: groups 0 and 2 are started once and exit 0 (they never stop), every step of theirs is trained once;
 the membership records show [0, 1, 2], then [0, 2] after the kill, then [0, 1, 2] again with group 1 healed, at a
 step where the three groups' SHA-256 of weights and optimizer state are identical; periodic checkpoints are
-written by every group. Negative control: the restarted group's own state before healing (the seed's
+written by every group, with their torchft Manager's state (step, batches committed); the check across groups
+(fault.consistency_every=4) never finds a mismatch, at the healed group's steps too. Negative control: the restarted group's own state before healing (the seed's
 initialisation) differs from its peers' at that step: without the recovery it would train on different weights.
 """
 
@@ -38,6 +39,7 @@ ARGS = [
     "fault.drill.step_sleep_s=1.0",  # leaves the restarted group time to start while its peers train on
     "fault.replica_timeout_s=3",
     "fault.replica_quorum_timeout_s=60",
+    "fault.consistency_every=4",  # the groups' fingerprints compared through torchft (fault/group_check.py)
 ]
 
 
@@ -116,6 +118,25 @@ def test_a_killed_replica_group_rejoins_with_its_peers_state(tmp_path):
     assert rejoin["state_sha256"] == peers[0]["state_sha256"] == peers[1]["state_sha256"], (rejoin, peers)
     # negative control: what the restarted group held before healing is not its peers' state
     assert rejoin["state_sha256_before_heal"] != rejoin["state_sha256"]
+
+    # the check across groups found nothing, through the kill and the heal; each checkpoint holds its torchft Manager's
+    # state: its step and the batches committed, 3 groups x the 8 steps between the last two checkpoints
+    for i in range(3):
+        metrics = _records(run / f"replica-{i}" / "metrics.jsonl")
+        assert not [r for r in metrics if r.get("event") in ("replica_mismatch", "corrupted")], i
+    compared = [r for r in _records(run / "replica-0" / "metrics.jsonl") if r.get("replica_groups_compared") == 3]
+    assert any(r["step"] >= rejoin["step"] for r in compared), compared
+    for i in (0, 2):
+        state = [
+            json.loads((run / f"replica-{i}" / "checkpoints" / f"step-{s:08d}" / "state.json").read_text())[
+                "replica_ft"
+            ]
+            for s in (32, 40)
+        ]
+        assert [m["step"] for m in state] == [32, 40] and state[1]["batches_committed"] - state[0][
+            "batches_committed"
+        ] == 24
+        assert 2 * 32 <= state[0]["batches_committed"] <= 3 * 32, state
 
     # the figures docs/fault-tolerance.md reports: kill to the rejoined commit, and the steps trained by two
     rejoined_s = rejoin["time"] - killed_at

@@ -12,7 +12,9 @@ one group's own 4 samples (no cross-replica averaging; the reference's layout wi
 and 2, is farther from the reference than 100x that tolerance. (b) healing: group 1 is started twice and group 0 once,
 both exit 0; at group 1's first committed step after the kill, its two ranks' digests of weights and AdamW moments
 (their local FSDP or TP shards) equal group 0's rank for rank, and group 0 records that step with group 1 healed;
-negative control: group 1's ranks' own states before healing differ from those digests.
+negative control: group 1's ranks' own states before healing differ from those digests. (c) the replica check across
+groups (fault.consistency_every=1, fault/group_check.py) compares the two groups rank for rank at every step both
+logged, the healed group's first step back included, and never finds a mismatch.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
     cmd += ["--heartbeat-timeout-ms", "1000", "--join-timeout-ms", "10000", "--", f"run.root={tmp_path}", *COMMON]
     cmd += LAYOUTS[layout][0]
     cmd += ["train.global_batch_size=4", "logging.console=plain", "fault.drill.step_sleep_s=0.5"]
-    cmd += ["fault.replica_timeout_s=5", "fault.replica_quorum_timeout_s=120"]
+    cmd += ["fault.replica_timeout_s=5", "fault.replica_quorum_timeout_s=120", "fault.consistency_every=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -172,6 +174,15 @@ def test_replica_groups_match_one_job_and_a_killed_rank_heals_from_its_peer_rank
     # negative control: what group 1's ranks held before healing (their initialisation) is not their peers' state
     before = rejoin["state_sha256_before_heal_ranks"]
     assert all(b != a for b, a in zip(before, peer["state_sha256_ranks"])), (before, peer)
+    # (c) the check across groups (fault.consistency_every=1): rank i of each group compared with rank i of the other
+    # at every step both groups logged; never a mismatch, the healed group's first step back included
+    metrics = {i: _records(run / f"replica-{i}" / "metrics.jsonl") for i in (0, 1)}
+    assert not [r for i in (0, 1) for r in metrics[i] if r.get("event") in ("replica_mismatch", "corrupted")]
+    compared = {
+        i: {r["step"]: r.get("replica_groups_compared") for r in metrics[i] if r.get("kind") == "train"} for i in (0, 1)
+    }
+    assert compared[1][rejoin["step"]] == 2 and compared[0][STEPS] == 2, compared
+    assert sum(v == 2 for v in compared[0].values()) >= STEPS - 1, compared  # the kill's step may compare nothing
     redone = [r["step"] for r in members[0] if not r.get("committed", True)]
     restarted = next(e["time"] for e in events if e["event"] == "start" and e["replica"] == 1 and e["attempt"] == 1)
     print(

@@ -87,8 +87,9 @@ def test_a_restart_event_carries_the_step_the_launch_resumes_from(tmp_path, monk
     ]
 
 
-def test_the_replica_check_says_it_compares_nothing_across_torchft_groups(tmp_path, capsys):
-    """One process per torchft replica group: no replica inside the group, and the groups are not compared."""
+def test_the_replica_check_says_it_compares_the_torchft_groups_with_each_other(tmp_path, capsys):
+    """One process per torchft replica group: no replica inside the group; the groups are compared with each other
+    (fault/group_check.py, attached once the group joins the torchft job)."""
     base = RootConfig()
     engine = SimpleNamespace(replica_group=None)
 
@@ -105,6 +106,7 @@ def test_the_replica_check_says_it_compares_nothing_across_torchft_groups(tmp_pa
 
     assert build("torchft").replicas is None
     out = capsys.readouterr().out
-    assert "fault.consistency_every=10 compares nothing" in out and "torchft replica groups are not compared" in out
+    assert "fault.consistency_every=10 compares the torchft replica groups with each other" in out
+    assert "no replica inside this group to compare" in out and "compares nothing" not in out
     assert build("none").replicas is None
     assert "compares nothing" not in capsys.readouterr().out  # control: one process without replica FT says nothing

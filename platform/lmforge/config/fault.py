@@ -53,6 +53,9 @@ class DrillConfig:
     parameter bitflip_param: silent data corruption, which fault.consistency_every must catch; 0 = off."""
     bitflip_rank: int = 0
     """The rank bitflip_step corrupts."""
+    bitflip_replica: int = 0
+    """fault.replica_ft=torchft: the replica group (fault.replica_id) whose rank bitflip_rank bitflip_step corrupts
+    (the other groups' ranks do not flip); ignored otherwise."""
     bitflip_param: str = ""
     """The parameter bitflip_step corrupts; '' = the first parameter."""
     bitflip_bit: int = 12

@@ -54,6 +54,15 @@ def named_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) ->
     return out
 
 
+def state_fingerprints(
+    model: nn.Module, optimizer: Optional[torch.optim.Optimizer], device: torch.device
+) -> Tuple[List[str], torch.Tensor]:
+    """The names of ``named_state`` and an int64 vector on ``device`` of their ``bit_fingerprint`` (no host sync)."""
+    named = named_state(model, optimizer)
+    sums = [bit_fingerprint(t).to(device) for _, t in named]
+    return [n for n, _ in named], torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
+
+
 @dataclass
 class Mismatch:
     step: int
@@ -119,11 +128,7 @@ class ReplicaCheck:
         return self.every > 0 and step % self.every == 0
 
     def fingerprints(self) -> Tuple[List[str], torch.Tensor]:
-        named = named_state(self.model, self.optimizer)
-        sums = [bit_fingerprint(t).to(self.device) for _, t in named]
-        return [n for n, _ in named], torch.stack(sums) if sums else torch.zeros(
-            0, dtype=torch.int64, device=self.device
-        )
+        return state_fingerprints(self.model, self.optimizer, self.device)
 
     @torch.no_grad()
     def check(self, step: int) -> Optional[Mismatch]:

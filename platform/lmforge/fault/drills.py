@@ -9,7 +9,8 @@
 * slow_s: rank ``slow_rank`` (or every rank on host ``slow_host``: a slow node) does ``slow_s`` seconds of extra
   compute (small matmuls) before every step, a straggler for the straggler detector to find;
 * bitflip: one bit of one parameter flipped in place on one rank (silent data corruption, caught by the replica
-  consistency check of fault/consistency.py).
+  consistency check of fault/consistency.py; under fault.replica_ft=torchft on one rank of one replica group, caught
+  by the check across groups of fault/group_check.py).
 
 Each drill fires once per run directory: the firing rank writes ``<run>/drills/<drill>`` first, so the run that
 recovers from it (torchrun restart, Slurm requeue; ranks may be renumbered) trains on.
@@ -23,7 +24,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
 
@@ -48,8 +49,12 @@ class Drills:
         pause_watchdog: Callable[[], None],
         stop_requested: Callable[[], bool],
         parameters: Callable[[], Iterable[Tuple[str, torch.Tensor]]],
+        replica: Optional[int] = None,
     ):
+        """``replica``: this process's torchft replica group (fault.replica_id) under fault.replica_ft=torchft, whose
+        rank ``bitflip_rank`` of group ``bitflip_replica`` alone flips a bit; None: no replica groups."""
         self.cfg = cfg
+        self.replica = replica
         self.parameters = parameters
         self.ledger = ledger
         self.stop_requested = stop_requested
@@ -90,6 +95,7 @@ class Drills:
             cfg.bitflip_step
             and step == cfg.bitflip_step
             and self.rank == cfg.bitflip_rank
+            and (self.replica is None or self.replica == cfg.bitflip_replica)
             and self._first_time("bitflip")
         ):
             name = flip_bit(self.parameters(), cfg.bitflip_param, cfg.bitflip_bit)

@@ -29,6 +29,7 @@ from lmforge.fault.consistency import Mismatch, ReplicaCheck
 from lmforge.fault.drills import Drills
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import CORRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, WATCHDOG_EXIT_CODE
+from lmforge.fault.group_check import GroupCheck, GroupMismatch
 from lmforge.fault.loss_guard import LossGuard
 from lmforge.fault.signals import PreemptionFlag
 from lmforge.fault.straggler import ComputeClock, StragglerDetector, describe_straggler, gather_hostnames
@@ -111,9 +112,11 @@ class FaultHooks:
             self.watchdog.pause,
             stop_requested=lambda: preemption.requested,
             parameters=lambda: engine.inner.named_parameters(),
+            replica=fc.replica_id if fc.replica_ft == "torchft" else None,
         )
         self.start_step = start_step  # the step this launch resumes from (0: a fresh start)
         self.replicas = self._replica_check(engine, start_step)
+        self.groups: Optional[GroupCheck] = None  # fault.replica_ft=torchft: the check across groups (compare_groups)
         self.last_straggler: dict = {}
         self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
         self._held = None
@@ -147,11 +150,13 @@ class FaultHooks:
                     else f"the {self.cfg.parallelism.engine} engine "
                     "shards the optimizer state across data-parallel ranks"
                 )
-                if torchft:  # the groups' digests are recorded, not compared at run time (fault/replica_ft.py)
-                    why += (
-                        "; the torchft replica groups are not compared with each other (their state's SHA-256 is "
-                        "recorded in replica_ft/membership.jsonl at every membership change)"
+                if torchft:  # the groups are compared with each other instead (compare_groups)
+                    print(
+                        f"lmforge: note: fault.consistency_every={every} compares the torchft replica groups with "
+                        f"each other (fault/group_check.py); no replica inside this group to compare ({why})",
+                        flush=True,
                     )
+                    return None
                 print(
                     f"lmforge: note: fault.consistency_every={every} compares nothing in this layout ({why}); "
                     "use dp_replicate >= 2 (HSDP) to have replicas checked",
@@ -159,6 +164,25 @@ class FaultHooks:
                 )
             return None
         return ReplicaCheck(every, engine.inner, engine.optimizer, group, self.device, start_step)
+
+    def compare_groups(self, replica_ft, group_size: int) -> None:
+        """fault.replica_ft=torchft and fault.consistency_every > 0: compare this group's state with the other
+        replica groups' through ``replica_ft`` (a fault.replica_ft.ReplicaFT) after every due committed step."""
+        fc = self.cfg.fault
+        if fc.consistency_every <= 0:
+            return
+        self.groups = GroupCheck(
+            fc.consistency_every,
+            self.engine.inner,
+            self.engine.optimizer,
+            self.device,
+            replica_id=fc.replica_id,
+            groups=fc.replica_groups,
+            exchange=replica_ft.exchange,
+            participants=replica_ft.participants,
+            group_size=group_size,
+            start_step=self.start_step,
+        )
 
     def start(self) -> "FaultHooks":
         """Attach the compute clock, start the watchdog, gather every rank's host name for the straggler events
@@ -206,7 +230,8 @@ class FaultHooks:
         verdicts (skipped-step events, the pin of the last good checkpoint; divergence), the straggler gather
         (collective: ``all_gather`` every ``metrics.straggler_every`` steps), the after-step drills (sleep,
         SIGKILL, an exception, a hang, a bit flip), the replica check (collectives: ``all_gather`` over the replica
-        group + ``all_reduce`` over the world every ``fault.consistency_every`` steps), a watchdog beat.
+        group + ``all_reduce`` over the world every ``fault.consistency_every`` steps), the check across torchft
+        replica groups (the Manager's all-reduce, one inside a multi-rank group; ``compare_groups``), a watchdog beat.
         Returns extra metrics. A verdict that ends training is left in ``stop`` and the rest is skipped.
 
         The loss guard's verdicts are booked as they become readable on the host: at once on the CPU, a step
@@ -244,8 +269,39 @@ class FaultHooks:
                 self.stop = self.corrupted(mismatch)
                 return extra
             extra["replica_check_s"] = time.perf_counter() - t0
+        if self.groups is not None and self.groups.due(step):
+            t0 = time.perf_counter()
+            self._compare_groups(step, extra)
+            extra["replica_group_check_s"] = time.perf_counter() - t0
         self.watchdog.beat(step)
         return extra
+
+    def _compare_groups(self, step: int, extra: dict) -> None:
+        """The check across torchft replica groups: a suspect group stops (``stop``), the others record the event."""
+        found = self.groups.check(step)  # collectives: the Manager's all-reduce; one inside a multi-rank group
+        if self.groups.unfinished:
+            if self.rank == 0:
+                print(
+                    f"lmforge: warning: step {step}: replica groups not compared: {self.groups.unfinished}", flush=True
+                )
+            return
+        extra["replica_groups_compared"] = len(self.groups.participants())
+        if found is None:
+            return
+        here = self.cfg.fault.replica_id in found.suspects
+        if self.rank == 0:
+            self.events.emit(
+                "replica_mismatch",
+                step,
+                found.describe(),
+                replica_groups=found.suspects,
+                participants=found.participants,
+                tensors=found.tensors,
+                last_good_step=self.groups.last_good_step,
+                this_group_suspect=here,
+            )
+        if here:
+            self.stop = self.corrupted_group(found)
 
     def book_verdicts(self, force: bool = True) -> None:
         """Events, the pin of the last good checkpoint and the divergence verdict (into ``stop``), for every
@@ -303,18 +359,7 @@ class FaultHooks:
         A checkpoint taken after the last agreeing check may already hold the corrupt weights, so the reference
         is the newest one at or before that check (nothing new is saved)."""
         good = self.replicas.last_good_step
-        ref = pin_last_good(
-            self.paths.checkpoints,
-            f"last checkpoint before the replica mismatch found at step {mismatch.step}",
-            at_or_before=good,
-        )
-        if ref is not None:
-            where = (
-                f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
-                f"train.resume={ref}"
-            )
-        else:
-            where = f"no checkpoint precedes step {good}; restart from scratch"
+        ref, where = self._last_good_reference(mismatch.step, good)
         ranks = ", ".join(map(str, mismatch.suspects))
         if mismatch.tensors and self.rank == min(r for r in mismatch.group if r in mismatch.suspects):
             self.events.emit(
@@ -343,6 +388,51 @@ class FaultHooks:
             print(
                 f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True
             )
+        return Corrupted(msg)
+
+    def _last_good_reference(self, found_step: int, good: int) -> tuple:
+        """Pin the newest checkpoint at or before the last agreeing check ``good``; (its path or None, what to do)."""
+        ref = pin_last_good(
+            self.paths.checkpoints,
+            f"last checkpoint before the replica mismatch found at step {found_step}",
+            at_or_before=good,
+        )
+        if ref is not None:
+            return ref, (
+                f"resume from {ref} (pinned; checkpoints after step {good} may hold corrupt weights) with "
+                f"train.resume={ref}"
+            )
+        return None, f"no checkpoint precedes step {good}; restart from scratch"
+
+    def corrupted_group(self, found: GroupMismatch) -> Corrupted:
+        """This torchft replica group's state differs from its peers' (or no majority tells which is right): name
+        the group(s), pin the newest checkpoint from before, exit 47. Under lmforge.launch.replica_ft the group is
+        started again and, behind its peers, heals from a healthy one at its first quorum."""
+        good = self.groups.last_good_step
+        ref, where = self._last_good_reference(found.step, good)
+        me = self.cfg.fault.replica_id
+        if found.ambiguous:
+            who = f"replica groups {found.participants} disagree and no majority tells which is right"
+            then = f"check the hosts of every group, then {where}"
+        else:
+            others = [g for g in found.participants if g not in found.suspects]
+            who = f"replica group {me}'s state differs from groups {others}"
+            then = (
+                f"check its GPUs/hosts; restarted (lmforge.launch.replica_ft), it heals from a healthy peer; alone, "
+                f"{where}"
+            )
+        msg = f"silent data corruption at step {found.step} (last agreeing check at step {good}): {who}; {then}"
+        if self.rank == 0:
+            self.events.emit(
+                "corrupted",
+                found.step,
+                msg,
+                replica_groups=found.suspects,
+                checkpoint=str(ref) if ref else None,
+                last_good_step=good,
+            )
+        else:
+            print(f"[lmforge fault] corrupted rank={self.rank} step={found.step}: {msg}", file=sys.stderr, flush=True)
         return Corrupted(msg)
 
     def close(self) -> None:

@@ -24,6 +24,11 @@ torchrun rendezvous store, MASTER_ADDR:MASTER_PORT). A step:
    every participant may. A step in which a replica dies
    fails on every peer (its all-reduce errors or times out): no replica commits it, the stream is rewound, and the
    step is redone with the next quorum, without the dead replica.
+4. Every ``fault.consistency_every`` committed steps, ``exchange``: the replica check's fingerprints summed across
+   the participants (fault/group_check.py, run by fault/hooks.py).
+
+``state_dict`` (the Manager's step and ``batches_committed``) goes into each checkpoint's sidecar; a resumed group's
+Manager starts from it (``manager_start_state``).
 
 ``<run>/replica_ft/membership.jsonl`` (written by group rank 0) records every change of the committed membership
 and every committed step in which a participant was healed (step, replica ids, the healed ones, this replica's rank, whether it was healed from a peer, and the SHA-256 of its weights and
@@ -59,11 +64,29 @@ from lmforge.runtime import env_vars
 from lmforge.runtime.file_modes import make_dir
 
 
+def manager_start_state(saved: Optional[Dict[str, int]], step: int, say: Callable[[str], None]) -> Dict[str, int]:
+    """The torchft Manager's state at start: the checkpoint's ``batches_committed`` at the trainer's step; a resumed
+    checkpoint without it (saved before the Manager's state was checkpointed) starts the count at 0, said in one line.
+    ``saved`` None and step 0: a fresh start."""
+    if saved is None:
+        if step:
+            say(
+                f"lmforge: note: replica_ft=torchft: the checkpoint of step {step} holds no torchft Manager state; "
+                "its count of committed batches starts at 0"
+            )
+        return {"step": step, "batches_committed": 0}
+    if int(saved.get("step", step)) != step:
+        say(f"lmforge: note: replica_ft=torchft: the checkpoint's Manager step {saved['step']} is not its step {step}")
+    return {"step": step, "batches_committed": int(saved["batches_committed"])}
+
+
 class ReplicaFT:
     """The trainer's side of torchft: quorum and healing per step, gradient averaging, the commit vote, the record.
 
     ``rank``/``world_size``: this process in its replica group (the group's torch.distributed world).
-    ``get_step``/``set_step`` read and set the trainer's step (a healed replica takes its peer's)."""
+    ``get_step``/``set_step`` read and set the trainer's step (a healed replica takes its peer's).
+    ``manager_state``: the Manager's state saved with the checkpoint this group resumes from (``state_dict``);
+    None: a fresh start, or a checkpoint saved without it (announced: its count of committed batches restarts)."""
 
     def __init__(
         self,
@@ -77,6 +100,7 @@ class ReplicaFT:
         world_size: int,
         get_step: Callable[[], int],
         set_step: Callable[[int], None],
+        manager_state: Optional[Dict[str, int]] = None,
     ):
         lighthouse = cfg.lighthouse or env_vars.read("TORCHFT_LIGHTHOUSE", "")
         if not lighthouse:
@@ -97,6 +121,7 @@ class ReplicaFT:
         self.lighthouse = lighthouse
         self.waited = False  # the first quorum waits for every planned group (fault/lighthouse_status.py)
         self.manager = self._manager(lighthouse)
+        self.manager.load_state_dict(manager_start_state(manager_state, get_step(), self._say))
 
     def _manager(self, lighthouse: str):
         # deferred: optional dependency (pip install lmforge[ft])
@@ -133,7 +158,6 @@ class ReplicaFT:
             replica_id=f"replica_{self.cfg.replica_id}",
             hostname=host,
         )
-        manager.load_state_dict({"step": self.get_step(), "batches_committed": 0})  # a resumed replica's step
         return manager
 
     # ---- what a rejoining replica fetches from a healthy peer ------------------------------------------------
@@ -183,6 +207,22 @@ class ReplicaFT:
         members = self.manager.allreduce(self._members, reduce_op=ReduceOp.SUM)
         self.manager.allreduce(flat).wait()
         members.wait()
+
+    def exchange(self, tensor: torch.Tensor) -> bool:
+        """``tensor`` summed in place over the participants of the step just committed (rank i of each group), through
+        the Manager; False when the all-reduce failed (a peer left: the next quorum reconfigures)."""
+        # deferred: optional dependency
+        from torch.distributed import ReduceOp
+
+        return bool(self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()) and not self.manager.errored()
+
+    def participants(self) -> List[int]:
+        """The replica ids that participated in this step (its ``average``)."""
+        return self._ids()
+
+    def state_dict(self) -> Dict[str, int]:
+        """The Manager's state (its step and the batches committed by every participant so far), for checkpoints."""
+        return dict(self.manager.state_dict())
 
     def should_commit(self) -> bool:
         committed = self.manager.should_commit()

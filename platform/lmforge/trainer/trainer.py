@@ -10,7 +10,7 @@ step is named for what it does and every collective is marked "collective:":
         guard = faults.before_step(step)                 # fault/hooks.py: watchdog beat, drills -> the loss guard
         result = engine.train_step(batches, lr, guard)   # parallel/native_engine.py: the layout's collectives
         if not result.committed: continue                # replica FT: no replica committed it; redone
-        faults.after_step(step); stop_on_fault()         # stragglers, replica check; Diverged/Corrupted raised here
+        faults.after_step(step); stop_on_fault()         # stragglers, replica checks; Diverged/Corrupted raised here
         log_step / evaluate                              # metrics/ (token counts all-reduced on logging steps)
         commit_checkpoint(); vote_stop()                 # checkpoint/ async commit, the preemption vote (comm/vote.py)
         maybe save a checkpoint                          # checkpoint/
@@ -217,6 +217,7 @@ class Trainer:
         self.faults: Optional[FaultHooks] = None  # started by fit()
         self.stop_vote: Optional[LaggedVote] = None  # "did any rank get a preemption signal?" (fit)
         self.replica_ft: Optional[ReplicaFT] = None  # fault.replica_ft=torchft: this replica group's torchft side (fit)
+        self.resumed_replica_ft: Optional[dict] = None  # its Manager's state in the resumed checkpoint (maybe_resume)
         self.history: List[dict] = []
         every = profile_interval(cfg.metrics.profile_every, self.world.world_size)  # null: auto, by world size
         self.overlap = OverlapProbe(every, self.paths.traces, self.device)
@@ -321,6 +322,7 @@ class Trainer:
                 self.step,
                 self.scheduled_lr(self.data.state.consumed_samples),
             ),
+            **({"replica_ft": self.replica_ft.state_dict()} if self.replica_ft is not None else {}),
         }
 
     def scheduled_lr(self, consumed: int) -> float:
@@ -360,6 +362,7 @@ class Trainer:
         self.step = int(state["step"])
         self.data.load_state_dict(state["data"])
         self.wandb_run_id = state.get("wandb_run_id")
+        self.resumed_replica_ft = state.get("replica_ft")  # the torchft Manager's state (fault.replica_ft), if saved
         changed = scheduler_changes(state.get("scheduler"), self.cfg.optim, self.cfg.train.max_steps)
         if changed and self.rank == 0:
             print(f"lmforge: warning: the LR schedule differs from the checkpoint's: {'; '.join(changed)}", flush=True)
@@ -388,8 +391,10 @@ class Trainer:
             world_size=self.world.world_size,
             get_step=lambda: self.step,
             set_step=lambda step: setattr(self, "step", step),
+            manager_state=self.resumed_replica_ft,
         )
         self.engine.cross_replica = ft
+        self.faults.compare_groups(ft, self.world.world_size)  # fault.consistency_every: the groups' fingerprints
         if self.rank != 0:
             return ft
         ranks = self.world.world_size
@@ -402,9 +407,10 @@ class Trainer:
         )
         print(
             "lmforge: replica_ft=torchft: gradients and the loss are averaged across groups through torchft (rank i "
-            "of each group with rank i of the others, after this group's own data-parallel reduction); the replica "
-            "check, straggler gather, preemption and checkpoint votes, token counts and evaluation stay inside this "
-            f"group ({ranks} rank(s)); each group checkpoints into its own run directory",
+            "of each group with rank i of the others, after this group's own data-parallel reduction), and so are the "
+            "replica check's fingerprints (fault.consistency_every); the straggler gather, preemption and checkpoint "
+            f"votes, token counts and evaluation stay inside this group ({ranks} rank(s)); each group checkpoints "
+            "its state and its torchft Manager's into its own run directory",
             flush=True,
         )
         return ft
