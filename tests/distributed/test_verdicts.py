@@ -1,5 +1,6 @@
 """Verdicts through real torchrun (``lmforge launch --nproc 2``, lmforge.launch.agent): a deterministic failure
-is not restarted, its exit code survives the agent, and a crash that recurs at the same step stops the run.
+is not restarted, its exit code survives the agent, a crash that recurs at the same step stops the run, and a
+peer SIGKILLed at the same step twice (the survivor's gloo error is a lost peer) does not.
 
 Each case is one ``lmforge launch`` of a tiny 2-rank DDP run (a few steps); the checks of a case share it.
 """
@@ -166,26 +167,34 @@ def test_crash_recurring_at_the_same_step_stops_after_the_second_with_both_trace
     assert [(h["action"], h["kind"]) for h in state["history"]] == [("stop", "repeated_crash")], state
 
 
-@pytest.mark.timeout(300)
-def test_negative_control_a_crash_that_happens_once_is_retried_and_the_run_completes(tmp_path, data_cache):
-    # The same crash, once: torchrun may not restart (max_restarts=0), so the launcher's retry relaunches it
-    # (a retryable 'crash' verdict), the relaunch resumes from step 2 and finishes.
+@pytest.mark.timeout(480)
+def test_peer_killed_twice_at_one_step_and_a_crash_once_are_retried_and_the_run_completes(tmp_path, data_cache):
+    # Rank 1 is SIGKILLed after step 3 in the first two attempts (torchrun restarts them): rank 0 dies in its
+    # step-3 collective both times with the same gloo error, a lost peer, which never makes a repeated crash.
+    # Negative control: the crash drill once (third attempt, torchrun's restarts spent), the launcher's retry
+    # relaunches it (a retryable 'crash' verdict), the relaunch resumes from step 2 and finishes.
     proc, run = launch(
         tmp_path,
         "once",
         [
             "train.max_steps=6",
             "checkpoint.every_steps=2",
+            "fault.drill.kill_step=3",
+            "fault.drill.kill_rank=1",
+            "fault.drill.kill_times=2",
             "fault.drill.crash_step=3",
             "fault.drill.crash_rank=1",
             "fault.drill.crash_times=1",
-            "fault.max_restarts=0",
+            "fault.max_restarts=2",
             "cluster.max_requeues=1",
         ],
         data_cache,
+        timeout=450,
     )
     assert proc.returncode == 0, why(proc)
     assert (run / "DONE").exists()
+    assert sorted(p.name for p in (run / "drills").iterdir()) == ["crash-0", "kill", "kill-1"]
+    assert "repeated_crash" not in proc.stdout + proc.stderr and "not restarting" not in proc.stderr, why(proc)
     state = json.loads((run / "requeues.json").read_text())
     assert [(h["action"], h["kind"]) for h in state["history"]] == [("requeue", "failure"), ("done", "done")], state
     crashed = state["history"][0]["verdicts"]
@@ -195,4 +204,10 @@ def test_negative_control_a_crash_that_happens_once_is_retried_and_the_run_compl
     assert any(h["kind"] == "crash" and h["rank"] == 1 for h in history)  # archived when the relaunch started
     assert not verdicts(run)  # the successful attempt left none
     assert len(list((run / "crashes").glob("step-00000003-DrillCrash-rank1-*.txt"))) == 1
+    # rank 0's lost-peer errors: kept, one per attempt that lost rank 1 at step 3, none counted as a crash
+    lost = sorted((run / "crashes").glob("step-00000003-*-peer_lost-rank0-*.txt"))
+    assert len(lost) >= 2, sorted(p.name for p in (run / "crashes").iterdir())
+    for tb in lost:
+        assert "by peer" in tb.read_text() and "Traceback" in tb.read_text(), tb.read_text()[-2000:]
+    assert all("-peer_lost-" in p.name for p in (run / "crashes").glob("*-rank0-*.txt"))
     assert "resumed from step 2" in proc.stdout + proc.stderr

@@ -11,7 +11,8 @@ Asserted: the supervisor exits 0 and its record holds the two submissions of gro
 spare); Slurm's record of the new job shows the same ExcNodeList and NodeList; group 0 was submitted once. In the
 membership records group 1's first commit after the kill is healed, at a step of both groups; group 0 never
 committed a step alone (the step it was in is redone); the final weights of both groups are bit-identical; the
-negative control: group 1's state before healing differs from the state it healed to. A minority --min-replicas
+negative control: group 1's state before healing differs from the state it healed to; the supervisor writes the
+job's goodput.json over both groups. A minority --min-replicas
 and too few nodes are refused before anything is submitted (exit 2, one line); a group exiting 2 is given up, not
 resubmitted; SIGTERM, and the end of the Lighthouse's job, cancel every job.
 """
@@ -181,6 +182,11 @@ def test_a_group_on_a_failed_node_is_resubmitted_elsewhere_and_heals(slurm_clust
         steps = [r["step"] for r in records(run / f"replica-{i}" / "metrics.jsonl") if r.get("kind") == "train"]
         assert steps[-1] == STEPS, (i, steps)
 
+    # the supervisor's last act: the job's goodput over both groups (group 1 in two launches, the first one killed)
+    report = json.loads((run / "goodput.json").read_text())
+    assert report["replica_groups"] == 2 and [g["launches"] for g in report["groups"]] == [1, 2], report
+    assert 0 < report["goodput"] < 1 and sum(report["seconds"].values()) == pytest.approx(report["replica_seconds"])
+    assert f"lmforge: job goodput {report['goodput']:.1%} over 2 replica groups" in out, out
     t = {e["event"] + str(e.get("job")): e["time"] for e in log}
     print(
         f"replica_ft on Slurm: kill -> NODE_FAIL seen {t['end' + old] - killed_at:.1f} s -> resubmitted "

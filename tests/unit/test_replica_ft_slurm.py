@@ -77,3 +77,40 @@ def test_the_run_stops_once_the_groups_left_cannot_reach_a_quorum(tmp_path):
     sup.groups[0].final_rc = None  # two still running: they commit without group 1
     assert sup.quorum_lost() == ""
     assert not (tmp_path / "q").exists()  # nothing submitted, nothing written
+
+
+def write_group_ledger(run, started: float, steps: int) -> None:
+    """A replica group's goodput ledger (fault/goodput_ledger.py): one launch, ``steps`` steps of 1 s, 100 tokens each."""
+    lines = [{"kind": "start", "launch": 0, "tokens_per_step": 100, "world_size": 1, "load_s": 0.0, "replicas": 2}]
+    lines[0].update(process_start=started, loop_start=started + 2.0, start_step=0)
+    lines += [{"s": s, "w": 0.0, "d": 1.0, "t": started + 2.0 + s} for s in range(1, steps + 1)]
+    lines.append({"kind": "end", "t": started + 2.0 + steps, "step": steps, "reason": "done"})
+    (run / "goodput").mkdir(parents=True)
+    (run / "goodput" / "launch-000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_supervisor_writes_the_jobs_goodput_when_it_exits(tmp_path, capsys):
+    sup = Supervisor(parse(["--replicas", "2", "--name", "ft", "--", f"run.root={tmp_path}"]))
+    sup.folder.mkdir(parents=True)
+    for g in sup.groups.values():  # both finished: nothing to cancel (no scancel)
+        g.final_rc = 0
+    # control first: no group wrote a ledger: one warning line, no goodput.json, the exit code unchanged
+    assert sup.stop("every group finished", 0) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"lmforge: warning: the job's goodput.json not written: no replica group under {tmp_path / 'ft'} wrote a "
+        "goodput ledger (none trained)"
+    )
+    assert not (tmp_path / "ft" / "goodput.json").exists()
+    # group 0 starts at t=0 and group 1 at t=1, each 2 s of startup then 4 steps of 1 s: the job's wall is 7 s, its
+    # 800 tokens against 2 groups x 100 tokens/s x 7 s
+    write_group_ledger(tmp_path / "ft" / "replica-0", 0.0, 4)
+    write_group_ledger(tmp_path / "ft" / "replica-1", 1.0, 4)
+    assert sup.stop("every group finished", 0) == 0
+    report = json.loads((tmp_path / "ft" / "goodput.json").read_text())
+    assert (report["replica_groups"], report["wall_s"], report["committed_tokens"]) == (2, 7.0, 800)
+    assert report["goodput"] == pytest.approx(800 / (2 * 100 * 7))
+    assert report["seconds"]["productive"] == pytest.approx(8.0) and report["seconds"]["startup"] == pytest.approx(5.0)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"lmforge: job goodput 57.1% over 2 replica groups, wall 7.0 s (14.0 replica-seconds); table: lmforge goodput "
+        f"{tmp_path / 'ft'}"
+    )

@@ -26,6 +26,9 @@ class DrillConfig:
     """SIGKILL rank kill_rank right after this step; 0 = off."""
     kill_rank: int = 0
     """The rank kill_step kills."""
+    kill_times: int = 1
+    """Kill on the first this many attempts that reach kill_step; 0 = on every attempt (an outside kill, such as
+    the OOM killer's, that lands at the same step again)."""
     hang_step: int = 0
     """After this step rank hang_rank withholds its next collective for hang_s (its peers block inside that
     collective until their watchdog fires); 0 = off."""

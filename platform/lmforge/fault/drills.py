@@ -1,6 +1,7 @@
 """Fault drills: inject a real fault at a chosen step (``fault.drill.*``) to rehearse recovery.
 
-* kill: ``SIGKILL`` to this very process (nothing runs after it, exactly like the OOM killer);
+* kill: ``SIGKILL`` to this very process (nothing runs after it, exactly like the OOM killer), on the first
+  ``kill_times`` attempts that reach it (0: every attempt);
 * hang: this rank withholds its next collective for ``hang_s`` seconds (its own watchdog is paused, so
   the *peers*, blocked inside the collective, are the ones whose watchdog fires and dumps stacks);
 * crash: this rank raises an exception (``DrillCrash``) after the step, on the first ``crash_times`` attempts
@@ -74,7 +75,7 @@ class Drills:
         cfg = self.cfg
         if cfg.step_sleep_s > 0:
             time.sleep(cfg.step_sleep_s)
-        if cfg.kill_step and step == cfg.kill_step and self.rank == cfg.kill_rank and self._first_time("kill"):
+        if cfg.kill_step and step == cfg.kill_step and self.rank == cfg.kill_rank and self._claim_kill():
             self.on_event("drill", step, f"drill: SIGKILL rank {self.rank} after step {step}")
             sys.stdout.flush()
             sys.stderr.flush()
@@ -102,6 +103,11 @@ class Drills:
             self.on_event(
                 "drill", step, f"drill: rank {self.rank} flipped bit {cfg.bitflip_bit} of {name}[0] after step {step}"
             )
+
+    def _claim_kill(self) -> bool:
+        """True if the kill drill fires in this attempt (ledger ``kill``, then ``kill-1``, ... up to kill_times)."""
+        names = ["kill"] + [f"kill-{i}" for i in range(1, self.cfg.kill_times)]
+        return self.cfg.kill_times <= 0 or any(self._first_time(name) for name in names)
 
     def _claim_crash(self) -> bool:
         """True if the crash drill fires in this attempt (one ledger entry per firing, up to crash_times)."""

@@ -19,7 +19,7 @@ import json
 import re
 import statistics
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from lmforge.fault.goodput import CAUSES, GoodputError, account
 from lmforge.runtime.file_modes import write_text
@@ -90,6 +90,25 @@ def write_job_goodput(job_dir: Path) -> dict:
     tmp = target.with_name(".goodput.json.tmp")
     write_text(tmp, json.dumps(report, indent=1, sort_keys=True) + "\n")
     tmp.replace(target)
+    return report
+
+
+def announce_job_goodput(job_dir: Path) -> Optional[dict]:
+    """What a torchft launcher (local or Slurm) does at its end: write ``<job>/goodput.json`` and print its one line;
+    the report, or None after a one-line warning (the accounting never fails a job)."""
+    job_dir = Path(job_dir)
+    try:
+        if not group_dirs(job_dir):
+            raise GoodputError(f"no replica group under {job_dir} wrote a goodput ledger (none trained)")
+        report = write_job_goodput(job_dir)
+    except (GoodputError, OSError, ValueError, KeyError) as exc:
+        print(f"lmforge: warning: the job's goodput.json not written: {exc}", flush=True)
+        return None
+    print(
+        f"lmforge: job goodput {report['goodput']:.1%} over {report['replica_groups']} replica groups, wall "
+        f"{report['wall_s']:.1f} s ({report['replica_seconds']:.1f} replica-seconds); table: lmforge goodput {job_dir}",
+        flush=True,
+    )
     return report
 
 

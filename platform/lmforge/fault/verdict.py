@@ -10,7 +10,8 @@ message, exit code, time and restart counts. The launchers read it:
   requeueing, with the verdict's message in the job log and its exit code.
 
 Deterministic kinds cannot succeed on a retry: ``config_error``, ``layout_error``, ``data_error`` (exit 2),
-``diverged`` (45), ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt) and
+``diverged`` (45), ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt; never a lost
+peer, fault/peer_loss.py) and
 ``corrupted`` (47: data-parallel replicas differ; fault/consistency.py).
 Retryable kinds: ``crash`` (an uncaught exception, exit 1), ``preempted`` and ``hang`` (watchdog, 43).
 
@@ -33,6 +34,7 @@ from typing import Callable, List, Optional
 
 from lmforge.config.errors import ActionableError, ConfigError
 from lmforge.fault.exitcodes import BAD_INPUT_EXIT_CODE, REPEATED_CRASH_EXIT_CODE
+from lmforge.fault.peer_loss import lost_peer
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.env_vars import read, read_int, slurm_restart_count, torchrun_restart_count
 from lmforge.runtime.file_modes import make_dir, open_append, open_write, write_text
@@ -40,6 +42,7 @@ from lmforge.runtime.rundir import RunPaths
 from lmforge.runtime.secrets import redact_text
 
 HISTORY_FILE = "history.jsonl"
+PEER_LOST_TAG = "peer_lost"  # in the name of a lost peer's crash record, which the repeated-crash rule never matches
 
 
 class VerdictKind(str, enum.Enum):
@@ -194,10 +197,10 @@ def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, sta
     """Keep a crash's traceback in ``crashes/step-<step>-<error type>-rank<r>-t<ns>.txt``; return (its path,
     the paths of earlier attempts' crashes with the same step and error type, this rank's first).
 
-    The same crash is the same exception type at the same step: a peer's secondary failure (a collective
-    error after this rank died) has another type and does not count. A record older than ``started`` (when
-    this worker began) comes from an earlier attempt: a launcher restarts a group only after every process of
-    the previous one has ended."""
+    The same crash is the same exception type at the same step. A peer's secondary failure (a collective error
+    after another rank died) is recorded under ``<error>-peer_lost`` by :func:`verdict_for`, so it neither matches
+    nor is matched. A record older than ``started`` (when this worker began) comes from an earlier attempt: a
+    launcher restarts a group only after every process of the previous one has ended."""
     d = make_dir(crashes_dir(run_dir))
     earlier = []
     for p in sorted(d.glob(f"step-{step:08d}-{error}-rank*.txt"), key=lambda p: f"-rank{rank}-" not in p.name):
@@ -214,7 +217,10 @@ def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, sta
 
 
 def verdict_for(run_dir: Path, exc: BaseException, rank: int, step: int, started: float) -> Optional[Verdict]:
-    """Classify ``exc``, apply the repeated-crash rule, write the verdict; None when nothing to record."""
+    """Classify ``exc``, apply the repeated-crash rule, write the verdict; None when nothing to record.
+
+    A lost peer (fault/peer_loss.py: a communication error after another rank died) stays a retryable ``crash``:
+    its traceback is kept, tagged ``peer_lost``, and it never counts toward, nor triggers, ``repeated_crash``."""
     found = classify(exc)
     if found is None:
         return None
@@ -227,7 +233,12 @@ def verdict_for(run_dir: Path, exc: BaseException, rank: int, step: int, started
             f"{slurm_restart_count()}\n" + "".join(traceback.format_exception(exc))
         )
         error = "".join(c for c in type(exc).__name__ if c.isalnum() or c == "_")
+        peer_lost = lost_peer(exc)
+        if peer_lost:
+            error = f"{error}-{PEER_LOST_TAG}"
+            message = f"{message} (a lost peer or network failure: never counted as a repeated crash)"
         path, earlier = record_crash(run_dir, rank, step, error, text, started)
+        earlier = [] if peer_lost else earlier
         tracebacks = [str(p) for p in earlier[:1]] + [str(path)]
         if earlier:
             kind, code = VerdictKind.REPEATED_CRASH, REPEATED_CRASH_EXIT_CODE

@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, NoReturn, Optional, Sequence
 
-from lmforge.fault.goodput import GoodputError
-from lmforge.fault.goodput_job import write_job_goodput
+from lmforge.fault.goodput_job import announce_job_goodput
 
 CONFIG_ERROR = 2  # lmforge's exit code for bad input: restarting cannot help
 
@@ -217,22 +216,8 @@ class Job:
             lighthouse.terminate()
             lighthouse.wait(timeout=10)
         failed = [rc for rc in self.final.values() if rc != 0]
-        self.write_goodput()
+        announce_job_goodput(self.folder.parent)  # <name>/goodput.json over the groups, and its one line
         return failed[0] if failed else 0
-
-    def write_goodput(self) -> None:
-        """The job's goodput over its groups (``<name>/goodput.json``, fault/goodput_job.py) and its one line."""
-        job = self.folder.parent
-        try:
-            report = write_job_goodput(job)
-        except (GoodputError, OSError, ValueError, KeyError) as exc:  # the accounting never fails a job
-            print(f"lmforge: warning: the job's goodput.json not written: {exc}", flush=True)
-            return
-        print(
-            f"lmforge: job goodput {report['goodput']:.1%} over {report['replica_groups']} replica groups, wall "
-            f"{report['wall_s']:.1f} s ({report['replica_seconds']:.1f} replica-seconds); table: lmforge goodput {job}",
-            flush=True,
-        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

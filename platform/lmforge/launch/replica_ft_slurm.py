@@ -26,7 +26,8 @@ cancelled and the supervisor exits 1.
 The record, ``<run.root>/<name>/replica_ft/supervisor.jsonl``: one JSON line per submission (role, replica,
 attempt, job, exclude, the sbatch command), job start (nodes), job end (state, exit code, nodes), exclusion (node,
 reason) and the supervisor's exit; the jobs' logs beside it (``lighthouse-<job>.out``,
-``replica-<i>-<job>.out``/``.err``). Exit 0 once every group finished, else the first given-up group's exit code
+``replica-<i>-<job>.out``/``.err``); at the exit ``<name>/goodput.json``, the job's goodput over its groups
+(fault/goodput_job.py, as the local launcher writes it). Exit 0 once every group finished, else the first given-up group's exit code
 (1 if it had none); SIGTERM or SIGINT cancels every job. If the supervisor itself dies (its machine reboots), the
 jobs run on unsupervised: cancel them (job names ``<name>-lighthouse``, ``<name>-r<i>``) before starting it again. Bad input (a minority --min-replicas, fewer usable nodes than
 groups x --nodes-per-group + 1 for the Lighthouse) fails in one line, exit 2, before anything is submitted.
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from lmforge.fault.goodput_job import announce_job_goodput
 from lmforge.launch import slurm_queue
 from lmforge.launch.replica_ft import CONFIG_ERROR, OneLineParser, majority_or_refuse, run_root
 from lmforge.runtime import env_vars
@@ -269,11 +271,12 @@ class Supervisor:
         return ""
 
     def stop(self, why: str, rc: int) -> int:
-        """Cancel every job still there, record the exit, return ``rc``."""
+        """Cancel every job still there, record the exit, write the job's goodput.json, return ``rc``."""
         jobs = [g.job for g in self.groups.values() if g.job and g.final_rc is None]
         slurm_queue.scancel([*jobs, self.lighthouse_job] if self.lighthouse_job else jobs)
         self.record(event="exit", rc=rc, reason=why, cancelled=jobs)
         self.say(f"supervisor exits {rc}: {why}")
+        announce_job_goodput(self.folder.parent)  # <name>/goodput.json over the groups, and its one line
         return rc
 
     def run(self) -> int:
