@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from pathlib import Path
 
 import pytest
+from torch.distributed.checkpoint.api import CheckpointException
 
 from lmforge.checkpoint.safe_io import UnsafeCheckpointError
 from lmforge.config.errors import ConfigError
@@ -27,12 +29,15 @@ def test_kinds_exit_codes_and_what_is_deterministic(tmp_path):
         UnsafeCheckpointError("ckpt/.metadata", "refused global os.system"): ("config_error", 2),
         Corrupted("replicas differ at step 4"): ("corrupted", 47),
         ValueError("boom"): ("crash", 1),
+        # a BaseException that is not an Exception: a failed DCP save or load still leaves a crash verdict
+        CheckpointException("save", {0: (RuntimeError("disk full"), traceback.extract_stack())}): ("crash", 1),
     }
     for exc, (kind, code) in cases.items():
         got, got_code, message = V.classify(exc)
         assert (got.value, got_code) == (kind, code), exc
         assert message
     assert V.classify(SystemExit(0)) is None and V.classify(KeyboardInterrupt()) is None
+    assert V.classify(GeneratorExit()) is None
     assert {k.value for k in V.DETERMINISTIC} == {
         "config_error",
         "layout_error",

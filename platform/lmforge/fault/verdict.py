@@ -186,11 +186,11 @@ def classify(exc: BaseException) -> Optional[tuple]:
     # the job the devices it names: the same input fails the same way on every attempt
     if isinstance(exc, (ActionableError, DeviceContractError)):
         return VerdictKind.CONFIG_ERROR, BAD_INPUT_EXIT_CODE, str(exc)
-    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+    if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
         return None
-    if isinstance(exc, Exception):
-        return VerdictKind.CRASH, 1, f"{type(exc).__name__}: {exc}"
-    return None
+    # any other exception is a crash, BaseException subclasses included (DCP's CheckpointException is one: a failed
+    # checkpoint save or load must leave its verdict and traceback like any other crash)
+    return VerdictKind.CRASH, 1, f"{type(exc).__name__}: {exc}"
 
 
 def record_crash(run_dir: Path, rank: int, step: int, error: str, text: str, started: float) -> tuple:
