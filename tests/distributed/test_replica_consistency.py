@@ -88,7 +88,12 @@ def _assert_stopped(run, events, outputs, codes, world, suspects, group, flipped
 def test_ddp_bit_flip_is_caught_and_control_trains_on(tmp_path, data_cache):
     flip = ["fault.drill.bitflip_step=3", "fault.drill.bitflip_rank=1"]
     codes, run, records, events, outputs = _run(
-        tmp_path, data_cache, "flip", 3, ["parallelism=ddp", "train.global_batch_size=6", *flip], timeout=280
+        tmp_path,
+        data_cache,
+        "flip",
+        3,
+        ["parallelism=ddp", "parallelism.dp_replicate=3", "train.global_batch_size=6", *flip],
+        timeout=280,
     )
     _assert_stopped(run, events, outputs, codes, 3, [1], [0, 1, 2], flipped_rank=1)
     assert (
