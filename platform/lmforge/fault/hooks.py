@@ -61,7 +61,8 @@ class Diverged(FaultStop):
 
 
 class Corrupted(FaultStop):
-    """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 47, verdict ``corrupted``)."""
+    """Data-parallel replicas disagree (silent data corruption): exit code 47, verdict ``corrupted``; not retried on
+    the same hosts (a Slurm requeue without the named hosts is: lmforge.fault.retry)."""
 
     verdict_kind = "corrupted"
     exit_code = CORRUPTED_EXIT_CODE

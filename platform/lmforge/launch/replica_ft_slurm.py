@@ -17,7 +17,8 @@ Then it polls the jobs (squeue; an ended job's exit code from scontrol, else sac
 group's job that ends COMPLETED with train.sh's ``done`` in the group's requeues.json is finished. Any other end
 (NODE_FAIL, FAILED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, or COMPLETED without ``done``) resubmits the group,
 at most --max-resubmits times, excluding the node at fault: after NODE_FAIL the job's nodes that Slurm reports down
-(all its nodes if none is reported), after another failure only those Slurm reports unhealthy. Never resubmitted:
+(all its nodes if none is reported), after another failure only those Slurm reports unhealthy; and the hosts
+lmforge.fault.bad_nodes names from the group's run directory (a group whose state was found corrupt). Never resubmitted:
 exit code 2 (a config error that would recur) and CANCELLED (someone cancelled it); once groups are given up and
 fewer than --min-replicas are left, every job is cancelled (those left could never commit). The new job heals from a
 healthy peer (lmforge.fault.replica_ft). When the Lighthouse's job ends, the run cannot form quorums: every job is
