@@ -168,7 +168,7 @@ def test_corruption_stops_when_no_host_is_named_excluded_or_the_budget_is_spent(
     write_metrics(ambiguous, [corrupted(ranks=[0, 1])])
     checkpoint(ambiguous, 15)
     stop = record(ambiguous, 47, signalled=False, max_failures=2, nodes=nodes, exclusions={})
-    assert (stop.action, stop.kind, stop.word(47)) == ("stop", "corrupted", "stop 47")
+    assert (stop.action, stop.kind, stop.word(47).split()) == ("stop", "corrupted", ["stop", "47"])
     assert (ambiguous / "checkpoints" / "step-00000015").exists()  # nothing moved on a stop
     named = tmp_path / "named"
     write_metrics(named, [corrupted(hosts=["node2"])])
