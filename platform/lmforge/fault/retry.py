@@ -217,7 +217,7 @@ def record(
     entry = _entry(slurm_restart_count(), exit_code, signalled, decision.action, decision.kind, decision.reason)
     entry.update(nodes=nodes or [], excluded=excluded, exclusion_reasons=exclusions)
     if decision.kind == "corrupted" and decision.action == "requeue":
-        entry["suspect_checkpoints"] = set_aside_after(run_dir, int(last_corrupted(run_dir)["last_good_step"] or 0))
+        entry["suspect_checkpoints"] = set_aside_after(run_dir, int(last_corrupted(run_dir).get("last_good_step") or 0))
     event = {"requeue": "requeue", "stop": "retry_stop"}.get(decision.action)  # done: no event
     _book(run_dir, state, entry, event, excluded=excluded)
     return decision
