@@ -15,8 +15,9 @@
 #     it is forwarded to the workers, which finish the step, checkpoint and stop; the job requeues itself;
 #   * after the run, lmforge.launch.jobctl decides finish / requeue / stop (retry budget
 #     cluster.max_requeues for crashes; a deterministic failure, e.g. a config error or a divergence, is never
-#     retried: the job ends with its message and exit code) and requeues with `scontrol requeue`, leaving the
-#     nodes at fault (unhealthy in Slurm, or a repeated straggler) out of the next run (ExcNodeList, set while the
+#     retried: the job ends with its message and exit code; corrupted replicas on named hosts are retried without
+#     them) and requeues with `scontrol requeue`, leaving the nodes at fault (unhealthy in Slurm, the host of a
+#     corrupt replica, or a repeated straggler) out of the next run (ExcNodeList, set while the
 #     job is pending; optionally fewer nodes: cluster.min_nodes). A requeued job keeps its job id, hence its run
 #     directory (runs/slurm-<jobid>), and resumes.
 #   * node failure: Slurm requeues the job itself and ends this script (its TERM is logged as such, not as a

@@ -3,7 +3,8 @@ one-process replica groups (gloo) with fault.consistency_every=1, and the bitfli
 weights right after step 3 (fault.drill.bitflip_replica=1: the other groups' rank 0 does not flip).
 
 Asserted: at step 3 every group's fingerprint exchange through the torchft Manager names group 1, and only it; group 1
-stops with the ``corrupted`` verdict (exit 47, its events ``replica_mismatch`` and ``corrupted``), groups 0 and 2
+stops with the ``corrupted`` verdict (exit 47, its events ``replica_mismatch`` and ``corrupted``, which names the
+group's host: the node lmforge.fault.bad_nodes has a resubmission exclude), groups 0 and 2
 record the mismatch and train on to the end as two. Negative control: the same run without the drill compares the
 three groups at every step and reports no mismatch; it stops at step 3 (a checkpoint) and is launched again, and the
 resumed groups' torchft Managers continue the checkpointed count of committed batches (3 groups x 6 steps = 18 in
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from lmforge.fault.bad_nodes import at_fault, short_host
 from tests.harness import free_port
 
 pytestmark = pytest.mark.distributed
@@ -99,6 +102,11 @@ def test_the_group_whose_weights_flipped_is_named_and_stops(tmp_path, drill):
     (corrupted,) = [r for r in metrics[1] if r.get("event") == "corrupted"]
     assert corrupted["step"] == FLIP_AT and corrupted["replica_groups"] == [1] and corrupted["last_good_step"] == 2
     assert "replica group 1's state differs from groups [0, 2]" in corrupted["cause"]
+    assert corrupted["hosts"] == [socket.gethostname()], corrupted  # the group's one rank runs here
+    host = short_host(socket.gethostname())
+    reason = f"silent data corruption on its replica group's state at step {FLIP_AT} (fault.consistency_every)"
+    assert at_fault(run / "replica-1", [host], {}, straggler_limit=0) == {host: reason}
+    assert at_fault(run / "replica-0", [host], {}, straggler_limit=0) == {}  # a healthy group names nobody
     (verdict,) = [json.loads(p.read_text()) for p in (run / "replica-1" / "verdicts").glob("rank*.json")]
     assert (verdict["kind"], verdict["exit_code"], verdict["step"]) == ("corrupted", CORRUPTED, FLIP_AT), verdict
     assert [r["step"] for r in train[1]] == list(range(1, FLIP_AT)), train[1]  # stopped before logging step 3

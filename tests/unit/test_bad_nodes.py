@@ -100,3 +100,79 @@ def test_a_job_shrinks_after_an_exclusion_only_when_allowed_and_the_layout_fits(
     fixed = [o.replace("${cluster.nodes}", "2") for o in job]
     shrink, why = shrunk_node_count(fixed, added, total=2, excluded=1, min_nodes=1)
     assert shrink is None and why.startswith("the layout is not valid on 1 nodes (config key 'parallelism'"), why
+
+
+def corrupted(step=20, hosts=(), **fields):
+    return event("corrupted", step=step, hosts=list(hosts), last_good_step=10, **fields)
+
+
+def test_silent_data_corruption_excludes_the_host_only_when_the_check_names_it(tmp_path):
+    run = tmp_path / "run"
+    earlier = [corrupted(hosts=["node1"])]  # a run before the last requeue: not counted
+    write_metrics(run, earlier + [event("requeued"), corrupted(hosts=["node2.cluster"], ranks=[2])])
+    nodes = ["node1", "node2", "node3"]
+    assert bad_nodes.at_fault(run, nodes, {}, straggler_limit=0) == {
+        "node2": "silent data corruption on its replica at step 20 (fault.consistency_every)"
+    }
+    assert bad_nodes.at_fault(run, nodes, {"node2": "drained"}, 0) == {"node2": "Slurm reports it drained"}
+    assert bad_nodes.at_fault(run, ["node1", "node3"], {}, 0) == {}  # not a node of this attempt
+    group = tmp_path / "group"  # a torchft group named by the check across groups: its hosts
+    write_metrics(group, [corrupted(step=3, hosts=["node4", "node5"], replica_groups=[1])])
+    assert bad_nodes.at_fault(group, ["node4", "node5"], {}, 0) == {
+        n: "silent data corruption on its replica group's state at step 3 (fault.consistency_every)"
+        for n in ("node4", "node5")
+    }
+    # Negative control: an ambiguous finding (a pair of replicas, a tie) names no host and excludes nobody.
+    ambiguous = tmp_path / "ambiguous"
+    write_metrics(ambiguous, [corrupted(ranks=[0, 1]), corrupted(step=3, replica_groups=[0, 1])])
+    assert bad_nodes.at_fault(ambiguous, nodes, {}, straggler_limit=0) == {}
+
+
+def checkpoint(run, step, pinned=False):
+    path = run / "checkpoints" / f"step-{step:08d}"
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text("")
+    (path / "state.json").write_text("{}")
+    if pinned:
+        (path / "PINNED").write_text("last checkpoint before the replica mismatch found at step 20")
+    return path
+
+
+def test_corruption_on_a_named_host_is_requeued_without_it_from_the_checkpoint_before(tmp_path, monkeypatch):
+    from lmforge.checkpoint.layout import latest
+    from lmforge.fault.verdict import Verdict, VerdictKind, write
+
+    monkeypatch.setenv("SLURM_JOB_ID", "79")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    run = tmp_path / "run"
+    write_metrics(run, [corrupted(hosts=["node2"], ranks=[2])])
+    good, suspect = checkpoint(run, 10, pinned=True), checkpoint(run, 15)  # step 15 may hold corrupt weights
+    write(run, Verdict(VerdictKind.CORRUPTED, 0, 20, "silent data corruption", 47))
+    why = bad_nodes.at_fault(run, ["node1", "node2", "node3"], {}, straggler_limit=0)
+    decision = record(run, 47, signalled=False, max_failures=2, nodes=["node1", "node2", "node3"], exclusions=why)
+    assert (decision.action, decision.kind) == ("requeue", "corrupted"), decision
+    assert decision.reason.startswith(
+        "silent data corruption at step 20 on node2: requeued without it (retry 1 of 2), resuming from the newest "
+        "checkpoint at or before step 10, the last agreeing check"
+    )
+    entry = load_state(run)["history"][-1]
+    assert entry["excluded"] == ["node2"] and entry["suspect_checkpoints"] == [suspect.name]
+    assert latest(run / "checkpoints") == good and (run / "suspect_checkpoints" / suspect.name / "COMPLETE").exists()
+    assert load_state(run)["failures"] == 1
+
+
+def test_corruption_stops_when_no_host_is_named_excluded_or_the_budget_is_spent(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "80")
+    nodes = ["node1", "node2"]
+    ambiguous = tmp_path / "ambiguous"  # a pair of replicas: nothing tells which is wrong
+    write_metrics(ambiguous, [corrupted(ranks=[0, 1])])
+    checkpoint(ambiguous, 15)
+    stop = record(ambiguous, 47, signalled=False, max_failures=2, nodes=nodes, exclusions={})
+    assert (stop.action, stop.kind, stop.word(47).split()) == ("stop", "corrupted", ["stop", "47"])
+    assert (ambiguous / "checkpoints" / "step-00000015").exists()  # nothing moved on a stop
+    named = tmp_path / "named"
+    write_metrics(named, [corrupted(hosts=["node2"])])
+    assert record(named, 47, signalled=False, max_failures=2, nodes=nodes, exclusions={}).action == "stop"
+    why = bad_nodes.at_fault(named, nodes, {}, straggler_limit=0)
+    assert record(named, 47, signalled=False, max_failures=0, nodes=nodes, exclusions=why).action == "stop"
+    assert record(named, 47, signalled=False, max_failures=1, nodes=nodes, exclusions=why).action == "requeue"

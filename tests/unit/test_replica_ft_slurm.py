@@ -114,3 +114,28 @@ def test_the_supervisor_writes_the_jobs_goodput_when_it_exits(tmp_path, capsys):
         f"lmforge: job goodput 57.1% over 2 replica groups, wall 7.0 s (14.0 replica-seconds); table: lmforge goodput "
         f"{tmp_path / 'ft'}"
     )
+
+
+def test_a_group_that_stopped_on_corruption_of_its_state_is_resubmitted_without_its_hosts(tmp_path):
+    from lmforge.launch.replica_ft_slurm import nodes_at_fault
+    from lmforge.launch.slurm_queue import JobState
+
+    def corrupted(run, hosts):
+        run.mkdir()
+        event = {"kind": "event", "event": "corrupted", "step": 3, "replica_groups": [1], "hosts": hosts}
+        (run / "metrics.jsonl").write_text(json.dumps(event) + "\n")
+        return run
+
+    named = corrupted(tmp_path / "replica-1", ["node2.cluster", "node3"])
+    end = JobState("5", "FAILED", ["node2", "node3"], 47)
+    why = "job 5 ended FAILED (exit 47); silent data corruption on its replica group's state at step 3"
+    assert nodes_at_fault(end, {}, named) == {n: f"{why} (fault.consistency_every)" for n in ("node2", "node3")}
+    assert nodes_at_fault(end, {"node3": "drained"}, named) == {
+        "node2": f"{why} (fault.consistency_every)",
+        "node3": "job 5 ended FAILED; Slurm reports node3 drained",
+    }
+    # Negative control: two groups or a tie name no host; a failed job on healthy nodes excludes nothing.
+    ambiguous = corrupted(tmp_path / "replica-0", [])
+    assert nodes_at_fault(end, {}, ambiguous) == {}
+    lost = JobState("6", "NODE_FAIL", ["node4"], -1)
+    assert nodes_at_fault(lost, {}, ambiguous) == {"node4": "job 6 ended NODE_FAIL on it"}

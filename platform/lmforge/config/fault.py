@@ -89,8 +89,9 @@ class FaultConfig:
     """Stop (exit 45, the last checkpoint before the divergence pinned) after this many skipped steps in a row."""
     consistency_every: NonNegativeInt = 1000
     """Every this many steps, data-parallel replicas compare exact fingerprints of their parameters and optimizer
-    state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it.
-    0 = off."""
+    state (fault/consistency.py); a mismatch stops the run with exit 47 and the last checkpoint before it, naming
+    the suspect replica's hosts when the check can tell which is wrong (a minority of three or more; the host names
+    are gathered once at start): a Slurm job is then requeued without them. 0 = off."""
     exclude_straggler_flags: NonNegativeInt = 3
     """On a Slurm requeue, a node the straggler detector flagged this many times in the run that ended is left out
     of the job's next run (with the nodes Slurm reports unhealthy; lmforge.fault.bad_nodes); 0 = never."""

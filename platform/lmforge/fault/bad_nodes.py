@@ -1,9 +1,11 @@
 """Nodes at fault: which nodes of an attempt a requeue should leave out, and the record of every exclusion.
 
 A node is at fault when Slurm reports it unhealthy (down, drained, failing, not responding: the launcher asks
-``sinfo``) or when the straggler detector flagged it in the attempt that just ended at least
-``fault.exclude_straggler_flags`` times (``straggler`` events in ``<run>/metrics.jsonl`` after the attempt's
-``requeued`` event, by host). ``slurm/train.sh`` (``lmforge.launch.jobctl after``) excludes such nodes from the
+``sinfo``), when the replica check found silent data corruption on its replica in the attempt that just ended
+(``corrupted`` events with ``hosts``: named only where the check could tell which replica is wrong, the minority of
+three or more; a pair or a tie names no host, so it excludes nobody), or when the straggler detector flagged it at
+least ``fault.exclude_straggler_flags`` times (``straggler`` events); events are read from ``<run>/metrics.jsonl``
+after the attempt's ``requeued`` event, by host. ``slurm/train.sh`` (``lmforge.launch.jobctl after``) excludes such nodes from the
 job's next run and records each one, with its reason and whether Slurm took it, in ``<run>/excluded_nodes.json``
 (cumulative over the run: a node once excluded stays excluded for the job) and in the requeue's
 ``requeues.json`` entry.
@@ -60,10 +62,29 @@ def straggler_flags(run_dir: Path) -> Dict[str, int]:
     )
 
 
+def corrupted_hosts(run_dir: Path) -> Dict[str, str]:
+    """host -> why, for the hosts a ``corrupted`` event of the attempt that is ending names (its suspect replica's
+    hosts; an ambiguous finding names none)."""
+    out: Dict[str, str] = {}
+    for e in attempt_events(run_dir):
+        if e.get("event") != "corrupted":
+            continue
+        where = "replica group's state" if e.get("replica_groups") is not None else "replica"
+        for host in e.get("hosts") or []:
+            out.setdefault(
+                short_host(str(host)),
+                f"silent data corruption on its {where} at step {e.get('step')} (fault.consistency_every)",
+            )
+    return out
+
+
 def at_fault(run_dir: Path, nodes: Iterable[str], unhealthy: Mapping[str, str], straggler_limit: int) -> Dict[str, str]:
     """node -> why it is at fault, for the nodes of this attempt (``unhealthy``: node -> the state Slurm reports)."""
     nodes = list(nodes)
     reasons = {n: f"Slurm reports it {state}" for n, state in unhealthy.items() if n in nodes}
+    for host, why in corrupted_hosts(run_dir).items():
+        if host in nodes and host not in reasons:
+            reasons[host] = why
     if straggler_limit > 0:
         for host, count in sorted(straggler_flags(run_dir).items()):
             if host in nodes and count >= straggler_limit and host not in reasons:

@@ -10,7 +10,8 @@ raw bits viewed as integers of the same width and summed in int64, on the device
 the sum by +-2^k, never 0 mod 2^64), all-gathers the small vector over its replica group only, and compares.
 A mismatch names the ranks (with three or more replicas the minority; with two, both: nothing tells which of
 the two is right) and the tensors. The verdict is shared with every rank (one all-reduce over the world of a
-per-rank flag vector) so the whole job stops together.
+per-rank flag vector: 2 for a rank that differs from its group's majority, 1 for a suspect of a group without one)
+so the whole job stops together and every rank knows which suspects are certain (``Mismatch.certain``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Mismatch:
     suspects: List[int]  # global ranks whose tensors differ (both of a pair: which one is right is unknown)
     group: List[int] = field(default_factory=list)  # global ranks of the replica group that saw it ([] elsewhere)
     tensors: List[str] = field(default_factory=list)  # names of the differing tensors (known in that group)
+    certain: List[int] = field(default_factory=list)  # the suspects that differ from their group's majority
 
     def describe(self) -> str:
         if not self.tensors:
@@ -137,13 +139,16 @@ class ReplicaCheck:
         dist.all_gather(gathered, mine, group=self.group)
         positions, columns = disagreeing([g.tolist() for g in gathered])
         flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=self.device)
+        majority = len(positions) < len(self.group_ranks)  # a group where every replica is suspect has none
         for pos in positions:
-            flags[self.group_ranks[pos]] = 1
+            flags[self.group_ranks[pos]] = 2 if majority else 1
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every replica group learns of a mismatch anywhere
-        suspects = [r for r, f in enumerate(flags.tolist()) if f]
+        values = flags.tolist()
+        suspects = [r for r, f in enumerate(values) if f]
         if not suspects:
             self.last_good_step = step
             return None
+        certain = [r for r, f in enumerate(values) if f == 2]
         if positions:
-            return Mismatch(step, suspects, list(self.group_ranks), [names[j] for j in columns])
-        return Mismatch(step, suspects)
+            return Mismatch(step, suspects, list(self.group_ranks), [names[j] for j in columns], certain)
+        return Mismatch(step, suspects, certain=certain)

@@ -8,7 +8,8 @@
     45  diverged: too many non-finite / spiking losses in a row: do NOT retry, a human must look
     46  repeated crash: the same step crashed in an earlier attempt too: do NOT retry (tracebacks in <run>/crashes)
     47  corrupted: data-parallel replicas hold different weights (silent data corruption, fault/consistency.py):
-        do NOT retry on the same hosts; check the named ranks' hardware, resume from the referenced checkpoint
+        do NOT retry on the same hosts; requeued without the hosts the check names (lmforge.fault.retry), else
+        check the named ranks' hardware and resume from the referenced checkpoint
 
 Under torchrun the worker's code is lost (the agent exits 1), so every worker ending in error also writes its
 verdict (lmforge.fault.verdict); lmforge.launch.agent exits with the deciding verdict's code.

@@ -61,7 +61,8 @@ class Diverged(FaultStop):
 
 
 class Corrupted(FaultStop):
-    """Data-parallel replicas disagree (silent data corruption). Not retried (exit code 47, verdict ``corrupted``)."""
+    """Data-parallel replicas disagree (silent data corruption): exit code 47, verdict ``corrupted``; not retried on
+    the same hosts (a Slurm requeue without the named hosts is: lmforge.fault.retry)."""
 
     verdict_kind = "corrupted"
     exit_code = CORRUPTED_EXIT_CODE
@@ -118,6 +119,7 @@ class FaultHooks:
         self.replicas = self._replica_check(engine, start_step)
         self.groups: Optional[GroupCheck] = None  # fault.replica_ft=torchft: the check across groups (compare_groups)
         self.last_straggler: dict = {}
+        self.hosts: list = []  # every rank's host name, by rank (``start``; this group's ranks under torchft)
         self.stop: Optional[FaultStop] = None  # the verdict that ends training, raised by the trainer
         self._held = None
 
@@ -185,15 +187,16 @@ class FaultHooks:
         )
 
     def start(self) -> "FaultHooks":
-        """Attach the compute clock, start the watchdog, gather every rank's host name for the straggler events
-        (collective: one all_gather, on every rank, only with ``metrics.straggler_every`` > 0 and more than one
-        rank) and record a restart (its step: the step this launch resumes from)."""
+        """Attach the compute clock, start the watchdog, gather every rank's host name for the straggler and
+        ``corrupted`` events (collective: one all_gather, on every rank, only with ``metrics.straggler_every`` > 0
+        or ``fault.consistency_every`` > 0, and more than one rank; under torchft the ranks of this group) and
+        record a restart (its step: the step this launch resumes from)."""
         if self.clock is not None:
             self.clock.attach(self.engine, self.cfg.parallelism)
         self.watchdog.start()
         self.watchdog.write_heartbeat()
-        if self.stragglers.every > 0:
-            self.stragglers.hosts = gather_hostnames(self.device)
+        if self.stragglers.every > 0 or self.cfg.fault.consistency_every > 0:
+            self.hosts = self.stragglers.hosts = gather_hostnames(self.device)
         restart, requeue = torchrun_restart_count(), slurm_restart_count()
         # Every restarted rank reports (an agent that rejoined for a peer's restart may still count 0).
         if restart or (requeue and self.rank == 0):
@@ -361,6 +364,7 @@ class FaultHooks:
         good = self.replicas.last_good_step
         ref, where = self._last_good_reference(mismatch.step, good)
         ranks = ", ".join(map(str, mismatch.suspects))
+        hosts = self.hosts_of(mismatch.certain)
         if mismatch.tensors and self.rank == min(r for r in mismatch.group if r in mismatch.suspects):
             self.events.emit(
                 "replica_mismatch",
@@ -371,9 +375,16 @@ class FaultHooks:
                 tensors=mismatch.tensors,
                 last_good_step=good,
             )
+        on = (
+            f" on host(s) {', '.join(hosts)}"
+            if hosts
+            else " (no majority: no host can be named, none is excluded)"
+            if not mismatch.certain
+            else ""
+        )
         msg = (
             f"silent data corruption: data-parallel replicas differ at step {mismatch.step} (last agreeing check "
-            f"at step {good}); suspect rank(s) {ranks}; check their GPUs/hosts and exclude them, then {where}"
+            f"at step {good}); suspect rank(s) {ranks}{on}; check their GPUs/hosts and exclude them, then {where}"
         )
         if self.rank == 0:  # one event in the metrics; every rank's log gets the line
             self.events.emit(
@@ -381,6 +392,7 @@ class FaultHooks:
                 mismatch.step,
                 msg,
                 ranks=mismatch.suspects,
+                hosts=hosts,
                 checkpoint=str(ref) if ref else None,
                 last_good_step=good,
             )
@@ -389,6 +401,10 @@ class FaultHooks:
                 f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True
             )
         return Corrupted(msg)
+
+    def hosts_of(self, ranks) -> list:
+        """The distinct host names of ``ranks`` (``start`` gathered them; [] for ranks it did not)."""
+        return sorted({self.hosts[r] for r in ranks if 0 <= r < len(self.hosts)})
 
     def _last_good_reference(self, found_step: int, good: int) -> tuple:
         """Pin the newest checkpoint at or before the last agreeing check ``good``; (its path or None, what to do)."""
@@ -411,12 +427,13 @@ class FaultHooks:
         good = self.groups.last_good_step
         ref, where = self._last_good_reference(found.step, good)
         me = self.cfg.fault.replica_id
+        hosts = [] if found.ambiguous else sorted(set(self.hosts))  # the suspect group's: this group's ranks
         if found.ambiguous:
             who = f"replica groups {found.participants} disagree and no majority tells which is right"
-            then = f"check the hosts of every group, then {where}"
+            then = f"check the hosts of every group (none is excluded: no host can be named), then {where}"
         else:
             others = [g for g in found.participants if g not in found.suspects]
-            who = f"replica group {me}'s state differs from groups {others}"
+            who = f"replica group {me}'s state differs from groups {others} (its host(s): {', '.join(hosts)})"
             then = (
                 f"check its GPUs/hosts; restarted (lmforge.launch.replica_ft), it heals from a healthy peer; alone, "
                 f"{where}"
@@ -428,6 +445,7 @@ class FaultHooks:
                 found.step,
                 msg,
                 replica_groups=found.suspects,
+                hosts=hosts,
                 checkpoint=str(ref) if ref else None,
                 last_good_step=good,
             )

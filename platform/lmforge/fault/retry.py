@@ -7,6 +7,11 @@ submitit jobs), recorded in ``<run>/requeues.json`` and as an event in the run's
 * a rank's verdict is deterministic (config, layout or data error, divergence, repeated crash, corrupted
   replicas; lmforge.fault.verdict)                      -> ``stop`` with the verdict's message and exit code
 * exit 2, 45, 46 or 47 without a verdict (``NEVER_RETRIED``) -> ``stop`` (deterministic; never retried)
+* except silent data corruption (``corrupted``, exit 47) whose ``corrupted`` event names the suspect replica's hosts
+  and whose requeue excludes every one of them (``exclusions``: lmforge.fault.bad_nodes) -> ``requeue`` within
+  ``max_failures``: the checkpoints after the last agreeing check are moved to ``<run>/suspect_checkpoints/``, so
+  the next run resumes from the pinned one before the corruption, on other hosts. An ambiguous finding (a pair of
+  replicas, a tie: no host named) stops as above.
 * preempted: the job got USR1/TERM, or exit 42, or a clean exit 0 without ``DONE`` (a preemption checkpoint
   under torchrun)                                       -> ``requeue`` (up to ``max_preemptions``)
 * any other failure                                     -> ``requeue`` while ``failures <= max_failures``,
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-from lmforge.checkpoint.layout import is_complete, latest, step_dir, step_of
+from lmforge.checkpoint.layout import complete_checkpoints, is_complete, latest, step_dir, step_of
+from lmforge.fault import bad_nodes
 from lmforge.fault import verdict as verdicts
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.exitcodes import (
@@ -40,6 +46,7 @@ from lmforge.runtime.file_modes import write_text
 from lmforge.runtime.rundir import RunPaths
 
 STATE_FILE = "requeues.json"
+SUSPECT_CHECKPOINTS = "suspect_checkpoints"  # <run>/: checkpoints that may hold corrupt weights, out of resume's way
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ def classify(
     max_failures: int,
     max_preemptions: int,
     stop_at_step: Optional[int] = None,
+    exclusions: Optional[Mapping[str, str]] = None,
 ) -> Decision:
     if RunPaths(Path(run_dir)).done_marker.exists():
         return Decision("done", "done", "the run finished (DONE marker present)")
@@ -101,6 +109,10 @@ def classify(
             "done", "done", f"the run stopped at train.stop_at_step={stop_at_step} with its checkpoint (no DONE)"
         )
     verdict = verdicts.deciding(run_dir)
+    corrupted = verdict.kind.value == "corrupted" if verdict is not None else exit_code == CORRUPTED_EXIT_CODE
+    elsewhere = retry_elsewhere(run_dir, exclusions or {}, state, max_failures) if corrupted else None
+    if elsewhere is not None:
+        return elsewhere
     if verdict is not None:
         return Decision(
             "stop",
@@ -131,6 +143,46 @@ def classify(
     return Decision("requeue", "failure", f"exit {exit_code}: retry {state['failures'] + 1} of {max_failures}")
 
 
+def last_corrupted(run_dir: Path) -> Optional[dict]:
+    """The newest ``corrupted`` event of the attempt that is ending (None: none)."""
+    found = [e for e in bad_nodes.attempt_events(run_dir) if e.get("event") == "corrupted"]
+    return found[-1] if found else None
+
+
+def retry_elsewhere(run_dir: Path, exclusions: Mapping[str, str], state: dict, max_failures: int) -> Optional[Decision]:
+    """Silent data corruption whose suspect hosts are named (``corrupted`` event) and all excluded by this requeue
+    (``exclusions``): a requeue on other hosts from the checkpoint before the corruption, within the failure budget.
+    None: stop as any deterministic verdict (no host named, a host not excluded, or the budget spent)."""
+    event = last_corrupted(run_dir)
+    named = sorted(bad_nodes.corrupted_hosts(run_dir))
+    if event is None or not named or not set(named) <= set(exclusions) or state["failures"] >= max_failures:
+        return None
+    good = int(event.get("last_good_step") or 0)
+    return Decision(
+        "requeue",
+        "corrupted",
+        f"silent data corruption at step {event.get('step')} on {','.join(named)}: requeued without "
+        f"{'it' if len(named) == 1 else 'them'} (retry {state['failures'] + 1} of {max_failures}), resuming from the "
+        f"newest checkpoint at or before step {good}, the last agreeing check (later ones moved to "
+        f"{Path(run_dir) / SUSPECT_CHECKPOINTS})",
+    )
+
+
+def set_aside_after(run_dir: Path, good: int) -> List[str]:
+    """Move the complete checkpoints newer than step ``good`` (they may hold corrupt weights) out of
+    ``<run>/checkpoints`` into ``<run>/suspect_checkpoints``, so a resume takes the newest one at or before
+    ``good``. Returns the names moved."""
+    paths = RunPaths(Path(run_dir))
+    dest = Path(run_dir) / SUSPECT_CHECKPOINTS
+    moved = []
+    for ckpt in complete_checkpoints(paths.checkpoints):
+        if step_of(ckpt) > good:
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(ckpt, dest / ckpt.name)
+            moved.append(ckpt.name)
+    return moved
+
+
 def stopped_as_planned(run_dir: Path, exit_code: int, signalled: bool, stop_at_step: Optional[int]) -> bool:
     """A run given ``train.stop_at_step`` (a sweep's stable run) ends cleanly there without DONE: done, not a
     preemption, when it exited 0 unsignalled and its checkpoint at that step is complete."""
@@ -155,13 +207,17 @@ def record(
     ``stop_at_step``: the run's ``train.stop_at_step``, where a clean exit is done."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
-    decision = classify(run_dir, exit_code, signalled, state, max_failures, max_preemptions, stop_at_step)
+    decision = classify(
+        run_dir, exit_code, signalled, state, max_failures, max_preemptions, stop_at_step, exclusions=exclusions
+    )
     exclusions = dict(exclusions or {}) if decision.action == "requeue" else {}
     excluded = sorted(exclusions)
     if decision.action == "requeue":
         state["preemptions" if decision.kind == "preempted" else "failures"] += 1
     entry = _entry(slurm_restart_count(), exit_code, signalled, decision.action, decision.kind, decision.reason)
     entry.update(nodes=nodes or [], excluded=excluded, exclusion_reasons=exclusions)
+    if decision.kind == "corrupted" and decision.action == "requeue":
+        entry["suspect_checkpoints"] = set_aside_after(run_dir, int(last_corrupted(run_dir).get("last_good_step") or 0))
     event = {"requeue": "requeue", "stop": "retry_stop"}.get(decision.action)  # done: no event
     _book(run_dir, state, entry, event, excluded=excluded)
     return decision

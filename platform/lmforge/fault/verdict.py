@@ -12,7 +12,8 @@ message, exit code, time and restart counts. The launchers read it:
 Deterministic kinds cannot succeed on a retry: ``config_error``, ``layout_error``, ``data_error`` (exit 2),
 ``diverged`` (45), ``repeated_crash`` (46: a crash at the same step as a crash of an earlier attempt; never a lost
 peer, fault/peer_loss.py) and
-``corrupted`` (47: data-parallel replicas differ; fault/consistency.py).
+``corrupted`` (47: data-parallel replicas differ; fault/consistency.py; a requeue that excludes the hosts the check
+names retries it elsewhere: lmforge.fault.retry).
 Retryable kinds: ``crash`` (an uncaught exception, exit 1), ``preempted`` and ``hang`` (watchdog, 43).
 
 Each launcher attempt starts clean: the launcher moves the previous attempt's verdicts into

@@ -15,8 +15,9 @@ prep=$(python -m lmforge.launch.jobctl prepare -- <hydra overrides>) || exit $?;
 python -m lmforge.launch.jobctl after --exit-code RC [--signalled] -- <hydra overrides>
     decides done / requeue / stop (lmforge.fault.retry: a deterministic verdict stops), prints the decision
     (``done``, ``requeue`` or ``stop <exit code>``, the code the batch script exits with) and on ``requeue``
-    requeues the job with the nodes at fault of this allocation (lmforge.fault.bad_nodes: unhealthy in Slurm, or
-    flagged as a straggler fault.exclude_straggler_flags times) excluded from its next run
+    requeues the job with the nodes at fault of this allocation (lmforge.fault.bad_nodes: unhealthy in Slurm, the
+    host of a replica the replica check found corrupt, or flagged as a straggler fault.exclude_straggler_flags times)
+    excluded from its next run (a corrupted verdict whose hosts are all excluded is requeued, not stopped)
     (lmforge.launch.node_exclusion), recorded in <run>/excluded_nodes.json and requeues.json
 """
 

@@ -17,7 +17,8 @@ Then it polls the jobs (squeue; an ended job's exit code from scontrol, else sac
 group's job that ends COMPLETED with train.sh's ``done`` in the group's requeues.json is finished. Any other end
 (NODE_FAIL, FAILED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL, or COMPLETED without ``done``) resubmits the group,
 at most --max-resubmits times, excluding the node at fault: after NODE_FAIL the job's nodes that Slurm reports down
-(all its nodes if none is reported), after another failure only those Slurm reports unhealthy. Never resubmitted:
+(all its nodes if none is reported), after another failure only those Slurm reports unhealthy; and the hosts
+lmforge.fault.bad_nodes names from the group's run directory (a group whose state was found corrupt). Never resubmitted:
 exit code 2 (a config error that would recur) and CANCELLED (someone cancelled it); once groups are given up and
 fewer than --min-replicas are left, every job is cancelled (those left could never commit). The new job heals from a
 healthy peer (lmforge.fault.replica_ft). When the Lighthouse's job ends, the run cannot form quorums: every job is
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from lmforge.fault import bad_nodes
 from lmforge.fault.goodput_job import announce_job_goodput
 from lmforge.launch import slurm_queue
 from lmforge.launch.replica_ft import CONFIG_ERROR, OneLineParser, majority_or_refuse, run_root
@@ -140,6 +142,18 @@ def finished(run_dir: Path, job: str) -> bool:
     return any(str(h.get("job")) == job and h.get("action") == "done" for h in history)
 
 
+def nodes_at_fault(end: slurm_queue.JobState, down: Dict[str, str], run_dir: Path) -> Dict[str, str]:
+    """node -> why, for the nodes of the ended job ``end``: those Slurm reports unhealthy (``down``: node -> state;
+    after NODE_FAIL with none reported, all of its nodes) and those lmforge.fault.bad_nodes names from the group's run
+    directory (silent data corruption on the group's state, a group that exited 47 with its hosts named)."""
+    reasons = {n: f"job {end.job} ended {end.state}; Slurm reports {n} {s}" for n, s in down.items()}
+    if not down and end.state == "NODE_FAIL":
+        reasons = {n: f"job {end.job} ended NODE_FAIL on it" for n in end.nodes}
+    for node, why in bad_nodes.at_fault(run_dir, end.nodes, {}, straggler_limit=0).items():
+        reasons.setdefault(node, f"job {end.job} ended {end.state} (exit {end.exit_code}); {why}")
+    return reasons
+
+
 @dataclass
 class Group:
     replica: int
@@ -196,14 +210,9 @@ class Supervisor:
         self.record(event="submit", role="group", replica=g.replica, attempt=g.attempt, job=g.job, exclude=exclude)
         self.say(f"replica group {g.replica}: job {g.job} (attempt {g.attempt}, excluding {','.join(exclude)})")
 
-    def at_fault(self, end: slurm_queue.JobState) -> Dict[str, str]:
+    def at_fault(self, end: slurm_queue.JobState, run_dir: Path) -> Dict[str, str]:
         """node -> why, the nodes of an ended job the group's next job must not use."""
-        down = slurm_queue.unhealthy_nodes(end.nodes)
-        if down:
-            return {n: f"job {end.job} ended {end.state}; Slurm reports {n} {s}" for n, s in down.items()}
-        if end.state == "NODE_FAIL":
-            return {n: f"job {end.job} ended NODE_FAIL on it" for n in end.nodes}
-        return {}
+        return nodes_at_fault(end, slurm_queue.unhealthy_nodes(end.nodes), run_dir)
 
     def ended(self, g: Group, end: slurm_queue.JobState) -> None:
         self.record(
@@ -220,7 +229,7 @@ class Supervisor:
             self.record(event="give_up", replica=g.replica, job=g.job, reason=why_not)
             self.say(f"replica group {g.replica}: job {g.job} ended {end.state} (exit {end.exit_code}); {why_not}")
             return
-        for node, why in self.at_fault(end).items():
+        for node, why in self.at_fault(end, run_dir).items():
             if node not in self.excluded:
                 self.excluded[node] = why
                 self.record(event="exclude", replica=g.replica, job=g.job, node=node, reason=why)
