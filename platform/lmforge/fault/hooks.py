@@ -386,21 +386,7 @@ class FaultHooks:
             f"silent data corruption: data-parallel replicas differ at step {mismatch.step} (last agreeing check "
             f"at step {good}); suspect rank(s) {ranks}{on}; check their GPUs/hosts and exclude them, then {where}"
         )
-        if self.rank == 0:  # one event in the metrics; every rank's log gets the line
-            self.events.emit(
-                "corrupted",
-                mismatch.step,
-                msg,
-                ranks=mismatch.suspects,
-                hosts=hosts,
-                checkpoint=str(ref) if ref else None,
-                last_good_step=good,
-            )
-        else:
-            print(
-                f"[lmforge fault] corrupted rank={self.rank} step={mismatch.step}: {msg}", file=sys.stderr, flush=True
-            )
-        return Corrupted(msg)
+        return self._announce_corrupted(mismatch.step, msg, ranks=mismatch.suspects, hosts=hosts, ref=ref, good=good)
 
     def hosts_of(self, ranks) -> list:
         """The distinct host names of ``ranks`` (``start`` gathered them; [] for ranks it did not)."""
@@ -439,18 +425,17 @@ class FaultHooks:
                 f"{where}"
             )
         msg = f"silent data corruption at step {found.step} (last agreeing check at step {good}): {who}; {then}"
+        return self._announce_corrupted(found.step, msg, replica_groups=found.suspects, hosts=hosts, ref=ref, good=good)
+
+    def _announce_corrupted(self, step: int, msg: str, *, ref, good: int, **suspects) -> Corrupted:
+        """One ``corrupted`` event in the metrics (rank 0: the suspects, their hosts, the pinned checkpoint, the
+        last agreeing check); every other rank's log gets the line. Returns the exception that stops the run."""
         if self.rank == 0:
             self.events.emit(
-                "corrupted",
-                found.step,
-                msg,
-                replica_groups=found.suspects,
-                hosts=hosts,
-                checkpoint=str(ref) if ref else None,
-                last_good_step=good,
+                "corrupted", step, msg, **suspects, checkpoint=str(ref) if ref else None, last_good_step=good
             )
         else:
-            print(f"[lmforge fault] corrupted rank={self.rank} step={found.step}: {msg}", file=sys.stderr, flush=True)
+            print(f"[lmforge fault] corrupted rank={self.rank} step={step}: {msg}", file=sys.stderr, flush=True)
         return Corrupted(msg)
 
     def close(self) -> None:
