@@ -60,6 +60,12 @@ def _wait_for_all_three(membership: Path, step: int, launcher: subprocess.Popen,
     raise AssertionError(f"replica group 1 did not train step {step} with its two peers in time")
 
 
+def _members_at(committed: list, step: int) -> list:
+    """The participating groups of a committed ``step``: those of the last committed membership record at or before it
+    (a record is written at every change of membership)."""
+    return [r for r in committed if r["step"] <= step][-1]["replicas"]
+
+
 def test_a_killed_replica_group_rejoins_with_its_peers_state(tmp_path):
     run = tmp_path / "ft"
     cmd = [
@@ -120,7 +126,8 @@ def test_a_killed_replica_group_rejoins_with_its_peers_state(tmp_path):
     assert rejoin["state_sha256_before_heal"] != rejoin["state_sha256"]
 
     # the check across groups found nothing, through the kill and the heal; each checkpoint holds its torchft Manager's
-    # state: its step and the batches committed, 3 groups x the 8 steps between the last two checkpoints
+    # state: its step and the batches committed, one per participating group of each step between the last two
+    # checkpoints (the membership in effect at a step: the last committed membership record at or before it)
     for i in range(3):
         metrics = _records(run / f"replica-{i}" / "metrics.jsonl")
         assert not [r for r in metrics if r.get("event") in ("replica_mismatch", "corrupted")], i
@@ -133,9 +140,9 @@ def test_a_killed_replica_group_rejoins_with_its_peers_state(tmp_path):
             ]
             for s in (32, 40)
         ]
-        assert [m["step"] for m in state] == [32, 40] and state[1]["batches_committed"] - state[0][
-            "batches_committed"
-        ] == 24
+        expected = sum(len(_members_at(committed[i], step)) for step in range(33, 41))
+        assert [m["step"] for m in state] == [32, 40], state
+        assert state[1]["batches_committed"] - state[0]["batches_committed"] == expected, (state, expected)
         assert 2 * 32 <= state[0]["batches_committed"] <= 3 * 32, state
 
     # the figures docs/fault-tolerance.md reports: kill to the rejoined commit, and the steps trained by two
