@@ -3,14 +3,23 @@ it on the CPU's critical path and only the part beyond the kernels on a GPU."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from lmforge.config.compose import compose
 from lmforge.config.validate import validate
 from lmforge.parallel.device_table import HOST_OP_OVERHEAD_GPU_S, device_spec
-from lmforge.parallel.host_overhead import OPTIMIZER_OPS, measure_loss_rate, measure_op_overhead, ops_per_micro_batch
+from lmforge.parallel.host_overhead import (
+    OPTIMIZER_OPS,
+    eager_block_bytes,
+    least_disturbed_s,
+    measure_loss_rate,
+    measure_op_overhead,
+    ops_per_micro_batch,
+)
 from lmforge.parallel.planner import make_plan
-from lmforge.parallel.step_model import LOSS_FORWARD_SHARE
+from lmforge.parallel.step_model import ELEMENTWISE_D, ELEMENTWISE_F, LOSS_FORWARD_SHARE, block_pass
 
 
 def _tiny(*extra):
@@ -64,3 +73,50 @@ def test_a_cpu_loss_takes_its_logits_over_the_measured_loss_rate_a_quarter_of_it
     quick = make_plan(cfg, 1, device=device_spec("cpu", cpu_tflops=0.02, cpu_gbps=5.0, cpu_loss_rate=1e15))
     assert quick.step_time_s == pytest.approx(bytes_only.step_time_s)
     assert 1e5 < measure_loss_rate(64, 512, repeats=1) < 1e12
+
+
+def test_least_disturbed_time_is_the_threads_cpu_time_and_the_minimum_of_the_repeats():
+    calls = []
+
+    def work():
+        calls.append(1)
+        sum(range(20000 * len(calls)))  # each call longer than the one before: the first timed one is the least
+
+    first = least_disturbed_s(work, repeats=4)
+    assert len(calls) == 5  # one warm-up, four timed
+    calls.clear()
+    calls.append(1)  # the next call does the work of the first timed one above, alone
+    t0 = time.thread_time()
+    work()
+    assert first == pytest.approx(time.thread_time() - t0, rel=0.5)
+    t0 = time.thread_time()
+    time.sleep(0.05)  # waiting holds no CPU: a shared host's other processes do not count
+    assert time.thread_time() - t0 < 0.01
+
+
+def test_eager_block_bytes_count_every_unfused_element_wise_op_of_a_block():
+    cfg = _tiny().cfg
+    fwd, bwd = eager_block_bytes(cfg, 8)
+    n, d, f = 8 * cfg.model.seq_len, cfg.model.d_model, 192  # tiny's SwiGLU width (8/3 d rounded up to 64)
+    fused = n * (ELEMENTWISE_D * d + ELEMENTWISE_F["swiglu"] * f) * 4  # the fused kernels' bytes a GPU table counts
+    assert 1.5 * fused < fwd < 4 * fused  # eager: every norm, rotary and activation op through memory on its own
+    assert bwd > fwd
+    # bytes scale with the tokens (but for a few weight-sized reads)
+    assert eager_block_bytes(cfg, 16) == pytest.approx((2 * fwd, 2 * bwd), rel=0.01)
+    # the attention core is one fused op, not the meta device's math (a softmax over seq x seq): the same tokens in
+    # sequences twice as long move the same element-wise bytes
+    longer = _tiny("model.seq_len=128").cfg
+    assert eager_block_bytes(longer, 4) == pytest.approx((fwd, bwd), rel=0.05)
+
+
+def test_a_cpu_block_moves_its_eager_bytes_and_a_gpu_block_its_fused_bytes():
+    cfg = _tiny()
+    cpu = device_spec("cpu", cpu_tflops=0.05, cpu_gbps=10.0)
+    block = block_pass(cfg.cfg, cpu, 8, moe=False, dtype="fp32", e=4, r=4)
+    fwd, bwd = eager_block_bytes(cfg.cfg, 8)
+    assert block.fwd_elementwise == pytest.approx(fwd / 10e9)
+    assert block.bwd_elementwise == pytest.approx(bwd / 10e9)
+    h100 = device_spec("h100")
+    assert not h100.eager_elementwise  # negative control: a GPU keeps the fused kernels' bytes
+    gpu = block_pass(cfg.cfg, h100, 8, moe=False, dtype="bf16", e=2, r=4)
+    assert gpu.bwd_elementwise == pytest.approx(2 * gpu.fwd_elementwise)

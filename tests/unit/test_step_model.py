@@ -34,6 +34,17 @@ def test_wave_quantisation_and_roofline_of_one_gemm():
     assert thin == pytest.approx((65536 * 16 + 16 * 8192 + 65536 * 8192) * 2 / 3350e9 + H100.kernel_overhead_s)
 
 
+def test_a_measured_gemm_shape_takes_its_own_rate_and_others_the_square_rate():
+    cpu = device_spec("cpu", cpu_tflops=0.1, cpu_gbps=1000.0, cpu_gemm_rates={(512, 64, 8192): 60e9})
+    thin = gemm_time(cpu, 512, 64, 8192, dtype="fp32", bytes_per=4)
+    assert thin == pytest.approx(2 * 512 * 64 * 8192 / 60e9)
+    other = gemm_time(cpu, 512, 8192, 64, dtype="fp32", bytes_per=4)  # not measured: the 2048^3 rate
+    assert other == pytest.approx(2 * 512 * 64 * 8192 / 0.1e12)
+    plain = device_spec("cpu", cpu_tflops=0.1, cpu_gbps=1000.0)
+    assert gemm_time(plain, 512, 64, 8192, dtype="fp32", bytes_per=4) == pytest.approx(other)
+    assert H100.gemm_shape_rates == ()  # GPUs keep the datasheet rate and wave quantisation
+
+
 def test_unknown_device_kind_refused_with_the_known_ones():
     with pytest.raises(ConfigError) as e:
         device_spec("tpu_v5")

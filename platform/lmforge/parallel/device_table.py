@@ -43,6 +43,10 @@ measured on a CPU (``host_overhead``).
 step; the one parameter fitted to training runs, on a calibration subset of the published runs only (see
 ``lmforge.parallel.step_model``).
 
+**GEMM rates by shape** (``DeviceSpec.gemm_shape_rates``, a CPU's only): where a GEMM's own shape was measured on
+the machine (``device_spec('cpu', cpu_gemm_rates=...)``), it takes that rate instead of the large-GEMM rate and its
+wave efficiency: a CPU runs thin GEMMs (K or N of 64 against 8,192) at 0.7-0.85 of its square-GEMM rate.
+
 A measured GEMM rate (``cluster.gemm_tflops``) replaces ``peak * gemm_peak_fraction``; a ``lmforge comm bench``
 JSON (``cluster.comm_bench``) replaces the bandwidth of the placement it measured (within a node when its
 world fits in one node, across nodes otherwise).
@@ -81,6 +85,8 @@ class DeviceSpec:
     op_overhead_s: float = 0.0  # host time to dispatch one ATen op (0: not counted)
     loss_rate: float = 0.0  # logits per second through the loss, forward + backward, where exp binds (CPU); 0: bytes
     host_async: bool = True  # the host dispatches ahead of the device (GPU): only host time beyond the kernels shows
+    eager_elementwise: bool = False  # element-wise bytes as eager PyTorch moves them, op by op (CPU), not fused
+    gemm_shape_rates: tuple = ()  # ((m, k, n), FLOP/s) measured for those shapes (CPU); others at gemm_rate
 
     def gemm_rate(self, dtype: str) -> float:
         """Sustained FLOP/s of a large GEMM in ``dtype``."""
@@ -95,6 +101,13 @@ class DeviceSpec:
         if self.fp8_gemm_peak_fraction <= 0 or self.peak("bf16") <= 0:
             return 1.0
         return self.peak("fp8") * self.fp8_gemm_peak_fraction / (self.peak("bf16") * self.gemm_peak_fraction)
+
+    def shape_rate(self, m: int, k: int, n: int) -> float:
+        """The measured FLOP/s of an M x K by K x N GEMM (0: not measured)."""
+        for shape, rate in self.gemm_shape_rates:
+            if shape == (m, k, n):
+                return rate
+        return 0.0
 
     def peak(self, dtype: str) -> float:
         table = self.peak_tflops
@@ -178,10 +191,12 @@ def device_spec(
     cpu_gbps: float = 0.0,
     cpu_op_s: float = 0.0,
     cpu_loss_rate: float = 0.0,
+    cpu_gemm_rates: Optional[Dict[tuple, float]] = None,
 ):
     """The spec of ``kind`` (aliases such as ``h100`` accepted); ``cpu`` needs its measured GEMM rate (and, for the
-    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``, and for the
-    loss its measured rate, ``host_overhead.measure_loss_rate``: a CPU's exp, not its memory, binds)."""
+    host time of its ops, the measured seconds per dispatched op, ``host_overhead.measure_op_overhead``, for the
+    loss its measured rate, ``host_overhead.measure_loss_rate``: a CPU's exp, not its memory, binds, and optionally
+    the FLOP/s of the step's own GEMM shapes, ``{(m, k, n): rate}``)."""
     kind = KIND_ALIASES.get(kind, kind)
     if kind == "cpu":
         cores = os.cpu_count() or 1
@@ -200,6 +215,8 @@ def device_spec(
             op_overhead_s=cpu_op_s,
             host_async=False,
             loss_rate=cpu_loss_rate,
+            eager_elementwise=True,
+            gemm_shape_rates=tuple(sorted((cpu_gemm_rates or {}).items())),
         )
     elif kind in _GPUS:
         hbm, arch, fraction = _GPUS[kind]
@@ -255,7 +272,8 @@ def gemm_time(spec: DeviceSpec, m: int, k: int, n: int, *, dtype: str, bytes_per
     """Seconds of one M x K by K x N GEMM (roofline of the shape-dependent rate and the bytes it moves)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    compute = 2.0 * m * n * k / (spec.gemm_rate(dtype) * wave_efficiency(spec, m, n))
+    measured = spec.shape_rate(m, k, n) if spec.gemm_shape_rates and dtype != "fp8" else 0.0
+    compute = 2.0 * m * n * k / (measured or spec.gemm_rate(dtype) * wave_efficiency(spec, m, n))
     memory = (m * k + k * n + m * n) * bytes_per / (spec.hbm_gbps * 1e9)
     return max(compute, memory) + spec.kernel_overhead_s
 

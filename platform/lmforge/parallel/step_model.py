@@ -7,7 +7,8 @@
   ``device_table.gemm_time`` (the device's large-GEMM rate, wave quantisation of its output tiles, and the
   bytes it moves); the attention core at its causal FLOPs (half the square: 2 s^2 d forward per sequence,
   2.5 x that backward, the flash-attention count) at the device's attention rate; the element-wise work (norms,
-  residual adds, activations, rotary, the loss over the logits) as bytes through HBM. Tensor parallelism
+  residual adds, activations, rotary, the loss over the logits) as bytes through HBM (a fused kernel's bytes on a
+  GPU; on a CPU, which runs them op by op, the bytes every eager op moves, ``host_overhead.eager_block_bytes``). Tensor parallelism
   divides the widths, context parallelism the tokens, MoE layers run ``top_k`` routed experts per token.
 - **in-step efficiency**: kernels inside a training step run slower than the same kernels benchmarked alone
   (collectives' kernels share the SMs, caches are cold, the host launches between them): every compute time
@@ -297,7 +298,22 @@ def block_pass(
     out.fwd_mlp = mlp_gemm + memory_time(spec, n * ELEMENTWISE_F[m.mlp] * f_local * e)
     out.fwd_norms = memory_time(spec, n * NORM_BYTES_D * d * r / sp)
     out.bwd_elementwise = 2 * out.fwd_elementwise
+    if spec.eager_elementwise and not moe:
+        fwd_bytes, bwd_bytes = _eager_block_bytes(cfg, micro, e)
+        out.fwd_elementwise, out.bwd_elementwise = memory_time(spec, fwd_bytes), memory_time(spec, bwd_bytes)
     return out
+
+
+def _eager_block_bytes(cfg: RootConfig, micro: int, e: int) -> Tuple[float, float]:
+    """A CPU's element-wise bytes of one block (``host_overhead.eager_block_bytes``, counted in fp32: scaled to
+    ``e`` bytes per element), split over the tensor- and context-parallel ranks."""
+    # deferred: counting builds the model on the meta device, only for a device that runs it eagerly (CPU)
+    from lmforge.parallel.host_overhead import eager_block_bytes
+
+    p = cfg.parallelism
+    share = e / 4 / (p.tp * p.cp)
+    fwd_bytes, bwd_bytes = eager_block_bytes(cfg, micro)
+    return fwd_bytes * share, bwd_bytes * share
 
 
 def head_pass(cfg: RootConfig, spec: DeviceSpec, micro: int, *, dtype: str, e: int) -> _Pass:
