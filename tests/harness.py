@@ -37,6 +37,22 @@ class RanksFailed(AssertionError):
     pass
 
 
+def tiny_group_args(steps: int) -> List[str]:
+    """Hydra overrides of a torchft replica group as the replica-FT tests run it: one CPU process of the tiny model,
+    one sequence of 2 samples a step, a train record every step on a plain console, no evaluation."""
+    return [
+        "model=tiny",
+        f"train.max_steps={steps}",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "train.eval_every=0",
+        "train.threads=1",
+        "train.device=cpu",
+        "logging.every_steps=1",
+        "logging.console=plain",
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

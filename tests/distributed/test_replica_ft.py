@@ -21,20 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness import free_port
+from tests.harness import free_port, tiny_group_args
 
 STEPS = 40
 KILL_AT = 3
 ARGS = [
-    "model=tiny",
-    f"train.max_steps={STEPS}",
-    "train.micro_batch_size=2",
-    "train.global_batch_size=2",
-    "train.eval_every=0",
-    "train.threads=1",
-    "train.device=cpu",
-    "logging.every_steps=1",
-    "logging.console=plain",
+    *tiny_group_args(STEPS),
     "checkpoint.every_steps=8",
     "fault.drill.step_sleep_s=1.0",  # leaves the restarted group time to start while its peers train on
     "fault.replica_timeout_s=3",

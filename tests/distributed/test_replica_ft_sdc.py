@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.fault.bad_nodes import at_fault, short_host
-from tests.harness import free_port
+from tests.harness import free_port, tiny_group_args
 
 pytestmark = pytest.mark.distributed
 
@@ -31,15 +31,7 @@ STEPS = 6
 FLIP_AT = 3
 CORRUPTED = 47
 ARGS = [
-    "model=tiny",
-    f"train.max_steps={STEPS}",
-    "train.micro_batch_size=2",
-    "train.global_batch_size=2",
-    "train.eval_every=0",
-    "train.threads=1",
-    "train.device=cpu",
-    "logging.every_steps=1",
-    "logging.console=plain",
+    *tiny_group_args(STEPS),
     "fault.consistency_every=1",
     "fault.replica_timeout_s=10",
     "fault.replica_quorum_timeout_s=60",

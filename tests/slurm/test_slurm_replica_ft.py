@@ -29,22 +29,15 @@ import pytest
 import torch
 
 from lmforge.checkpoint.weights import load_full_model_state
+from tests.harness import tiny_group_args
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
 STEPS = 12
 KILL_AT = 3
 ARGS = [
-    "model=tiny",
+    *tiny_group_args(STEPS),
     "parallelism=single",
-    f"train.max_steps={STEPS}",
-    "train.micro_batch_size=2",
-    "train.global_batch_size=2",
-    "train.eval_every=0",
-    "train.threads=1",
-    "train.device=cpu",
-    "logging.every_steps=1",
-    "logging.console=plain",
     "checkpoint.every_steps=12",  # the final state of each group, compared below
     "cluster.gpus_per_node=1",
     "fault.drill.step_sleep_s=1.0",  # a window to kill group 1's node while both groups train

@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -106,14 +106,16 @@ class Drills:
 
     def _claim_kill(self) -> bool:
         """True if the kill drill fires in this attempt (ledger ``kill``, then ``kill-1``, ... up to kill_times)."""
-        names = ["kill"] + [f"kill-{i}" for i in range(1, self.cfg.kill_times)]
-        return self.cfg.kill_times <= 0 or any(self._first_time(name) for name in names)
+        return self._claim(self.cfg.kill_times, ["kill", *(f"kill-{i}" for i in range(1, self.cfg.kill_times))])
 
     def _claim_crash(self) -> bool:
-        """True if the crash drill fires in this attempt (one ledger entry per firing, up to crash_times)."""
-        if self.cfg.crash_times <= 0:
-            return True
-        return any(self._first_time(f"crash-{i}") for i in range(self.cfg.crash_times))
+        """True if the crash drill fires in this attempt (``crash-0``, ``crash-1``, ... up to crash_times)."""
+        return self._claim(self.cfg.crash_times, [f"crash-{i}" for i in range(self.cfg.crash_times)])
+
+    def _claim(self, times: int, names: List[str]) -> bool:
+        """A drill that fires on its first ``times`` attempts (0: on every attempt): True while one of its ledger
+        entries ``names`` (one per firing) is still unclaimed, claiming it."""
+        return times <= 0 or any(self._first_time(name) for name in names)
 
     def _first_time(self, name: str) -> bool:
         """Claim drill ``name`` for this run; False if it already fired (in an earlier attempt)."""

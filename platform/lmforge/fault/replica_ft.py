@@ -198,23 +198,17 @@ class ReplicaFT:
 
     def average(self, flat: torch.Tensor) -> None:
         """``flat`` averaged over the participants in place; the participating ids summed beside it."""
-        # deferred: optional dependency
-        from torch.distributed import ReduceOp
-
         self._members.zero_()
         self._members[self.cfg.replica_id] = 1.0
         self._members[self.cfg.replica_groups + self.cfg.replica_id] = float(self.healed)
-        members = self.manager.allreduce(self._members, reduce_op=ReduceOp.SUM)
+        members = self.manager.allreduce(self._members, reduce_op=dist.ReduceOp.SUM)
         self.manager.allreduce(flat).wait()
         members.wait()
 
     def exchange(self, tensor: torch.Tensor) -> bool:
         """``tensor`` summed in place over the participants of the step just committed (rank i of each group), through
         the Manager; False when the all-reduce failed (a peer left: the next quorum reconfigures)."""
-        # deferred: optional dependency
-        from torch.distributed import ReduceOp
-
-        return bool(self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()) and not self.manager.errored()
+        return bool(self.manager.allreduce(tensor, reduce_op=dist.ReduceOp.SUM).wait()) and not self.manager.errored()
 
     def participants(self) -> List[int]:
         """The replica ids that participated in this step (its ``average``)."""

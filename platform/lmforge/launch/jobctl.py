@@ -36,10 +36,9 @@ from lmforge.fault import bad_nodes
 from lmforge.fault.events import FaultEvents
 from lmforge.fault.retry import annotate_last, last_step, load_state, record, record_slurm_requeue
 from lmforge.fault.verdict import archive
-from lmforge.launch import slurm_queue
 from lmforge.launch.allocation import NODES_KEY, check_allocation, explicit_nodes, nodes_override, run_name_override
 from lmforge.launch.node_exclusion import requeue_excluding, requeued_by_slurm
-from lmforge.launch.slurm_queue import unhealthy_nodes
+from lmforge.launch.slurm_queue import hostnames, unhealthy_nodes
 from lmforge.runtime.device_contract import DeviceContractError
 from lmforge.runtime.device_contract import check as check_device_contract
 from lmforge.runtime.env_vars import environment, read, slurm_job_id, slurm_restart_count
@@ -77,10 +76,6 @@ def launch_env(cfg, run_dir: Optional[Path] = None, nproc: Optional[int] = None)
         }
     )
     return env
-
-
-def expand_nodelist(nodelist: str) -> List[str]:
-    return slurm_queue.hostnames(nodelist)
 
 
 def check_job(overrides: Sequence[str], env: Mapping[str, str]):
@@ -156,7 +151,7 @@ def cmd_prepare(overrides: Sequence[str]) -> int:
 
     build_for(cfg)  # every megatron-core index, built here before any rank waits in a collective
     if restart > 0:
-        nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
+        nodes = hostnames(read("SLURM_JOB_NODELIST", ""))
         check_shrink(run_dir, len(nodes))
         left_out = sorted(bad_nodes.excluded(run_dir))
         FaultEvents(RunPaths(run_dir).metrics, rank=-1).emit(
@@ -214,7 +209,7 @@ def split_overrides(argv: Sequence[str]):
 def cmd_after(exit_code: int, signalled: bool, overrides: Sequence[str], requeue: bool = True) -> int:
     cfg = _compose(overrides)
     run_dir = run_dir_for(cfg)
-    nodes = expand_nodelist(read("SLURM_JOB_NODELIST", ""))
+    nodes = hostnames(read("SLURM_JOB_NODELIST", ""))
     job = slurm_job_id()
     unhealthy = unhealthy_nodes(nodes) if job else {}
     reasons = bad_nodes.at_fault(run_dir, nodes, unhealthy, cfg.fault.exclude_straggler_flags) if job else {}
