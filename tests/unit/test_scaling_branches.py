@@ -158,3 +158,24 @@ def test_a_branch_without_its_stable_checkpoint_is_not_started(tmp_path, capsys)
     assert f"{branch.id}: not started: its stable run {branch.stable_run} has no complete checkpoint at step" in err
     assert not failure_path(RunPaths(tmp_path / "wsd" / branch.id)).exists()  # not a failure: retried next time
     assert status(sweep)[branch.id] == PENDING and math.isfinite(branch.run_flops)
+
+
+def test_a_rate_per_size_reaches_every_point_and_stable_run(tmp_path):
+    """rules.lr_by_size replaces lr(C): every point and stable run of a size trains at that size's rate (a branch
+    at its stable run's), a size missing from the table is refused by name, and a table given on the command line
+    (--rule lr_by_size=l1-d8:0.04,...) parses to the same."""
+    table = {"l1-d8": 0.04, "l1-d12": 0.03, "l1-d16": 0.02, "l1-d20": 0.015, "l1-d24": 0.01}
+    sweep = branch_design(plan("w", BUDGETS, FAMILY, rules(lr_by_size=table), str(tmp_path)), rules())
+    assert {f"l{p.n_layers}-d{p.d_model}" for p in sweep.points} == set(table)
+    for unit in sweep.units():
+        rate = table[f"l{unit.n_layers}-d{unit.d_model}"]
+        assert unit.lr == rate and own(unit.overrides, "optim.lr") == repr(rate)
+    # Without the table a point's rate is its budget's lr(C), whatever its size: the control.
+    assert {(p.budget, p.lr) for p in plan("w", BUDGETS, FAMILY, rules(), str(tmp_path)).points} == {
+        (c, rules().lr(c, "l1-d8")) for c in BUDGETS
+    }
+    with pytest.raises(ScalingError, match=r"rules.lr_by_size: has no rate for size l1-d24 .*Fix: add l1-d24: <lr>"):
+        plan("w", BUDGETS, FAMILY, rules(lr_by_size={k: v for k, v in table.items() if k != "l1-d24"}), str(tmp_path))
+    assert rules(lr_by_size="l1-d8:0.04,l1-d12:0.03,l1-d16:0.02,l1-d20:0.015,l1-d24:0.01").check().lr_by_size == table
+    with pytest.raises(ScalingError, match="rules.lr_by_size: must map shape names to rates"):
+        rules(lr_by_size="l1-d8=0.04").check()

@@ -10,7 +10,8 @@ fitted on C in FLOPs; coefficients are settings):
 
     tokens/step  B(C) = batch_coef * C^batch_exp   -> global batch = B / seq_len, rounded to a multiple of
                                                       micro_batch_size * dp, lowered until >= min_steps steps
-    peak LR      lr(C) = clip(lr_coef * C^lr_exp, lr_min, lr_max)
+    peak LR      lr(C) = clip(lr_coef * C^lr_exp, lr_min, lr_max), or rules.lr_by_size[shape] where that
+                 table is set (a rate tuned per model size, e.g. by benchmarks/sweep_lr_scan.py)
 
 Per run: max_steps = round(D / (global_batch * seq_len)) — the cosine schedule ends exactly at the run's own
 token count (train.planned_tokens = max_steps * tokens/step); warmup = max(1, round(warmup_fraction * max_steps)).
@@ -64,6 +65,10 @@ class Rules:
     # (optim.decay_steps = round(decay_fraction * train.max_steps)), shaped like optim.decay_shape.
     decay_fraction: float = 0.2
     decay_shape: str = "1-sqrt"
+    # A peak learning rate per model size, keyed by the family's shape name ("l2-d32": 2 layers of width 32),
+    # replacing lr(C) for every point and stable run of that size; every size the plan picks must be listed.
+    # Empty: lr(C) for all.
+    lr_by_size: Dict[str, float] = field(default_factory=dict)
     # Planning aids only (they change no run): the tokens per parameter at which the optimum is expected
     # (Hoffmann et al.: ~20), and a throughput model for the time estimate (0: no estimate): training FLOPs
     # per second of one worker, fixed seconds per run (start-up, evaluations), and parallel workers.
@@ -98,12 +103,34 @@ class Rules:
             raise ScalingError(
                 "rules.decay_shape", f"'{self.decay_shape}' is not a decay shape", f"use {', '.join(DECAY_SHAPES)}"
             )
+        table = self.lr_by_size or {}
+        try:
+            if isinstance(table, str):  # --rule lr_by_size=l1-d8:0.02,l2-d16:0.01
+                table = dict(pair.split(":", 1) for pair in table.split(","))
+            self.lr_by_size = {str(k): float(lr) for k, lr in table.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ScalingError(
+                "rules.lr_by_size",
+                f"must map shape names to rates, got {self.lr_by_size!r}",
+                "e.g. {l1-d8: 0.02, l2-d16: 0.01} (names as `sweep plan` prints them)",
+            ) from None
+        bad = [k for k, lr in self.lr_by_size.items() if not lr > 0]
+        if bad:
+            raise ScalingError("rules.lr_by_size", f"size(s) {bad}: need a positive rate", "fix the table")
         return self
 
     def tokens_per_step(self, budget: float) -> float:
         return self.batch_coef * budget**self.batch_exp
 
-    def lr(self, budget: float) -> float:
+    def lr(self, budget: float, shape: str) -> float:
+        if self.lr_by_size:
+            if shape not in self.lr_by_size:
+                raise ScalingError(
+                    "rules.lr_by_size",
+                    f"has no rate for size {shape} (it lists {', '.join(sorted(self.lr_by_size))})",
+                    f"add {shape}: <lr> to the table (benchmarks/sweep_lr_scan.py tunes one), or narrow the family",
+                )
+            return self.lr_by_size[shape]
         return float(min(self.lr_max, max(self.lr_min, self.lr_coef * budget**self.lr_exp)))
 
 
@@ -319,7 +346,7 @@ def plan(
                     "lower rules.micro_batch_size or raise the budget so each run has more steps",
                 )
             warmup = min(steps - 1, max(1, round(rules.warmup_fraction * steps))) if steps > 1 else 0
-            lr = rules.lr(c)
+            lr = rules.lr(c, m.name)
             eval_every = max(1, math.ceil(steps / rules.evals_per_run))
             sweep_point = f"{name}/{pid}"
             tags = [f"budget={budget_label(c)}", f"N={s.n_flops:.4g}", f"D={tokens:.4g}"]
