@@ -233,3 +233,24 @@ def test_a_batch_ramp_counts_each_kept_steps_tokens_and_rates_them_at_their_own_
             )
         )
     assert account(tmp_path)["committed_tokens"] == 600
+
+
+def test_a_later_run_in_the_same_process_starts_when_it_begins(tmp_path, monkeypatch):
+    """A sweep worker trains its points one after another in one process: the first run's start-up counts from the
+    process's start (its imports), a later run's from its own begin_run, so its start line does not charge it the
+    runs before it."""
+    from lmforge.fault import goodput_ledger
+
+    monkeypatch.setattr(goodput_ledger, "_RUNS_BEGUN", 0)
+    monkeypatch.setattr(goodput_ledger, "_RUN_START", None)
+    goodput_ledger.begin_run()
+    assert goodput_ledger.run_start_time() == pytest.approx(process_start_time(), abs=0.01)
+    before = time.time()
+    goodput_ledger.begin_run()
+    second = goodput_ledger.run_start_time()
+    assert before <= second <= time.time() and second > process_start_time()
+    ledger = GoodputLedger(tmp_path / "goodput", launch=1)
+    ledger.start(start_step=0, load_s=0.0, tokens_per_step=100, world_size=1)
+    ledger.close()
+    start = json.loads((tmp_path / "goodput" / "launch-001.jsonl").read_text().splitlines()[0])
+    assert start["process_start"] == second

@@ -46,6 +46,25 @@ def process_start_time() -> float:
         return IMPORT_TIME
 
 
+_RUNS_BEGUN = 0
+_RUN_START: Optional[float] = None
+
+
+def begin_run() -> None:
+    """Called where a run begins (``trainer.startup.train``): a process's first run starts with the process (its
+    imports are start-up too); a later run in the same process (a sweep worker training its points one after
+    another) starts now, not at the process's start."""
+    global _RUNS_BEGUN, _RUN_START
+    if _RUNS_BEGUN:
+        _RUN_START = time.time()
+    _RUNS_BEGUN += 1
+
+
+def run_start_time() -> float:
+    """When this run began: the process's start, or ``begin_run``'s time for a process's second and later runs."""
+    return _RUN_START if _RUN_START is not None else process_start_time()
+
+
 def ledger_path(goodput_dir: Path, launch: int) -> Path:
     return goodput_dir / f"launch-{launch:03d}.jsonl"
 
@@ -75,7 +94,8 @@ class GoodputLedger:
     def start(
         self, *, start_step: int, load_s: float, tokens_per_step: int, world_size: int, replicas: int = 0
     ) -> None:
-        """The loop starts now: everything since the process started was start-up (of which ``load_s`` the resume).
+        """The loop starts now: everything since the run began (``run_start_time``) was start-up (of which ``load_s``
+        the resume).
         ``replicas``: ``fault.replica_groups`` under replica fault tolerance (0 without it)."""
         if not self.enabled:
             return
@@ -87,7 +107,7 @@ class GoodputLedger:
             {
                 "kind": "start",
                 "launch": self.launch,
-                "process_start": process_start_time(),
+                "process_start": run_start_time(),
                 "loop_start": time.time(),
                 "start_step": start_step,
                 "load_s": load_s,

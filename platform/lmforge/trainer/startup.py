@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from lmforge.config.validate import validate
 from lmforge.config.validated import Validated
+from lmforge.fault.goodput_ledger import begin_run
 from lmforge.fault.verdict import VerdictRecorder
 from lmforge.runtime.env_vars import launch_rank, launch_world_size
 from lmforge.trainer.entry_checks import EntryChecks, entry_checks, timeout_lines
@@ -98,6 +99,7 @@ def train(cfg, run_dir: Path) -> "Trainer":
     """``start`` and ``fit``; an error leaving either is recorded as this rank's verdict (``<run>/verdicts/``,
     read by the launchers). ``cfg``: the composed config, or how to compose it (a sweep point, whose run directory
     exists before its composition: an error composing it is its verdict too). Returns the Trainer after its loop."""
+    begin_run()
     with VerdictRecorder(Path(run_dir)) as verdict:
         trainer = start(cfg() if callable(cfg) else cfg, run_dir)
         verdict.step = lambda: trainer.step

@@ -51,7 +51,7 @@ from lmforge.data.stream_size import stream_sizes
 from lmforge.evaluation.bytes import bits_per_byte, token_byte_lengths
 from lmforge.evaluation.runner import TaskRunner
 from lmforge.fault.goodput import GoodputError, goodput_record, summary_line, write_goodput
-from lmforge.fault.goodput_ledger import GoodputLedger, process_start_time
+from lmforge.fault.goodput_ledger import GoodputLedger, run_start_time
 from lmforge.fault.hooks import FaultHooks
 from lmforge.fault.replica_ft import ReplicaFT
 from lmforge.fault.signals import PreemptionFlag, preemption_exit_code
@@ -617,7 +617,7 @@ class Trainer:
                     start_step=resumed or 0,
                     end_step=self.step,
                     max_steps=self.run_steps,
-                    wall_s=time.time() - process_start_time(),
+                    wall_s=time.time() - run_start_time(),
                 )
                 print("\n".join(lines), flush=True)
             report = self.close_ledger(ending, final_save_s)
