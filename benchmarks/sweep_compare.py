@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from lmforge.scaling.plan import load_sweep
+
 JUDGED = [("2", "a"), ("2", "b"), ("3", "a"), ("3", "b")]
 SHOWN = [("3", "alpha"), ("3", "beta")]
 
@@ -27,12 +29,6 @@ def _fit(sweep_dir: Path) -> Dict:
     if not path.is_file():
         sys.exit(f"{path}: no fit here. Fix: run `lmforge scaling fit {sweep_dir} --bootstrap 200 --level 0.9`")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _flops(sweep_dir: Path) -> float:
-    sweep = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
-    units = sweep["points"] + sweep.get("stable_runs", [])
-    return float(sum(u.get("run_flops") or u["planned_flops"] for u in units))
 
 
 def _interval(fit: Dict, approach: str, key: str) -> Tuple[float, float, float]:
@@ -65,7 +61,7 @@ def main(argv=None) -> int:
     if len(levels) != 1:
         sys.exit(f"the two fits' intervals are at different levels {sorted(levels)}. Fix: refit both with one --level")
     rows, ok = compare(ref, cheap, args.max_width_ratio)
-    f_ref, f_cheap = _flops(args.reference), _flops(args.cheaper)
+    f_ref, f_cheap = load_sweep(args.reference).total_flops(), load_sweep(args.cheaper).total_flops()
     print(f"FLOPs: reference {f_ref:.3g}, cheaper {f_cheap:.3g} ({f_cheap / f_ref:.1%} of the reference)")
     for name, fit in (("reference", ref), ("cheaper", cheap)):
         b2, b3 = fit["bootstrap"]["2"], fit["bootstrap"]["3"]

@@ -27,19 +27,19 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from lmforge.scaling.plan import budget_label
+from lmforge.scaling.plan import Rules, budget_label, plan
+from lmforge.scaling.shapes import ShapeFamily
 
 
 def _cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "lmforge.cli", *args], check=True)
 
 
-def _design_sizes(preset: str, run_root: Path) -> List[Tuple[int, int]]:
-    out = run_root / "design"
-    _cli("sweep", "plan", "--preset", preset, "--name", "design", "--run-root", str(run_root), "--out", str(out),
-         "--no-validate", "--rule", "lr_by_size=")  # fmt: skip
-    points = json.loads((out / "sweep.json").read_text())["points"]
-    return sorted({(p["n_layers"], p["d_model"]) for p in points}, key=lambda s: (s[1], s[0]))
+def _design_sizes(preset: Dict, run_root: Path) -> List[Tuple[int, int]]:
+    """The (layers, width) of every point the preset's full design plans (in process: no run is written)."""
+    rules = Rules(**{**(preset.get("rules") or {}), "lr_by_size": {}})
+    design = plan("design", preset["budgets"], ShapeFamily(**preset["family"]), rules, str(run_root))
+    return sorted({(p.n_layers, p.d_model) for p in design.points}, key=lambda s: (s[1], s[0]))
 
 
 def _scan_one(preset: str, budget: float, lr: float, run_root: Path, jobs: int) -> List[Dict]:
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     budgets = [float(b) for b in args.budgets.split(",")] if args.budgets else [min(map(float, preset["budgets"]))]
     grid = sorted(float(x) for x in args.lrs.split(","))
     root = args.run_root.absolute()
-    sizes = _design_sizes(args.preset, root)
+    sizes = _design_sizes(preset, root)
     rows = [r for c in budgets for lr in grid for r in _scan_one(args.preset, c, lr, root, args.jobs)]
     result = {"preset": args.preset, "budgets": budgets, "grid": grid, **tune(rows, grid, sizes)}
     (root / "lr_scan.json").write_text(json.dumps(result, indent=1))
